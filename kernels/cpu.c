@@ -1,0 +1,270 @@
+/* cpu.c: the reference CPU kernels (see cpu.h). BLAS does the matrix products; the rest are
+ * plain loops parallelised with OpenMP over rows, deterministic for a fixed thread count. */
+#include "cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <cblas.h>
+
+void gemm(int ta, int tb, int M, int N, int K, real alpha, const real* A, int lda, const real* B,
+          int ldb, real beta, real* C, int ldc) {
+    if (M == 0 || N == 0) return;
+#ifdef FOCUS_DOUBLE
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+#else
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+}
+
+void matmul_forward(real* out, const real* inp, const real* weight, const real* bias, size_t N,
+                    int IC, int OC) {
+    gemm(0, 1, (int)N, OC, IC, 1, inp, IC, weight, IC, 0, out, OC);
+    if (bias) {
+#pragma omp parallel for
+        for (size_t n = 0; n < N; n++) {
+            for (int o = 0; o < OC; o++) out[n * OC + o] += bias[o];
+        }
+    }
+}
+
+void matmul_backward(real* dinp, real* dweight, real* dbias, const real* dout, const real* inp,
+                     const real* weight, size_t N, int IC, int OC) {
+    if (dinp) gemm(0, 0, (int)N, IC, OC, 1, dout, OC, weight, IC, 1, dinp, IC);
+    if (dweight) gemm(1, 0, OC, IC, (int)N, 1, dout, OC, inp, IC, 1, dweight, IC);
+    if (dbias) {
+#pragma omp parallel for
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (size_t n = 0; n < N; n++) s += dout[n * OC + o];
+            dbias[o] += (real)s;
+        }
+    }
+}
+
+void layernorm_forward(real* out, real* mean, real* rstd, const real* inp, const real* weight,
+                       const real* bias, size_t N, int C, real eps) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* x = inp + n * C;
+        double m = 0, v = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        real s = (real)(1.0 / sqrt(v + eps));
+        real* o = out + n * C;
+        for (int c = 0; c < C; c++) o[c] = (real)((x[c] - m) * s) * weight[c] + bias[c];
+        mean[n] = (real)m;
+        rstd[n] = s;
+    }
+}
+
+void layernorm_backward(real* dinp, real* dweight, real* dbias, const real* dout, const real* inp,
+                        const real* weight, const real* mean, const real* rstd, size_t N, int C) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* x = inp + n * C;
+        const real* dy = dout + n * C;
+        double dnorm_mean = 0, dnorm_norm = 0;
+        for (int c = 0; c < C; c++) {
+            double xh = (x[c] - mean[n]) * rstd[n];
+            double dn = weight[c] * dy[c];
+            dnorm_mean += dn;
+            dnorm_norm += dn * xh;
+        }
+        dnorm_mean /= C;
+        dnorm_norm /= C;
+        real* dx = dinp + n * C;
+        for (int c = 0; c < C; c++) {
+            double xh = (x[c] - mean[n]) * rstd[n];
+            double dn = weight[c] * dy[c];
+            dx[c] += (real)((dn - dnorm_mean - xh * dnorm_norm) * rstd[n]);
+        }
+    }
+    if (dweight || dbias) {
+        /* Weight gradients sum over rows: parallel over channels keeps it deterministic. */
+#pragma omp parallel for
+        for (int c = 0; c < C; c++) {
+            double sw = 0, sb = 0;
+            for (size_t n = 0; n < N; n++) {
+                sw += (inp[n * C + c] - mean[n]) * rstd[n] * dout[n * C + c];
+                sb += dout[n * C + c];
+            }
+            if (dweight) dweight[c] += (real)sw;
+            if (dbias) dbias[c] += (real)sb;
+        }
+    }
+}
+
+void rmsnorm_forward(real* out, real* rstd, const real* inp, const real* weight, size_t N, int C,
+                     real eps) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* x = inp + n * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        real s = (real)(1.0 / sqrt(ss / C + eps));
+        real* o = out + n * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] * s) * weight[c];
+        rstd[n] = s;
+    }
+}
+
+void rmsnorm_backward(real* dinp, real* dweight, const real* dout, const real* inp,
+                      const real* weight, const real* rstd, size_t N, int C) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* x = inp + n * C;
+        const real* dy = dout + n * C;
+        double dot = 0;
+        for (int c = 0; c < C; c++) dot += (double)weight[c] * dy[c] * x[c];
+        double r = rstd[n];
+        double k = dot * r * r * r / C;
+        real* dx = dinp + n * C;
+        for (int c = 0; c < C; c++) dx[c] += (real)(weight[c] * dy[c] * r - x[c] * k);
+    }
+    if (dweight) {
+#pragma omp parallel for
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (size_t n = 0; n < N; n++) s += (double)inp[n * C + c] * rstd[n] * dout[n * C + c];
+            dweight[c] += (real)s;
+        }
+    }
+}
+
+/* Rotate the q and k heads of every row by +angle (sign = 1) or -angle (sign = -1). */
+static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0,
+                       int sign) {
+    int QKV = (NH + 2 * NKV) * hs;
+    int half = hs / 2;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            real* row = qkv + ((size_t)b * T + t) * QKV;
+            for (int i = 0; i < half; i++) {
+                double freq = pow((double)theta, -2.0 * i / hs);
+                double ang = (double)(pos0 + t) * freq;
+                real c = (real)cos(ang), s = (real)(sign * sin(ang));
+                for (int h = 0; h < NH + NKV; h++) {
+                    real* v = row + h * hs + 2 * i;
+                    real x0 = v[0], x1 = v[1];
+                    v[0] = x0 * c - x1 * s;
+                    v[1] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+}
+
+void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {
+    rope_apply(qkv, B, T, NH, NKV, hs, theta, pos0, 1);
+}
+
+void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {
+    rope_apply(dqkv, B, T, NH, NKV, hs, theta, pos0, -1);
+}
+
+#define GELU_SCALE 0.7978845608028654 /* sqrt(2 / pi) */
+
+void gelu_forward(real* out, const real* inp, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double x = inp[i];
+        out[i] = (real)(0.5 * x * (1.0 + tanh(GELU_SCALE * (x + 0.044715 * x * x * x))));
+    }
+}
+
+void gelu_backward(real* dinp, const real* inp, const real* dout, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        double x = inp[i];
+        double u = GELU_SCALE * (x + 0.044715 * x * x * x);
+        double th = tanh(u);
+        double sech2 = 1.0 - th * th;
+        double g = 0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044715 * x * x);
+        dinp[i] += (real)(g * dout[i]);
+    }
+}
+
+void swiglu_forward(real* out, const real* inp, size_t N, int F) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* g = inp + n * 2 * F;
+        const real* u = g + F;
+        for (int f = 0; f < F; f++) {
+            real sig = (real)(1.0 / (1.0 + exp(-(double)g[f])));
+            out[n * F + f] = g[f] * sig * u[f];
+        }
+    }
+}
+
+void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, int F) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* g = inp + n * 2 * F;
+        const real* u = g + F;
+        real* dg = dinp + n * 2 * F;
+        real* du = dg + F;
+        for (int f = 0; f < F; f++) {
+            double sig = 1.0 / (1.0 + exp(-(double)g[f]));
+            double dy = dout[n * F + f];
+            du[f] = (real)(dy * g[f] * sig);
+            dg[f] = (real)(dy * u[f] * sig * (1.0 + g[f] * (1.0 - sig)));
+        }
+    }
+}
+
+void encoder_forward(real* out, const int* tokens, const real* wte, const real* wpe, int B, int T,
+                     int C) {
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            real* o = out + ((size_t)b * T + t) * C;
+            const real* e = wte + (size_t)tokens[b * T + t] * C;
+            for (int c = 0; c < C; c++) o[c] = e[c] + (wpe ? wpe[(size_t)t * C + c] : 0);
+        }
+    }
+}
+
+void encoder_backward(real* dwte, real* dwpe, const real* dout, const int* tokens, int B, int T,
+                      int C) {
+    /* Serial: rows with the same token add into the same embedding row. */
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const real* d = dout + ((size_t)b * T + t) * C;
+            if (dwte) {
+                real* w = dwte + (size_t)tokens[b * T + t] * C;
+                for (int c = 0; c < C; c++) w[c] += d[c];
+            }
+            if (dwpe) {
+                for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += d[c];
+            }
+        }
+    }
+}
+
+void crossentropy_forward(real* losses, real* dlogits, const real* logits, const int* targets,
+                          size_t N, int V, real dscale) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* x = logits + n * V;
+        double m = -INFINITY;
+        for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
+        double s = 0;
+        for (int v = 0; v < V; v++) s += exp(x[v] - m);
+        double lse = m + log(s);
+        int tgt = targets[n];
+        losses[n] = tgt >= 0 ? (real)(lse - x[tgt]) : 0;
+        if (dlogits) {
+            real* d = dlogits + n * V;
+            for (int v = 0; v < V; v++) {
+                double p = tgt >= 0 ? exp(x[v] - lse) : 0;
+                d[v] = (real)(dscale * (p - (v == tgt)));
+            }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+/* cpu.h: the CPU kernels of the engine, one function per layer with forward and backward
+ * side by side (llm.c style). Shapes use B (batch), T (time), C (channels), N (rows = B*T),
+ * NH / NKV (query / key-value heads), hs (head size), V (vocabulary).
+ *
+ * Conventions: every *_backward ACCUMULATES (+=) into the input gradient it is given, so
+ * residual branches can share one buffer. A weight gradient pointer of NULL means "frozen":
+ * only the input gradient is computed, as in router-only retrofit training.
+ * Tested by tests/test_gradcheck.c (finite differences, double build). */
+#ifndef FOCUS_CPU_H
+#define FOCUS_CPU_H
+
+#include <math.h>
+
+#include "../model/common.h"
+
+/* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */
+void gemm(int ta, int tb, int M, int N, int K, real alpha, const real* A, int lda, const real* B,
+          int ldb, real beta, real* C, int ldc);
+
+/* out(N,OC) = inp(N,IC) @ weight(OC,IC)^T + bias(OC); bias may be NULL. */
+void matmul_forward(real* out, const real* inp, const real* weight, const real* bias, size_t N,
+                    int IC, int OC);
+/* dinp += dout @ weight; dweight += dout^T @ inp and dbias += sum(dout) unless NULL. */
+void matmul_backward(real* dinp, real* dweight, real* dbias, const real* dout, const real* inp,
+                     const real* weight, size_t N, int IC, int OC);
+
+/* LayerNorm (GPT-2). mean, rstd: (N) saved for the backward pass. */
+void layernorm_forward(real* out, real* mean, real* rstd, const real* inp, const real* weight,
+                       const real* bias, size_t N, int C, real eps);
+void layernorm_backward(real* dinp, real* dweight, real* dbias, const real* dout, const real* inp,
+                        const real* weight, const real* mean, const real* rstd, size_t N, int C);
+
+/* RMSNorm (LLaMA). rstd: (N). */
+void rmsnorm_forward(real* out, real* rstd, const real* inp, const real* weight, size_t N, int C,
+                     real eps);
+void rmsnorm_backward(real* dinp, real* dweight, const real* dout, const real* inp,
+                      const real* weight, const real* rstd, size_t N, int C);
+
+/* Rotary position embedding in place on the q and k parts of qkv (B,T,(NH+2*NKV)*hs), the
+ * convention of GGUF `llama` files: adjacent pairs (2i, 2i+1) rotate by pos * theta^(-2i/hs).
+ * pos0 is the position of t = 0 (non-zero in cached decoding). The backward pass applies the
+ * inverse rotation to dqkv in place (the map is orthogonal). */
+void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
+void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
+
+/* GELU, tanh approximation (GPT-2). dinp += dout * gelu'(inp). */
+void gelu_forward(real* out, const real* inp, size_t n);
+void gelu_backward(real* dinp, const real* inp, const real* dout, size_t n);
+
+/* SwiGLU: inp (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up. dinp is written. */
+void swiglu_forward(real* out, const real* inp, size_t N, int F);
+void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, int F);
+
+/* out(B,T,C) = wte[token] (+ wpe[t] if wpe). */
+void encoder_forward(real* out, const int* tokens, const real* wte, const real* wpe, int B, int T,
+                     int C);
+void encoder_backward(real* dwte, real* dwpe, const real* dout, const int* tokens, int B, int T,
+                      int C);
+
+/* Softmax cross-entropy per row. losses (N); targets < 0 are ignored (loss 0). If dlogits is
+ * non-NULL it receives dscale * (softmax - onehot) (it may alias logits). */
+void crossentropy_forward(real* losses, real* dlogits, const real* logits, const int* targets,
+                          size_t N, int V, real dscale);
+
+/* log(sigmoid(x)) = -softplus(-x), computed without overflow. */
+static inline double log_sigmoid(double x) {
+    return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x));
+}
+
+#endif

@@ -1,0 +1,53 @@
+/* common.c: fatal errors, checked allocation, clock and the random number generator. */
+#define _POSIX_C_SOURCE 200809L
+#include "common.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <time.h>
+
+void fatal(const char* fmt, ...) {
+    fflush(stdout);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("focus: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+void* malloc_check(size_t size, const char* file, int line) {
+    void* p = malloc(size ? size : 1);
+    if (!p) fatal("out of memory: could not allocate %zu bytes (%s:%d)", size, file, line);
+    return p;
+}
+
+void* calloc_check(size_t n, size_t size, const char* file, int line) {
+    void* p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) fatal("out of memory: could not allocate %zu x %zu bytes (%s:%d)", n, size, file, line);
+    return p;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void rng_seed(Rng* rng, uint64_t seed) { rng->state = seed ^ 0x9E3779B97F4A7C15ull; }
+
+uint64_t rng_u64(Rng* rng) {
+    uint64_t z = (rng->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double rng_uniform(Rng* rng) { return (double)(rng_u64(rng) >> 11) * (1.0 / 9007199254740992.0); }
+
+double rng_normal(Rng* rng) {
+    double u1 = rng_uniform(rng), u2 = rng_uniform(rng);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}

@@ -1,0 +1,44 @@
+/* common.h: the scalar type, checked allocation and file calls, fatal errors.
+ *
+ * The engine computes in `real`, which is float in the normal build and double when
+ * FOCUS_DOUBLE is defined; the double build of the same sources is what the gradient
+ * checks run (tests/test_gradcheck.c). */
+#ifndef FOCUS_COMMON_H
+#define FOCUS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef FOCUS_DOUBLE
+typedef double real;
+#define REAL_NAME "double"
+#else
+typedef float real;
+#define REAL_NAME "float"
+#endif
+
+/* Print "focus: <message>" and exit(1). Every user-facing error goes through here so
+ * that it is one line naming what was expected and what was found. */
+void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+void* malloc_check(size_t size, const char* file, int line);
+void* calloc_check(size_t n, size_t size, const char* file, int line);
+#define mallocCheck(size) malloc_check((size), __FILE__, __LINE__)
+#define callocCheck(n, size) calloc_check((n), (size), __FILE__, __LINE__)
+
+/* Wall-clock seconds from a monotonic clock. */
+double now_seconds(void);
+
+/* Deterministic random numbers: splitmix64 state, uniform and normal draws. The state is a
+ * single uint64 so that checkpoints can store and restore it exactly. */
+typedef struct {
+    uint64_t state;
+} Rng;
+void rng_seed(Rng* rng, uint64_t seed);
+uint64_t rng_u64(Rng* rng);
+double rng_uniform(Rng* rng); /* [0, 1) */
+double rng_normal(Rng* rng);  /* N(0, 1), Box-Muller */
+
+#endif

@@ -1,0 +1,547 @@
+/* model.c: the transformer forward and backward passes with the Focus router.
+ *
+ * A layer, pre-norm in both families:
+ *   h    = norm1(x)                       LayerNorm (gpt2) or RMSNorm (llama)
+ *   qkv  = h Wqkv^T (+ b), RoPE on q, k   (llama)
+ *   G    = routing((h W_g) C^T)           the router reads the same h (METHOD.md section 2)
+ *   att  = attention(qkv, gate(G))        local window untouched, distant pairs gated
+ *   x2   = x + att Wo^T (+ b)
+ *   y    = x2 + mlp(norm2(x2))            GELU (gpt2) or SwiGLU (llama)
+ * The backward pass runs the same steps in reverse; frozen weights get no gradient
+ * (NULL weight-gradient pointers), so in GRAD_ROUTER mode only input gradients flow. */
+#include "model.h"
+
+#include <math.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../kernels/cpu.h"
+
+static int qkv_width(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
+static int fc_width(const ModelConfig* c) { return c->arch == ARCH_LLAMA ? 2 * c->F : c->F; }
+
+int model_config_preset(const char* name, ModelConfig* c) {
+    memset(c, 0, sizeof(*c));
+    c->eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    c->tied = 1;
+    if (!strcmp(name, "gpt2-124m")) {
+        *c = (ModelConfig){ARCH_GPT2, 12, 768, 12, 12, 3072, 50257, 1024, 1e-5f, 0, 0, 1};
+    } else if (!strcmp(name, "smollm2-135m")) {
+        *c = (ModelConfig){ARCH_LLAMA, 30, 576, 9, 3, 1536, 49152, 8192, 1e-5f, 100000.0f, 0, 1};
+    } else if (!strcmp(name, "tiny-gpt2")) {
+        *c = (ModelConfig){ARCH_GPT2, 2, 32, 4, 4, 128, 64, 64, 1e-5f, 0, 0, 1};
+    } else if (!strcmp(name, "tiny-llama")) {
+        *c = (ModelConfig){ARCH_LLAMA, 2, 32, 4, 2, 96, 64, 64, 1e-5f, 10000.0f, 0, 0};
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+void focus_config_default(FocusConfig* fc) {
+    *fc = (FocusConfig){.attn = ATTN_SOFT, .routing = ROUTE_SINKHORN, .K = 8, .dg = 16, .iters = 10,
+                        .w = 128, .topk = 1, .tau = 0.1f, .lambda = 10.0f, .bias = 0.5f,
+                        .beta_momentum = 0.99f, .learn_gate = 0, .seed = 1234};
+}
+
+static int parse_int(const char* v, int* out) {
+    char* end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end) return -2;
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_float(const char* v, float* out) {
+    char* end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) return -2;
+    *out = (float)x;
+    return 0;
+}
+
+int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
+    struct {
+        const char* name;
+        int* i;
+        float* x;
+    } keys[] = {
+        {"L", &c->L, 0},          {"C", &c->C, 0},          {"NH", &c->NH, 0},
+        {"NKV", &c->NKV, 0},      {"F", &c->F, 0},          {"V", &c->V, 0},
+        {"maxT", &c->maxT, 0},    {"eps", 0, &c->eps},      {"rope_theta", 0, &c->rope_theta},
+        {"qkv_bias", &c->qkv_bias, 0}, {"tied", &c->tied, 0}, {"K", &f->K, 0},
+        {"dg", &f->dg, 0},        {"iters", &f->iters, 0},  {"w", &f->w, 0},
+        {"topk", &f->topk, 0},    {"tau", 0, &f->tau},      {"lambda", 0, &f->lambda},
+        {"b", 0, &f->bias},       {"beta_momentum", 0, &f->beta_momentum},
+        {"learn_gate", &f->learn_gate, 0},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (strcmp(key, keys[i].name)) continue;
+        return keys[i].i ? parse_int(v, keys[i].i) : parse_float(v, keys[i].x);
+    }
+    if (!strcmp(key, "arch")) {
+        if (!strcmp(v, "gpt2")) c->arch = ARCH_GPT2;
+        else if (!strcmp(v, "llama")) c->arch = ARCH_LLAMA;
+        else return -2;
+        return 0;
+    }
+    if (!strcmp(key, "routing")) return routing_parse(v, &f->routing) ? -2 : 0;
+    if (!strcmp(key, "attn")) {
+        if (!strcmp(v, "dense")) f->attn = ATTN_DENSE;
+        else if (!strcmp(v, "soft")) f->attn = ATTN_SOFT;
+        else if (!strcmp(v, "hard")) f->attn = ATTN_HARD;
+        else return -2;
+        return 0;
+    }
+    if (!strcmp(key, "seed")) {
+        char* end;
+        unsigned long long s = strtoull(v, &end, 10);
+        if (end == v || *end) return -2;
+        f->seed = s;
+        return 0;
+    }
+    return -1;
+}
+
+void config_validate(const ModelConfig* c, const FocusConfig* f) {
+    if (c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1 || c->V < 2 || c->maxT < 1)
+        fatal("model config: L, C, NH, NKV, F, V and maxT must be positive (got L=%d C=%d NH=%d "
+              "NKV=%d F=%d V=%d maxT=%d)", c->L, c->C, c->NH, c->NKV, c->F, c->V, c->maxT);
+    if (c->C % c->NH) fatal("model config: C=%d is not a multiple of NH=%d", c->C, c->NH);
+    if (c->NH % c->NKV) fatal("model config: NH=%d is not a multiple of NKV=%d", c->NH, c->NKV);
+    if (c->arch == ARCH_GPT2 && c->NKV != c->NH)
+        fatal("model config: gpt2 has no grouped-query attention (NKV=%d, NH=%d)", c->NKV, c->NH);
+    if (c->arch == ARCH_LLAMA && ((c->C / c->NH) % 2))
+        fatal("model config: RoPE needs an even head size (got %d)", c->C / c->NH);
+    if (f->K < 1 || f->K > 32) fatal("focus config: K=%d must be in 1..32", f->K);
+    if (f->dg < 1) fatal("focus config: dg=%d must be positive", f->dg);
+    if (f->iters < 1) fatal("focus config: iters=%d must be at least 1", f->iters);
+    if (f->w < 0) fatal("focus config: window w=%d must be >= 0", f->w);
+    if (f->topk < 1 || f->topk > f->K) fatal("focus config: topk=%d must be in 1..K=%d", f->topk, f->K);
+    if (!(f->tau > 0)) fatal("focus config: tau=%g must be positive", (double)f->tau);
+}
+
+void config_print(const ModelConfig* c, const FocusConfig* f, FILE* o) {
+    static const char* attn[] = {"dense", "soft", "hard"};
+    fprintf(o, "+-----------------+----------------------+\n");
+#define ROW(k, fmt, v) fprintf(o, "| %-15s | %-20" fmt " |\n", k, v)
+    ROW("arch", "s", c->arch == ARCH_GPT2 ? "gpt2" : "llama");
+    ROW("L", "d", c->L);
+    ROW("C", "d", c->C);
+    ROW("NH / NKV", "s", "");
+    fprintf(o, "|   heads         | %d / %-17d |\n", c->NH, c->NKV);
+    ROW("F", "d", c->F);
+    ROW("V", "d", c->V);
+    ROW("maxT", "d", c->maxT);
+    ROW("eps", "g", (double)c->eps);
+    if (c->arch == ARCH_LLAMA) ROW("rope_theta", "g", (double)c->rope_theta);
+    ROW("tied", "d", c->tied);
+    ROW("attn", "s", attn[f->attn]);
+    ROW("routing", "s", routing_name(f->routing));
+    ROW("K", "d", f->K);
+    ROW("dg", "d", f->dg);
+    ROW("iters", "d", f->iters);
+    ROW("w", "d", f->w);
+    ROW("topk", "d", f->topk);
+    ROW("tau", "g", (double)f->tau);
+    ROW("lambda", "g", (double)f->lambda);
+    ROW("b", "g", (double)f->bias);
+    ROW("learn_gate", "d", f->learn_gate);
+    ROW("seed", "llu", (unsigned long long)f->seed);
+#undef ROW
+    fprintf(o, "+-----------------+----------------------+\n");
+}
+
+static void param_sizes(size_t* s, const ModelConfig* c) {
+    size_t L = c->L, C = c->C, V = c->V, Q = qkv_width(c), FC = fc_width(c), F = c->F;
+    int g = c->arch == ARCH_GPT2;
+    s[0] = V * C;
+    s[1] = g ? (size_t)c->maxT * C : 0;
+    s[2] = L * C;
+    s[3] = g ? L * C : 0;
+    s[4] = L * Q * C;
+    s[5] = (g || c->qkv_bias) ? L * Q : 0;
+    s[6] = L * C * C;
+    s[7] = g ? L * C : 0;
+    s[8] = L * C;
+    s[9] = g ? L * C : 0;
+    s[10] = L * FC * C;
+    s[11] = g ? L * FC : 0;
+    s[12] = L * C * F;
+    s[13] = g ? L * C : 0;
+    s[14] = C;
+    s[15] = g ? C : 0;
+    s[16] = c->tied ? 0 : V * C;
+}
+
+/* Carve mem into n consecutive tensors of the given sizes; size 0 gives NULL. */
+static void carve(real** ptrs, real* mem, const size_t* sizes, int n) {
+    for (int i = 0; i < n; i++) {
+        ptrs[i] = sizes[i] ? mem : NULL;
+        mem += sizes[i];
+    }
+}
+
+static size_t sum_sizes(const size_t* s, int n) {
+    size_t t = 0;
+    for (int i = 0; i < n; i++) t += s[i];
+    return t;
+}
+
+void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
+    config_validate(cfg, fc);
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    m->fc = *fc;
+    param_sizes(m->param_sizes, cfg);
+    m->num_params = sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
+    m->params_mem = callocCheck(m->num_params, sizeof(real));
+    carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+    m->router_sizes[0] = (size_t)cfg->L * cfg->C * fc->dg;
+    m->router_sizes[1] = (size_t)cfg->L * fc->K * fc->dg;
+    m->router_sizes[2] = (size_t)cfg->L * 2;
+    m->num_router = sum_sizes(m->router_sizes, NUM_ROUTER_TENSORS);
+    m->router_mem = callocCheck(m->num_router, sizeof(real));
+    carve((real**)&m->router, m->router_mem, m->router_sizes, NUM_ROUTER_TENSORS);
+    m->rgrads_mem = callocCheck(m->num_router, sizeof(real));
+    carve((real**)&m->rgrads, m->rgrads_mem, m->router_sizes, NUM_ROUTER_TENSORS);
+    m->beta = callocCheck((size_t)cfg->L * fc->K, sizeof(real));
+    m->mean_loss = -1;
+    model_init_router(m, fc->seed);
+}
+
+void model_free(Model* m) {
+    free(m->params_mem);
+    free(m->grads_mem);
+    free(m->router_mem);
+    free(m->rgrads_mem);
+    free(m->beta);
+    free(m->acts_mem);
+    free(m->rmask);
+    free(m->inputs);
+    free(m->targets);
+    free(m->losses);
+    free(m->scratch_mem);
+    memset(m, 0, sizeof(*m));
+}
+
+void model_init_backbone(Model* m, uint64_t seed) {
+    const ModelConfig* c = &m->cfg;
+    Rng rng;
+    rng_seed(&rng, seed);
+    real** p = (real**)&m->params;
+    real resid_std = (real)(0.02 / sqrt(2.0 * c->L));
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (!p[i]) continue;
+        int is_norm = p[i] == m->params.ln1w || p[i] == m->params.ln2w || p[i] == m->params.lnfw;
+        int is_bias = p[i] == m->params.ln1b || p[i] == m->params.ln2b || p[i] == m->params.lnfb ||
+                      p[i] == m->params.qkvb || p[i] == m->params.attprojb ||
+                      p[i] == m->params.fcb || p[i] == m->params.fcprojb;
+        int is_resid = p[i] == m->params.attprojw || p[i] == m->params.fcprojw;
+        for (size_t j = 0; j < m->param_sizes[i]; j++) {
+            p[i][j] = is_norm ? 1 : is_bias ? 0 : (real)(rng_normal(&rng) * (is_resid ? resid_std : 0.02));
+        }
+    }
+}
+
+void model_init_router(Model* m, uint64_t seed) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    Rng rng;
+    rng_seed(&rng, seed);
+    for (size_t i = 0; i < m->router_sizes[0]; i++)
+        m->router.wg[i] = (real)(rng_normal(&rng) / sqrt((double)c->C));
+    for (size_t i = 0; i < m->router_sizes[1]; i++)
+        m->router.cent[i] = (real)(rng_normal(&rng) / sqrt((double)f->dg));
+    for (int l = 0; l < c->L; l++) {
+        m->router.gate[2 * l] = f->lambda;
+        m->router.gate[2 * l + 1] = f->bias;
+    }
+    memset(m->beta, 0, sizeof(real) * c->L * f->K);
+    m->beta_updates = 0;
+}
+
+/* Activation sizes for (B, T); per-layer tensors hold L layers when keep, else one. */
+static void act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T,
+                      int keep) {
+    size_t BT = (size_t)B * T, C = c->C, Ls = keep ? c->L : 1;
+    int router = f->attn != ATTN_DENSE;
+    s[0] = BT * C;
+    s[1] = Ls * BT * C;
+    s[2] = Ls * BT;
+    s[3] = Ls * BT;
+    s[4] = Ls * BT * qkv_width(c);
+    s[5] = Ls * BT * C;
+    s[6] = Ls * B * c->NH * (size_t)T;
+    s[7] = Ls * BT * C;
+    s[8] = Ls * BT * C;
+    s[9] = Ls * BT;
+    s[10] = Ls * BT;
+    s[11] = Ls * BT * fc_width(c);
+    s[12] = Ls * BT * c->F;
+    s[13] = Ls * BT * C;
+    s[14] = router ? Ls * BT * f->dg : 0;
+    s[15] = router ? Ls * BT * f->K : 0;
+    s[16] = router ? (size_t)c->L * BT * f->K : 0; /* groups of every layer are kept for reports */
+    s[17] = router ? (size_t)c->L * B * f->K : 0;
+    s[18] = BT * C;
+    s[19] = 2 * BT;
+    s[20] = BT * c->V;
+}
+
+static void ensure_acts(Model* m, int B, int T, int keep) {
+    if (m->acts_mem && m->B == B && m->T == T && m->keep == keep) return;
+    free(m->acts_mem);
+    free(m->rmask);
+    free(m->inputs);
+    free(m->targets);
+    free(m->losses);
+    size_t s[NUM_ACT_TENSORS];
+    act_sizes(s, &m->cfg, &m->fc, B, T, keep);
+    m->acts_mem = mallocCheck(sum_sizes(s, NUM_ACT_TENSORS) * sizeof(real));
+    carve((real**)&m->acts, m->acts_mem, s, NUM_ACT_TENSORS);
+    m->rmask = mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
+    m->inputs = mallocCheck(sizeof(int) * B * T);
+    m->targets = mallocCheck(sizeof(int) * B * T);
+    m->losses = mallocCheck(sizeof(real) * B * T);
+    m->B = B;
+    m->T = T;
+    m->keep = keep;
+}
+
+const real* model_groups(const Model* m, int l) {
+    if (!m->acts.rG) return NULL;
+    return m->acts.rG + (size_t)l * m->B * m->T * m->fc.K;
+}
+
+static void norm_forward(const Model* m, real* out, real* mean, real* rstd, const real* inp,
+                         const real* w, const real* b, size_t N) {
+    if (m->cfg.arch == ARCH_GPT2) layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
+    else rmsnorm_forward(out, rstd, inp, w, N, m->cfg.C, m->cfg.eps);
+}
+
+static void norm_backward(const Model* m, real* dinp, real* dw, real* db, const real* dout,
+                          const real* inp, const real* w, const real* mean, const real* rstd,
+                          size_t N) {
+    if (m->cfg.arch == ARCH_GPT2) layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.C);
+    else rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
+}
+
+/* Pointers to layer l's slice of the per-layer activations (slot 0 when not keeping). */
+typedef struct {
+    real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_act, *res3, *rproj, *rS, *rG, *colofs;
+    uint32_t* mask;
+} LayerActs;
+
+static LayerActs layer_acts(const Model* m, int l) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    size_t BT = (size_t)m->B * m->T, s = m->keep ? (size_t)l : 0;
+    const Acts* a = &m->acts;
+    LayerActs r;
+    r.ln1 = a->ln1 + s * BT * c->C;
+    r.ln1_mean = a->ln1_mean + s * BT;
+    r.ln1_rstd = a->ln1_rstd + s * BT;
+    r.qkv = a->qkv + s * BT * qkv_width(c);
+    r.att = a->att + s * BT * c->C;
+    r.lse = a->lse + s * BT * c->NH;
+    r.res2 = a->res2 + s * BT * c->C;
+    r.ln2 = a->ln2 + s * BT * c->C;
+    r.ln2_mean = a->ln2_mean + s * BT;
+    r.ln2_rstd = a->ln2_rstd + s * BT;
+    r.fch = a->fch + s * BT * fc_width(c);
+    r.fch_act = a->fch_act + s * BT * c->F;
+    r.res3 = a->res3 + s * BT * c->C;
+    int router = f->attn != ATTN_DENSE;
+    r.rproj = router ? a->rproj + s * BT * f->dg : NULL;
+    r.rS = router ? a->rS + s * BT * f->K : NULL;
+    r.rG = router ? a->rG + (size_t)l * BT * f->K : NULL;
+    r.colofs = router ? a->colofs + (size_t)l * m->B * f->K : NULL;
+    r.mask = m->rmask + s * BT;
+    return r;
+}
+
+static AttnGate layer_gate(const Model* m, int l, const LayerActs* a) {
+    AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0};
+    if (m->fc.attn == ATTN_SOFT) g.mode = GATE_SOFT;
+    if (m->fc.attn == ATTN_HARD) g.mode = GATE_HARD;
+    if (m->router.gate) {
+        g.lambda = m->router.gate[2 * l];
+        g.bias = m->router.gate[2 * l + 1];
+    }
+    return g;
+}
+
+void model_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    if (T > c->maxT && c->arch == ARCH_GPT2)
+        fatal("sequence length T=%d exceeds the model's position table (maxT=%d)", T, c->maxT);
+    for (int i = 0; i < B * T; i++) {
+        if (inputs[i] < 0 || inputs[i] >= c->V)
+            fatal("token id %d at position %d is outside the vocabulary (V=%d)", inputs[i], i, c->V);
+    }
+    ensure_acts(m, B, T, keep);
+    memcpy(m->inputs, inputs, sizeof(int) * B * T);
+    const size_t BT = (size_t)B * T;
+    const int C = c->C, hs = C / c->NH, QKV = qkv_width(c), FC = fc_width(c);
+    const Params* p = &m->params;
+    Acts* a = &m->acts;
+    encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
+    const real* x = a->encoded;
+    for (int l = 0; l < c->L; l++) {
+        LayerActs la = layer_acts(m, l);
+        size_t lC = (size_t)l * C;
+        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, BT);
+        matmul_forward(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C, p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        if (f->attn != ATTN_DENSE) {
+            router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
+                                  m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
+            routing_forward(la.rG, la.colofs, la.rS, m->beta + (size_t)l * f->K, f->routing, B, T,
+                            f->K, f->tau, f->iters);
+            if (f->attn == ATTN_HARD) routing_topk_mask(la.mask, la.rG, BT, f->K, f->topk);
+        }
+        AttnGate gate = layer_gate(m, l, &la);
+        attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+        matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
+        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, BT);
+        matmul_forward(la.fch, la.ln2, p->fcw + (size_t)l * FC * C, p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        if (c->arch == ARCH_GPT2) gelu_forward(la.fch_act, la.fch, BT * c->F);
+        else swiglu_forward(la.fch_act, la.fch, BT, c->F);
+        matmul_forward(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F, p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
+        x = la.res3;
+    }
+    norm_forward(m, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
+    matmul_forward(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
+    m->have_dlogits = 0;
+    m->mean_loss = -1;
+    if (targets) {
+        memcpy(m->targets, targets, sizeof(int) * BT);
+        size_t valid = 0;
+        for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
+        crossentropy_forward(m->losses, NULL, a->logits, targets, BT, c->V, 0);
+        double s = 0;
+        for (size_t i = 0; i < BT; i++) s += m->losses[i];
+        m->mean_loss = valid ? (real)(s / valid) : 0;
+    }
+}
+
+void model_update_beta(Model* m) {
+    const FocusConfig* f = &m->fc;
+    if (f->attn == ATTN_DENSE || f->routing == ROUTE_CAUSAL || !m->acts.colofs) return;
+    /* Average of the batch's offsets; the first update takes it as is. */
+    real mom = m->beta_updates ? f->beta_momentum : 0;
+    for (int l = 0; l < m->cfg.L; l++) {
+        for (int k = 0; k < f->K; k++) {
+            double s = 0;
+            for (int b = 0; b < m->B; b++) s += m->acts.colofs[((size_t)l * m->B + b) * f->K + k];
+            real* beta = &m->beta[(size_t)l * f->K + k];
+            *beta = mom * *beta + (1 - mom) * (real)(s / m->B);
+        }
+    }
+    m->beta_updates++;
+}
+
+void model_zero_grad(Model* m, GradMode mode) {
+    memset(m->rgrads_mem, 0, sizeof(real) * m->num_router);
+    if (mode == GRAD_ALL) {
+        if (!m->grads_mem) {
+            m->grads_mem = callocCheck(m->num_params, sizeof(real));
+            carve((real**)&m->grads, m->grads_mem, m->param_sizes, NUM_PARAM_TENSORS);
+        }
+        memset(m->grads_mem, 0, sizeof(real) * m->num_params);
+    }
+}
+
+/* Offset a gradient pointer, or NULL when that tensor is frozen. */
+static real* gp(real* base, size_t off) { return base ? base + off : NULL; }
+
+void model_backward(Model* m, GradMode mode) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    if (!m->keep || m->mean_loss < 0)
+        fatal("internal: model_backward needs a forward pass with targets and keep = 1");
+    if (mode == GRAD_ALL && !m->grads_mem) model_zero_grad(m, GRAD_ALL);
+    const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = qkv_width(c), FC = fc_width(c);
+    const size_t BT = (size_t)B * T;
+    const int all = mode == GRAD_ALL;
+    const int router = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
+    const Params* p = &m->params;
+    Params* g = all ? &m->grads : &(Params){0};
+    Acts* a = &m->acts;
+
+    /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
+     * dproj (BT, dg) */
+    size_t need = BT * (2 * (size_t)C + QKV + FC + c->F + 2 * (size_t)f->K + f->dg);
+    if (m->scratch_size < need) {
+        free(m->scratch_mem);
+        m->scratch_mem = mallocCheck(need * sizeof(real));
+        m->scratch_size = need;
+    }
+    real* dres = m->scratch_mem;
+    real* dbuf = dres + BT * C;
+    real* dqkv = dbuf + BT * C;
+    real* dfch = dqkv + BT * QKV;
+    real* dact = dfch + BT * FC;
+    real* dG = dact + BT * c->F;
+    real* dS = dG + BT * f->K;
+    real* dproj = dS + BT * f->K;
+
+    /* d loss / d logits, in place over the logits */
+    size_t valid = 0;
+    for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
+    crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V, (real)(1.0 / (valid ? valid : 1)));
+    m->have_dlogits = 1;
+
+    const real* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
+    memset(dbuf, 0, sizeof(real) * BT * C);
+    memset(dres, 0, sizeof(real) * BT * C);
+    matmul_backward(dbuf, all ? (c->tied ? g->wte : g->lmhead) : NULL, NULL, a->logits, a->lnf,
+                    c->tied ? p->wte : p->lmhead, BT, C, c->V);
+    norm_backward(m, dres, g->lnfw, g->lnfb, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT, BT);
+
+    for (int l = c->L - 1; l >= 0; l--) {
+        LayerActs la = layer_acts(m, l);
+        const real* x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * BT * C;
+        size_t lC = (size_t)l * C;
+        /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. */
+        memset(dact, 0, sizeof(real) * BT * c->F);
+        matmul_backward(dact, gp(g->fcprojw, (size_t)l * C * c->F), gp(g->fcprojb, lC), dres, la.fch_act, p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
+        if (c->arch == ARCH_GPT2) {
+            memset(dfch, 0, sizeof(real) * BT * FC);
+            gelu_backward(dfch, la.fch, dact, BT * c->F);
+        } else {
+            swiglu_backward(dfch, la.fch, dact, BT, c->F);
+        }
+        memset(dbuf, 0, sizeof(real) * BT * C);
+        matmul_backward(dbuf, gp(g->fcw, (size_t)l * FC * C), gp(g->fcb, (size_t)l * FC), dfch, la.ln2, p->fcw + (size_t)l * FC * C, BT, C, FC);
+        norm_backward(m, dres, gp(g->ln2w, lC), gp(g->ln2b, lC), dbuf, la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
+        /* attention */
+        memset(dbuf, 0, sizeof(real) * BT * C);
+        matmul_backward(dbuf, gp(g->attprojw, (size_t)l * C * C), gp(g->attprojb, lC), dres, la.att, p->attprojw + (size_t)l * C * C, BT, C, C);
+        memset(dqkv, 0, sizeof(real) * BT * QKV);
+        if (router) memset(dG, 0, sizeof(real) * BT * f->K);
+        AttnGate gate = layer_gate(m, l, &la);
+        attention_backward(dqkv, router ? dG : NULL, f->learn_gate ? m->rgrads.gate + 2 * l : NULL, dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
+        /* Layer 0's input gradient is needed only for the embeddings. */
+        if (l == 0 && !all && !router) break;
+        if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        memset(dbuf, 0, sizeof(real) * BT * C);
+        if (l > 0 || all) {
+            matmul_backward(dbuf, gp(g->qkvw, (size_t)l * QKV * C), gp(g->qkvb, (size_t)l * QKV), dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
+        }
+        if (router) {
+            memset(dS, 0, sizeof(real) * BT * f->K);
+            routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * f->K, f->routing, B, T, f->K, f->tau, f->iters);
+            router_scores_backward(dbuf, m->rgrads.wg + lC * f->dg, m->rgrads.cent + (size_t)l * f->K * f->dg, dproj, dS, la.ln1, la.rproj, m->router.wg + lC * f->dg, m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
+        }
+        if (l == 0 && !all) break;
+        norm_backward(m, dres, gp(g->ln1w, lC), gp(g->ln1b, lC), dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
+    }
+    if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);
+}

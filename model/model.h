@@ -1,0 +1,170 @@
+/* model.h: GPT-2 and LLaMA transformers with the Focus router, forward and backward.
+ *
+ * One config struct covers both families; parameters live in one buffer carved into named
+ * pointers by walking a size table (tensors a family does not use have size 0 and a NULL
+ * pointer). Router parameters live in a second buffer, so that retrofit training can give
+ * gradients to them alone. Tested by tests/test_gradcheck.c, tests/test_causality.c and
+ * tests/test_equivalence.c. */
+#ifndef FOCUS_MODEL_H
+#define FOCUS_MODEL_H
+
+#include "../kernels/attention.h"
+#include "common.h"
+#include "router.h"
+
+typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
+
+typedef struct {
+    Arch arch;
+    int L;            /* layers */
+    int C;            /* model width */
+    int NH, NKV;      /* query heads, key/value heads (NKV = NH without grouped-query attention) */
+    int F;            /* feed-forward hidden width */
+    int V;            /* vocabulary size */
+    int maxT;         /* context length (GPT-2: rows of the position table) */
+    float eps;        /* norm epsilon */
+    float rope_theta; /* LLaMA rotary base */
+    int qkv_bias;     /* LLaMA family: Q/K/V projections carry biases (Qwen2) */
+    int tied;         /* output head shares the token embedding */
+} ModelConfig;
+
+typedef enum { ATTN_DENSE = 0, ATTN_SOFT = 1, ATTN_HARD = 2 } AttnMode;
+
+typedef struct {
+    AttnMode attn;       /* dense: router off; soft: gated (training); hard: top-k groups */
+    Routing routing;     /* sinkhorn | causal | prefix_sinkhorn */
+    int K;               /* groups, at most 32 */
+    int dg;              /* routing dimension */
+    int iters;           /* Sinkhorn iterations */
+    int w;               /* local window */
+    int topk;            /* groups kept per token in hard mode */
+    float tau;           /* Sinkhorn / softmax temperature */
+    float lambda, bias;  /* gate sharpness and offset (initial values if learned) */
+    float beta_momentum; /* EMA momentum of the causal per-group bias */
+    int learn_gate;      /* lambda and b receive gradients */
+    uint64_t seed;       /* router initialisation */
+} FocusConfig;
+
+#define NUM_PARAM_TENSORS 17
+typedef struct {
+    real* wte;      /* (V, C) */
+    real* wpe;      /* (maxT, C)      gpt2 */
+    real* ln1w;     /* (L, C) */
+    real* ln1b;     /* (L, C)         gpt2 */
+    real* qkvw;     /* (L, QKV, C)    QKV = (NH + 2*NKV) * hs; rows: q heads, k heads, v heads */
+    real* qkvb;     /* (L, QKV)       gpt2, or llama with qkv_bias */
+    real* attprojw; /* (L, C, C) */
+    real* attprojb; /* (L, C)         gpt2 */
+    real* ln2w;     /* (L, C) */
+    real* ln2b;     /* (L, C)         gpt2 */
+    real* fcw;      /* (L, FC, C)     FC = F (gpt2) or 2F (llama: F gate rows, then F up rows) */
+    real* fcb;      /* (L, FC)        gpt2 */
+    real* fcprojw;  /* (L, C, F) */
+    real* fcprojb;  /* (L, C)         gpt2 */
+    real* lnfw;     /* (C) */
+    real* lnfb;     /* (C)            gpt2 */
+    real* lmhead;   /* (V, C)         untied only */
+} Params;
+
+#define NUM_ROUTER_TENSORS 3
+typedef struct {
+    real* wg;   /* (L, C, dg) */
+    real* cent; /* (L, K, dg) */
+    real* gate; /* (L, 2)     lambda, b */
+} RouterParams;
+
+#define NUM_ACT_TENSORS 21
+typedef struct {
+    real* encoded;  /* (B, T, C)       residual stream entering layer 0 */
+    real* ln1;      /* (L, B, T, C) */
+    real* ln1_mean; /* (L, B, T) */
+    real* ln1_rstd; /* (L, B, T) */
+    real* qkv;      /* (L, B, T, QKV)  after RoPE */
+    real* att;      /* (L, B, T, C)    attention output before the projection */
+    real* lse;      /* (L, B, NH, T) */
+    real* res2;     /* (L, B, T, C)    residual after attention */
+    real* ln2;      /* (L, B, T, C) */
+    real* ln2_mean; /* (L, B, T) */
+    real* ln2_rstd; /* (L, B, T) */
+    real* fch;      /* (L, B, T, FC) */
+    real* fch_act;  /* (L, B, T, F) */
+    real* res3;     /* (L, B, T, C)    residual after the MLP = layer output */
+    real* rproj;    /* (L, B, T, dg) */
+    real* rS;       /* (L, B, T, K)    router scores */
+    real* rG;       /* (L, B, T, K)    group distributions */
+    real* colofs;   /* (L, B, K)       Sinkhorn per-group log-scaling (beta estimate) */
+    real* lnf;      /* (B, T, C) */
+    real* lnf_stat; /* (2, B, T)       final norm mean, rstd */
+    real* logits;   /* (B, T, V)       overwritten by dlogits in the backward pass */
+} Acts;
+
+typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1 } GradMode;
+
+typedef struct {
+    ModelConfig cfg;
+    FocusConfig fc;
+    Params params;
+    real* params_mem;
+    size_t param_sizes[NUM_PARAM_TENSORS];
+    size_t num_params;
+    Params grads; /* allocated on the first GRAD_ALL backward */
+    real* grads_mem;
+    RouterParams router;
+    real* router_mem;
+    size_t router_sizes[NUM_ROUTER_TENSORS];
+    size_t num_router;
+    RouterParams rgrads;
+    real* rgrads_mem;
+    real* beta;   /* (L, K) causal routing bias, an EMA of colofs; not a gradient parameter */
+    long beta_updates;
+    /* activations for the current (B, T); with keep == 0 every layer shares one slot */
+    Acts acts;
+    real* acts_mem;
+    uint32_t* rmask; /* (L, B, T) hard top-k masks */
+    int B, T, keep;
+    int* inputs;  /* (B, T) */
+    int* targets; /* (B, T) */
+    real* losses; /* (B, T) */
+    real mean_loss; /* -1 when no targets were given */
+    int have_dlogits;
+    /* backward scratch */
+    real* scratch_mem;
+    size_t scratch_size;
+} Model;
+
+/* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama. 0 on success. */
+int model_config_preset(const char* name, ModelConfig* cfg);
+void focus_config_default(FocusConfig* fc);
+/* Set one key (e.g. "K", "tau", "routing", "attn", "L", "arch") from a string. 0 on success,
+ * -1 unknown key, -2 bad value. */
+int config_set(ModelConfig* cfg, FocusConfig* fc, const char* key, const char* value);
+/* Check a configuration for consistency; fatal() with a message naming the problem. */
+void config_validate(const ModelConfig* cfg, const FocusConfig* fc);
+void config_print(const ModelConfig* cfg, const FocusConfig* fc, FILE* f);
+
+/* Allocate parameters (zeroed) and the router (randomly initialised from fc->seed). */
+void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc);
+void model_free(Model* m);
+/* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */
+void model_init_backbone(Model* m, uint64_t seed);
+/* W_g ~ N(0, 1/C), C ~ N(0, 1/dg), lambda and b from the config, beta = 0. */
+void model_init_router(Model* m, uint64_t seed);
+
+/* Forward pass over tokens (B, T). With targets (or NULL) it sets mean_loss. keep = 1 stores
+ * every layer's activations for a backward pass; keep = 0 uses one layer's worth. */
+void model_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep);
+/* Zero the gradients that a backward with this mode fills. */
+void model_zero_grad(Model* m, GradMode mode);
+/* Backward from the mean loss of the last forward (which must have had targets and keep = 1).
+ * GRAD_ROUTER: W_g and C (and lambda, b if learn_gate) only, input gradients through every
+ * frozen layer. GRAD_ALL: every parameter too. Gradients accumulate. */
+void model_backward(Model* m, GradMode mode);
+/* Fold the last forward's Sinkhorn offsets into beta (EMA). */
+void model_update_beta(Model* m);
+
+/* Logits of the last forward: (B, T, V), valid until the next backward. */
+static inline const real* model_logits(const Model* m) { return m->acts.logits; }
+/* Group distributions of layer l from the last forward: (B, T, K). */
+const real* model_groups(const Model* m, int l);
+
+#endif

@@ -1,0 +1,41 @@
+/* router.h: the Focus router (METHOD.md sections 1, 2 and 4), forward and backward.
+ *
+ *   scores  S = (h W_g) C^T                       h: (N, C) normalised hidden state
+ *   routing G = sinkhorn(S / tau)                 full sequence, log space (paper mode)
+ *           G = softmax(S / tau + beta)           causal, beta frozen from training (default)
+ *           G = prefix_sinkhorn(S / tau)          column step over t' <= t only (causal)
+ * Tested by tests/test_router.c (marginals) and tests/test_gradcheck.c (gradients). */
+#ifndef FOCUS_ROUTER_H
+#define FOCUS_ROUTER_H
+
+#include "common.h"
+
+typedef enum { ROUTE_SINKHORN = 0, ROUTE_CAUSAL = 1, ROUTE_PREFIX = 2 } Routing;
+
+/* proj (N, dg) = h @ wg (C, dg); S (N, K) = proj @ cent (K, dg)^T. */
+void router_scores_forward(real* proj, real* S, const real* h, const real* wg, const real* cent,
+                           size_t N, int C, int dg, int K);
+/* dh += dS cent wg^T; dwg += h^T dproj and dcent += dS^T proj unless NULL. dproj: (N, dg) scratch. */
+void router_scores_backward(real* dh, real* dwg, real* dcent, real* dproj, const real* dS,
+                            const real* h, const real* proj, const real* wg, const real* cent,
+                            size_t N, int C, int dg, int K);
+
+/* G (B, T, K) from S (B, T, K). beta (K) is used by ROUTE_CAUSAL. If colofs (B, K) is non-NULL,
+ * the Sinkhorn modes write there each sequence's total per-group log-scaling (centred), the
+ * quantity whose running average becomes beta. */
+void routing_forward(real* G, real* colofs, const real* S, const real* beta, Routing mode, int B,
+                     int T, int K, real tau, int iters);
+/* dS += dL/dS given dG. Sinkhorn iterates are recomputed, not stored. */
+void routing_backward(real* dS, const real* dG, const real* S, const real* G, const real* beta,
+                      Routing mode, int B, int T, int K, real tau, int iters);
+
+/* mask[n] = bitmask of the topk largest entries of G[n, :] (ties to the lower index). */
+void routing_topk_mask(uint32_t* mask, const real* G, size_t N, int K, int topk);
+
+/* Share of the N tokens whose most likely group is the most popular group (ideal 1/K). */
+double routing_largest_share(const real* G, size_t N, int K);
+
+const char* routing_name(Routing r);
+int routing_parse(const char* s, Routing* out); /* 0 on success */
+
+#endif

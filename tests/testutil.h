@@ -1,0 +1,30 @@
+/* testutil.h: tiny assertion helpers shared by the tests. A test program prints one line per
+ * check that fails, a summary line, and exits non-zero if anything failed. */
+#ifndef FOCUS_TESTUTIL_H
+#define FOCUS_TESTUTIL_H
+
+#include "../model/common.h"
+
+extern int tu_passed, tu_failed;
+
+#define CHECK(cond, ...)                                              \
+    do {                                                              \
+        if (cond) {                                                   \
+            tu_passed++;                                              \
+        } else {                                                      \
+            tu_failed++;                                              \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);      \
+            fprintf(stderr, __VA_ARGS__);                             \
+            fputc('\n', stderr);                                      \
+        }                                                             \
+    } while (0)
+
+/* Print "name: N passed, N failed" and return the exit code. */
+int tu_finish(const char* name);
+
+/* Fill x with N(0, scale^2) draws. */
+void tu_randn(real* x, size_t n, double scale, Rng* rng);
+/* max |a - b| */
+double tu_max_abs_diff(const real* a, const real* b, size_t n);
+
+#endif

@@ -1,0 +1,140 @@
+/* bench.c: `focus bench forward` and `focus bench gemm`.
+ *
+ * forward: times the forward pass with the router off (dense) and on (soft gate), and a
+ * router-only training step (forward + backward), on random tokens. Weights are random unless
+ * a model file is given: speed does not depend on their values. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "../kernels/cpu.h"
+#include "cli.h"
+
+static double gemm_gflops(int n, int reps) {
+    real* a = mallocCheck(sizeof(real) * n * n);
+    real* b = mallocCheck(sizeof(real) * n * n);
+    real* c = mallocCheck(sizeof(real) * n * n);
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (real)((i % 13) * 0.01);
+    gemm(0, 1, n, n, n, 1, a, n, b, n, 0, c, n); /* warm-up */
+    double t0 = now_seconds();
+    for (int r = 0; r < reps; r++) gemm(0, 1, n, n, n, 1, a, n, b, n, 0, c, n);
+    double dt = now_seconds() - t0;
+    free(a);
+    free(b);
+    free(c);
+    return 2.0 * n * n * (double)n * reps / dt / 1e9;
+}
+
+static void bench_help(void) {
+    printf("usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
+           "       focus bench gemm [--n size]\n"
+           "\n"
+           "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
+           "router-only training step (forward + backward), at batch B x T on random tokens.\n"
+           "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m)\n"
+           "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
+           "  --iters n       timed repetitions of each measurement (default 2)\n"
+           "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n");
+}
+
+int cmd_bench(int argc, char** argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help")) {
+        bench_help();
+        return argc < 2 ? 1 : 0;
+    }
+    const char* what = argv[1];
+    const char* preset = "smollm2-135m";
+    int B = 1, T = 1024, iters = 2, gemm_n = 2048;
+    ModelConfig cfg;
+    FocusConfig fc;
+    focus_config_default(&fc);
+    const char* sets[64];
+    int nsets = 0;
+    for (int i = 2; i < argc; i++) {
+        const char* a = argv[i];
+        if (!strcmp(a, "--help")) {
+            bench_help();
+            return 0;
+        } else if (!strcmp(a, "--config")) {
+            preset = cli_value(argc, argv, i++);
+        } else if (!strcmp(a, "--set")) {
+            if (nsets == 64) fatal("too many --set options");
+            sets[nsets++] = cli_value(argc, argv, i++);
+        } else if (!strcmp(a, "--B")) {
+            B = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--T")) {
+            T = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--iters")) {
+            iters = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--n")) {
+            gemm_n = cli_int(a, cli_value(argc, argv, i++));
+        } else {
+            fatal("bench: unknown option '%s' (see focus bench --help)", a);
+        }
+    }
+    if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
+    int nthreads = omp_get_max_threads();
+    if (!strcmp(what, "gemm")) {
+        printf("sgemm %d x %d x %d, %d threads: %.1f GFLOP/s\n", gemm_n, gemm_n, gemm_n, nthreads,
+               gemm_gflops(gemm_n, 5));
+        return 0;
+    }
+    if (strcmp(what, "forward")) fatal("bench: unknown benchmark '%s' (forward | gemm)", what);
+    if (model_config_preset(preset, &cfg))
+        fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)", preset);
+    for (int i = 0; i < nsets; i++) cli_apply_set(&cfg, &fc, sets[i]);
+    if (cfg.maxT < T) cfg.maxT = T;
+    fc.attn = ATTN_SOFT;
+    config_validate(&cfg, &fc);
+    config_print(&cfg, &fc, stdout);
+
+    Model m;
+    model_build(&m, &cfg, &fc);
+    model_init_backbone(&m, 1);
+    size_t n = (size_t)B * T;
+    int* tok = mallocCheck(sizeof(int) * n);
+    int* tgt = mallocCheck(sizeof(int) * n);
+    Rng rng;
+    rng_seed(&rng, 5);
+    for (size_t i = 0; i < n; i++) tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
+    printf("model: %.1fM backbone parameters, %zu router parameters (%.3f %%), B=%d T=%d, %d threads\n",
+           m.num_params / 1e6, m.num_router, 100.0 * m.num_router / m.num_params, B, T, nthreads);
+
+    double gf = gemm_gflops(gemm_n, 3);
+    printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
+    /* Approximate forward FLOPs: 2 per weight per token in matrix products, plus causal attention. */
+    double matflops = 2.0 * (double)(m.num_params - (cfg.arch == ARCH_GPT2 ? (size_t)cfg.maxT * cfg.C : 0)
+                                     + (cfg.tied ? (size_t)cfg.V * cfg.C : 0) - (size_t)cfg.V * cfg.C) * n;
+    double attflops = 4.0 * cfg.L * cfg.C * (double)T * (T + 1) / 2 * B;
+
+    const char* modes[2] = {"dense", "focus soft"};
+    for (int mode = 0; mode < 2; mode++) {
+        m.fc.attn = mode ? ATTN_SOFT : ATTN_DENSE;
+        model_forward(&m, tok, tgt, B, T, 0); /* warm-up and allocation */
+        double t0 = now_seconds();
+        for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 0);
+        double dt = (now_seconds() - t0) / iters;
+        printf("forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f GFLOP/s (%.0f %% of sgemm)  loss %.4f\n",
+               modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e9,
+               100.0 * (matflops + attflops) / dt / 1e9 / gf, (double)m.mean_loss);
+    }
+    m.fc.attn = ATTN_SOFT;
+    model_forward(&m, tok, tgt, B, T, 1);
+    model_zero_grad(&m, GRAD_ROUTER);
+    model_backward(&m, GRAD_ROUTER);
+    double t0 = now_seconds();
+    for (int r = 0; r < iters; r++) {
+        model_forward(&m, tok, tgt, B, T, 1);
+        model_zero_grad(&m, GRAD_ROUTER);
+        model_backward(&m, GRAD_ROUTER);
+    }
+    double dt = (now_seconds() - t0) / iters;
+    printf("train step (router-only fwd+bwd) %8.1f tokens/s  %8.1f ms\n", n / dt, dt * 1e3);
+    printf("peak RSS %.0f MiB\n", peak_rss_mib());
+    free(tok);
+    free(tgt);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,62 @@
+/* main.c: the `focus` command line. One binary, one subcommand per job. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli.h"
+
+static void usage(FILE* o) {
+    fprintf(o,
+            "focus: learned sparse attention retrofitted onto frozen language models\n"
+            "\n"
+            "usage: focus <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  bench forward   forward and forward+backward (router-only) tokens/s of a model\n"
+            "  bench gemm      this machine's single-precision GEMM rate (GFLOP/s)\n"
+            "  help            this text\n"
+            "\n"
+            "Run `focus <command> --help` for the options of a command.\n");
+}
+
+const char* cli_value(int argc, char** argv, int i) {
+    if (i + 1 >= argc) fatal("option %s needs a value", argv[i]);
+    return argv[i + 1];
+}
+
+int cli_int(const char* opt, const char* v) {
+    char* end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end) fatal("option %s expects an integer, got '%s'", opt, v);
+    return (int)x;
+}
+
+void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
+    const char* eq = strchr(kv, '=');
+    if (!eq) fatal("--set expects key=value, got '%s'", kv);
+    char key[64];
+    size_t n = (size_t)(eq - kv);
+    if (n >= sizeof key) fatal("--set: key too long in '%s'", kv);
+    memcpy(key, kv, n);
+    key[n] = 0;
+    int r = config_set(cfg, fc, key, eq + 1);
+    if (r == -1) fatal("--set: unknown setting '%s'", key);
+    if (r == -2) fatal("--set: bad value '%s' for setting '%s'", eq + 1, key);
+}
+
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return argc < 2 ? 1 : 0;
+    }
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "focus: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 1;
+}
