@@ -266,7 +266,9 @@ void model_init_router(Model* m, uint64_t seed) {
 static void act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T,
                       int keep) {
     size_t BT = (size_t)B * T, C = c->C, Ls = keep ? c->L : 1;
-    int router = f->attn != ATTN_DENSE;
+    /* Router tensors are small and always allocated, so the attention mode can change
+     * between calls without reallocation. */
+    int router = 1;
     s[0] = BT * C;
     s[1] = Ls * BT * C;
     s[2] = Ls * BT;
@@ -354,11 +356,10 @@ static LayerActs layer_acts(const Model* m, int l) {
     r.fch = a->fch + s * BT * fc_width(c);
     r.fch_act = a->fch_act + s * BT * c->F;
     r.res3 = a->res3 + s * BT * c->C;
-    int router = f->attn != ATTN_DENSE;
-    r.rproj = router ? a->rproj + s * BT * f->dg : NULL;
-    r.rS = router ? a->rS + s * BT * f->K : NULL;
-    r.rG = router ? a->rG + (size_t)l * BT * f->K : NULL;
-    r.colofs = router ? a->colofs + (size_t)l * m->B * f->K : NULL;
+    r.rproj = a->rproj + s * BT * f->dg;
+    r.rS = a->rS + s * BT * f->K;
+    r.rG = a->rG + (size_t)l * BT * f->K;
+    r.colofs = a->colofs + (size_t)l * m->B * f->K;
     r.mask = m->rmask + s * BT;
     return r;
 }

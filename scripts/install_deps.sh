@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install the Debian packages focus builds against (no-op for packages already present).
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcre2-dev libinih-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
