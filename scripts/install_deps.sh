@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages focus builds against (no-op for packages already present).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcre2-dev libinih-dev)
+pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcre2-dev libinih-dev libcjson-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

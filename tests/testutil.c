@@ -21,3 +21,24 @@ double tu_max_abs_diff(const real* a, const real* b, size_t n) {
     }
     return m;
 }
+
+#include <sys/stat.h>
+
+static int exists(const char* p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+const char* tu_data_dir(void) {
+    static char buf[4096];
+    const char* env = getenv("FOCUS_DATA");
+    if (env && exists(env)) return env;
+    snprintf(buf, sizeof buf, "%s/../shared/data", FOCUS_SOURCE_DIR);
+    return exists(buf) ? buf : NULL;
+}
+
+const char* tu_smollm2(void) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", FOCUS_SOURCE_DIR);
+    return exists(buf) ? buf : NULL;
+}

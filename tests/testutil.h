@@ -27,4 +27,9 @@ void tu_randn(real* x, size_t n, double scale, Rng* rng);
 /* max |a - b| */
 double tu_max_abs_diff(const real* a, const real* b, size_t n);
 
+/* ../shared/data (or $FOCUS_DATA), or NULL when it is not there. */
+const char* tu_data_dir(void);
+/* The fetched SmolLM2 GGUF (scripts/fetch_model.sh), or NULL when it is not there. */
+const char* tu_smollm2(void);
+
 #endif

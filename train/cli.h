@@ -5,6 +5,14 @@
 #include "../model/model.h"
 
 int cmd_bench(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_prepare(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+
+/* Tokens for evaluation from a shard folder, a shard, or a text file (tokenized with tok_path,
+ * else the model file's own tokenizer). */
+int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n);
 
 /* Returns argv[i+1] for option argv[i] or exits with a message naming the option. */
 const char* cli_value(int argc, char** argv, int i);

@@ -12,6 +12,10 @@ static void usage(FILE* o) {
             "usage: focus <command> [options]\n"
             "\n"
             "commands:\n"
+            "  tokenize        text to token ids (or back, with --decode)\n"
+            "  prepare         text files to token shards for training and evaluation\n"
+            "  eval ppl        perplexity of a model on shards or text\n"
+            "  generate        continue a prompt (greedy or sampled)\n"
             "  bench forward   forward and forward+backward (router-only) tokens/s of a model\n"
             "  bench gemm      this machine's single-precision GEMM rate (GFLOP/s)\n"
             "  help            this text\n"
@@ -56,6 +60,10 @@ int main(int argc, char** argv) {
         return argc < 2 ? 1 : 0;
     }
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "prepare")) return cmd_prepare(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     fprintf(stderr, "focus: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 1;

@@ -1,0 +1,448 @@
+/* tokenizer.c: byte-level BPE (see tokenizer.h). */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tokenizer.h"
+
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "../checkpoints/gguf.h"
+#include "../model/common.h"
+
+/* The GPT-2 pre-tokenizer pattern: contractions, letters, numbers, other symbols, each
+ * optionally led by one space; then runs of whitespace (not eating the space before a word). */
+static const char* GPT2_PATTERN =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+typedef struct {
+    uint64_t key; /* (left << 32) | right, 0 = empty slot (ids are stored + 1) */
+    int rank, merged;
+} PairSlot;
+
+typedef struct {
+    char* bytes;
+    int len;
+} Tok;
+
+struct Tokenizer {
+    int V;
+    Tok* tok;            /* raw bytes of every token */
+    int* str_slots;      /* open-addressing table: token bytes -> id (-1 empty) */
+    size_t str_cap;
+    PairSlot* pairs;     /* merge table */
+    size_t pair_cap;
+    int byte_tok[256];   /* id of each single-byte token */
+    int split_digits;    /* SmolLM / StarCoder pre-tokenizer */
+    char pre[32];
+    int eot, bos;
+    pcre2_code* re;
+    pcre2_code* re_digit;
+};
+
+/* ---------------------------------------------------------------- byte <-> unicode */
+
+/* GPT-2 maps each byte to a printable code point: the printable Latin-1 bytes ('!'..'~',
+ * 0xA1..0xAC, 0xAE..0xFF) to themselves, the other 68 bytes to 256, 257, ... in byte order. */
+static void byte_unicode_tables(int* b2u, int* u2b /* size 512 */) {
+    int n = 0;
+    for (int i = 0; i < 512; i++) u2b[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        b2u[b] = printable ? b : 256 + n++;
+        u2b[b2u[b]] = b;
+    }
+}
+
+/* Decode a token string written in GPT-2's byte-to-unicode alphabet back to raw bytes. If any
+ * code point is outside the alphabet (added tokens), the UTF-8 text is kept as it is. */
+static Tok unicode_to_bytes(const char* s, size_t n, const int* u2b) {
+    Tok t = {mallocCheck(n + 1), 0};
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = (unsigned char)s[i];
+        int cp, len;
+        if (c < 0x80) cp = c, len = 1;
+        else if ((c >> 5) == 6 && i + 1 < n) cp = ((c & 0x1f) << 6) | (s[i + 1] & 0x3f), len = 2;
+        else cp = -1, len = 1;
+        if (cp < 0 || cp >= 512 || u2b[cp] < 0) {
+            memcpy(t.bytes, s, n);
+            t.len = (int)n;
+            return t;
+        }
+        t.bytes[t.len++] = (char)u2b[cp];
+        i += (size_t)len;
+    }
+    return t;
+}
+
+/* ---------------------------------------------------------------- hash tables */
+
+static uint64_t fnv(const char* s, int n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int str_lookup(const Tokenizer* t, const char* s, int n) {
+    size_t i = fnv(s, n) & (t->str_cap - 1);
+    while (t->str_slots[i] >= 0) {
+        const Tok* k = &t->tok[t->str_slots[i]];
+        if (k->len == n && !memcmp(k->bytes, s, (size_t)n)) return t->str_slots[i];
+        i = (i + 1) & (t->str_cap - 1);
+    }
+    return -1;
+}
+
+static void str_insert(Tokenizer* t, int id) {
+    const Tok* k = &t->tok[id];
+    if (str_lookup(t, k->bytes, k->len) >= 0) return; /* first id wins for duplicate strings */
+    size_t i = fnv(k->bytes, k->len) & (t->str_cap - 1);
+    while (t->str_slots[i] >= 0) i = (i + 1) & (t->str_cap - 1);
+    t->str_slots[i] = id;
+}
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static const PairSlot* pair_lookup(const Tokenizer* t, int a, int b) {
+    uint64_t key = ((uint64_t)(a + 1) << 32) | (uint64_t)(b + 1);
+    size_t i = mix64(key) & (t->pair_cap - 1);
+    while (t->pairs[i].key) {
+        if (t->pairs[i].key == key) return &t->pairs[i];
+        i = (i + 1) & (t->pair_cap - 1);
+    }
+    return NULL;
+}
+
+static void pair_insert(Tokenizer* t, int a, int b, int rank, int merged) {
+    if (pair_lookup(t, a, b)) return; /* keep the higher-priority rule */
+    uint64_t key = ((uint64_t)(a + 1) << 32) | (uint64_t)(b + 1);
+    size_t i = mix64(key) & (t->pair_cap - 1);
+    while (t->pairs[i].key) i = (i + 1) & (t->pair_cap - 1);
+    t->pairs[i] = (PairSlot){key, rank, merged};
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 1;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+/* ---------------------------------------------------------------- construction */
+
+static Tokenizer* tok_new(int V) {
+    Tokenizer* t = callocCheck(1, sizeof(Tokenizer));
+    t->V = V;
+    t->tok = callocCheck((size_t)V, sizeof(Tok));
+    t->str_cap = pow2_at_least((size_t)V * 2 + 16);
+    t->str_slots = mallocCheck(sizeof(int) * t->str_cap);
+    for (size_t i = 0; i < t->str_cap; i++) t->str_slots[i] = -1;
+    t->eot = t->bos = -1;
+    return t;
+}
+
+/* One merge rule "A B" (byte-unicode alphabet) at priority rank. */
+static void add_merge(Tokenizer* t, const char* s, size_t n, int rank, const int* u2b, const char* src) {
+    const char* sp = memchr(s, ' ', n);
+    if (!sp) fatal("%s: merge rule %d ('%.*s') has no space", src, rank, (int)(n < 40 ? n : 40), s);
+    Tok a = unicode_to_bytes(s, (size_t)(sp - s), u2b);
+    Tok b = unicode_to_bytes(sp + 1, n - (size_t)(sp - s) - 1, u2b);
+    char* ab = mallocCheck((size_t)(a.len + b.len) + 1);
+    memcpy(ab, a.bytes, (size_t)a.len);
+    memcpy(ab + a.len, b.bytes, (size_t)b.len);
+    int ia = str_lookup(t, a.bytes, a.len), ib = str_lookup(t, b.bytes, b.len);
+    int iab = str_lookup(t, ab, a.len + b.len);
+    /* A rule whose parts or result are not tokens can never fire; skip it as reference
+     * implementations do. */
+    if (ia >= 0 && ib >= 0 && iab >= 0) pair_insert(t, ia, ib, rank, iab);
+    free(a.bytes);
+    free(b.bytes);
+    free(ab);
+}
+
+static void finish(Tokenizer* t, const char* pre, const char* src) {
+    /* Some vocabularies (SmolLM2's) lack tokens for a few bytes: control characters and bytes
+     * that never occur in UTF-8. Like llama.cpp and Hugging Face tokenizers without an unknown
+     * token, such bytes are dropped when encoding. */
+    int have = 0;
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        t->byte_tok[b] = str_lookup(t, &c, 1);
+        have += t->byte_tok[b] >= 0;
+    }
+    if (have < 128) fatal("%s: only %d of 256 single-byte tokens exist; not a byte-level BPE vocabulary", src, have);
+    snprintf(t->pre, sizeof t->pre, "%s", pre);
+    int eot = str_lookup(t, "<|endoftext|>", 13);
+    if (eot >= 0) t->eot = eot;
+    int err;
+    PCRE2_SIZE off;
+    t->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+    t->re_digit = pcre2_compile((PCRE2_SPTR) "\\p{N}", PCRE2_ZERO_TERMINATED,
+                                PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+    if (!t->re || !t->re_digit) fatal("internal: pre-tokenizer regex failed to compile (error %d)", err);
+    pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
+    pcre2_jit_compile(t->re_digit, PCRE2_JIT_COMPLETE);
+}
+
+static Tokenizer* load_gguf_tokenizer(const char* path) {
+    GGUFFile f;
+    char err[512];
+    if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
+    uint64_t n;
+    const char* model = gguf_get_str(&f, "tokenizer.ggml.model", &n);
+    if (!model) fatal("%s: the file carries no tokenizer (tokenizer.ggml.model is missing); pass --tokenizer", path);
+    if (n != 4 || memcmp(model, "gpt2", 4))
+        fatal("%s: tokenizer model '%.*s' is not supported (supported: gpt2 byte-level BPE)", path, (int)n, model);
+    uint64_t pn = 0;
+    const char* pre = gguf_get_str(&f, "tokenizer.ggml.pre", &pn);
+    char pres[32] = "gpt-2";
+    if (pre) snprintf(pres, sizeof pres, "%.*s", (int)(pn < 31 ? pn : 31), pre);
+    int split = 0;
+    if (!strcmp(pres, "smollm") || !strcmp(pres, "starcoder") || !strcmp(pres, "refact") ||
+        !strcmp(pres, "codeshell") || !strcmp(pres, "command-r"))
+        split = 1;
+    else if (strcmp(pres, "gpt-2") && strcmp(pres, "default") && strcmp(pres, "gpt2"))
+        fatal("%s: pre-tokenizer '%s' is not supported (supported: gpt-2, smollm, starcoder)", path, pres);
+    const GGUFKV* toks = gguf_find(&f, "tokenizer.ggml.tokens");
+    const GGUFKV* merges = gguf_find(&f, "tokenizer.ggml.merges");
+    if (!toks || toks->type != GGUF_VAL_ARRAY || toks->arr_type != GGUF_VAL_STRING || toks->arr_n < 256 || toks->arr_n > (1u << 24))
+        fatal("%s: tokenizer.ggml.tokens is missing or malformed", path);
+    if (!merges || merges->type != GGUF_VAL_ARRAY || merges->arr_type != GGUF_VAL_STRING)
+        fatal("%s: tokenizer.ggml.merges is missing or malformed", path);
+    int b2u[256], u2b[512];
+    byte_unicode_tables(b2u, u2b);
+    Tokenizer* t = tok_new((int)toks->arr_n);
+    const uint8_t* pos = NULL;
+    for (int i = 0; i < t->V; i++) {
+        uint64_t len;
+        const char* s = gguf_arr_str_next(&f, toks, &pos, &len);
+        t->tok[i] = unicode_to_bytes(s, len, u2b);
+        str_insert(t, i);
+    }
+    t->pair_cap = pow2_at_least(merges->arr_n * 2 + 16);
+    t->pairs = callocCheck(t->pair_cap, sizeof(PairSlot));
+    pos = NULL;
+    for (uint64_t r = 0; r < merges->arr_n; r++) {
+        uint64_t len;
+        const char* s = gguf_arr_str_next(&f, merges, &pos, &len);
+        add_merge(t, s, len, (int)r, u2b, path);
+    }
+    finish(t, pres, path);
+    t->split_digits = split;
+    uint64_t id;
+    if (gguf_get_u64(&f, "tokenizer.ggml.eos_token_id", &id) == 0 && t->eot < 0 && id < (uint64_t)t->V) t->eot = (int)id;
+    uint64_t add_bos = 0;
+    gguf_get_u64(&f, "tokenizer.ggml.add_bos_token", &add_bos);
+    if (add_bos && gguf_get_u64(&f, "tokenizer.ggml.bos_token_id", &id) == 0 && id < (uint64_t)t->V) t->bos = (int)id;
+    gguf_close(&f);
+    return t;
+}
+
+static char* slurp(const char* path, size_t* len) {
+    FILE* fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char* s = mallocCheck((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, fp);
+    fclose(fp);
+    s[got] = 0;
+    *len = got;
+    return s;
+}
+
+static Tokenizer* load_dir_tokenizer(const char* dir) {
+    char pe[4096], pm[4096];
+    snprintf(pe, sizeof pe, "%s/encoder.json", dir);
+    snprintf(pm, sizeof pm, "%s/vocab.bpe", dir);
+    size_t ne, nm;
+    char* enc = slurp(pe, &ne);
+    if (!enc) fatal("%s: cannot read the GPT-2 vocabulary (expected encoder.json and vocab.bpe in %s)", pe, dir);
+    char* mer = slurp(pm, &nm);
+    if (!mer) fatal("%s: cannot read the GPT-2 merge rules", pm);
+    cJSON* j = cJSON_ParseWithLength(enc, ne);
+    if (!j || !cJSON_IsObject(j)) fatal("%s: not a JSON object", pe);
+    int V = 0;
+    for (cJSON* e = j->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 24)) fatal("%s: entry '%s' has no valid id", pe, e->string);
+        if ((int)e->valuedouble + 1 > V) V = (int)e->valuedouble + 1;
+    }
+    int b2u[256], u2b[512];
+    byte_unicode_tables(b2u, u2b);
+    Tokenizer* t = tok_new(V);
+    for (cJSON* e = j->child; e; e = e->next) {
+        int id = (int)e->valuedouble;
+        free(t->tok[id].bytes);
+        t->tok[id] = unicode_to_bytes(e->string, strlen(e->string), u2b);
+    }
+    for (int i = 0; i < V; i++) {
+        if (!t->tok[i].bytes) t->tok[i] = (Tok){callocCheck(1, 1), 0}; /* ids absent from the file */
+        else str_insert(t, i);
+    }
+    cJSON_Delete(j);
+    free(enc);
+    size_t lines = 0;
+    for (size_t i = 0; i < nm; i++) lines += mer[i] == '\n';
+    t->pair_cap = pow2_at_least(lines * 2 + 16);
+    t->pairs = callocCheck(t->pair_cap, sizeof(PairSlot));
+    int rank = 0;
+    char* p = mer;
+    char* end = mer + nm;
+    while (p < end) {
+        char* nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (len && p[len - 1] == '\r') len--;
+        if (len && !(p == mer && !strncmp(p, "#version", 8))) add_merge(t, p, len, rank++, u2b, pm);
+        p += (nl ? len + 1 + (p[len] == '\r') : len);
+        if (!nl) break;
+    }
+    free(mer);
+    finish(t, "gpt-2", dir);
+    return t;
+}
+
+Tokenizer* tokenizer_load(const char* path) {
+    struct stat st;
+    if (stat(path, &st)) fatal("%s: tokenizer not found", path);
+    return S_ISDIR(st.st_mode) ? load_dir_tokenizer(path) : load_gguf_tokenizer(path);
+}
+
+void tokenizer_free(Tokenizer* t) {
+    if (!t) return;
+    for (int i = 0; i < t->V; i++) free(t->tok[i].bytes);
+    free(t->tok);
+    free(t->str_slots);
+    free(t->pairs);
+    pcre2_code_free(t->re);
+    pcre2_code_free(t->re_digit);
+    free(t);
+}
+
+int tokenizer_vocab_size(const Tokenizer* t) { return t->V; }
+int tokenizer_eot(const Tokenizer* t) { return t->eot; }
+int tokenizer_bos(const Tokenizer* t) { return t->bos; }
+const char* tokenizer_pretokenizer(const Tokenizer* t) { return t->pre; }
+
+/* ---------------------------------------------------------------- encoding */
+
+typedef struct {
+    int* ids;
+    size_t n, cap;
+    int* work;
+    size_t work_cap;
+} Out;
+
+static void push(Out* o, int id) {
+    if (o->n == o->cap) {
+        o->cap = o->cap ? 2 * o->cap : 1024;
+        o->ids = realloc(o->ids, o->cap * sizeof(int));
+        if (!o->ids) fatal("out of memory while tokenizing");
+    }
+    o->ids[o->n++] = id;
+}
+
+/* BPE on one piece: start from byte tokens, repeatedly merge the adjacent pair with the best
+ * (lowest) rank, leftmost first. */
+static void bpe_piece(const Tokenizer* t, const unsigned char* s, size_t n, Out* o) {
+    if (n == 0) return;
+    if (o->work_cap < n) {
+        o->work_cap = n * 2;
+        o->work = realloc(o->work, o->work_cap * sizeof(int));
+        if (!o->work) fatal("out of memory while tokenizing");
+    }
+    int* w = o->work;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (t->byte_tok[s[i]] >= 0) w[m++] = t->byte_tok[s[i]];
+    while (m > 1) { /* O(m^2) per piece; pieces are words, a few bytes long */
+        int best = -1, best_rank = 0, merged = 0;
+        for (size_t i = 0; i + 1 < m; i++) {
+            const PairSlot* p = pair_lookup(t, w[i], w[i + 1]);
+            if (p && (best < 0 || p->rank < best_rank)) best = (int)i, best_rank = p->rank, merged = p->merged;
+        }
+        if (best < 0) break;
+        w[best] = merged;
+        memmove(w + best + 1, w + best + 2, (m - (size_t)best - 2) * sizeof(int));
+        m--;
+    }
+    for (size_t i = 0; i < m; i++) push(o, w[i]);
+}
+
+/* Split s by the GPT-2 regex; bytes no match covers (invalid UTF-8) become pieces too. */
+static void regex_pieces(const Tokenizer* t, const unsigned char* s, size_t n, Out* o,
+                         pcre2_match_data* md) {
+    size_t at = 0;
+    while (at < n) {
+        int rc = pcre2_match(t->re, s, n, at, 0, md, NULL);
+        if (rc < 0) {
+            bpe_piece(t, s + at, n - at, o);
+            return;
+        }
+        PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+        if (ov[0] > at) bpe_piece(t, s + at, ov[0] - at, o);
+        if (ov[1] == ov[0]) { /* cannot happen with this pattern; guard against a loop */
+            bpe_piece(t, s + ov[0], 1, o);
+            at = ov[0] + 1;
+            continue;
+        }
+        bpe_piece(t, s + ov[0], ov[1] - ov[0], o);
+        at = ov[1];
+    }
+}
+
+int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* n) {
+    Out o = {0};
+    pcre2_match_data* md = pcre2_match_data_create(4, NULL);
+    const unsigned char* s = (const unsigned char*)text;
+    if (!t->split_digits) {
+        regex_pieces(t, s, len, &o, md);
+    } else {
+        /* Isolate every numeric character, then split the stretches between them. */
+        pcre2_match_data* md2 = pcre2_match_data_create(4, NULL);
+        size_t at = 0;
+        while (at < len) {
+            int rc = pcre2_match(t->re_digit, s, len, at, 0, md2, NULL);
+            if (rc < 0) {
+                regex_pieces(t, s + at, len - at, &o, md);
+                break;
+            }
+            PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md2);
+            if (ov[0] > at) regex_pieces(t, s + at, ov[0] - at, &o, md);
+            bpe_piece(t, s + ov[0], ov[1] - ov[0], &o);
+            at = ov[1];
+        }
+        pcre2_match_data_free(md2);
+    }
+    pcre2_match_data_free(md);
+    free(o.work);
+    *n = o.n;
+    if (!o.ids) o.ids = mallocCheck(sizeof(int));
+    return o.ids;
+}
+
+char* tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, size_t* len) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->V) fatal("token id %d is outside the vocabulary (V=%d)", ids[i], t->V);
+        total += (size_t)t->tok[ids[i]].len;
+    }
+    char* s = mallocCheck(total + 1);
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(s + at, t->tok[ids[i]].bytes, (size_t)t->tok[ids[i]].len);
+        at += (size_t)t->tok[ids[i]].len;
+    }
+    s[at] = 0;
+    if (len) *len = at;
+    return s;
+}

@@ -1,0 +1,35 @@
+/* tokenizer.h: byte-level BPE as GPT-2 and SmolLM2 use it.
+ *
+ * Text is split into pieces by the pre-tokenizer regex (PCRE2, Unicode categories), each piece's
+ * bytes become single-byte tokens, and the merge rules are applied in priority order. SmolLM2's
+ * pre-tokenizer ("smollm" in GGUF) first isolates every digit, then applies the GPT-2 regex.
+ * Sources: a GGUF file's tokenizer.ggml.* metadata, or a directory with encoder.json and
+ * vocab.bpe (GPT-2). Tested by tests/test_tokenizer.c against ids from reference tokenizers. */
+#ifndef FOCUS_TOKENIZER_H
+#define FOCUS_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Tokenizer Tokenizer;
+
+/* Load from a GGUF file or a directory holding encoder.json and vocab.bpe; fatal on error. */
+Tokenizer* tokenizer_load(const char* path);
+void tokenizer_free(Tokenizer* t);
+
+/* Encode len bytes of text (any bytes; invalid UTF-8 is kept byte for byte). Returns a malloc'd
+ * array of *n ids. Special-token text is encoded as ordinary text; bytes the vocabulary has no
+ * token for are dropped. */
+int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* n);
+/* Decode ids to a malloc'd, NUL-terminated byte string of *len bytes. */
+char* tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, size_t* len);
+
+int tokenizer_vocab_size(const Tokenizer* t);
+/* The document separator written between documents in token shards: <|endoftext|> if the
+ * vocabulary has it, else the end-of-sequence token. */
+int tokenizer_eot(const Tokenizer* t);
+/* Beginning-of-sequence id, or -1 if the model does not use one. */
+int tokenizer_bos(const Tokenizer* t);
+const char* tokenizer_pretokenizer(const Tokenizer* t);
+
+#endif

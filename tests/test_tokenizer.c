@@ -1,0 +1,109 @@
+/* test_tokenizer.c: our byte-level BPE against Hugging Face `tokenizers` ids.
+ * tests/fixtures/tokenizer_ref.txt holds, per staged text and vocabulary, the reference token
+ * count and a hash of the ids (scripts/reference/make_tokenizer_fixture.py). Also: encode then
+ * decode gives back every byte sequence (GPT-2 vocabulary: all 256 bytes have tokens), and
+ * valid UTF-8 round-trips through the SmolLM2 vocabulary. Vocabularies that are absent
+ * (../shared/data, the fetched model) are skipped; with neither, the test exits 77. */
+#include <string.h>
+
+#include "../data/text.h"
+#include "../data/tokenizer.h"
+#include "testutil.h"
+
+static uint64_t fnv_ids(const int* ids, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ids[i];
+        for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+static void roundtrip(Tokenizer* t, const char* name, int any_bytes) {
+    Rng rng;
+    rng_seed(&rng, 17);
+    int ok = 1;
+    static const char* pieces[] = {"hello", " world", "  ", "\n\n", "123", "4567", "'s", "'ll", " don't",
+                                   "caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87", "\xf0\x9f\x98\x80", "\t", "!!", " ?",
+                                   "\xce\xa9mega", " \xd0\x9f\xd1\x80\xd0\xb8"};
+    for (int trial = 0; trial < 300 && ok; trial++) {
+        char buf[512];
+        size_t len = 0;
+        if (any_bytes) {
+            len = rng_u64(&rng) % 200;
+            for (size_t i = 0; i < len; i++) buf[i] = (char)(rng_u64(&rng) & 0xff);
+        } else {
+            int k = (int)(rng_u64(&rng) % 20);
+            for (int i = 0; i < k; i++) {
+                const char* p = pieces[rng_u64(&rng) % (sizeof pieces / sizeof pieces[0])];
+                memcpy(buf + len, p, strlen(p));
+                len += strlen(p);
+            }
+        }
+        size_t n, dl;
+        int* ids = tokenizer_encode(t, buf, len, &n);
+        char* back = tokenizer_decode(t, ids, n, &dl);
+        if (dl != len || memcmp(back, buf, len)) ok = 0;
+        free(ids);
+        free(back);
+    }
+    CHECK(ok, "%s: decode(encode(x)) != x for some %s", name, any_bytes ? "byte sequence" : "UTF-8 text");
+    printf("  %s: 300 %s round-trips %s\n", name, any_bytes ? "random byte sequences" : "random UTF-8 texts",
+           ok ? "exact" : "FAILED");
+}
+
+int main(void) {
+    const char* data = tu_data_dir();
+    const char* gguf = tu_smollm2();
+    if (!data && !gguf) {
+        printf("test_tokenizer: skipped (no ../shared/data and no fetched model)\n");
+        return 77;
+    }
+    char path[4096];
+    Tokenizer* gpt2 = NULL;
+    if (data) {
+        snprintf(path, sizeof path, "%s/gpt2-tokenizer", data);
+        gpt2 = tokenizer_load(path);
+        CHECK(tokenizer_vocab_size(gpt2) == 50257, "GPT-2 vocabulary size %d", tokenizer_vocab_size(gpt2));
+        CHECK(tokenizer_eot(gpt2) == 50256, "GPT-2 <|endoftext|> id %d", tokenizer_eot(gpt2));
+        roundtrip(gpt2, "gpt2", 1);
+        roundtrip(gpt2, "gpt2", 0);
+    }
+    Tokenizer* smol = gguf ? tokenizer_load(gguf) : NULL;
+    if (smol) {
+        CHECK(tokenizer_vocab_size(smol) == 49152, "SmolLM2 vocabulary size %d", tokenizer_vocab_size(smol));
+        CHECK(!strcmp(tokenizer_pretokenizer(smol), "smollm"), "SmolLM2 pre-tokenizer '%s'", tokenizer_pretokenizer(smol));
+        roundtrip(smol, "smollm2", 0);
+    }
+    if (data) {
+        snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer_ref.txt", FOCUS_SOURCE_DIR);
+        FILE* fp = fopen(path, "r");
+        CHECK(fp != NULL, "cannot open %s", path);
+        char line[1024];
+        int compared = 0;
+        while (fp && fgets(line, sizeof line, fp)) {
+            char vocab[32], file[512], hex[32];
+            size_t count;
+            if (line[0] == '#' || sscanf(line, "%31s %511s %zu %31s", vocab, file, &count, hex) != 4) continue;
+            Tokenizer* t = !strcmp(vocab, "gpt2") ? gpt2 : smol;
+            if (!t) continue;
+            char fp2[4096];
+            snprintf(fp2, sizeof fp2, "%s/%s", data, file);
+            size_t len, n;
+            char* text = read_file(fp2, &len);
+            int* ids = tokenizer_encode(t, text, len, &n);
+            uint64_t want = strtoull(hex, NULL, 16), got = fnv_ids(ids, n);
+            printf("  %-8s %-46s %7zu tokens %s\n", vocab, file, n, (n == count && got == want) ? "= reference" : "DIFFERS");
+            CHECK(n == count && got == want, "%s %s: %zu tokens (reference %zu), hash %016llx (reference %s)", vocab,
+                  file, n, count, (unsigned long long)got, hex);
+            compared++;
+            free(ids);
+            free(text);
+        }
+        if (fp) fclose(fp);
+        CHECK(compared >= 10, "only %d fixture lines compared", compared);
+    }
+    tokenizer_free(gpt2);
+    tokenizer_free(smol);
+    return tu_finish("test_tokenizer");
+}
