@@ -59,8 +59,9 @@ typedef struct {
     double seconds;
 } PplResult;
 
-/* Strided perplexity: windows of ctx tokens, advancing by stride; each window scores only the
- * targets the previous window did not. */
+/* Strided perplexity: windows of ctx input tokens (predicting the ctx tokens after each),
+ * advancing by stride; each window scores only the targets the previous window did not, so
+ * with stride = ctx every token after the first is scored exactly once. */
 PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet) {
     PplResult r = {0, 0, 0};
     if (n < 2) fatal("eval: need at least 2 tokens, got %zu", n);
@@ -68,7 +69,7 @@ PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int strid
     double t0 = now_seconds();
     size_t scored_to = 0; /* targets with absolute index <= scored_to are done */
     for (size_t st = 0;; st += (size_t)stride) {
-        size_t end = st + (size_t)ctx < n ? st + (size_t)ctx : n;
+        size_t end = st + (size_t)ctx + 1 < n ? st + (size_t)ctx + 1 : n; /* targets < end */
         int T = (int)(end - st) - 1;
         if (T < 1) break;
         for (int i = 0; i < T; i++) {
@@ -136,12 +137,12 @@ int cmd_eval(int argc, char** argv) {
     if (ctx < 2) fatal("eval ppl: --ctx must be at least 2");
     if (!stride) stride = ctx;
     if (stride < 1 || stride > ctx) fatal("eval ppl: --stride must be in 1..ctx");
-    size_t n;
-    int* ids = load_eval_tokens(data, model, tok, &n);
-    if (max_tokens && n > max_tokens) n = max_tokens;
     Model m;
     ModelInfo info;
     model_load(&m, model, &fc, &info);
+    size_t n;
+    int* ids = load_eval_tokens(data, model, tok, &n);
+    if (max_tokens && n > max_tokens) n = max_tokens;
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= m.cfg.V) fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?", data, ids[i], m.cfg.V);
     if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2) fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);

@@ -64,7 +64,5 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[1], "prepare")) return cmd_prepare(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
-    fprintf(stderr, "focus: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
-    return 1;
+    fatal("unknown command '%s' (see focus --help)", argv[1]);
 }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Bad input through the command line: each case must exit non-zero with a one-line error that
+# names the file. Uses tiny.gguf written by test_gguf in the same folder.
+set -u
+focus=$1
+fail=0; pass=0
+check() { # description, expected text, command...
+  local what=$1 want=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1 >/dev/null); rc=$?
+  local lines; lines=$(printf '%s\n' "$out" | grep -c .)
+  if [ $rc -ne 0 ] && [ "$lines" -eq 1 ] && printf '%s' "$out" | grep -q -- "$want"; then
+    pass=$((pass + 1)); echo "  ok   $what: $out"
+  else
+    fail=$((fail + 1)); echo "  FAIL $what (exit $rc, $lines lines): $out"
+  fi
+}
+[ -f tiny.gguf ] || { echo "tiny.gguf missing (run test_gguf first)"; exit 1; }
+printf 'hello world\n' > text.txt
+size=$(stat -c %s tiny.gguf)
+head -c $((size / 2)) tiny.gguf > truncated.gguf
+head -c 10 tiny.gguf > stub.gguf
+{ printf 'GGUX'; tail -c +5 tiny.gguf; } > magic.gguf
+# offset of the first tensor pushed beyond the end: rewrite the last 8 bytes of the header entry
+python3 - <<'PY' 2>/dev/null || cp truncated.gguf offset.gguf
+data = bytearray(open("tiny.gguf", "rb").read())
+i = data.find(b"token_embd.weight")
+off = i + len("token_embd.weight") + 4 + 16 + 4
+data[off:off + 8] = (1 << 40).to_bytes(8, "little")
+open("offset.gguf", "wb").write(bytes(data))
+PY
+check "missing model" "nope.gguf" "$focus" eval ppl --model nope.gguf --data text.txt
+check "truncated GGUF" "truncated.gguf" "$focus" eval ppl --model truncated.gguf --data text.txt --tokenizer tiny.gguf
+check "header stub" "stub.gguf" "$focus" eval ppl --model stub.gguf --data text.txt
+check "wrong magic" "magic.gguf" "$focus" generate --model magic.gguf --prompt hi
+check "offset beyond file" "offset.gguf" "$focus" eval ppl --model offset.gguf --data text.txt
+check "no tokenizer in file" "tokenizer" "$focus" tokenize --tokenizer tiny.gguf text.txt
+check "missing data" "missing.bin" "$focus" eval ppl --model tiny.gguf --data missing.bin
+printf 'FOCUSTOK' > badshard.bin; head -c 40 /dev/zero >> badshard.bin
+check "corrupt shard" "badshard.bin" "$focus" eval ppl --model tiny.gguf --data badshard.bin
+check "unknown command" "unknown command" "$focus" frobnicate
+echo "cli_errors: $pass passed, $fail failed"
+[ $fail -eq 0 ]
