@@ -157,7 +157,9 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
         fatal("%s: file is %lld bytes, the header implies %zu; truncated or corrupt", path,
               (long long)st.st_size, expect);
     real** ptrs = (real**)&m->params;
-    uint16_t* tmp = mallocCheck(esz * (size_t)Vp * cfg.C);
+    size_t biggest = (size_t)Vp * cfg.C;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) biggest = m->param_sizes[i] > biggest ? m->param_sizes[i] : biggest;
+    uint16_t* tmp = mallocCheck(sizeof(uint16_t) * biggest);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!ptrs[i]) continue;
         size_t n = m->param_sizes[i], nfile = i == 0 ? (size_t)Vp * cfg.C : n;
@@ -342,6 +344,8 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
         snprintf(n, sizeof n, "%swpe.weight", pre);
         cJSON* wpe = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s.header, n), "shape");
         if (cJSON_GetArraySize(wpe) != 2) fatal("%s: tensor '%s' is missing or not a matrix", file, n);
+        if (!hc && cfg.C % 64)
+            fatal("%s: cannot infer the head count of a GPT-2 of width %d; put its config.json (n_head) beside it", file, cfg.C);
         cfg = (ModelConfig){ARCH_GPT2, cfg.L, cfg.C, json_int(hc, "n_head", cfg.C / 64), 0, 4 * cfg.C, cfg.V,
                             (int)cJSON_GetArrayItem(wpe, 0)->valuedouble, (float)json_num(hc, "layer_norm_epsilon", 1e-5), 0, 0, 1};
         cfg.NKV = cfg.NH;

@@ -1,0 +1,236 @@
+/* test_checkpoints.c: safetensors and llm.c import, on files this test writes.
+ * - GPT-2 as an llm.c checkpoint (fp32 version 3 with a padded vocabulary, and bf16 version 5);
+ * - GPT-2 as Hugging Face safetensors (Conv1D weights stored transposed, "transformer." prefix);
+ * - LLaMA with Q/K/V biases as Hugging Face safetensors + config.json (half-split rotary rows,
+ *   which the importer permutes into the adjacent-pair convention).
+ * Each loaded model must give the original's logits (bf16: close, not equal). */
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../checkpoints/gguf.h"
+#include "../checkpoints/load.h"
+#include "testutil.h"
+
+enum { T = 24 };
+static int tok[T];
+
+static real* logits_of(Model* m) {
+    model_forward(m, tok, NULL, 1, T, 0);
+    real* l = mallocCheck(sizeof(real) * T * m->cfg.V);
+    memcpy(l, model_logits(m), sizeof(real) * T * m->cfg.V);
+    return l;
+}
+
+static void compare(const char* what, const char* path, const real* ref, int V, double tol) {
+    FocusConfig fc;
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    Model m;
+    ModelInfo info;
+    model_load(&m, path, &fc, &info);
+    real* got = logits_of(&m);
+    double d = tu_max_abs_diff(ref, got, (size_t)T * V);
+    printf("  %-40s max |logit difference| %.2e\n", what, d);
+    CHECK(d <= tol, "%s: logits differ by %g (tolerance %g)", what, d, tol);
+    free(got);
+    model_free(&m);
+}
+
+static Model make(const char* preset, int qkv_bias) {
+    ModelConfig cfg;
+    FocusConfig fc;
+    model_config_preset(preset, &cfg);
+    cfg.qkv_bias = qkv_bias;
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    Model m;
+    model_build(&m, &cfg, &fc);
+    model_init_backbone(&m, 21);
+    Rng rng;
+    rng_seed(&rng, 4);
+    for (size_t i = 0; i < m.num_params; i++) m.params_mem[i] += (real)(0.2 * rng_normal(&rng));
+    return m;
+}
+
+static uint16_t bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
+}
+
+static void write_llmc(const Model* m, const char* path, int version, int Vp) {
+    FILE* fp = fopen(path, "wb");
+    int32_t h[256] = {20240326, version, m->cfg.maxT, m->cfg.V, m->cfg.L, m->cfg.NH, m->cfg.C, Vp};
+    fwrite(h, 4, 256, fp);
+    real** p = (real**)&m->params;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (!p[i]) continue;
+        size_t n = m->param_sizes[i], pad = i == 0 ? (size_t)(Vp - m->cfg.V) * m->cfg.C : 0;
+        for (size_t j = 0; j < n + pad; j++) {
+            float v = j < n ? p[i][j] : 0;
+            if (version == 3) fwrite(&v, 4, 1, fp);
+            else {
+                uint16_t b = bf16(v);
+                fwrite(&b, 2, 1, fp);
+            }
+        }
+    }
+    fclose(fp);
+}
+
+/* A safetensors writer: tensors given as (name, data, rows, cols, transpose-on-write). */
+typedef struct {
+    char name[96];
+    float* data; /* owned copy in file layout */
+    size_t rows, cols;
+} STensor;
+
+static void st_add(STensor* ts, int* n, const char* name, const real* src, size_t rows, size_t cols, int transpose) {
+    STensor* t = &ts[(*n)++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = transpose ? cols : rows;
+    t->cols = transpose ? rows : cols;
+    t->data = mallocCheck(sizeof(float) * rows * cols);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) t->data[transpose ? c * rows + r : r * cols + c] = src[r * cols + c];
+}
+
+static void st_write(const char* path, STensor* ts, int n) {
+    size_t cap = 1 << 16, len = 0, off = 0;
+    char* hdr = mallocCheck(cap);
+    len += (size_t)snprintf(hdr, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n; i++) {
+        size_t bytes = ts[i].rows * ts[i].cols * 4;
+        if (ts[i].rows == 1)
+            len += (size_t)snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}", ts[i].name, ts[i].cols, off, off + bytes);
+        else
+            len += (size_t)snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu,%zu],\"data_offsets\":[%zu,%zu]}", ts[i].name, ts[i].rows, ts[i].cols, off, off + bytes);
+        off += bytes;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8) hdr[len++] = ' ';
+    FILE* fp = fopen(path, "wb");
+    uint64_t hl = len;
+    fwrite(&hl, 8, 1, fp);
+    fwrite(hdr, 1, len, fp);
+    for (int i = 0; i < n; i++) {
+        fwrite(ts[i].data, 4, ts[i].rows * ts[i].cols, fp);
+        free(ts[i].data);
+    }
+    fclose(fp);
+    free(hdr);
+}
+
+static void write_hf_gpt2(const Model* m, const char* path) {
+    const Params* p = &m->params;
+    size_t C = m->cfg.C, F = m->cfg.F, Q = 3 * C;
+    STensor* ts = mallocCheck(sizeof(STensor) * 256);
+    int n = 0;
+    char nm[96];
+    st_add(ts, &n, "transformer.wte.weight", p->wte, m->cfg.V, C, 0);
+    st_add(ts, &n, "transformer.wpe.weight", p->wpe, m->cfg.maxT, C, 0);
+    for (int l = 0; l < m->cfg.L; l++) {
+#define A(suffix, src, r, c, tr) (snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix), st_add(ts, &n, nm, src, r, c, tr))
+        A("ln_1.weight", p->ln1w + l * C, 1, C, 0);
+        A("ln_1.bias", p->ln1b + l * C, 1, C, 0);
+        A("attn.c_attn.weight", p->qkvw + l * Q * C, Q, C, 1);
+        A("attn.c_attn.bias", p->qkvb + l * Q, 1, Q, 0);
+        A("attn.c_proj.weight", p->attprojw + l * C * C, C, C, 1);
+        A("attn.c_proj.bias", p->attprojb + l * C, 1, C, 0);
+        A("ln_2.weight", p->ln2w + l * C, 1, C, 0);
+        A("ln_2.bias", p->ln2b + l * C, 1, C, 0);
+        A("mlp.c_fc.weight", p->fcw + l * F * C, F, C, 1);
+        A("mlp.c_fc.bias", p->fcb + l * F, 1, F, 0);
+        A("mlp.c_proj.weight", p->fcprojw + l * C * F, C, F, 1);
+        A("mlp.c_proj.bias", p->fcprojb + l * C, 1, C, 0);
+#undef A
+    }
+    st_add(ts, &n, "transformer.ln_f.weight", p->lnfw, 1, C, 0);
+    st_add(ts, &n, "transformer.ln_f.bias", p->lnfb, 1, C, 0);
+    st_write(path, ts, n);
+    free(ts);
+}
+
+/* Our q/k rows (h, 2i + c) back to Hugging Face's half-split order (h, c * hs/2 + i). */
+static void permute_to_hf(real* dst, const real* src, int heads, int hs, size_t cols) {
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < hs / 2; i++)
+            for (int c = 0; c < 2; c++)
+                memcpy(dst + ((size_t)h * hs + c * hs / 2 + i) * cols, src + ((size_t)h * hs + 2 * i + c) * cols, sizeof(real) * cols);
+}
+
+static void write_hf_llama(const Model* m, const char* dir) {
+    const Params* p = &m->params;
+    const ModelConfig* c = &m->cfg;
+    int hs = c->C / c->NH;
+    size_t C = c->C, F = c->F, nq = (size_t)c->NH * hs, nk = (size_t)c->NKV * hs, Q = nq + 2 * nk;
+    STensor* ts = mallocCheck(sizeof(STensor) * 256);
+    int n = 0;
+    char nm[96];
+    real* tmp = mallocCheck(sizeof(real) * nq * C);
+    st_add(ts, &n, "model.embed_tokens.weight", p->wte, c->V, C, 0);
+    for (int l = 0; l < c->L; l++) {
+#define A(suffix, src, r, cl) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), st_add(ts, &n, nm, src, r, cl, 0))
+        const real* qkv = p->qkvw + l * Q * C;
+        A("input_layernorm.weight", p->ln1w + l * C, 1, C);
+        permute_to_hf(tmp, qkv, c->NH, hs, C);
+        A("self_attn.q_proj.weight", tmp, nq, C);
+        permute_to_hf(tmp, qkv + nq * C, c->NKV, hs, C);
+        A("self_attn.k_proj.weight", tmp, nk, C);
+        A("self_attn.v_proj.weight", qkv + (nq + nk) * C, nk, C);
+        const real* b = p->qkvb + l * Q;
+        permute_to_hf(tmp, b, c->NH, hs, 1);
+        A("self_attn.q_proj.bias", tmp, 1, nq);
+        permute_to_hf(tmp, b + nq, c->NKV, hs, 1);
+        A("self_attn.k_proj.bias", tmp, 1, nk);
+        A("self_attn.v_proj.bias", b + nq + nk, 1, nk);
+        A("self_attn.o_proj.weight", p->attprojw + l * C * C, C, C);
+        A("post_attention_layernorm.weight", p->ln2w + l * C, 1, C);
+        A("mlp.gate_proj.weight", p->fcw + l * 2 * F * C, F, C);
+        A("mlp.up_proj.weight", p->fcw + l * 2 * F * C + F * C, F, C);
+        A("mlp.down_proj.weight", p->fcprojw + l * C * F, C, F);
+#undef A
+    }
+    st_add(ts, &n, "model.norm.weight", p->lnfw, 1, C, 0);
+    st_add(ts, &n, "lm_head.weight", p->lmhead, c->V, C, 0);
+    mkdir(dir, 0755);
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_write(path, ts, n);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE* fp = fopen(path, "w");
+    fprintf(fp, "{\"model_type\": \"qwen2\", \"hidden_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
+                " \"num_hidden_layers\": %d, \"intermediate_size\": %d, \"vocab_size\": %d, \"max_position_embeddings\": %d,"
+                " \"rms_norm_eps\": %g, \"rope_theta\": %g, \"tie_word_embeddings\": false}\n",
+            c->C, c->NH, c->NKV, c->L, c->F, c->V, c->maxT, (double)c->eps, (double)c->rope_theta);
+    fclose(fp);
+    free(tmp);
+    free(ts);
+}
+
+int main(void) {
+    for (int i = 0; i < T; i++) tok[i] = (i * 11 + 3) % 64;
+    Model g = make("tiny-gpt2", 0);
+    real* ref = logits_of(&g);
+    write_llmc(&g, "tiny_gpt2_fp32.bin", 3, 80);
+    compare("GPT-2, llm.c fp32 (padded vocabulary)", "tiny_gpt2_fp32.bin", ref, g.cfg.V, 0);
+    write_llmc(&g, "tiny_gpt2_bf16.bin", 5, 64);
+    compare("GPT-2, llm.c bf16", "tiny_gpt2_bf16.bin", ref, g.cfg.V, 0.05);
+    mkdir("tiny_gpt2_hf", 0755);
+    write_hf_gpt2(&g, "tiny_gpt2_hf/model.safetensors");
+    FILE* fp = fopen("tiny_gpt2_hf/config.json", "w");
+    fprintf(fp, "{\"model_type\": \"gpt2\", \"n_head\": %d, \"n_embd\": %d, \"n_layer\": %d}\n", g.cfg.NH, g.cfg.C, g.cfg.L);
+    fclose(fp);
+    compare("GPT-2, Hugging Face safetensors file", "tiny_gpt2_hf/model.safetensors", ref, g.cfg.V, 0);
+    free(ref);
+    model_free(&g);
+
+    Model l = make("tiny-llama", 1);
+    ref = logits_of(&l);
+    write_hf_llama(&l, "tiny_llama_hf");
+    compare("LLaMA + QKV bias, HF safetensors dir", "tiny_llama_hf", ref, l.cfg.V, 1e-5);
+    free(ref);
+    model_free(&l);
+    return tu_finish("test_checkpoints");
+}
