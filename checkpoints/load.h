@@ -19,6 +19,11 @@ typedef struct {
 /* Build m from the file at path with the router settings fc. */
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info);
 
+/* Serialise a llama-architecture model as GGUF (quant: Q8_0 matrices and an F16 embedding
+ * instead of F32) into a malloc'd buffer, or write it to path atomically. */
+uint8_t* gguf_serialize_llama(const Model* m, int quant, size_t* len);
+void gguf_write_model(const Model* m, const char* path, int quant);
+
 /* 64-bit fingerprint of the backbone (configuration and every parameter bit); a router
  * trained on one base model is refused on another (see the retrofit issue). */
 uint64_t model_fingerprint(const Model* m);

@@ -189,15 +189,13 @@ static size_t sum_sizes(const size_t* s, int n) {
     return t;
 }
 
-void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
-    config_validate(cfg, fc);
-    memset(m, 0, sizeof(*m));
-    m->cfg = *cfg;
-    m->fc = *fc;
-    param_sizes(m->param_sizes, cfg);
-    m->num_params = sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
-    m->params_mem = callocCheck(m->num_params, sizeof(real));
-    carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+/* (Re)allocate the router buffers for m->fc and initialise them from its seed. */
+static void alloc_router(Model* m) {
+    const ModelConfig* cfg = &m->cfg;
+    const FocusConfig* fc = &m->fc;
+    free(m->router_mem);
+    free(m->rgrads_mem);
+    free(m->beta);
     m->router_sizes[0] = (size_t)cfg->L * cfg->C * fc->dg;
     m->router_sizes[1] = (size_t)cfg->L * fc->K * fc->dg;
     m->router_sizes[2] = (size_t)cfg->L * 2;
@@ -207,8 +205,29 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     m->rgrads_mem = callocCheck(m->num_router, sizeof(real));
     carve((real**)&m->rgrads, m->rgrads_mem, m->router_sizes, NUM_ROUTER_TENSORS);
     m->beta = callocCheck((size_t)cfg->L * fc->K, sizeof(real));
-    m->mean_loss = -1;
+    /* activations depend on K and dg: reallocate them on the next forward */
+    free(m->acts_mem);
+    m->acts_mem = NULL;
     model_init_router(m, fc->seed);
+}
+
+void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
+    config_validate(cfg, fc);
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    m->fc = *fc;
+    param_sizes(m->param_sizes, cfg);
+    m->num_params = sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
+    m->params_mem = callocCheck(m->num_params, sizeof(real));
+    carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+    m->mean_loss = -1;
+    alloc_router(m);
+}
+
+void model_set_router_config(Model* m, const FocusConfig* fc) {
+    config_validate(&m->cfg, fc);
+    m->fc = *fc;
+    alloc_router(m);
 }
 
 void model_free(Model* m) {

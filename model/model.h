@@ -145,6 +145,8 @@ void config_print(const ModelConfig* cfg, const FocusConfig* fc, FILE* f);
 /* Allocate parameters (zeroed) and the router (randomly initialised from fc->seed). */
 void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc);
 void model_free(Model* m);
+/* Replace the router settings (K, dg, ...): router buffers are reallocated and re-initialised. */
+void model_set_router_config(Model* m, const FocusConfig* fc);
 /* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */
 void model_init_backbone(Model* m, uint64_t seed);
 /* W_g ~ N(0, 1/C), C ~ N(0, 1/dg), lambda and b from the config, beta = 0. */

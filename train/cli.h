@@ -9,6 +9,31 @@ int cmd_tokenize(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_retrofit(int argc, char** argv);
+
+/* Average over layers of the largest group's share of tokens, from the last forward pass. */
+double focus_largest_share(const Model* m);
+
+typedef struct {
+    double nll;   /* summed negative log-likelihood */
+    size_t count; /* scored tokens */
+    double seconds;
+    double kept; /* hard attention: fraction of causal pairs kept, averaged over windows */
+} PplResult;
+
+/* --router/--attn/--topk/--routing of `eval` and `groups` applied to a loaded model (NULL/0:
+ * leave as is). */
+void apply_router_options(Model* m, const char* router, const char* attn, int topk, const char* routing);
+/* Fraction of causal pairs the hard top-k mask keeps in the last forward pass, all layers. */
+double hard_pairs_kept(const Model* m);
+
+/* Strided perplexity of m (its current attention and routing settings) on ids. */
+PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet);
+
+/* Tokens from a shard folder (shards named prefix* first, else all *.bin), a folder of *.txt
+ * documents, one shard, or a text file. Text is tokenized with tok_path and, if clean,
+ * cleaned first (text_clean); documents are separated by the end-of-text token. */
+int* load_tokens(const char* path, const char* prefix, const char* tok_path, int clean, size_t* n);
 
 /* Tokens for evaluation from a shard folder, a shard, or a text file (tokenized with tok_path,
  * else the model file's own tokenizer). */

@@ -5,103 +5,52 @@
 #include <sys/stat.h>
 
 #include "../checkpoints/load.h"
+#include "../checkpoints/router_h5.h"
 #include "../data/shard.h"
 #include "../data/text.h"
 #include "../data/tokenizer.h"
 #include "cli.h"
 
-int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n) {
-    struct stat st;
-    if (stat(data, &st)) fatal("%s: data not found", data);
-    if (S_ISDIR(st.st_mode)) {
-        char** paths;
-        int k = shard_list(data, "val_", &paths);
-        if (!k) {
-            free(paths);
-            k = shard_list(data, "", &paths);
+/* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
+ * config.conf next to router.h5 when there is one (the router's shape). */
+void apply_router_options(Model* m, const char* router, const char* attn, int topk, const char* routing) {
+    FocusConfig* f = &m->fc;
+    if (router) {
+        char* text = router_read_config(router);
+        /* take the router shape and gate settings from the stored configuration */
+        for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            char key[64], val[256];
+            if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
+            if (!strcmp(key, "K") || !strcmp(key, "dg") || !strcmp(key, "tau") || !strcmp(key, "iters") ||
+                !strcmp(key, "w") || !strcmp(key, "learn_gate"))
+                config_set(&m->cfg, f, key, val);
         }
-        if (!k) fatal("%s: no token shards (*.bin) in this folder", data);
-        int* all = NULL;
-        *n = 0;
-        int V0 = -1;
-        for (int i = 0; i < k; i++) {
-            size_t m;
-            int V;
-            int* ids = shard_read(paths[i], &m, &V);
-            if (V0 >= 0 && V != V0) fatal("%s: vocabulary size %d differs from the other shards' %d", paths[i], V, V0);
-            V0 = V;
-            all = realloc(all, sizeof(int) * (*n + m + 1));
-            memcpy(all + *n, ids, sizeof(int) * m);
-            *n += m;
-            free(ids);
-            free(paths[i]);
-        }
-        free(paths);
-        return all;
+        free(text);
+        model_set_router_config(m, f);
+        router_load(router, m, NULL, NULL, model_fingerprint(m));
+        f->attn = ATTN_SOFT;
     }
-    if (shard_is_shard(data)) {
-        int V;
-        return shard_read(data, n, &V);
+    if (attn) {
+        if (config_set(&m->cfg, f, "attn", attn)) fatal("--attn must be dense, soft or hard, got '%s'", attn);
+        if (f->attn != ATTN_DENSE && !router) fatal("--attn %s needs --router router.h5", attn);
     }
-    const char* tp = tok_path ? tok_path : model_path;
-    Tokenizer* t = tokenizer_load(tp);
-    size_t len;
-    char* text = read_file(data, &len);
-    int* ids = tokenizer_encode(t, text, len, n);
-    free(text);
-    tokenizer_free(t);
-    return ids;
-}
-
-typedef struct {
-    double nll;   /* summed negative log-likelihood */
-    size_t count; /* scored tokens */
-    double seconds;
-} PplResult;
-
-/* Strided perplexity: windows of ctx input tokens (predicting the ctx tokens after each),
- * advancing by stride; each window scores only the targets the previous window did not, so
- * with stride = ctx every token after the first is scored exactly once. */
-PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet) {
-    PplResult r = {0, 0, 0};
-    if (n < 2) fatal("eval: need at least 2 tokens, got %zu", n);
-    int* tgt = mallocCheck(sizeof(int) * ctx);
-    double t0 = now_seconds();
-    size_t scored_to = 0; /* targets with absolute index <= scored_to are done */
-    for (size_t st = 0;; st += (size_t)stride) {
-        size_t end = st + (size_t)ctx + 1 < n ? st + (size_t)ctx + 1 : n; /* targets < end */
-        int T = (int)(end - st) - 1;
-        if (T < 1) break;
-        for (int i = 0; i < T; i++) {
-            size_t j = st + 1 + (size_t)i;
-            tgt[i] = j > scored_to ? ids[j] : -1;
-        }
-        model_forward(m, ids + st, tgt, 1, T, 0);
-        for (int i = 0; i < T; i++) {
-            if (tgt[i] >= 0) {
-                r.nll += m->losses[i];
-                r.count++;
-            }
-        }
-        scored_to = end - 1;
-        if (!quiet) {
-            fprintf(stderr, "\r  %zu / %zu tokens, ppl so far %.3f", r.count, n - 1, exp(r.nll / r.count));
-            fflush(stderr);
-        }
-        if (end == n) break;
+    if (topk > 0) {
+        if (topk > f->K) fatal("--topk %d exceeds the router's K = %d", topk, f->K);
+        f->topk = topk;
     }
-    if (!quiet) fprintf(stderr, "\n");
-    r.seconds = now_seconds() - t0;
-    free(tgt);
-    return r;
+    if (routing && routing_parse(routing, &f->routing)) fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
 }
 
 static void eval_help(void) {
     printf("usage: focus eval ppl --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] [--stride s]\n"
-           "                      [--max-tokens n] [--set key=value]...\n"
+           "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk k]\n"
+           "                      [--routing causal|sinkhorn|prefix_sinkhorn]]\n"
            "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
            "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
-           "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n");
+           "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
+           "With --router the trained router is loaded onto the model (which must be the one it was\n"
+           "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
+           "future, so its numbers are marked non-causal.\n");
 }
 
 int cmd_eval(int argc, char** argv) {
@@ -113,6 +62,8 @@ int cmd_eval(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
     size_t max_tokens = 0;
+    const char *router = NULL, *attn = NULL, *routing = NULL;
+    int topk = 0;
     FocusConfig fc;
     focus_config_default(&fc);
     fc.attn = ATTN_DENSE;
@@ -128,6 +79,10 @@ int cmd_eval(int argc, char** argv) {
         else if (!strcmp(a, "--ctx")) ctx = cli_int(a, cli_value(argc, argv, i++));
         else if (!strcmp(a, "--stride")) stride = cli_int(a, cli_value(argc, argv, i++));
         else if (!strcmp(a, "--max-tokens")) max_tokens = (size_t)cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--router")) router = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--attn")) attn = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--topk")) topk = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--routing")) routing = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--set")) {
             ModelConfig dummy;
             cli_apply_set(&dummy, &fc, cli_value(argc, argv, i++));
@@ -140,6 +95,7 @@ int cmd_eval(int argc, char** argv) {
     Model m;
     ModelInfo info;
     model_load(&m, model, &fc, &info);
+    apply_router_options(&m, router, attn, topk, routing);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > max_tokens) n = max_tokens;
@@ -147,9 +103,18 @@ int cmd_eval(int argc, char** argv) {
         if (ids[i] >= m.cfg.V) fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?", data, ids[i], m.cfg.V);
     if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2) fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);
     PplResult r = eval_perplexity(&m, ids, n, ctx, stride, 0);
+    static const char* attn_names[] = {"dense", "soft", "hard"};
     printf("model %s (%s)  data %s  ctx %d stride %d\n", info.name, info.format, data, ctx, stride);
-    printf("perplexity %.4f  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n", exp(r.nll / r.count), r.count,
+    char mode[128] = "dense (router off)";
+    if (m.fc.attn != ATTN_DENSE)
+        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d", attn_names[m.fc.attn], m.fc.attn == ATTN_HARD ? " top-k" : "",
+                 routing_name(m.fc.routing), m.fc.K, m.fc.w);
+    if (m.fc.attn == ATTN_HARD) snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%d", m.fc.topk);
+    const char* mark = m.fc.attn != ATTN_DENSE && m.fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
+    printf("attention %s\n", mode);
+    printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n", exp(r.nll / r.count), mark, r.count,
            r.nll / r.count, (double)r.count / r.seconds, r.seconds);
+    if (m.fc.attn == ATTN_HARD) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
     free(ids);
     model_free(&m);
     return 0;

@@ -1,0 +1,167 @@
+/* gguf_write.c: write a model as a GGUF `llama` file (F32, or Q8_0 matrices with an F16
+ * embedding). Used to save base models trained from scratch, and by tests/test_gguf.c. */
+#include <math.h>
+#include <string.h>
+
+#include "../data/shard.h"
+#include "gguf.h"
+#include "load.h"
+
+typedef struct {
+    uint8_t* b;
+    size_t n, cap;
+} Buf;
+
+static void put(Buf* b, const void* p, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2;
+        b->b = realloc(b->b, b->cap);
+    }
+    memcpy(b->b + b->n, p, n);
+    b->n += n;
+}
+static void put32(Buf* b, uint32_t v) { put(b, &v, 4); }
+static void put64(Buf* b, uint64_t v) { put(b, &v, 8); }
+static void putstr(Buf* b, const char* s) {
+    put64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+static void kv_u32(Buf* b, const char* k, uint32_t v) {
+    putstr(b, k);
+    put32(b, GGUF_VAL_UINT32);
+    put32(b, v);
+}
+static void kv_f32(Buf* b, const char* k, float v) {
+    putstr(b, k);
+    put32(b, GGUF_VAL_FLOAT32);
+    put(b, &v, 4);
+}
+
+typedef struct {
+    char name[64];
+    const float* data;
+    uint64_t rows, cols;
+    uint32_t type;
+} WTensor;
+
+static uint16_t to_f16(float f) {
+    /* round-to-nearest conversion for normal values; enough for test weights */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    int e = (int)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffff;
+    if (e <= 0) return (uint16_t)sign;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    uint32_t h = sign | ((uint32_t)e << 10) | (man >> 13);
+    if (man & 0x1000) h++;
+    return (uint16_t)h;
+}
+
+static void encode_tensor(Buf* d, const WTensor* t) {
+    uint64_t n = t->rows * t->cols;
+    if (t->type == GGML_F32) {
+        put(d, t->data, n * 4);
+    } else if (t->type == GGML_F16) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h = to_f16(t->data[i]);
+            put(d, &h, 2);
+        }
+    } else { /* Q8_0 */
+        for (uint64_t b = 0; b < n / 32; b++) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(t->data[b * 32 + j]));
+            float dd = amax / 127;
+            uint16_t h = to_f16(dd);
+            float dq = f16_to_f32(h);
+            put(d, &h, 2);
+            for (int j = 0; j < 32; j++) {
+                int8_t q = (int8_t)(dq > 0 ? lrintf(t->data[b * 32 + j] / dq) : 0);
+                put(d, &q, 1);
+            }
+        }
+    }
+}
+
+/* Write m as a GGUF `llama` file; quant: 0 all F32, 1 matrices in Q8_0 / F16. */
+static Buf write_gguf(const Model* m, int quant) {
+    if (m->cfg.arch != ARCH_LLAMA) fatal("GGUF export supports the llama architecture only");
+    const ModelConfig* c = &m->cfg;
+    const Params* p = &m->params;
+    int hs = c->C / c->NH;
+    size_t C = c->C, F = c->F, Q = (size_t)(c->NH + 2 * c->NKV) * hs;
+    WTensor* ts = mallocCheck(sizeof(WTensor) * (12 * (size_t)m->cfg.L + 4));
+    int nt = 0;
+#define ADD(nm, ptr, r, cl, ty) (snprintf(ts[nt].name, 64, "%s", nm), ts[nt].data = (ptr), ts[nt].rows = (r), ts[nt].cols = (cl), ts[nt].type = (ty), nt++)
+    ADD("token_embd.weight", p->wte, c->V, C, quant ? GGML_F16 : GGML_F32);
+    for (int l = 0; l < c->L; l++) {
+        char n[64];
+        uint32_t mt = quant ? GGML_Q8_0 : GGML_F32;
+#define L(nm, ptr, r, cl, ty) (snprintf(n, 64, "blk.%d." nm, l), ADD(n, ptr, r, cl, ty))
+        L("attn_norm.weight", p->ln1w + l * C, 1, C, GGML_F32);
+        L("attn_q.weight", p->qkvw + l * Q * C, (size_t)c->NH * hs, C, mt);
+        L("attn_k.weight", p->qkvw + l * Q * C + (size_t)c->NH * hs * C, (size_t)c->NKV * hs, C, mt);
+        L("attn_v.weight", p->qkvw + l * Q * C + (size_t)(c->NH + c->NKV) * hs * C, (size_t)c->NKV * hs, C, mt);
+        L("attn_output.weight", p->attprojw + l * C * C, C, C, mt);
+        L("ffn_norm.weight", p->ln2w + l * C, 1, C, GGML_F32);
+        L("ffn_gate.weight", p->fcw + l * 2 * F * C, F, C, mt);
+        L("ffn_up.weight", p->fcw + l * 2 * F * C + F * C, F, C, mt);
+        L("ffn_down.weight", p->fcprojw + l * C * F, C, F, mt);
+        if (p->qkvb) {
+            L("attn_q.bias", p->qkvb + l * Q, 1, (size_t)c->NH * hs, GGML_F32);
+            L("attn_k.bias", p->qkvb + l * Q + (size_t)c->NH * hs, 1, (size_t)c->NKV * hs, GGML_F32);
+            L("attn_v.bias", p->qkvb + l * Q + (size_t)(c->NH + c->NKV) * hs, 1, (size_t)c->NKV * hs, GGML_F32);
+        }
+#undef L
+    }
+    ADD("output_norm.weight", p->lnfw, 1, C, GGML_F32);
+    if (!c->tied) ADD("output.weight", p->lmhead, c->V, C, GGML_F32);
+#undef ADD
+    Buf h = {0}, d = {0};
+    put(&h, "GGUF", 4);
+    put32(&h, 3);
+    put64(&h, (uint64_t)nt);
+    put64(&h, 9);
+    putstr(&h, "general.architecture");
+    put32(&h, GGUF_VAL_STRING);
+    putstr(&h, "llama");
+    kv_u32(&h, "llama.block_count", (uint32_t)c->L);
+    kv_u32(&h, "llama.embedding_length", (uint32_t)c->C);
+    kv_u32(&h, "llama.attention.head_count", (uint32_t)c->NH);
+    kv_u32(&h, "llama.attention.head_count_kv", (uint32_t)c->NKV);
+    kv_u32(&h, "llama.feed_forward_length", (uint32_t)c->F);
+    kv_u32(&h, "llama.context_length", (uint32_t)c->maxT);
+    kv_f32(&h, "llama.rope.freq_base", c->rope_theta);
+    kv_f32(&h, "llama.attention.layer_norm_rms_epsilon", c->eps);
+    for (int i = 0; i < nt; i++) {
+        size_t at = d.n;
+        encode_tensor(&d, &ts[i]);
+        while (d.n % 32) put(&d, "", 1);
+        putstr(&h, ts[i].name);
+        int two = ts[i].rows > 1;
+        put32(&h, two ? 2 : 1);
+        put64(&h, ts[i].cols);
+        if (two) put64(&h, ts[i].rows);
+        put32(&h, ts[i].type);
+        put64(&h, at);
+    }
+    while (h.n % 32) put(&h, "", 1);
+    put(&h, d.b, d.n);
+    free(d.b);
+    free(ts);
+    return h;
+}
+
+uint8_t* gguf_serialize_llama(const Model* m, int quant, size_t* len) {
+    Buf b = write_gguf(m, quant);
+    *len = b.n;
+    return b.b;
+}
+
+void gguf_write_model(const Model* m, const char* path, int quant) {
+    size_t n;
+    uint8_t* b = gguf_serialize_llama(m, quant, &n);
+    const void* parts[1] = {b};
+    write_file_atomic(path, parts, &n, 1);
+    free(b);
+}

@@ -1,0 +1,209 @@
+/* router_h5.c: HDF5 router checkpoints (see router_h5.h). */
+#define _GNU_SOURCE
+#include "router_h5.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hdf5.h>
+
+#include "../data/shard.h"
+
+#define FORMAT_VERSION 1
+
+static uint64_t fnv_bytes(uint64_t h, const void* p, size_t n) {
+    const uint8_t* b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t state_checksum(const Model* m, const float* mom_m, const float* mom_v, size_t nmom) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = fnv_bytes(h, m->router_mem, sizeof(real) * m->num_router);
+    h = fnv_bytes(h, m->beta, sizeof(real) * (size_t)m->cfg.L * m->fc.K);
+    if (mom_m) h = fnv_bytes(h, mom_m, sizeof(float) * nmom);
+    if (mom_v) h = fnv_bytes(h, mom_v, sizeof(float) * nmom);
+    return h;
+}
+
+static void write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank, const hsize_t* dims,
+                     const char* path) {
+    hid_t sp = H5Screate_simple(rank, dims, NULL);
+    hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        fatal("%s: writing dataset '%s' failed (disk full?)", path, name);
+    H5Dclose(ds);
+    H5Sclose(sp);
+}
+
+static void write_attr(hid_t loc, const char* name, hid_t type, const void* v, const char* path) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0 || H5Awrite(a, type, v) < 0) fatal("%s: writing attribute '%s' failed", path, name);
+    H5Aclose(a);
+    H5Sclose(sp);
+}
+
+void router_save(const char* path, const Model* m, const AdamW* opt, const RouterState* st,
+                 const char* config_text) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) fatal("%s: cannot create the checkpoint file", tmp);
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* fc = &m->fc;
+    hid_t g = H5Gcreate2(f, "router", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hsize_t d3[3] = {(hsize_t)c->L, (hsize_t)c->C, (hsize_t)fc->dg};
+    write_ds(g, "wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, tmp);
+    hsize_t dc[3] = {(hsize_t)c->L, (hsize_t)fc->K, (hsize_t)fc->dg};
+    write_ds(g, "cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, tmp);
+    hsize_t dg2[2] = {(hsize_t)c->L, 2};
+    write_ds(g, "gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, tmp);
+    hsize_t db[2] = {(hsize_t)c->L, (hsize_t)fc->K};
+    write_ds(g, "beta", H5T_NATIVE_FLOAT, m->beta, 2, db, tmp);
+    H5Gclose(g);
+    if (opt) {
+        hid_t o = H5Gcreate2(f, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        hsize_t dn[1] = {(hsize_t)opt->n};
+        write_ds(o, "m", H5T_NATIVE_FLOAT, opt->m, 1, dn, tmp);
+        write_ds(o, "v", H5T_NATIVE_FLOAT, opt->v, 1, dn, tmp);
+        H5Gclose(o);
+    }
+    const char* text = config_text ? config_text : "";
+    hsize_t dt[1] = {(hsize_t)strlen(text) + 1};
+    write_ds(f, "config", H5T_NATIVE_UCHAR, text, 1, dt, tmp);
+    int64_t version = FORMAT_VERSION, step = st->step, at = st->adam_t, bu = st->beta_updates;
+    uint64_t csum = state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL, opt ? opt->n : 0);
+    write_attr(f, "format_version", H5T_NATIVE_INT64, &version, tmp);
+    write_attr(f, "step", H5T_NATIVE_INT64, &step, tmp);
+    write_attr(f, "adam_t", H5T_NATIVE_INT64, &at, tmp);
+    write_attr(f, "beta_updates", H5T_NATIVE_INT64, &bu, tmp);
+    write_attr(f, "data_pos", H5T_NATIVE_UINT64, &st->data_pos, tmp);
+    write_attr(f, "rng_state", H5T_NATIVE_UINT64, &st->rng_state, tmp);
+    write_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &st->fingerprint, tmp);
+    write_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, tmp);
+    if (H5Fclose(f) < 0) fatal("%s: closing the checkpoint failed (disk full?)", tmp);
+    int fd = open(tmp, O_RDONLY);
+    if (fd < 0 || fsync(fd)) fatal("%s: fsync failed: %s", tmp, strerror(errno));
+    close(fd);
+    if (rename(tmp, path)) fatal("%s: rename failed: %s", path, strerror(errno));
+    fsync_parent_dir(path);
+}
+
+static void read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank, const hsize_t* want,
+                    const char* path) {
+    hid_t ds = H5Dopen2(loc, name, H5P_DEFAULT);
+    if (ds < 0) fatal("%s: dataset '%s' is missing; not a focus router checkpoint, or corrupt", path, name);
+    hid_t sp = H5Dget_space(ds);
+    hsize_t dims[8] = {0};
+    int r = H5Sget_simple_extent_ndims(sp);
+    if (r != rank || r > 8) fatal("%s: dataset '%s' has %d dimensions, expected %d", path, name, r, rank);
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] != want[i])
+            fatal("%s: dataset '%s' dimension %d is %llu, but this model needs %llu (router trained for a "
+                  "different model or settings)", path, name, i, (unsigned long long)dims[i], (unsigned long long)want[i]);
+    }
+    if (H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+        fatal("%s: reading dataset '%s' failed; the file is truncated or corrupt", path, name);
+    H5Sclose(sp);
+    H5Dclose(ds);
+}
+
+static void read_attr(hid_t loc, const char* name, hid_t type, void* out, const char* path) {
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    if (a < 0 || H5Aread(a, type, out) < 0) fatal("%s: attribute '%s' is missing or unreadable; corrupt checkpoint", path, name);
+    H5Aclose(a);
+}
+
+static hid_t open_checked(const char* path) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    if (access(path, R_OK)) fatal("%s: cannot open router checkpoint: %s", path, strerror(errno));
+    htri_t is = H5Fis_hdf5(path);
+    if (is <= 0) fatal("%s: not an HDF5 file (truncated or corrupt router checkpoint)", path);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) fatal("%s: HDF5 cannot open the file; it is truncated or corrupt", path);
+    int64_t version = 0;
+    read_attr(f, "format_version", H5T_NATIVE_INT64, &version, path);
+    if (version != FORMAT_VERSION) fatal("%s: router checkpoint format %lld, this build reads %d", path, (long long)version, FORMAT_VERSION);
+    return f;
+}
+
+void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64_t fingerprint) {
+    hid_t f = open_checked(path);
+    RouterState local;
+    if (!st) st = &local;
+    int64_t step, at, bu;
+    uint64_t csum;
+    read_attr(f, "step", H5T_NATIVE_INT64, &step, path);
+    read_attr(f, "adam_t", H5T_NATIVE_INT64, &at, path);
+    read_attr(f, "beta_updates", H5T_NATIVE_INT64, &bu, path);
+    read_attr(f, "data_pos", H5T_NATIVE_UINT64, &st->data_pos, path);
+    read_attr(f, "rng_state", H5T_NATIVE_UINT64, &st->rng_state, path);
+    read_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &st->fingerprint, path);
+    read_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, path);
+    st->step = step, st->adam_t = at, st->beta_updates = bu;
+    if (st->fingerprint != fingerprint)
+        fatal("%s: this router was trained on a different base model (fingerprint %016llx, the loaded model is %016llx); "
+              "load it onto the model it was trained with", path, (unsigned long long)st->fingerprint, (unsigned long long)fingerprint);
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* fc = &m->fc;
+    hsize_t d3[3] = {(hsize_t)c->L, (hsize_t)c->C, (hsize_t)fc->dg};
+    hsize_t dc[3] = {(hsize_t)c->L, (hsize_t)fc->K, (hsize_t)fc->dg};
+    hsize_t dg2[2] = {(hsize_t)c->L, 2};
+    hsize_t db[2] = {(hsize_t)c->L, (hsize_t)fc->K};
+    read_ds(f, "router/wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, path);
+    read_ds(f, "router/cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, path);
+    read_ds(f, "router/gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, path);
+    read_ds(f, "router/beta", H5T_NATIVE_FLOAT, m->beta, 2, db, path);
+    m->beta_updates = bu;
+    float *mm = NULL, *vv = NULL;
+    size_t nmom = 0;
+    htri_t has_optim = H5Lexists(f, "optim", H5P_DEFAULT);
+    if (has_optim > 0) {
+        hid_t ds = H5Dopen2(f, "optim/m", H5P_DEFAULT);
+        if (ds < 0) fatal("%s: dataset 'optim/m' is missing; corrupt checkpoint", path);
+        hid_t sp = H5Dget_space(ds);
+        hsize_t n = 0;
+        if (H5Sget_simple_extent_ndims(sp) != 1) fatal("%s: dataset 'optim/m' is not 1-D; corrupt checkpoint", path);
+        H5Sget_simple_extent_dims(sp, &n, NULL);
+        H5Sclose(sp);
+        H5Dclose(ds);
+        if (n > m->num_router) fatal("%s: optimizer state of %llu values for a router of %zu", path, (unsigned long long)n, m->num_router);
+        nmom = (size_t)n;
+        mm = mallocCheck(sizeof(float) * (nmom + 1));
+        vv = mallocCheck(sizeof(float) * (nmom + 1));
+        read_ds(f, "optim/m", H5T_NATIVE_FLOAT, mm, 1, &n, path);
+        read_ds(f, "optim/v", H5T_NATIVE_FLOAT, vv, 1, &n, path);
+    }
+    if (state_checksum(m, mm, vv, nmom) != csum) fatal("%s: checksum mismatch; the checkpoint is corrupt", path);
+    if (opt) {
+        if (!mm) fatal("%s: the checkpoint has no optimizer state to resume from", path);
+        if (opt->n != nmom) fatal("%s: optimizer state has %zu values, this run optimises %zu", path, nmom, opt->n);
+        memcpy(opt->m, mm, sizeof(float) * nmom);
+        memcpy(opt->v, vv, sizeof(float) * nmom);
+        opt->t = at;
+    }
+    free(mm);
+    free(vv);
+    H5Fclose(f);
+}
+
+char* router_read_config(const char* path) {
+    hid_t f = open_checked(path);
+    hid_t ds = H5Dopen2(f, "config", H5P_DEFAULT);
+    if (ds < 0) fatal("%s: dataset 'config' is missing; corrupt checkpoint", path);
+    hid_t sp = H5Dget_space(ds);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(sp, &n, NULL);
+    char* s = mallocCheck((size_t)n + 1);
+    if (H5Dread(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) < 0) fatal("%s: reading the configuration failed; corrupt checkpoint", path);
+    s[n] = 0;
+    H5Sclose(sp);
+    H5Dclose(ds);
+    H5Fclose(f);
+    return s;
+}

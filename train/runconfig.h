@@ -1,0 +1,34 @@
+/* runconfig.h: the settings of a retrofit run, read from an INI file (configs/NAME.conf) and
+ * `--set key=value` overrides, and written back resolved into RUN_DIR/config.conf. */
+#ifndef FOCUS_RUNCONFIG_H
+#define FOCUS_RUNCONFIG_H
+
+#include "../model/model.h"
+
+typedef struct {
+    char model[1024];     /* a model file, or scratch:PRESET (trained here from scratch first) */
+    char tokenizer[1024]; /* default: the model file (GGUF) */
+    char train[1024];     /* training data: shard folder or file, text folder or file */
+    char val[1024];       /* validation data; empty: the last val_fraction of train */
+    float val_fraction;
+    int B, T, grad_accum, steps, warmup;
+    float lr, min_lr_frac, beta1, beta2, adam_eps, weight_decay, clip;
+    int eval_every, eval_tokens, ckpt_every;
+    int pretrain_steps, pretrain_B; /* scratch models only */
+    float pretrain_lr;
+    ModelConfig mcfg; /* scratch models only */
+    FocusConfig fc;   /* routing = the training routing; evaluation is always causal */
+} RunConfig;
+
+void runconfig_default(RunConfig* rc);
+/* Parse an INI file into rc; fatal with file and line on errors. */
+void runconfig_load(RunConfig* rc, const char* path);
+/* The same from text (used when resuming from the copy in router.h5). */
+void runconfig_load_text(RunConfig* rc, const char* text, const char* what);
+/* key=value, with or without a "section." prefix; fatal on unknown keys or bad values. */
+void runconfig_set(RunConfig* rc, const char* kv);
+/* Resolved settings as INI text (malloc'd). */
+char* runconfig_text(const RunConfig* rc);
+void runconfig_print(const RunConfig* rc, FILE* f);
+
+#endif
