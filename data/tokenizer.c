@@ -38,7 +38,7 @@ struct Tokenizer {
     int byte_tok[256];   /* id of each single-byte token */
     int split_digits;    /* SmolLM / StarCoder pre-tokenizer */
     char pre[32];
-    int eot, bos;
+    int eot, eos, bos;
     pcre2_code* re;
     pcre2_code* re_digit;
 };
@@ -145,7 +145,7 @@ static Tokenizer* tok_new(int V) {
     t->str_cap = pow2_at_least((size_t)V * 2 + 16);
     t->str_slots = mallocCheck(sizeof(int) * t->str_cap);
     for (size_t i = 0; i < t->str_cap; i++) t->str_slots[i] = -1;
-    t->eot = t->bos = -1;
+    t->eot = t->eos = t->bos = -1;
     return t;
 }
 
@@ -239,7 +239,10 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
     finish(t, pres, path);
     t->split_digits = split;
     uint64_t id;
-    if (gguf_get_u64(&f, "tokenizer.ggml.eos_token_id", &id) == 0 && t->eot < 0 && id < (uint64_t)t->V) t->eot = (int)id;
+    if (gguf_get_u64(&f, "tokenizer.ggml.eos_token_id", &id) == 0 && id < (uint64_t)t->V) {
+        t->eos = (int)id;
+        if (t->eot < 0) t->eot = (int)id;
+    }
     uint64_t add_bos = 0;
     gguf_get_u64(&f, "tokenizer.ggml.add_bos_token", &add_bos);
     if (add_bos && gguf_get_u64(&f, "tokenizer.ggml.bos_token_id", &id) == 0 && id < (uint64_t)t->V) t->bos = (int)id;
@@ -331,6 +334,7 @@ void tokenizer_free(Tokenizer* t) {
 int tokenizer_vocab_size(const Tokenizer* t) { return t->V; }
 int tokenizer_eot(const Tokenizer* t) { return t->eot; }
 int tokenizer_bos(const Tokenizer* t) { return t->bos; }
+int tokenizer_eos(const Tokenizer* t) { return t->eos; }
 const char* tokenizer_pretokenizer(const Tokenizer* t) { return t->pre; }
 
 /* ---------------------------------------------------------------- encoding */

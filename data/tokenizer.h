@@ -28,6 +28,8 @@ int tokenizer_vocab_size(const Tokenizer* t);
 /* The document separator written between documents in token shards: <|endoftext|> if the
  * vocabulary has it, else the end-of-sequence token. */
 int tokenizer_eot(const Tokenizer* t);
+/* The model's end-of-sequence id (an instruct model's end of turn), or -1. */
+int tokenizer_eos(const Tokenizer* t);
 /* Beginning-of-sequence id, or -1 if the model does not use one. */
 int tokenizer_bos(const Tokenizer* t);
 const char* tokenizer_pretokenizer(const Tokenizer* t);

@@ -16,6 +16,7 @@
 #include <strings.h>
 
 #include "../kernels/cpu.h"
+#include "../kernels/sparse.h"
 
 static int qkv_width(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
 static int fc_width(const ModelConfig* c) { return c->arch == ARCH_LLAMA ? 2 * c->F : c->F; }
@@ -424,8 +425,16 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
                             f->K, f->tau, f->iters);
             if (f->attn == ATTN_HARD) routing_topk_mask(la.mask, la.rG, BT, f->K, f->topk);
         }
-        AttnGate gate = layer_gate(m, l, &la);
-        attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+        /* Hard top-k runs on the sparse executor; dense inference on the flash kernel; training
+         * (keep) and the soft gate on the reference kernel, whose backward pass exists. */
+        if (f->attn == ATTN_HARD) {
+            attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, c->NH, c->NKV, hs);
+        } else if (f->attn == ATTN_DENSE && !keep) {
+            attention_flash_forward(la.att, la.lse, la.qkv, B, T, c->NH, c->NKV, hs);
+        } else {
+            AttnGate gate = layer_gate(m, l, &la);
+            attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+        }
         matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, BT);

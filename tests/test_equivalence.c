@@ -86,26 +86,31 @@ int main(void) {
         for (int i = 0; i < B * T; i++) tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
         size_t n = (size_t)B * T * cfg.V;
         real* dense = mallocCheck(sizeof(real) * n);
+        real* fast = mallocCheck(sizeof(real) * n);
         m.fc.attn = ATTN_DENSE;
-        model_forward(&m, tok, NULL, B, T, 0);
+        model_forward(&m, tok, tgt, B, T, 1); /* training path: reference attention kernel */
         memcpy(dense, model_logits(&m), sizeof(real) * n);
+        model_forward(&m, tok, NULL, B, T, 0); /* inference path: flash kernel */
+        memcpy(fast, model_logits(&m), sizeof(real) * n);
+        double kernels = tu_max_abs_diff(dense, fast, n);
 
         m.fc.attn = ATTN_SOFT;
-        model_forward(&m, tok, NULL, B, T, 0);
+        model_forward(&m, tok, tgt, B, T, 1);
         double gated = tu_max_abs_diff(dense, model_logits(&m), n);
         m.fc.w = T;
-        model_forward(&m, tok, NULL, B, T, 0);
+        model_forward(&m, tok, tgt, B, T, 1);
         double wide = tu_max_abs_diff(dense, model_logits(&m), n);
         m.fc.w = 5;
         m.fc.attn = ATTN_HARD;
         m.fc.topk = fc.K;
         model_forward(&m, tok, NULL, B, T, 0);
-        double hardK = tu_max_abs_diff(dense, model_logits(&m), n);
+        double hardK = tu_max_abs_diff(fast, model_logits(&m), n);
         m.fc.topk = 1;
         model_forward(&m, tok, NULL, B, T, 0);
-        double hard1 = tu_max_abs_diff(dense, model_logits(&m), n);
-        printf("%s: max |logit - dense| soft w=5: %.2e, soft w>=T: %.2e, hard k=K: %.2e, hard k=1: %.2e\n",
-               preset, gated, wide, hardK, hard1);
+        double hard1 = tu_max_abs_diff(fast, model_logits(&m), n);
+        printf("%s: max |logit - dense| soft w=5: %.2e, soft w>=T: %.2e, hard k=K: %.2e, hard k=1: %.2e; "
+               "flash vs reference dense kernel: %.2e\n", preset, gated, wide, hardK, hard1, kernels);
+        CHECK(kernels < 1e-5, "%s: flash and reference dense attention differ by %g", preset, kernels);
         CHECK(gated > 1e-6, "%s: the gate must change something when w < T", preset);
         CHECK(wide == 0, "%s: soft gate with w >= T must equal the base model (%g)", preset, wide);
         CHECK(hardK == 0, "%s: hard with k = K must equal dense (%g)", preset, hardK);
@@ -126,6 +131,7 @@ int main(void) {
         CHECK(!memcmp(before, m.params_mem, sizeof(real) * m.num_params), "%s: backbone changed", preset);
         free(before);
         free(dense);
+        free(fast);
         model_free(&m);
     }
     for (int K = 4; K <= 8; K += 4) {

@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include "../kernels/cpu.h"
+#include "../kernels/sparse.h"
 #include "cli.h"
 
 static double gemm_gflops(int n, int reps) {
@@ -27,6 +28,63 @@ static double gemm_gflops(int n, int reps) {
     return 2.0 * n * n * (double)n * reps / dt / 1e9;
 }
 
+/* Parse "4096,16384" into up to 16 ints; returns the count. */
+static int parse_list(const char* s, int* out) {
+    int n = 0;
+    while (*s && n < 16) {
+        char* end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1) fatal("bench: bad length list '%s'", s);
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') fatal("bench: bad length list");
+    }
+    return n;
+}
+
+/* Dense flash attention against the hard top-k executor on the same random inputs, with
+ * synthetic balanced routing: every token's k groups drawn uniformly at random. */
+static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int NKV, int hs, int w, int reps) {
+    int nthreads = omp_get_max_threads();
+    double gf = gemm_gflops(1024, 5);
+    printf("attention benchmark: dense (flash-style) vs Focus hard top-k executor, synthetic balanced routing\n");
+    printf("heads %d / kv-heads %d, head dim %d, K=%d, k=%d, window %d, %d threads, sgemm %.1f GFLOP/s\n", NH, NKV, hs,
+           K, topk, w, nthreads, gf);
+    printf("%9s %11s %12s %12s %9s %14s\n", "T", "pairs kept", "dense ms", "focus ms", "speed-up", "dense GFLOP/s");
+    Rng rng;
+    rng_seed(&rng, 2026);
+    for (int t = 0; t < nT; t++) {
+        int T = Ts[t];
+        size_t nqkv = (size_t)T * (NH + 2 * NKV) * hs;
+        real* qkv = mallocCheck(sizeof(real) * nqkv);
+        real* out = mallocCheck(sizeof(real) * (size_t)T * NH * hs);
+        real* lse = mallocCheck(sizeof(real) * (size_t)T * NH);
+        uint32_t* mask = mallocCheck(sizeof(uint32_t) * T);
+        for (size_t i = 0; i < nqkv; i++) qkv[i] = (real)(rng_normal(&rng));
+        for (int i = 0; i < T; i++) {
+            uint32_t m = 0;
+            while (__builtin_popcount(m) < topk) m |= 1u << (rng_u64(&rng) % (uint64_t)K);
+            mask[i] = m;
+        }
+        double kept = hard_pair_count(mask, K, w, T) / ((double)T * (T + 1) / 2);
+        double td = 1e30, tf = 1e30;
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_seconds();
+            attention_flash_forward(out, lse, qkv, 1, T, NH, NKV, hs);
+            double t1 = now_seconds();
+            attention_hard_forward(out, lse, qkv, mask, K, w, 1, T, NH, NKV, hs);
+            double t2 = now_seconds();
+            td = fmin(td, t1 - t0), tf = fmin(tf, t2 - t1);
+        }
+        double flops = 4.0 * NH * hs * (double)T * (T + 1) / 2;
+        printf("%9d %11.4f %12.1f %12.1f %8.2fx %8.1f (%2.0f %%)\n", T, kept, td * 1e3, tf * 1e3, td / tf, flops / td / 1e9,
+               100 * flops / td / 1e9 / gf);
+        fflush(stdout);
+        free(qkv), free(out), free(lse), free(mask);
+    }
+    return 0;
+}
+
 static void bench_help(void) {
     printf("usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
            "       focus bench gemm [--n size]\n"
@@ -36,7 +94,10 @@ static void bench_help(void) {
            "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m)\n"
            "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
            "  --iters n       timed repetitions of each measurement (default 2)\n"
-           "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n");
+           "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
+           "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] [--kv-heads 1]\n"
+           "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same random\n"
+           "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n");
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -47,6 +108,7 @@ int cmd_bench(int argc, char** argv) {
     const char* what = argv[1];
     const char* preset = "smollm2-135m";
     int B = 1, T = 1024, iters = 2, gemm_n = 2048;
+    int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64, w = 128;
     ModelConfig cfg;
     FocusConfig fc;
     focus_config_default(&fc);
@@ -64,24 +126,43 @@ int cmd_bench(int argc, char** argv) {
             sets[nsets++] = cli_value(argc, argv, i++);
         } else if (!strcmp(a, "--B")) {
             B = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--T") && !strcmp(what, "attention")) {
+            nT = parse_list(cli_value(argc, argv, i++), Ts);
         } else if (!strcmp(a, "--T")) {
             T = cli_int(a, cli_value(argc, argv, i++));
         } else if (!strcmp(a, "--iters")) {
             iters = cli_int(a, cli_value(argc, argv, i++));
         } else if (!strcmp(a, "--n")) {
             gemm_n = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--K")) {
+            K = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--topk")) {
+            topk = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--heads")) {
+            heads = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--kv-heads")) {
+            kv_heads = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--dhead")) {
+            dhead = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--w")) {
+            w = cli_int(a, cli_value(argc, argv, i++));
         } else {
             fatal("bench: unknown option '%s' (see focus bench --help)", a);
         }
     }
     if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
+    if (!strcmp(what, "attention")) {
+        if (K < 1 || K > 32 || topk < 1 || topk > K) fatal("bench attention: need 1 <= topk <= K <= 32");
+        if (heads < 1 || kv_heads < 1 || heads % kv_heads || dhead < 1 || w < 0) fatal("bench attention: bad head settings");
+        return bench_attention(Ts, nT, K, topk, heads, kv_heads, dhead, w, iters);
+    }
     int nthreads = omp_get_max_threads();
     if (!strcmp(what, "gemm")) {
         printf("sgemm %d x %d x %d, %d threads: %.1f GFLOP/s\n", gemm_n, gemm_n, gemm_n, nthreads,
                gemm_gflops(gemm_n, 5));
         return 0;
     }
-    if (strcmp(what, "forward")) fatal("bench: unknown benchmark '%s' (forward | gemm)", what);
+    if (strcmp(what, "forward")) fatal("bench: unknown benchmark '%s' (forward | gemm | attention)", what);
     if (model_config_preset(preset, &cfg))
         fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)", preset);
     for (int i = 0; i < nsets; i++) cli_apply_set(&cfg, &fc, sets[i]);

@@ -9,6 +9,7 @@
 #include "../data/shard.h"
 #include "../data/text.h"
 #include "../data/tokenizer.h"
+#include "../model/decode.h"
 #include "cli.h"
 
 /* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
@@ -160,8 +161,8 @@ static int sample(const real* logits, int V, double temperature, double top_p, R
 }
 
 int cmd_generate(int argc, char** argv) {
-    const char *model = NULL, *tok = NULL, *prompt = NULL;
-    int n = 64;
+    const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL;
+    int n = 64, topk = 0;
     double temperature = 0, top_p = 1;
     uint64_t seed = 1;
     FocusConfig fc;
@@ -172,8 +173,10 @@ int cmd_generate(int argc, char** argv) {
         const char* a = argv[i];
         if (!strcmp(a, "--help")) {
             printf("usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
-                   "                      [--temperature t] [--top-p p] [--seed s]\n"
-                   "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p).\n");
+                   "                      [--temperature t] [--top-p p] [--seed s] [--router router.h5 [--topk k] [--attn dense|hard]]\n"
+                   "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). Tokens are\n"
+                   "generated one at a time over a KV cache; with --router, each new token attends to its\n"
+                   "window and the cached tokens of its top-k groups (causal routing).\n");
             return 0;
         } else if (!strcmp(a, "--model")) model = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--tokenizer")) tok = cli_value(argc, argv, i++);
@@ -182,13 +185,18 @@ int cmd_generate(int argc, char** argv) {
         else if (!strcmp(a, "--temperature")) temperature = atof(cli_value(argc, argv, i++));
         else if (!strcmp(a, "--top-p")) top_p = atof(cli_value(argc, argv, i++));
         else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--router")) router = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--topk")) topk = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--attn")) attn = cli_value(argc, argv, i++);
         else fatal("generate: unknown option '%s'", a);
     }
     if (!model || !prompt) fatal("generate: needs --model and --prompt");
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
-    Tokenizer* t = tokenizer_load(tok ? tok : model);
+    if (n < 0) fatal("generate: -n must be >= 0");
     Model m;
     model_load(&m, model, &fc, NULL);
+    Tokenizer* t = tokenizer_load(tok ? tok : model);
+    apply_router_options(&m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
     size_t np;
     int* p = tokenizer_encode(t, prompt, strlen(prompt), &np);
     int bos = tokenizer_bos(t);
@@ -201,24 +209,33 @@ int cmd_generate(int argc, char** argv) {
     if (len == 0) ids[len++] = tokenizer_eot(t);
     Rng rng;
     rng_seed(&rng, seed);
+    KVCache c;
+    kvcache_init(&c, &m, (int)cap);
+    real* logits = mallocCheck(sizeof(real) * m.cfg.V);
+    double t0 = now_seconds();
+    for (size_t i = 0; i < len; i++) model_decode_step(&m, &c, ids[i], logits); /* the prompt */
     fputs(prompt, stdout);
     fflush(stdout);
-    double t0 = now_seconds();
-    for (int i = 0; i < n; i++) {
-        if ((int)len > m.cfg.maxT) break;
-        model_forward(&m, ids, NULL, 1, (int)len, 0);
-        int next = sample(model_logits(&m) + (len - 1) * (size_t)m.cfg.V, m.cfg.V, temperature, top_p, &rng);
+    int made = 0;
+    for (; made < n; made++) {
+        if (m.cfg.arch == ARCH_GPT2 && (int)len >= m.cfg.maxT) break;
+        int next = sample(logits, m.cfg.V, temperature, top_p, &rng);
         ids[len++] = next;
+        if (next == tokenizer_eot(t) || next == tokenizer_eos(t)) break;
         size_t sl;
         char* s = tokenizer_decode(t, &next, 1, &sl);
         fwrite(s, 1, sl, stdout);
         fflush(stdout);
         free(s);
-        if (next == tokenizer_eot(t)) break;
+        model_decode_step(&m, &c, next, logits);
     }
-    fprintf(stderr, "\n[%d tokens in %.1f s]\n", (int)(len - np), now_seconds() - t0);
+    double dt = now_seconds() - t0;
     printf("\n");
+    fprintf(stderr, "[%zu prompt + %d generated tokens in %.1f s, %.1f tokens/s; attention %s]\n", len - made, made, dt,
+            (len) / dt, m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
     free(ids);
+    free(logits);
+    kvcache_free(&c);
     tokenizer_free(t);
     model_free(&m);
     return 0;

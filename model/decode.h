@@ -1,0 +1,29 @@
+/* decode.h: token-by-token generation with a KV cache organised by group.
+ *
+ * Each layer caches every token's key and value and, per group, the ascending list of cached
+ * positions in that group. A new token (routing must be causal) attends to its window of the w
+ * previous tokens plus the cached tokens of its top-k groups, a pair shared by several groups
+ * taken once, exactly the pairs hard top-k attention keeps in a full-sequence pass. With the
+ * router off (attn = dense) it attends to every cached token. Tested by tests/test_decode.c. */
+#ifndef FOCUS_DECODE_H
+#define FOCUS_DECODE_H
+
+#include "model.h"
+
+typedef struct {
+    int cap, n;       /* capacity and cached tokens */
+    real* k;          /* (L, cap, NKV*hs) keys after RoPE */
+    real* v;          /* (L, cap, NKV*hs) */
+    uint32_t* mask;   /* (L, cap) top-k group masks */
+    int* gpos;        /* (L, K, cap) positions of each group's tokens */
+    int* gn;          /* (L, K) group list lengths */
+    real* scratch;    /* one token's activations */
+    long pairs;       /* attention pairs evaluated so far, summed over layers */
+} KVCache;
+
+void kvcache_init(KVCache* c, const Model* m, int cap);
+void kvcache_free(KVCache* c);
+/* Feed `token` at position c->n; logits (V) receive the next-token scores. */
+void model_decode_step(Model* m, KVCache* c, int token, real* logits);
+
+#endif
