@@ -52,15 +52,15 @@ static uint16_t rd16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); 
 typedef struct {
     uint32_t type;
     const char* name;
-    uint32_t block;  /* elements per block */
-    uint32_t bytes;  /* bytes per block */
+    uint32_t block; /* elements per block */
+    uint32_t bytes; /* bytes per block */
 } TypeInfo;
 
 static const TypeInfo TYPES[] = {
-    {GGML_F32, "F32", 1, 4},        {GGML_F16, "F16", 1, 2},       {GGML_BF16, "BF16", 1, 2},
-    {GGML_Q4_0, "Q4_0", 32, 18},    {GGML_Q4_1, "Q4_1", 32, 20},   {GGML_Q5_0, "Q5_0", 32, 22},
-    {GGML_Q5_1, "Q5_1", 32, 24},    {GGML_Q8_0, "Q8_0", 32, 34},   {GGML_Q4_K, "Q4_K", 256, 144},
-    {GGML_Q5_K, "Q5_K", 256, 176},  {GGML_Q6_K, "Q6_K", 256, 210},
+    {GGML_F32, "F32", 1, 4},       {GGML_F16, "F16", 1, 2},       {GGML_BF16, "BF16", 1, 2},
+    {GGML_Q4_0, "Q4_0", 32, 18},   {GGML_Q4_1, "Q4_1", 32, 20},   {GGML_Q5_0, "Q5_0", 32, 22},
+    {GGML_Q5_1, "Q5_1", 32, 24},   {GGML_Q8_0, "Q8_0", 32, 34},   {GGML_Q4_K, "Q4_K", 256, 144},
+    {GGML_Q5_K, "Q5_K", 256, 176}, {GGML_Q6_K, "Q6_K", 256, 210},
 };
 
 static const TypeInfo* type_info(uint32_t t) {
@@ -70,11 +70,12 @@ static const TypeInfo* type_info(uint32_t t) {
 }
 
 const char* ggml_type_name(uint32_t type) {
-    static const char* other[] = {[4] = "Q4_2 (removed)", [5] = "Q4_3 (removed)", [9] = "Q8_1",
-                                  [10] = "Q2_K", [11] = "Q3_K", [15] = "Q8_K", [16] = "IQ2_XXS",
-                                  [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S", [20] = "IQ4_NL",
-                                  [21] = "IQ3_S", [22] = "IQ2_S", [23] = "IQ4_XS", [24] = "I8",
-                                  [25] = "I16", [26] = "I32", [27] = "I64", [28] = "F64", [29] = "IQ1_M"};
+    static const char* other[] = {
+        [4] = "Q4_2 (removed)", [5] = "Q4_3 (removed)", [9] = "Q8_1",     [10] = "Q2_K",
+        [11] = "Q3_K",          [15] = "Q8_K",          [16] = "IQ2_XXS", [17] = "IQ2_XS",
+        [18] = "IQ3_XXS",       [19] = "IQ1_S",         [20] = "IQ4_NL",  [21] = "IQ3_S",
+        [22] = "IQ2_S",         [23] = "IQ4_XS",        [24] = "I8",      [25] = "I16",
+        [26] = "I32",           [27] = "I64",           [28] = "F64",     [29] = "IQ1_M"};
     const TypeInfo* ti = type_info(type);
     if (ti) return ti->name;
     if (type < sizeof other / sizeof other[0] && other[type]) return other[type];
@@ -112,7 +113,8 @@ static void deq_q4_1(float* y, const uint8_t* b) {
  * Element j takes bit j of qh as bit 4, element j + 16 bit j + 16; w = (q - 16) d. */
 static void deq_q5_0(float* y, const uint8_t* b) {
     float d = f16_to_f32(rd16(b));
-    uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
+    uint32_t qh =
+        (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
     const uint8_t* qs = b + 6;
     for (int j = 0; j < 16; j++) {
         int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
@@ -124,7 +126,8 @@ static void deq_q5_0(float* y, const uint8_t* b) {
 /* Q5_1, 32 weights in 24 bytes: f16 d | f16 m | u32 qh | 16 bytes; w = q d + m. */
 static void deq_q5_1(float* y, const uint8_t* b) {
     float d = f16_to_f32(rd16(b)), m = f16_to_f32(rd16(b + 2));
-    uint32_t qh = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 24;
+    uint32_t qh =
+        (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 24;
     const uint8_t* qs = b + 8;
     for (int j = 0; j < 16; j++) {
         int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
@@ -180,8 +183,10 @@ static void deq_q5_k(float* y, const uint8_t* b) {
         scale_min_k4(j, sc, &s0, &m0);
         scale_min_k4(j + 1, sc, &s1, &m1);
         uint8_t u0 = (uint8_t)(1u << j), u1 = (uint8_t)(2u << j);
-        for (int l = 0; l < 32; l++) *y++ = d * s0 * ((q[l] & 0xf) + (qh[l] & u0 ? 16 : 0)) - dmin * m0;
-        for (int l = 0; l < 32; l++) *y++ = d * s1 * ((q[l] >> 4) + (qh[l] & u1 ? 16 : 0)) - dmin * m1;
+        for (int l = 0; l < 32; l++)
+            *y++ = d * s0 * ((q[l] & 0xf) + (qh[l] & u0 ? 16 : 0)) - dmin * m0;
+        for (int l = 0; l < 32; l++)
+            *y++ = d * s1 * ((q[l] >> 4) + (qh[l] & u1 ? 16 : 0)) - dmin * m1;
     }
 }
 
@@ -216,22 +221,41 @@ int ggml_dequantize(float* out, const void* data, uint32_t type, uint64_t n) {
     uint64_t nb = n / ti->block;
     void (*blockfn)(float*, const uint8_t*) = NULL;
     switch (type) {
-        case GGML_F32: memcpy(out, data, n * 4); return 0;
+        case GGML_F32:
+            memcpy(out, data, n * 4);
+            return 0;
         case GGML_F16:
             for (uint64_t i = 0; i < n; i++) out[i] = f16_to_f32(rd16(p + 2 * i));
             return 0;
         case GGML_BF16:
             for (uint64_t i = 0; i < n; i++) out[i] = bf16_to_f32(rd16(p + 2 * i));
             return 0;
-        case GGML_Q4_0: blockfn = deq_q4_0; break;
-        case GGML_Q4_1: blockfn = deq_q4_1; break;
-        case GGML_Q5_0: blockfn = deq_q5_0; break;
-        case GGML_Q5_1: blockfn = deq_q5_1; break;
-        case GGML_Q8_0: blockfn = deq_q8_0; break;
-        case GGML_Q4_K: blockfn = deq_q4_k; break;
-        case GGML_Q5_K: blockfn = deq_q5_k; break;
-        case GGML_Q6_K: blockfn = deq_q6_k; break;
-        default: return -1;
+        case GGML_Q4_0:
+            blockfn = deq_q4_0;
+            break;
+        case GGML_Q4_1:
+            blockfn = deq_q4_1;
+            break;
+        case GGML_Q5_0:
+            blockfn = deq_q5_0;
+            break;
+        case GGML_Q5_1:
+            blockfn = deq_q5_1;
+            break;
+        case GGML_Q8_0:
+            blockfn = deq_q8_0;
+            break;
+        case GGML_Q4_K:
+            blockfn = deq_q4_k;
+            break;
+        case GGML_Q5_K:
+            blockfn = deq_q5_k;
+            break;
+        case GGML_Q6_K:
+            blockfn = deq_q6_k;
+            break;
+        default:
+            return -1;
     }
 #pragma omp parallel for
     for (uint64_t i = 0; i < nb; i++) blockfn(out + i * ti->block, p + i * ti->bytes);
@@ -299,11 +323,23 @@ static const char* rd_str(Cursor* c, uint64_t* len, const char* what) {
 
 static uint64_t scalar_size(uint32_t t) {
     switch (t) {
-        case GGUF_VAL_UINT8: case GGUF_VAL_INT8: case GGUF_VAL_BOOL: return 1;
-        case GGUF_VAL_UINT16: case GGUF_VAL_INT16: return 2;
-        case GGUF_VAL_UINT32: case GGUF_VAL_INT32: case GGUF_VAL_FLOAT32: return 4;
-        case GGUF_VAL_UINT64: case GGUF_VAL_INT64: case GGUF_VAL_FLOAT64: return 8;
-        default: return 0;
+        case GGUF_VAL_UINT8:
+        case GGUF_VAL_INT8:
+        case GGUF_VAL_BOOL:
+            return 1;
+        case GGUF_VAL_UINT16:
+        case GGUF_VAL_INT16:
+            return 2;
+        case GGUF_VAL_UINT32:
+        case GGUF_VAL_INT32:
+        case GGUF_VAL_FLOAT32:
+            return 4;
+        case GGUF_VAL_UINT64:
+        case GGUF_VAL_INT64:
+        case GGUF_VAL_FLOAT64:
+            return 8;
+        default:
+            return 0;
     }
 }
 
@@ -380,7 +416,8 @@ int gguf_open(GGUFFile* f, const char* path, char* err, size_t errlen) {
     c.p += 4;
     f->version = rd_u32(&c, "version");
     if (f->version != 2 && f->version != 3) {
-        snprintf(err, errlen, "unsupported GGUF version %u (this reader handles 2 and 3)", f->version);
+        snprintf(err, errlen, "unsupported GGUF version %u (this reader handles 2 and 3)",
+                 f->version);
         gguf_close(f);
         return -1;
     }
@@ -410,8 +447,11 @@ int gguf_open(GGUFFile* f, const char* path, char* err, size_t errlen) {
     }
     uint64_t al;
     if (!c.failed && gguf_get_u64(f, "general.alignment", &al) == 0) {
-        if (al == 0 || (al & (al - 1)) || al > 65536) fail(&c, "corrupt header: general.alignment %llu is not a power of two", (unsigned long long)al);
-        else f->alignment = al;
+        if (al == 0 || (al & (al - 1)) || al > 65536)
+            fail(&c, "corrupt header: general.alignment %llu is not a power of two",
+                 (unsigned long long)al);
+        else
+            f->alignment = al;
     }
     for (uint64_t i = 0; i < f->n_tensors && !c.failed; i++) {
         GGUFTensor* t = &f->tensors[i];
@@ -459,7 +499,8 @@ int gguf_open(GGUFFile* f, const char* path, char* err, size_t errlen) {
             return -1;
         }
         if (t->offset % f->alignment || f->data_offset > f->size ||
-            t->offset > f->size - f->data_offset || t->nbytes > f->size - f->data_offset - t->offset) {
+            t->offset > f->size - f->data_offset ||
+            t->nbytes > f->size - f->data_offset - t->offset) {
             snprintf(err, errlen,
                      "tensor '%s': data at offset %llu (+%zu bytes) lies beyond the end of the "
                      "file (%zu bytes) or is misaligned; the file is truncated or corrupt",
@@ -491,18 +532,32 @@ int gguf_get_u64(const GGUFFile* f, const char* key, uint64_t* out) {
     if (!kv) return -1;
     const uint8_t* v = kv->val;
     switch (kv->type) {
-        case GGUF_VAL_UINT8: case GGUF_VAL_BOOL: *out = v[0]; return 0;
-        case GGUF_VAL_INT8: *out = (uint64_t)(int64_t)(int8_t)v[0]; return 0;
-        case GGUF_VAL_UINT16: *out = rd16(v); return 0;
-        case GGUF_VAL_INT16: *out = (uint64_t)(int64_t)(int16_t)rd16(v); return 0;
-        case GGUF_VAL_UINT32: case GGUF_VAL_INT32: {
+        case GGUF_VAL_UINT8:
+        case GGUF_VAL_BOOL:
+            *out = v[0];
+            return 0;
+        case GGUF_VAL_INT8:
+            *out = (uint64_t)(int64_t)(int8_t)v[0];
+            return 0;
+        case GGUF_VAL_UINT16:
+            *out = rd16(v);
+            return 0;
+        case GGUF_VAL_INT16:
+            *out = (uint64_t)(int64_t)(int16_t)rd16(v);
+            return 0;
+        case GGUF_VAL_UINT32:
+        case GGUF_VAL_INT32: {
             uint32_t x;
             memcpy(&x, v, 4);
             *out = kv->type == GGUF_VAL_INT32 ? (uint64_t)(int64_t)(int32_t)x : x;
             return 0;
         }
-        case GGUF_VAL_UINT64: case GGUF_VAL_INT64: memcpy(out, v, 8); return 0;
-        default: return -1;
+        case GGUF_VAL_UINT64:
+        case GGUF_VAL_INT64:
+            memcpy(out, v, 8);
+            return 0;
+        default:
+            return -1;
     }
 }
 

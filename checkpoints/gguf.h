@@ -17,20 +17,38 @@
 #include <stdint.h>
 
 enum {
-    GGUF_VAL_UINT8 = 0, GGUF_VAL_INT8 = 1, GGUF_VAL_UINT16 = 2, GGUF_VAL_INT16 = 3,
-    GGUF_VAL_UINT32 = 4, GGUF_VAL_INT32 = 5, GGUF_VAL_FLOAT32 = 6, GGUF_VAL_BOOL = 7,
-    GGUF_VAL_STRING = 8, GGUF_VAL_ARRAY = 9, GGUF_VAL_UINT64 = 10, GGUF_VAL_INT64 = 11,
+    GGUF_VAL_UINT8 = 0,
+    GGUF_VAL_INT8 = 1,
+    GGUF_VAL_UINT16 = 2,
+    GGUF_VAL_INT16 = 3,
+    GGUF_VAL_UINT32 = 4,
+    GGUF_VAL_INT32 = 5,
+    GGUF_VAL_FLOAT32 = 6,
+    GGUF_VAL_BOOL = 7,
+    GGUF_VAL_STRING = 8,
+    GGUF_VAL_ARRAY = 9,
+    GGUF_VAL_UINT64 = 10,
+    GGUF_VAL_INT64 = 11,
     GGUF_VAL_FLOAT64 = 12
 };
 
 /* ggml tensor types this reader understands (the numbers are the file format's). */
 enum {
-    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7,
-    GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
+    GGML_F32 = 0,
+    GGML_F16 = 1,
+    GGML_Q4_0 = 2,
+    GGML_Q4_1 = 3,
+    GGML_Q5_0 = 6,
+    GGML_Q5_1 = 7,
+    GGML_Q8_0 = 8,
+    GGML_Q4_K = 12,
+    GGML_Q5_K = 13,
+    GGML_Q6_K = 14,
+    GGML_BF16 = 30
 };
 
 typedef struct {
-    const char* key;  /* points into the mapping; not NUL-terminated: use key_len */
+    const char* key; /* points into the mapping; not NUL-terminated: use key_len */
     uint64_t key_len;
     uint32_t type;
     const uint8_t* val; /* start of the value in the mapping */

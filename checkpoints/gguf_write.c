@@ -92,7 +92,9 @@ static Buf write_gguf(const Model* m, int quant) {
     size_t C = c->C, F = c->F, Q = (size_t)(c->NH + 2 * c->NKV) * hs;
     WTensor* ts = mallocCheck(sizeof(WTensor) * (12 * (size_t)m->cfg.L + 4));
     int nt = 0;
-#define ADD(nm, ptr, r, cl, ty) (snprintf(ts[nt].name, 64, "%s", nm), ts[nt].data = (ptr), ts[nt].rows = (r), ts[nt].cols = (cl), ts[nt].type = (ty), nt++)
+#define ADD(nm, ptr, r, cl, ty)                                                   \
+    (snprintf(ts[nt].name, 64, "%s", nm), ts[nt].data = (ptr), ts[nt].rows = (r), \
+     ts[nt].cols = (cl), ts[nt].type = (ty), nt++)
     ADD("token_embd.weight", p->wte, c->V, C, quant ? GGML_F16 : GGML_F32);
     for (int l = 0; l < c->L; l++) {
         char n[64];
@@ -100,8 +102,10 @@ static Buf write_gguf(const Model* m, int quant) {
 #define L(nm, ptr, r, cl, ty) (snprintf(n, 64, "blk.%d." nm, l), ADD(n, ptr, r, cl, ty))
         L("attn_norm.weight", p->ln1w + l * C, 1, C, GGML_F32);
         L("attn_q.weight", p->qkvw + l * Q * C, (size_t)c->NH * hs, C, mt);
-        L("attn_k.weight", p->qkvw + l * Q * C + (size_t)c->NH * hs * C, (size_t)c->NKV * hs, C, mt);
-        L("attn_v.weight", p->qkvw + l * Q * C + (size_t)(c->NH + c->NKV) * hs * C, (size_t)c->NKV * hs, C, mt);
+        L("attn_k.weight", p->qkvw + l * Q * C + (size_t)c->NH * hs * C, (size_t)c->NKV * hs, C,
+          mt);
+        L("attn_v.weight", p->qkvw + l * Q * C + (size_t)(c->NH + c->NKV) * hs * C,
+          (size_t)c->NKV * hs, C, mt);
         L("attn_output.weight", p->attprojw + l * C * C, C, C, mt);
         L("ffn_norm.weight", p->ln2w + l * C, 1, C, GGML_F32);
         L("ffn_gate.weight", p->fcw + l * 2 * F * C, F, C, mt);
@@ -109,8 +113,10 @@ static Buf write_gguf(const Model* m, int quant) {
         L("ffn_down.weight", p->fcprojw + l * C * F, C, F, mt);
         if (p->qkvb) {
             L("attn_q.bias", p->qkvb + l * Q, 1, (size_t)c->NH * hs, GGML_F32);
-            L("attn_k.bias", p->qkvb + l * Q + (size_t)c->NH * hs, 1, (size_t)c->NKV * hs, GGML_F32);
-            L("attn_v.bias", p->qkvb + l * Q + (size_t)(c->NH + c->NKV) * hs, 1, (size_t)c->NKV * hs, GGML_F32);
+            L("attn_k.bias", p->qkvb + l * Q + (size_t)c->NH * hs, 1, (size_t)c->NKV * hs,
+              GGML_F32);
+            L("attn_v.bias", p->qkvb + l * Q + (size_t)(c->NH + c->NKV) * hs, 1,
+              (size_t)c->NKV * hs, GGML_F32);
         }
 #undef L
     }

@@ -28,15 +28,18 @@ static void gguf_load_tensor(const GGUFFile* f, const char* name, float* dst, ui
                              uint64_t cols) {
     const GGUFTensor* t = gguf_tensor(f, name);
     if (!t) fatal("%s: tensor '%s' is missing", f->path, name);
-    int ok = t->ne[0] == cols && t->nelem == rows * cols && (t->n_dims == 1 ? rows == 1 : t->ne[1] == rows);
+    int ok = t->ne[0] == cols && t->nelem == rows * cols &&
+             (t->n_dims == 1 ? rows == 1 : t->ne[1] == rows);
     if (!ok)
-        fatal("%s: tensor '%s' has shape [%llu, %llu], expected [%llu, %llu] (ne0 = columns)", f->path,
-              name, (unsigned long long)t->ne[0], (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1),
-              (unsigned long long)cols, (unsigned long long)rows);
+        fatal("%s: tensor '%s' has shape [%llu, %llu], expected [%llu, %llu] (ne0 = columns)",
+              f->path, name, (unsigned long long)t->ne[0],
+              (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1), (unsigned long long)cols,
+              (unsigned long long)rows);
     if (!t->data || ggml_dequantize(dst, t->data, t->type, t->nelem))
-        fatal("%s: tensor '%s' has type %s (%u), which focus does not support (supported: F32, "
-              "F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)",
-              f->path, name, ggml_type_name(t->type), t->type);
+        fatal(
+            "%s: tensor '%s' has type %s (%u), which focus does not support (supported: F32, "
+            "F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)",
+            f->path, name, ggml_type_name(t->type), t->type);
 }
 
 static uint64_t gguf_need_u64(const GGUFFile* f, const char* arch, const char* key) {
@@ -57,9 +60,12 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     char arch[16];
     snprintf(arch, sizeof arch, "%.*s", (int)(alen < 15 ? alen : 15), a);
     ModelConfig cfg = {0};
-    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2")) cfg.arch = ARCH_LLAMA;
-    else if (!strcmp(arch, "gpt2")) cfg.arch = ARCH_GPT2;
-    else fatal("%s: architecture '%s' is not supported (supported: llama, qwen2, gpt2)", path, arch);
+    if (!strcmp(arch, "llama") || !strcmp(arch, "qwen2"))
+        cfg.arch = ARCH_LLAMA;
+    else if (!strcmp(arch, "gpt2"))
+        cfg.arch = ARCH_GPT2;
+    else
+        fatal("%s: architecture '%s' is not supported (supported: llama, qwen2, gpt2)", path, arch);
     cfg.L = (int)gguf_need_u64(&f, arch, "block_count");
     cfg.C = (int)gguf_need_u64(&f, arch, "embedding_length");
     cfg.NH = (int)gguf_need_u64(&f, arch, "attention.head_count");
@@ -69,12 +75,14 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     cfg.NKV = gguf_get_u64(&f, key, &nkv) ? cfg.NH : (int)nkv;
     cfg.F = (int)gguf_need_u64(&f, arch, "feed_forward_length");
     cfg.maxT = (int)gguf_need_u64(&f, arch, "context_length");
-    snprintf(key, sizeof key, "%s.attention.layer_norm_%s", arch, cfg.arch == ARCH_LLAMA ? "rms_epsilon" : "epsilon");
+    snprintf(key, sizeof key, "%s.attention.layer_norm_%s", arch,
+             cfg.arch == ARCH_LLAMA ? "rms_epsilon" : "epsilon");
     if (gguf_get_f32(&f, key, &cfg.eps)) cfg.eps = 1e-5f;
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
     if (gguf_get_f32(&f, key, &cfg.rope_theta)) cfg.rope_theta = 10000.0f;
     const GGUFTensor* emb = gguf_tensor(&f, "token_embd.weight");
-    if (!emb || emb->n_dims != 2) fatal("%s: tensor 'token_embd.weight' is missing or not a matrix", path);
+    if (!emb || emb->n_dims != 2)
+        fatal("%s: tensor 'token_embd.weight' is missing or not a matrix", path);
     cfg.V = (int)emb->ne[1];
     cfg.tied = gguf_tensor(&f, "output.weight") == NULL;
     cfg.qkv_bias = cfg.arch == ARCH_LLAMA && gguf_tensor(&f, "blk.0.attn_q.bias") != NULL;
@@ -82,8 +90,10 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     snprintf(key, sizeof key, "%s.rope.dimension_count", arch);
     uint64_t rdim;
     if (cfg.arch == ARCH_LLAMA && !gguf_get_u64(&f, key, &rdim) && (int)rdim != hs)
-        fatal("%s: partial rotary embeddings (rope.dimension_count %llu, head size %d) are not supported",
-              path, (unsigned long long)rdim, hs);
+        fatal(
+            "%s: partial rotary embeddings (rope.dimension_count %llu, head size %d) are not "
+            "supported",
+            path, (unsigned long long)rdim, hs);
     model_build(m, &cfg, fc);
     Params* p = &m->params;
     const size_t C = cfg.C, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs, F = cfg.F;
@@ -92,7 +102,8 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     if (cfg.arch == ARCH_GPT2) gguf_load_tensor(&f, "position_embd.weight", p->wpe, cfg.maxT, C);
     for (int l = 0; l < cfg.L; l++) {
         char n[96];
-#define T(fmt, dst, rows, cols) (snprintf(n, sizeof n, "blk.%d." fmt, l), gguf_load_tensor(&f, n, dst, rows, cols))
+#define T(fmt, dst, rows, cols) \
+    (snprintf(n, sizeof n, "blk.%d." fmt, l), gguf_load_tensor(&f, n, dst, rows, cols))
         T("attn_norm.weight", p->ln1w + l * C, 1, C);
         T("ffn_norm.weight", p->ln2w + l * C, 1, C);
         T("attn_output.weight", p->attprojw + l * C * C, C, C);
@@ -129,8 +140,10 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     const char* name = gguf_get_str(&f, "general.name", &nlen);
     snprintf(info->format, sizeof info->format, "gguf");
     snprintf(info->arch, sizeof info->arch, "%s", arch);
-    if (name) snprintf(info->name, sizeof info->name, "%.*s", (int)(nlen < 127 ? nlen : 127), name);
-    else snprintf(info->name, sizeof info->name, "%s", base_name(path));
+    if (name)
+        snprintf(info->name, sizeof info->name, "%.*s", (int)(nlen < 127 ? nlen : 127), name);
+    else
+        snprintf(info->name, sizeof info->name, "%s", base_name(path));
     gguf_close(&f);
 }
 
@@ -139,14 +152,16 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
 /* llm.c checkpoint: 256 int32 header (magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V,
  * L, NH, C, padded V), then the GPT-2 parameters in llm.c order, which is the order of our
  * Params struct; wte has padded-V rows, of which the first V are kept. */
-static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* fc, ModelInfo* info) {
+static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* fc,
+                      ModelInfo* info) {
     int32_t h[256];
     if (fread(h, 4, 256, fp) != 256) fatal("%s: truncated llm.c header", path);
     if (h[1] != 3 && h[1] != 5)
         fatal("%s: llm.c version %d is not supported (3 = fp32, 5 = bf16)", path, h[1]);
     ModelConfig cfg = {ARCH_GPT2, h[4], h[6], h[5], h[5], 4 * h[6], h[3], h[2], 1e-5f, 0, 0, 1};
     int Vp = h[7];
-    if (cfg.L < 1 || cfg.C < 1 || cfg.NH < 1 || cfg.V < 2 || cfg.maxT < 1 || Vp < cfg.V || cfg.C % cfg.NH)
+    if (cfg.L < 1 || cfg.C < 1 || cfg.NH < 1 || cfg.V < 2 || cfg.maxT < 1 || Vp < cfg.V ||
+        cfg.C % cfg.NH)
         fatal("%s: llm.c header has inconsistent sizes (L=%d C=%d NH=%d V=%d Vp=%d maxT=%d)", path,
               cfg.L, cfg.C, cfg.NH, cfg.V, Vp, cfg.maxT);
     model_build(m, &cfg, fc);
@@ -158,14 +173,16 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
               (long long)st.st_size, expect);
     real** ptrs = (real**)&m->params;
     size_t biggest = (size_t)Vp * cfg.C;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) biggest = m->param_sizes[i] > biggest ? m->param_sizes[i] : biggest;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        biggest = m->param_sizes[i] > biggest ? m->param_sizes[i] : biggest;
     uint16_t* tmp = mallocCheck(sizeof(uint16_t) * biggest);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!ptrs[i]) continue;
         size_t n = m->param_sizes[i], nfile = i == 0 ? (size_t)Vp * cfg.C : n;
         if (esz == 4) {
             if (fread(ptrs[i], 4, n, fp) != n) fatal("%s: truncated parameter data", path);
-            if (nfile > n && fseek(fp, (long)((nfile - n) * 4), SEEK_CUR)) fatal("%s: seek failed", path);
+            if (nfile > n && fseek(fp, (long)((nfile - n) * 4), SEEK_CUR))
+                fatal("%s: seek failed", path);
         } else {
             if (fread(tmp, 2, nfile, fp) != nfile) fatal("%s: truncated parameter data", path);
             for (size_t j = 0; j < n; j++) ptrs[i][j] = bf16_to_f32(tmp[j]);
@@ -223,7 +240,8 @@ static void safe_open(SafeFile* s, const char* path) {
         fatal("%s: safetensors header of %llu bytes does not fit in the file (%zu bytes)", path,
               (unsigned long long)hl, s->size);
     s->header = cJSON_ParseWithLength((const char*)s->map + 8, (size_t)hl);
-    if (!s->header || !cJSON_IsObject(s->header)) fatal("%s: safetensors header is not valid JSON", path);
+    if (!s->header || !cJSON_IsObject(s->header))
+        fatal("%s: safetensors header is not valid JSON", path);
     s->data_start = 8 + (size_t)hl;
 }
 
@@ -255,20 +273,27 @@ static int safe_tensor(const SafeFile* s, const char* name, float* dst, size_t r
         n *= dims[i];
     }
     size_t want_r = transpose ? cols : rows, want_c = transpose ? rows : cols;
-    int ok = rows == 0 ? (nd == 1 && dims[0] == cols) : (nd == 2 && dims[0] == want_r && dims[1] == want_c);
+    int ok = rows == 0 ? (nd == 1 && dims[0] == cols)
+                       : (nd == 2 && dims[0] == want_r && dims[1] == want_c);
     if (!ok)
         fatal("%s: tensor '%s' has shape [%zu, %zu], expected [%zu, %zu]", s->path, name, dims[0],
               nd > 1 ? dims[1] : 0, rows ? want_r : cols, rows ? want_c : 0);
-    size_t esz = !strcmp(dt->valuestring, "F32") ? 4 : (!strcmp(dt->valuestring, "F16") || !strcmp(dt->valuestring, "BF16")) ? 2 : 0;
-    if (!esz) fatal("%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", s->path, name, dt->valuestring);
-    double b = cJSON_GetArrayItem(offs, 0)->valuedouble, e = cJSON_GetArrayItem(offs, 1)->valuedouble;
+    size_t esz = !strcmp(dt->valuestring, "F32")                                         ? 4
+                 : (!strcmp(dt->valuestring, "F16") || !strcmp(dt->valuestring, "BF16")) ? 2
+                                                                                         : 0;
+    if (!esz)
+        fatal("%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", s->path, name,
+              dt->valuestring);
+    double b = cJSON_GetArrayItem(offs, 0)->valuedouble,
+           e = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (b < 0 || e < b || e - b != (double)(n * esz) || s->data_start + e > (double)s->size)
         fatal("%s: tensor '%s' data [%.0f, %.0f) lies outside the file or has the wrong size",
               s->path, name, b, e);
     const uint8_t* src = s->map + s->data_start + (size_t)b;
     for (size_t i = 0; i < n; i++) {
         float v;
-        if (esz == 4) memcpy(&v, src + 4 * i, 4);
+        if (esz == 4)
+            memcpy(&v, src + 4 * i, 4);
         else {
             uint16_t h;
             memcpy(&h, src + 2 * i, 2);
@@ -299,7 +324,8 @@ static void unpermute_rope(float* w, int heads, int hs, size_t cols) {
         memcpy(tmp, blk, sizeof(float) * hs * cols);
         for (int i = 0; i < hs / 2; i++)
             for (int c = 0; c < 2; c++)
-                memcpy(blk + (size_t)(2 * i + c) * cols, tmp + (size_t)(c * hs / 2 + i) * cols, sizeof(float) * cols);
+                memcpy(blk + (size_t)(2 * i + c) * cols, tmp + (size_t)(c * hs / 2 + i) * cols,
+                       sizeof(float) * cols);
     }
     free(tmp);
 }
@@ -313,7 +339,8 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     } else {
         snprintf(file, sizeof file, "%s", path);
         const char* slash = strrchr(path, '/');
-        snprintf(cfgpath, sizeof cfgpath, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0, path);
+        snprintf(cfgpath, sizeof cfgpath, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0,
+                 path);
     }
     SafeFile s;
     safe_open(&s, file);
@@ -321,13 +348,17 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     cJSON* hc = cfgtext ? cJSON_Parse(cfgtext) : NULL;
     if (cfgtext && !hc) fatal("%s: not valid JSON", cfgpath);
     /* Names may carry a "transformer." (GPT-2) prefix. */
-    const char* pre = cJSON_GetObjectItemCaseSensitive(s.header, "transformer.wte.weight") ? "transformer." : "";
+    const char* pre =
+        cJSON_GetObjectItemCaseSensitive(s.header, "transformer.wte.weight") ? "transformer." : "";
     char n[256];
     snprintf(n, sizeof n, "%swte.weight", pre);
     int gpt2 = cJSON_GetObjectItemCaseSensitive(s.header, n) != NULL;
     int llama = cJSON_GetObjectItemCaseSensitive(s.header, "model.embed_tokens.weight") != NULL;
     if (!gpt2 && !llama)
-        fatal("%s: neither GPT-2 ('wte.weight') nor LLaMA ('model.embed_tokens.weight') tensor names found", file);
+        fatal(
+            "%s: neither GPT-2 ('wte.weight') nor LLaMA ('model.embed_tokens.weight') tensor names "
+            "found",
+            file);
     ModelConfig cfg = {0};
     cJSON* emb = cJSON_GetObjectItemCaseSensitive(s.header, gpt2 ? n : "model.embed_tokens.weight");
     cJSON* shp = cJSON_GetObjectItemCaseSensitive(emb, "shape");
@@ -336,22 +367,41 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     cfg.C = (int)cJSON_GetArrayItem(shp, 1)->valuedouble;
     /* Count layers. */
     for (cfg.L = 0;; cfg.L++) {
-        snprintf(n, sizeof n, gpt2 ? "%sh.%d.ln_1.weight" : "%smodel.layers.%d.input_layernorm.weight", gpt2 ? pre : "", cfg.L);
+        snprintf(n, sizeof n,
+                 gpt2 ? "%sh.%d.ln_1.weight" : "%smodel.layers.%d.input_layernorm.weight",
+                 gpt2 ? pre : "", cfg.L);
         if (!cJSON_GetObjectItemCaseSensitive(s.header, n)) break;
     }
     if (cfg.L == 0) fatal("%s: no transformer layers found", file);
     if (gpt2) {
         snprintf(n, sizeof n, "%swpe.weight", pre);
-        cJSON* wpe = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s.header, n), "shape");
-        if (cJSON_GetArraySize(wpe) != 2) fatal("%s: tensor '%s' is missing or not a matrix", file, n);
+        cJSON* wpe = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s.header, n),
+                                                      "shape");
+        if (cJSON_GetArraySize(wpe) != 2)
+            fatal("%s: tensor '%s' is missing or not a matrix", file, n);
         if (!hc && cfg.C % 64)
-            fatal("%s: cannot infer the head count of a GPT-2 of width %d; put its config.json (n_head) beside it", file, cfg.C);
-        cfg = (ModelConfig){ARCH_GPT2, cfg.L, cfg.C, json_int(hc, "n_head", cfg.C / 64), 0, 4 * cfg.C, cfg.V,
-                            (int)cJSON_GetArrayItem(wpe, 0)->valuedouble, (float)json_num(hc, "layer_norm_epsilon", 1e-5), 0, 0, 1};
+            fatal(
+                "%s: cannot infer the head count of a GPT-2 of width %d; put its config.json "
+                "(n_head) beside it",
+                file, cfg.C);
+        cfg = (ModelConfig){ARCH_GPT2,
+                            cfg.L,
+                            cfg.C,
+                            json_int(hc, "n_head", cfg.C / 64),
+                            0,
+                            4 * cfg.C,
+                            cfg.V,
+                            (int)cJSON_GetArrayItem(wpe, 0)->valuedouble,
+                            (float)json_num(hc, "layer_norm_epsilon", 1e-5),
+                            0,
+                            0,
+                            1};
         cfg.NKV = cfg.NH;
         cfg.F = json_int(hc, "n_inner", 4 * cfg.C);
     } else {
-        if (!hc) fatal("%s: a LLaMA safetensors model needs its config.json (looked for %s)", file, cfgpath);
+        if (!hc)
+            fatal("%s: a LLaMA safetensors model needs its config.json (looked for %s)", file,
+                  cfgpath);
         cfg.arch = ARCH_LLAMA;
         cfg.NH = json_int(hc, "num_attention_heads", 0);
         cfg.NKV = json_int(hc, "num_key_value_heads", cfg.NH);
@@ -360,19 +410,22 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
         cfg.eps = (float)json_num(hc, "rms_norm_eps", 1e-5);
         cfg.rope_theta = (float)json_num(hc, "rope_theta", 10000);
         cfg.tied = cJSON_GetObjectItemCaseSensitive(s.header, "lm_head.weight") == NULL;
-        cfg.qkv_bias = cJSON_GetObjectItemCaseSensitive(s.header, "model.layers.0.self_attn.q_proj.bias") != NULL;
+        cfg.qkv_bias = cJSON_GetObjectItemCaseSensitive(
+                           s.header, "model.layers.0.self_attn.q_proj.bias") != NULL;
     }
     model_build(m, &cfg, fc);
     Params* p = &m->params;
     const int hs = cfg.C / cfg.NH;
-    const size_t C = cfg.C, F = cfg.F, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs, FC = gpt2 ? F : 2 * F;
+    const size_t C = cfg.C, F = cfg.F, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs,
+                 FC = gpt2 ? F : 2 * F;
     if (gpt2) {
         snprintf(n, sizeof n, "%swte.weight", pre);
         safe_tensor(&s, n, p->wte, cfg.V, C, 0, 0);
         snprintf(n, sizeof n, "%swpe.weight", pre);
         safe_tensor(&s, n, p->wpe, cfg.maxT, C, 0, 0);
         for (int l = 0; l < cfg.L; l++) {
-#define G(fmt, dst, rows, cols, tr) (snprintf(n, sizeof n, "%sh.%d." fmt, pre, l), safe_tensor(&s, n, dst, rows, cols, tr, 0))
+#define G(fmt, dst, rows, cols, tr) \
+    (snprintf(n, sizeof n, "%sh.%d." fmt, pre, l), safe_tensor(&s, n, dst, rows, cols, tr, 0))
             G("ln_1.weight", p->ln1w + l * C, 0, C, 0);
             G("ln_1.bias", p->ln1b + l * C, 0, C, 0);
             G("attn.c_attn.weight", p->qkvw + l * Q * C, Q, C, 1);
@@ -394,7 +447,8 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     } else {
         safe_tensor(&s, "model.embed_tokens.weight", p->wte, cfg.V, C, 0, 0);
         for (int l = 0; l < cfg.L; l++) {
-#define G(fmt, dst, rows, cols) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), safe_tensor(&s, n, dst, rows, cols, 0, 0))
+#define G(fmt, dst, rows, cols) \
+    (snprintf(n, sizeof n, "model.layers.%d." fmt, l), safe_tensor(&s, n, dst, rows, cols, 0, 0))
             float* qkv = p->qkvw + l * Q * C;
             size_t nq = (size_t)cfg.NH * hs, nk = (size_t)cfg.NKV * hs;
             G("input_layernorm.weight", p->ln1w + l * C, 0, C);
@@ -459,7 +513,8 @@ void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* in
         load_safetensors(m, path, fc, info);
     } else {
         fclose(fp);
-        fatal("%s: unrecognised model format (expected GGUF, safetensors or an llm.c checkpoint)", path);
+        fatal("%s: unrecognised model format (expected GGUF, safetensors or an llm.c checkpoint)",
+              path);
     }
 }
 

@@ -11,9 +11,9 @@
 #include "../model/model.h"
 
 typedef struct {
-    char format[16];   /* "gguf", "safetensors", "llm.c" */
-    char name[128];    /* model name from metadata, or the file name */
-    char arch[16];     /* "llama", "qwen2", "gpt2" */
+    char format[16]; /* "gguf", "safetensors", "llm.c" */
+    char name[128];  /* model name from metadata, or the file name */
+    char arch[16];   /* "llama", "qwen2", "gpt2" */
 } ModelInfo;
 
 /* Build m from the file at path with the router settings fc. */

@@ -19,7 +19,8 @@ static uint64_t fnv_bytes(uint64_t h, const void* p, size_t n) {
     return h;
 }
 
-static uint64_t state_checksum(const Model* m, const float* mom_m, const float* mom_v, size_t nmom) {
+static uint64_t state_checksum(const Model* m, const float* mom_m, const float* mom_v,
+                               size_t nmom) {
     uint64_t h = 0xcbf29ce484222325ull;
     h = fnv_bytes(h, m->router_mem, sizeof(real) * m->num_router);
     h = fnv_bytes(h, m->beta, sizeof(real) * (size_t)m->cfg.L * m->fc.K);
@@ -28,8 +29,8 @@ static uint64_t state_checksum(const Model* m, const float* mom_m, const float* 
     return h;
 }
 
-static void write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank, const hsize_t* dims,
-                     const char* path) {
+static void write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank,
+                     const hsize_t* dims, const char* path) {
     hid_t sp = H5Screate_simple(rank, dims, NULL);
     hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
@@ -93,19 +94,24 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
     fsync_parent_dir(path);
 }
 
-static void read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank, const hsize_t* want,
-                    const char* path) {
+static void read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank,
+                    const hsize_t* want, const char* path) {
     hid_t ds = H5Dopen2(loc, name, H5P_DEFAULT);
-    if (ds < 0) fatal("%s: dataset '%s' is missing; not a focus router checkpoint, or corrupt", path, name);
+    if (ds < 0)
+        fatal("%s: dataset '%s' is missing; not a focus router checkpoint, or corrupt", path, name);
     hid_t sp = H5Dget_space(ds);
     hsize_t dims[8] = {0};
     int r = H5Sget_simple_extent_ndims(sp);
-    if (r != rank || r > 8) fatal("%s: dataset '%s' has %d dimensions, expected %d", path, name, r, rank);
+    if (r != rank || r > 8)
+        fatal("%s: dataset '%s' has %d dimensions, expected %d", path, name, r, rank);
     H5Sget_simple_extent_dims(sp, dims, NULL);
     for (int i = 0; i < rank; i++) {
         if (dims[i] != want[i])
-            fatal("%s: dataset '%s' dimension %d is %llu, but this model needs %llu (router trained for a "
-                  "different model or settings)", path, name, i, (unsigned long long)dims[i], (unsigned long long)want[i]);
+            fatal(
+                "%s: dataset '%s' dimension %d is %llu, but this model needs %llu (router trained "
+                "for a "
+                "different model or settings)",
+                path, name, i, (unsigned long long)dims[i], (unsigned long long)want[i]);
     }
     if (H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
         fatal("%s: reading dataset '%s' failed; the file is truncated or corrupt", path, name);
@@ -115,7 +121,8 @@ static void read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank
 
 static void read_attr(hid_t loc, const char* name, hid_t type, void* out, const char* path) {
     hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-    if (a < 0 || H5Aread(a, type, out) < 0) fatal("%s: attribute '%s' is missing or unreadable; corrupt checkpoint", path, name);
+    if (a < 0 || H5Aread(a, type, out) < 0)
+        fatal("%s: attribute '%s' is missing or unreadable; corrupt checkpoint", path, name);
     H5Aclose(a);
 }
 
@@ -128,7 +135,9 @@ static hid_t open_checked(const char* path) {
     if (f < 0) fatal("%s: HDF5 cannot open the file; it is truncated or corrupt", path);
     int64_t version = 0;
     read_attr(f, "format_version", H5T_NATIVE_INT64, &version, path);
-    if (version != FORMAT_VERSION) fatal("%s: router checkpoint format %lld, this build reads %d", path, (long long)version, FORMAT_VERSION);
+    if (version != FORMAT_VERSION)
+        fatal("%s: router checkpoint format %lld, this build reads %d", path, (long long)version,
+              FORMAT_VERSION);
     return f;
 }
 
@@ -147,8 +156,11 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     read_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, path);
     st->step = step, st->adam_t = at, st->beta_updates = bu;
     if (st->fingerprint != fingerprint)
-        fatal("%s: this router was trained on a different base model (fingerprint %016llx, the loaded model is %016llx); "
-              "load it onto the model it was trained with", path, (unsigned long long)st->fingerprint, (unsigned long long)fingerprint);
+        fatal(
+            "%s: this router was trained on a different base model (fingerprint %016llx, the "
+            "loaded model is %016llx); "
+            "load it onto the model it was trained with",
+            path, (unsigned long long)st->fingerprint, (unsigned long long)fingerprint);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* fc = &m->fc;
     hsize_t d3[3] = {(hsize_t)c->L, (hsize_t)c->C, (hsize_t)fc->dg};
@@ -168,21 +180,26 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
         if (ds < 0) fatal("%s: dataset 'optim/m' is missing; corrupt checkpoint", path);
         hid_t sp = H5Dget_space(ds);
         hsize_t n = 0;
-        if (H5Sget_simple_extent_ndims(sp) != 1) fatal("%s: dataset 'optim/m' is not 1-D; corrupt checkpoint", path);
+        if (H5Sget_simple_extent_ndims(sp) != 1)
+            fatal("%s: dataset 'optim/m' is not 1-D; corrupt checkpoint", path);
         H5Sget_simple_extent_dims(sp, &n, NULL);
         H5Sclose(sp);
         H5Dclose(ds);
-        if (n > m->num_router) fatal("%s: optimizer state of %llu values for a router of %zu", path, (unsigned long long)n, m->num_router);
+        if (n > m->num_router)
+            fatal("%s: optimizer state of %llu values for a router of %zu", path,
+                  (unsigned long long)n, m->num_router);
         nmom = (size_t)n;
         mm = mallocCheck(sizeof(float) * (nmom + 1));
         vv = mallocCheck(sizeof(float) * (nmom + 1));
         read_ds(f, "optim/m", H5T_NATIVE_FLOAT, mm, 1, &n, path);
         read_ds(f, "optim/v", H5T_NATIVE_FLOAT, vv, 1, &n, path);
     }
-    if (state_checksum(m, mm, vv, nmom) != csum) fatal("%s: checksum mismatch; the checkpoint is corrupt", path);
+    if (state_checksum(m, mm, vv, nmom) != csum)
+        fatal("%s: checksum mismatch; the checkpoint is corrupt", path);
     if (opt) {
         if (!mm) fatal("%s: the checkpoint has no optimizer state to resume from", path);
-        if (opt->n != nmom) fatal("%s: optimizer state has %zu values, this run optimises %zu", path, nmom, opt->n);
+        if (opt->n != nmom)
+            fatal("%s: optimizer state has %zu values, this run optimises %zu", path, nmom, opt->n);
         memcpy(opt->m, mm, sizeof(float) * nmom);
         memcpy(opt->v, vv, sizeof(float) * nmom);
         opt->t = at;
@@ -200,7 +217,8 @@ char* router_read_config(const char* path) {
     hsize_t n = 0;
     H5Sget_simple_extent_dims(sp, &n, NULL);
     char* s = mallocCheck((size_t)n + 1);
-    if (H5Dread(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) < 0) fatal("%s: reading the configuration failed; corrupt checkpoint", path);
+    if (H5Dread(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) < 0)
+        fatal("%s: reading the configuration failed; corrupt checkpoint", path);
     s[n] = 0;
     H5Sclose(sp);
     H5Dclose(ds);

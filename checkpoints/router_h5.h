@@ -17,10 +17,10 @@
 #include "../train/optim.h"
 
 typedef struct {
-    long step;            /* optimizer steps completed */
+    long step; /* optimizer steps completed */
     long adam_t;
     long beta_updates;
-    uint64_t data_pos;    /* next training token offset */
+    uint64_t data_pos; /* next training token offset */
     uint64_t rng_state;
     uint64_t fingerprint; /* base model */
 } RouterState;

@@ -24,7 +24,8 @@ void fsync_parent_dir(const char* path) {
     free(copy);
 }
 
-void write_file_atomic(const char* path, const void* const* parts, const size_t* sizes, int nparts) {
+void write_file_atomic(const char* path, const void* const* parts, const size_t* sizes,
+                       int nparts) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -39,7 +40,8 @@ void write_file_atomic(const char* path, const void* const* parts, const size_t*
                 int e = errno;
                 close(fd);
                 unlink(tmp);
-                fatal("%s: write failed: %s (nothing was replaced)", path, w < 0 ? strerror(e) : "no space written");
+                fatal("%s: write failed: %s (nothing was replaced)", path,
+                      w < 0 ? strerror(e) : "no space written");
             }
             p += w;
             left -= (size_t)w;
@@ -75,9 +77,12 @@ void shard_write(const char* path, const int* ids, size_t n, int V) {
     memcpy(hdr + 24, &count, 8);
     void* body = mallocCheck(n * width + 1);
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= V) fatal("%s: token id %d outside the vocabulary (V=%d)", path, ids[i], V);
-        if (width == 2) ((uint16_t*)body)[i] = (uint16_t)ids[i];
-        else ((uint32_t*)body)[i] = (uint32_t)ids[i];
+        if (ids[i] < 0 || ids[i] >= V)
+            fatal("%s: token id %d outside the vocabulary (V=%d)", path, ids[i], V);
+        if (width == 2)
+            ((uint16_t*)body)[i] = (uint16_t)ids[i];
+        else
+            ((uint32_t*)body)[i] = (uint32_t)ids[i];
     }
     const void* parts[2] = {hdr, body};
     size_t sizes[2] = {SHARD_HEADER_BYTES, n * width};
@@ -98,7 +103,8 @@ int* shard_read(const char* path, size_t* n, int* V) {
     FILE* fp = fopen(path, "rb");
     if (!fp) fatal("%s: cannot open shard: %s", path, strerror(errno));
     uint8_t hdr[SHARD_HEADER_BYTES];
-    if (fread(hdr, 1, SHARD_HEADER_BYTES, fp) != SHARD_HEADER_BYTES) fatal("%s: truncated shard header", path);
+    if (fread(hdr, 1, SHARD_HEADER_BYTES, fp) != SHARD_HEADER_BYTES)
+        fatal("%s: truncated shard header", path);
     if (memcmp(hdr, "FOCUSTOK", 8)) fatal("%s: not a token shard (wrong magic)", path);
     uint32_t version, width, vs;
     uint64_t count;
@@ -107,13 +113,18 @@ int* shard_read(const char* path, size_t* n, int* V) {
     memcpy(&vs, hdr + 16, 4);
     memcpy(&count, hdr + 24, 8);
     if (version != 1) fatal("%s: shard version %u is not supported (expected 1)", path, version);
-    if (width != 2 && width != 4) fatal("%s: shard id width %u is invalid (expected 2 or 4)", path, width);
+    if (width != 2 && width != 4)
+        fatal("%s: shard id width %u is invalid (expected 2 or 4)", path, width);
     if (vs < 2 || vs > (1u << 24)) fatal("%s: shard vocabulary size %u is invalid", path, vs);
     struct stat st;
     fstat(fileno(fp), &st);
-    if (count > ((uint64_t)st.st_size) / width || (uint64_t)st.st_size != SHARD_HEADER_BYTES + count * width)
-        fatal("%s: shard header says %llu tokens (%llu bytes) but the file has %lld bytes; truncated or corrupt",
-              path, (unsigned long long)count, (unsigned long long)(SHARD_HEADER_BYTES + count * width), (long long)st.st_size);
+    if (count > ((uint64_t)st.st_size) / width ||
+        (uint64_t)st.st_size != SHARD_HEADER_BYTES + count * width)
+        fatal(
+            "%s: shard header says %llu tokens (%llu bytes) but the file has %lld bytes; truncated "
+            "or corrupt",
+            path, (unsigned long long)count,
+            (unsigned long long)(SHARD_HEADER_BYTES + count * width), (long long)st.st_size);
     uint8_t* raw = mallocCheck(count * width + 1);
     if (fread(raw, width, count, fp) != count) fatal("%s: read failed", path);
     fclose(fp);
@@ -127,7 +138,9 @@ int* shard_read(const char* path, size_t* n, int* V) {
         } else {
             memcpy(&v, raw + 4 * i, 4);
         }
-        if (v >= vs) fatal("%s: token %llu has id %u, outside the shard's vocabulary (%u)", path, (unsigned long long)i, v, vs);
+        if (v >= vs)
+            fatal("%s: token %llu has id %u, outside the shard's vocabulary (%u)", path,
+                  (unsigned long long)i, v, vs);
         ids[i] = (int)v;
     }
     free(raw);
@@ -136,7 +149,9 @@ int* shard_read(const char* path, size_t* n, int* V) {
     return ids;
 }
 
-static int cmp_str(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+static int cmp_str(const void* a, const void* b) {
+    return strcmp(*(char* const*)a, *(char* const*)b);
+}
 
 int shard_list(const char* dir, const char* prefix, char*** paths) {
     DIR* d = opendir(dir);

@@ -44,10 +44,12 @@ size_t text_clean(char* s, size_t len) {
         memmove(s, s + 3, len - 3 + 1);
         len -= 3;
     }
-    static const char* const start[] = {"*** START OF THE PROJECT GUTENBERG", "*** START OF THIS PROJECT GUTENBERG",
-                                        "***START OF THE PROJECT GUTENBERG", "***START OF THIS PROJECT GUTENBERG", NULL};
-    static const char* const end[] = {"*** END OF THE PROJECT GUTENBERG", "*** END OF THIS PROJECT GUTENBERG",
-                                      "***END OF THE PROJECT GUTENBERG", "***END OF THIS PROJECT GUTENBERG", NULL};
+    static const char* const start[] = {
+        "*** START OF THE PROJECT GUTENBERG", "*** START OF THIS PROJECT GUTENBERG",
+        "***START OF THE PROJECT GUTENBERG", "***START OF THIS PROJECT GUTENBERG", NULL};
+    static const char* const end[] = {
+        "*** END OF THE PROJECT GUTENBERG", "*** END OF THIS PROJECT GUTENBERG",
+        "***END OF THE PROJECT GUTENBERG", "***END OF THIS PROJECT GUTENBERG", NULL};
     char* a = find_marker_line(s, start, 1);
     char* b = a ? find_marker_line(a, end, 0) : NULL;
     if (a && b) {

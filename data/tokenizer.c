@@ -30,13 +30,13 @@ typedef struct {
 
 struct Tokenizer {
     int V;
-    Tok* tok;            /* raw bytes of every token */
-    int* str_slots;      /* open-addressing table: token bytes -> id (-1 empty) */
+    Tok* tok;       /* raw bytes of every token */
+    int* str_slots; /* open-addressing table: token bytes -> id (-1 empty) */
     size_t str_cap;
-    PairSlot* pairs;     /* merge table */
+    PairSlot* pairs; /* merge table */
     size_t pair_cap;
-    int byte_tok[256];   /* id of each single-byte token */
-    int split_digits;    /* SmolLM / StarCoder pre-tokenizer */
+    int byte_tok[256]; /* id of each single-byte token */
+    int split_digits;  /* SmolLM / StarCoder pre-tokenizer */
     char pre[32];
     int eot, eos, bos;
     pcre2_code* re;
@@ -65,9 +65,12 @@ static Tok unicode_to_bytes(const char* s, size_t n, const int* u2b) {
     while (i < n) {
         unsigned c = (unsigned char)s[i];
         int cp, len;
-        if (c < 0x80) cp = c, len = 1;
-        else if ((c >> 5) == 6 && i + 1 < n) cp = ((c & 0x1f) << 6) | (s[i + 1] & 0x3f), len = 2;
-        else cp = -1, len = 1;
+        if (c < 0x80)
+            cp = c, len = 1;
+        else if ((c >> 5) == 6 && i + 1 < n)
+            cp = ((c & 0x1f) << 6) | (s[i + 1] & 0x3f), len = 2;
+        else
+            cp = -1, len = 1;
         if (cp < 0 || cp >= 512 || u2b[cp] < 0) {
             memcpy(t.bytes, s, n);
             t.len = (int)n;
@@ -150,7 +153,8 @@ static Tokenizer* tok_new(int V) {
 }
 
 /* One merge rule "A B" (byte-unicode alphabet) at priority rank. */
-static void add_merge(Tokenizer* t, const char* s, size_t n, int rank, const int* u2b, const char* src) {
+static void add_merge(Tokenizer* t, const char* s, size_t n, int rank, const int* u2b,
+                      const char* src) {
     const char* sp = memchr(s, ' ', n);
     if (!sp) fatal("%s: merge rule %d ('%.*s') has no space", src, rank, (int)(n < 40 ? n : 40), s);
     Tok a = unicode_to_bytes(s, (size_t)(sp - s), u2b);
@@ -178,7 +182,9 @@ static void finish(Tokenizer* t, const char* pre, const char* src) {
         t->byte_tok[b] = str_lookup(t, &c, 1);
         have += t->byte_tok[b] >= 0;
     }
-    if (have < 128) fatal("%s: only %d of 256 single-byte tokens exist; not a byte-level BPE vocabulary", src, have);
+    if (have < 128)
+        fatal("%s: only %d of 256 single-byte tokens exist; not a byte-level BPE vocabulary", src,
+              have);
     snprintf(t->pre, sizeof t->pre, "%s", pre);
     int eot = str_lookup(t, "<|endoftext|>", 13);
     if (eot >= 0) t->eot = eot;
@@ -188,7 +194,8 @@ static void finish(Tokenizer* t, const char* pre, const char* src) {
                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
     t->re_digit = pcre2_compile((PCRE2_SPTR) "\\p{N}", PCRE2_ZERO_TERMINATED,
                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
-    if (!t->re || !t->re_digit) fatal("internal: pre-tokenizer regex failed to compile (error %d)", err);
+    if (!t->re || !t->re_digit)
+        fatal("internal: pre-tokenizer regex failed to compile (error %d)", err);
     pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);
     pcre2_jit_compile(t->re_digit, PCRE2_JIT_COMPLETE);
 }
@@ -199,9 +206,13 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
     if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
     uint64_t n;
     const char* model = gguf_get_str(&f, "tokenizer.ggml.model", &n);
-    if (!model) fatal("%s: the file carries no tokenizer (tokenizer.ggml.model is missing); pass --tokenizer", path);
+    if (!model)
+        fatal(
+            "%s: the file carries no tokenizer (tokenizer.ggml.model is missing); pass --tokenizer",
+            path);
     if (n != 4 || memcmp(model, "gpt2", 4))
-        fatal("%s: tokenizer model '%.*s' is not supported (supported: gpt2 byte-level BPE)", path, (int)n, model);
+        fatal("%s: tokenizer model '%.*s' is not supported (supported: gpt2 byte-level BPE)", path,
+              (int)n, model);
     uint64_t pn = 0;
     const char* pre = gguf_get_str(&f, "tokenizer.ggml.pre", &pn);
     char pres[32] = "gpt-2";
@@ -211,10 +222,12 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
         !strcmp(pres, "codeshell") || !strcmp(pres, "command-r"))
         split = 1;
     else if (strcmp(pres, "gpt-2") && strcmp(pres, "default") && strcmp(pres, "gpt2"))
-        fatal("%s: pre-tokenizer '%s' is not supported (supported: gpt-2, smollm, starcoder)", path, pres);
+        fatal("%s: pre-tokenizer '%s' is not supported (supported: gpt-2, smollm, starcoder)", path,
+              pres);
     const GGUFKV* toks = gguf_find(&f, "tokenizer.ggml.tokens");
     const GGUFKV* merges = gguf_find(&f, "tokenizer.ggml.merges");
-    if (!toks || toks->type != GGUF_VAL_ARRAY || toks->arr_type != GGUF_VAL_STRING || toks->arr_n < 256 || toks->arr_n > (1u << 24))
+    if (!toks || toks->type != GGUF_VAL_ARRAY || toks->arr_type != GGUF_VAL_STRING ||
+        toks->arr_n < 256 || toks->arr_n > (1u << 24))
         fatal("%s: tokenizer.ggml.tokens is missing or malformed", path);
     if (!merges || merges->type != GGUF_VAL_ARRAY || merges->arr_type != GGUF_VAL_STRING)
         fatal("%s: tokenizer.ggml.merges is missing or malformed", path);
@@ -245,7 +258,8 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
     }
     uint64_t add_bos = 0;
     gguf_get_u64(&f, "tokenizer.ggml.add_bos_token", &add_bos);
-    if (add_bos && gguf_get_u64(&f, "tokenizer.ggml.bos_token_id", &id) == 0 && id < (uint64_t)t->V) t->bos = (int)id;
+    if (add_bos && gguf_get_u64(&f, "tokenizer.ggml.bos_token_id", &id) == 0 && id < (uint64_t)t->V)
+        t->bos = (int)id;
     gguf_close(&f);
     return t;
 }
@@ -270,14 +284,17 @@ static Tokenizer* load_dir_tokenizer(const char* dir) {
     snprintf(pm, sizeof pm, "%s/vocab.bpe", dir);
     size_t ne, nm;
     char* enc = slurp(pe, &ne);
-    if (!enc) fatal("%s: cannot read the GPT-2 vocabulary (expected encoder.json and vocab.bpe in %s)", pe, dir);
+    if (!enc)
+        fatal("%s: cannot read the GPT-2 vocabulary (expected encoder.json and vocab.bpe in %s)",
+              pe, dir);
     char* mer = slurp(pm, &nm);
     if (!mer) fatal("%s: cannot read the GPT-2 merge rules", pm);
     cJSON* j = cJSON_ParseWithLength(enc, ne);
     if (!j || !cJSON_IsObject(j)) fatal("%s: not a JSON object", pe);
     int V = 0;
     for (cJSON* e = j->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 24)) fatal("%s: entry '%s' has no valid id", pe, e->string);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= (1 << 24))
+            fatal("%s: entry '%s' has no valid id", pe, e->string);
         if ((int)e->valuedouble + 1 > V) V = (int)e->valuedouble + 1;
     }
     int b2u[256], u2b[512];
@@ -289,8 +306,10 @@ static Tokenizer* load_dir_tokenizer(const char* dir) {
         t->tok[id] = unicode_to_bytes(e->string, strlen(e->string), u2b);
     }
     for (int i = 0; i < V; i++) {
-        if (!t->tok[i].bytes) t->tok[i] = (Tok){callocCheck(1, 1), 0}; /* ids absent from the file */
-        else str_insert(t, i);
+        if (!t->tok[i].bytes)
+            t->tok[i] = (Tok){callocCheck(1, 1), 0}; /* ids absent from the file */
+        else
+            str_insert(t, i);
     }
     cJSON_Delete(j);
     free(enc);
@@ -372,7 +391,8 @@ static void bpe_piece(const Tokenizer* t, const unsigned char* s, size_t n, Out*
         int best = -1, best_rank = 0, merged = 0;
         for (size_t i = 0; i + 1 < m; i++) {
             const PairSlot* p = pair_lookup(t, w[i], w[i + 1]);
-            if (p && (best < 0 || p->rank < best_rank)) best = (int)i, best_rank = p->rank, merged = p->merged;
+            if (p && (best < 0 || p->rank < best_rank))
+                best = (int)i, best_rank = p->rank, merged = p->merged;
         }
         if (best < 0) break;
         w[best] = merged;
@@ -437,7 +457,8 @@ int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* 
 char* tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, size_t* len) {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->V) fatal("token id %d is outside the vocabulary (V=%d)", ids[i], t->V);
+        if (ids[i] < 0 || ids[i] >= t->V)
+            fatal("token id %d is outside the vocabulary (V=%d)", ids[i], t->V);
         total += (size_t)t->tok[ids[i]].len;
     }
     char* s = mallocCheck(total + 1);

@@ -138,7 +138,8 @@ void attention_backward(real* dqkv, real* dG, real* dgate, const real* dout, con
                 gemm(0, 1, nq, n, hs, 1, dO, C, v, QKV, 0, dP, n);
                 for (int r = 0; r < nq; r++) {
                     double d = 0;
-                    for (int e = 0; e < hs; e++) d += (double)dO[(size_t)r * C + e] * O[(size_t)r * C + e];
+                    for (int e = 0; e < hs; e++)
+                        d += (double)dO[(size_t)r * C + e] * O[(size_t)r * C + e];
                     D[r] = (real)d;
                 }
                 for (int r = 0; r < nq; r++) {
@@ -183,7 +184,8 @@ void attention_backward(real* dqkv, real* dG, real* dgate, const real* dout, con
                 }
                 const real* Gb = gate->G + (size_t)b * T * K;
                 gemm(0, 0, nq, K, n, 1, dgt, n, Gb, K, 1, dGp + ((size_t)b * T + i0) * K, K);
-                gemm(1, 0, n, K, nq, 1, dgt, n, Gb + (size_t)i0 * K, K, 1, dGp + (size_t)b * T * K, K);
+                gemm(1, 0, n, K, nq, 1, dgt, n, Gb + (size_t)i0 * K, K, 1, dGp + (size_t)b * T * K,
+                     K);
             }
         }
         dgate_t[2 * tid] = dlam;

@@ -63,8 +63,6 @@ void crossentropy_forward(real* losses, real* dlogits, const real* logits, const
                           size_t N, int V, real dscale);
 
 /* log(sigmoid(x)) = -softplus(-x), computed without overflow. */
-static inline double log_sigmoid(double x) {
-    return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x));
-}
+static inline double log_sigmoid(double x) { return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x)); }
 
 #endif

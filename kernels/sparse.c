@@ -36,16 +36,17 @@ static inline float exp_f(float x) {
  * with row strides ldq / ldk / ldv (keys and values of the same positions). Pairs with
  * (gm[i] & gm[j] & skip) != 0 are left out (lowest-shared-group de-duplication); gm may be NULL.
  * o rows have stride ldo, lse entries stride ldl. S, acc: scratch of BQ x BK and BQ x hs floats. */
-static void flash_rows(real* o, int ldo, real* lse, int ldl, const real* q, int ldq, const real* k, int ldk,
-                       const real* v, int ldv, int i0, int i1, int hs, real scale, const uint32_t* gm,
-                       uint32_t skip, real* S, real* acc) {
+static void flash_rows(real* o, int ldo, real* lse, int ldl, const real* q, int ldq, const real* k,
+                       int ldk, const real* v, int ldv, int i0, int i1, int hs, real scale,
+                       const uint32_t* gm, uint32_t skip, real* S, real* acc) {
     int nq = i1 - i0;
     real m[BQ], l[BQ];
     for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
     memset(acc, 0, sizeof(real) * nq * hs);
     for (int j0 = 0; j0 < i1; j0 += BK) {
         int nk = i1 - j0 < BK ? i1 - j0 : BK;
-        gemm(0, 1, nq, nk, hs, scale, q + (size_t)i0 * ldq, ldq, k + (size_t)j0 * ldk, ldk, 0, S, BK);
+        gemm(0, 1, nq, nk, hs, scale, q + (size_t)i0 * ldq, ldq, k + (size_t)j0 * ldk, ldk, 0, S,
+             BK);
         int diag = j0 + nk > i0; /* block reaches the causal boundary */
         for (int r = 0; r < nq; r++) {
             real* s = S + (size_t)r * BK;
@@ -91,7 +92,8 @@ static void flash_rows(real* o, int ldo, real* lse, int ldl, const real* q, int 
     }
 }
 
-void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV, int hs) {
+void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
+                             int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nblk = (T + BQ - 1) / BQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
@@ -100,11 +102,13 @@ void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T
         real* acc = mallocCheck(sizeof(real) * BQ * hs);
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)B * NH * nblk; task++) {
-            int blk = nblk - 1 - (int)(task % nblk), h = (int)(task / nblk % NH), b = (int)(task / nblk / NH);
+            int blk = nblk - 1 - (int)(task % nblk), h = (int)(task / nblk % NH),
+                b = (int)(task / nblk / NH);
             const real* base = qkv + (size_t)b * T * QKV;
             int kvh = h / rep, i0 = blk * BQ, i1 = i0 + BQ < T ? i0 + BQ : T;
-            flash_rows(out + (size_t)b * T * C + h * hs, C, lse + ((size_t)b * NH + h) * T, 1, base + h * hs, QKV,
-                       base + C + kvh * hs, QKV, base + C + NKV * hs + kvh * hs, QKV, i0, i1, hs, scale, NULL, 0, S, acc);
+            flash_rows(out + (size_t)b * T * C + h * hs, C, lse + ((size_t)b * NH + h) * T, 1,
+                       base + h * hs, QKV, base + C + kvh * hs, QKV, base + C + NKV * hs + kvh * hs,
+                       QKV, i0, i1, hs, scale, NULL, 0, S, acc);
         }
         free(S);
         free(acc);
@@ -122,7 +126,8 @@ double hard_pair_count(const uint32_t* mask, int K, int w, int T) {
     }
     for (int i = 0; i < T; i++)
         for (int j = i - w < 0 ? 0 : i - w; j <= i; j++) bcount += !(mask[i] & mask[j]);
-    return a + bcount; /* with k > 1, set A counts a shared pair once per shared group: an upper bound */
+    return a + bcount; /* with k > 1, set A counts a shared pair once per shared group: an upper
+                          bound */
 }
 
 /* Merge partial results (o_p, l_p) into dst: o = sum e^{l_p - L} o_p, L = logsumexp l_p. */
@@ -139,8 +144,8 @@ static void merge_into(real* o, real* l, const real* op, real lp, int hs) {
     *l = mx + logf(wa + wb);
 }
 
-void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K, int w, int B,
-                            int T, int NH, int NKV, int hs) {
+void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
+                            int w, int B, int T, int NH, int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV;
     const real scale = (real)(1.0 / sqrt((double)hs));
     int* count = mallocCheck(sizeof(int) * (K + 1));
@@ -149,7 +154,8 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
         const uint32_t* mb = mask + (size_t)b * T;
         const real* base = qkv + (size_t)b * T * QKV;
         real* ob = out + (size_t)b * T * C;
-        /* stable sort of token indices by group (a counting sort; a token with k groups appears k times) */
+        /* stable sort of token indices by group (a counting sort; a token with k groups appears k
+         * times) */
         for (int c = 0; c <= K; c++) count[c] = 0;
         for (int i = 0; i < T; i++)
             for (int c = 0; c < K; c++) count[c] += (mb[i] >> c) & 1;
@@ -169,7 +175,8 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
         /* gathered q/k/v rows of every group, in group order */
         real* g = mallocCheck(sizeof(real) * ((size_t)total * QKV + 1));
 #pragma omp parallel for
-        for (int p = 0; p < total; p++) memcpy(g + (size_t)p * QKV, base + (size_t)idx[p] * QKV, sizeof(real) * QKV);
+        for (int p = 0; p < total; p++)
+            memcpy(g + (size_t)p * QKV, base + (size_t)idx[p] * QKV, sizeof(real) * QKV);
         real* oA = mallocCheck(sizeof(real) * ((size_t)total * C + 1));
         real* lA = mallocCheck(sizeof(real) * ((size_t)total * NH + 1));
         /* set A: causal attention inside each group; tasks over (group, head, query block) */
@@ -188,8 +195,9 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                 int h = local / nb, blk = local % nb, kvh = h / rep;
                 const real* gc = g + (size_t)start[c] * QKV;
                 int i0 = blk * BQ, i1 = i0 + BQ < count[c] ? i0 + BQ : count[c];
-                flash_rows(oA + (size_t)start[c] * C + h * hs, C, lA + (size_t)start[c] * NH + h, NH, gc + h * hs, QKV,
-                           gc + C + kvh * hs, QKV, gc + C + NKV * hs + kvh * hs, QKV, i0, i1, hs, scale, gm + start[c],
+                flash_rows(oA + (size_t)start[c] * C + h * hs, C, lA + (size_t)start[c] * NH + h,
+                           NH, gc + h * hs, QKV, gc + C + kvh * hs, QKV,
+                           gc + C + NKV * hs + kvh * hs, QKV, i0, i1, hs, scale, gm + start[c],
                            (1u << c) - 1, S, acc);
             }
             free(S);
@@ -210,8 +218,10 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                     int lo = start[c], hi = start[c + 1] - 1;
                     while (lo < hi) {
                         int mid = (lo + hi) / 2;
-                        if (idx[mid] < i) lo = mid + 1;
-                        else hi = mid;
+                        if (idx[mid] < i)
+                            lo = mid + 1;
+                        else
+                            hi = mid;
                     }
                     pos[np++] = lo;
                 }
@@ -220,7 +230,9 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                     int kvh = h / rep;
                     real* o = ob + (size_t)i * C + h * hs;
                     real l = -INFINITY;
-                    for (int q = 0; q < np; q++) merge_into(o, &l, oA + (size_t)pos[q] * C + h * hs, lA[(size_t)pos[q] * NH + h], hs);
+                    for (int q = 0; q < np; q++)
+                        merge_into(o, &l, oA + (size_t)pos[q] * C + h * hs,
+                                   lA[(size_t)pos[q] * NH + h], hs);
                     /* set B */
                     const real* qi = base + (size_t)i * QKV + h * hs;
                     real mx = -INFINITY;

@@ -14,11 +14,12 @@
 
 #include "../model/common.h"
 
-void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV, int hs);
+void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
+                             int hs);
 
 /* mask (B, T): each token's top-k group bitmask; w: local window; K: number of groups. */
-void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K, int w, int B,
-                            int T, int NH, int NKV, int hs);
+void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
+                            int w, int B, int T, int NH, int NKV, int hs);
 
 /* Pair evaluations of the hard executor for masks of one sequence (set A + set B), and of
  * dense causal attention, T (T + 1) / 2: their ratio is the work saved. */

@@ -20,7 +20,8 @@ void kvcache_init(KVCache* c, const Model* m, int cap) {
     c->gpos = mallocCheck(sizeof(int) * (size_t)mc->L * K * cap);
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
     size_t FC = mc->arch == ARCH_LLAMA ? 2 * (size_t)mc->F : (size_t)mc->F;
-    c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg + 2 * m->fc.K + 8 + cap));
+    c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg +
+                                             2 * m->fc.K + 8 + cap));
 }
 
 void kvcache_free(KVCache* c) {
@@ -30,22 +31,29 @@ void kvcache_free(KVCache* c) {
 
 static void norm1(const Model* m, real* out, const real* x, const real* w, const real* b) {
     real mean, rstd;
-    if (m->cfg.arch == ARCH_GPT2) layernorm_forward(out, &mean, &rstd, x, w, b, 1, m->cfg.C, m->cfg.eps);
-    else rmsnorm_forward(out, &rstd, x, w, 1, m->cfg.C, m->cfg.eps);
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_forward(out, &mean, &rstd, x, w, b, 1, m->cfg.C, m->cfg.eps);
+    else
+        rmsnorm_forward(out, &rstd, x, w, 1, m->cfg.C, m->cfg.eps);
 }
 
 void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
-    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K, rep = NH / NKV;
+    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K,
+              rep = NH / NKV;
     const int FC = mc->arch == ARCH_LLAMA ? 2 * mc->F : mc->F, kvw = NKV * hs;
     const int routed = f->attn == ATTN_HARD;
-    if (f->attn == ATTN_SOFT) fatal("generation runs dense or hard top-k attention, not the soft gate");
-    if (routed && f->routing != ROUTE_CAUSAL) fatal("generation needs causal routing (got %s)", routing_name(f->routing));
-    if (token < 0 || token >= mc->V) fatal("token id %d outside the vocabulary (V=%d)", token, mc->V);
+    if (f->attn == ATTN_SOFT)
+        fatal("generation runs dense or hard top-k attention, not the soft gate");
+    if (routed && f->routing != ROUTE_CAUSAL)
+        fatal("generation needs causal routing (got %s)", routing_name(f->routing));
+    if (token < 0 || token >= mc->V)
+        fatal("token id %d outside the vocabulary (V=%d)", token, mc->V);
     if (c->n >= c->cap) fatal("KV cache full (%d tokens)", c->cap);
-    if (mc->arch == ARCH_GPT2 && c->n >= mc->maxT) fatal("position %d exceeds the model's context (%d)", c->n, mc->maxT);
+    if (mc->arch == ARCH_GPT2 && c->n >= mc->maxT)
+        fatal("position %d exceeds the model's context (%d)", c->n, mc->maxT);
     const int n = c->n; /* this token's position */
     real* x = c->scratch;
     real* h = x + C;
@@ -58,11 +66,13 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     real* S = proj + f->dg;
     real* G = S + K;
     real* sc = G + K + 8; /* scores over cached keys (cap) */
-    for (int e = 0; e < C; e++) x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
+    for (int e = 0; e < C; e++)
+        x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
         norm1(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL);
-        matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C, p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
+        matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
+                       p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
         if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, 1, NH, NKV, hs, mc->rope_theta, n);
         real* kc = c->k + ((size_t)l * c->cap) * kvw;
         real* vc = c->v + ((size_t)l * c->cap) * kvw;
@@ -73,8 +83,10 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
         int* gpos = c->gpos + (size_t)l * K * c->cap;
         uint32_t mi = 0;
         if (routed) {
-            router_scores_forward(proj, S, h, m->router.wg + lC * f->dg, m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
-            routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K, f->tau, f->iters);
+            router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
+                                  m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
+            routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K, f->tau,
+                            f->iters);
             routing_topk_mask(&mi, G, 1, K, f->topk);
             cm[n] = mi;
             for (int g = 0; g < K; g++)
@@ -101,7 +113,7 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
                     const int* gp = gpos + (size_t)g * c->cap;
                     for (int t = 0; t < gn[g]; t++) {
                         int j = gp[t];
-                        if (j >= lo) break; /* the rest is in the window */
+                        if (j >= lo) break;                         /* the rest is in the window */
                         if (cm[j] & mi & ((1u << g) - 1)) continue; /* taken in a lower group */
                         const real* kj = kc + (size_t)j * kvw + kvh * hs;
                         real s = 0;
@@ -140,13 +152,18 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
             for (int e = 0; e < hs; e++) o[e] = (real)(o[e] / sum);
             c->pairs += (n - lo + 1) + nfar;
         }
-        matmul_forward(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, 1, C, C);
+        matmul_forward(tmp, att, p->attprojw + (size_t)l * C * C,
+                       p->attprojb ? p->attprojb + lC : NULL, 1, C, C);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
         norm1(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL);
-        matmul_forward(fch, h, p->fcw + (size_t)l * FC * C, p->fcb ? p->fcb + (size_t)l * FC : NULL, 1, C, FC);
-        if (mc->arch == ARCH_GPT2) gelu_forward(act, fch, mc->F);
-        else swiglu_forward(act, fch, 1, mc->F);
-        matmul_forward(tmp, act, p->fcprojw + (size_t)l * C * mc->F, p->fcprojb ? p->fcprojb + lC : NULL, 1, mc->F, C);
+        matmul_forward(fch, h, p->fcw + (size_t)l * FC * C, p->fcb ? p->fcb + (size_t)l * FC : NULL,
+                       1, C, FC);
+        if (mc->arch == ARCH_GPT2)
+            gelu_forward(act, fch, mc->F);
+        else
+            swiglu_forward(act, fch, 1, mc->F);
+        matmul_forward(tmp, act, p->fcprojw + (size_t)l * C * mc->F,
+                       p->fcprojb ? p->fcprojb + lC : NULL, 1, mc->F, C);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
     }
     norm1(m, h, x, p->lnfw, p->lnfb);

@@ -11,14 +11,14 @@
 #include "model.h"
 
 typedef struct {
-    int cap, n;       /* capacity and cached tokens */
-    real* k;          /* (L, cap, NKV*hs) keys after RoPE */
-    real* v;          /* (L, cap, NKV*hs) */
-    uint32_t* mask;   /* (L, cap) top-k group masks */
-    int* gpos;        /* (L, K, cap) positions of each group's tokens */
-    int* gn;          /* (L, K) group list lengths */
-    real* scratch;    /* one token's activations */
-    long pairs;       /* attention pairs evaluated so far, summed over layers */
+    int cap, n;     /* capacity and cached tokens */
+    real* k;        /* (L, cap, NKV*hs) keys after RoPE */
+    real* v;        /* (L, cap, NKV*hs) */
+    uint32_t* mask; /* (L, cap) top-k group masks */
+    int* gpos;      /* (L, K, cap) positions of each group's tokens */
+    int* gn;        /* (L, K) group list lengths */
+    real* scratch;  /* one token's activations */
+    long pairs;     /* attention pairs evaluated so far, summed over layers */
 } KVCache;
 
 void kvcache_init(KVCache* c, const Model* m, int cap);

@@ -41,9 +41,19 @@ int model_config_preset(const char* name, ModelConfig* c) {
 }
 
 void focus_config_default(FocusConfig* fc) {
-    *fc = (FocusConfig){.attn = ATTN_SOFT, .routing = ROUTE_SINKHORN, .K = 8, .dg = 16, .iters = 10,
-                        .w = 128, .topk = 1, .tau = 0.1f, .lambda = 10.0f, .bias = 0.5f,
-                        .beta_momentum = 0.99f, .learn_gate = 0, .seed = 1234};
+    *fc = (FocusConfig){.attn = ATTN_SOFT,
+                        .routing = ROUTE_SINKHORN,
+                        .K = 8,
+                        .dg = 16,
+                        .iters = 10,
+                        .w = 128,
+                        .topk = 1,
+                        .tau = 0.1f,
+                        .lambda = 10.0f,
+                        .bias = 0.5f,
+                        .beta_momentum = 0.99f,
+                        .learn_gate = 0,
+                        .seed = 1234};
 }
 
 static int parse_int(const char* v, int* out) {
@@ -68,13 +78,26 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
         int* i;
         float* x;
     } keys[] = {
-        {"L", &c->L, 0},          {"C", &c->C, 0},          {"NH", &c->NH, 0},
-        {"NKV", &c->NKV, 0},      {"F", &c->F, 0},          {"V", &c->V, 0},
-        {"maxT", &c->maxT, 0},    {"eps", 0, &c->eps},      {"rope_theta", 0, &c->rope_theta},
-        {"qkv_bias", &c->qkv_bias, 0}, {"tied", &c->tied, 0}, {"K", &f->K, 0},
-        {"dg", &f->dg, 0},        {"iters", &f->iters, 0},  {"w", &f->w, 0},
-        {"topk", &f->topk, 0},    {"tau", 0, &f->tau},      {"lambda", 0, &f->lambda},
-        {"b", 0, &f->bias},       {"beta_momentum", 0, &f->beta_momentum},
+        {"L", &c->L, 0},
+        {"C", &c->C, 0},
+        {"NH", &c->NH, 0},
+        {"NKV", &c->NKV, 0},
+        {"F", &c->F, 0},
+        {"V", &c->V, 0},
+        {"maxT", &c->maxT, 0},
+        {"eps", 0, &c->eps},
+        {"rope_theta", 0, &c->rope_theta},
+        {"qkv_bias", &c->qkv_bias, 0},
+        {"tied", &c->tied, 0},
+        {"K", &f->K, 0},
+        {"dg", &f->dg, 0},
+        {"iters", &f->iters, 0},
+        {"w", &f->w, 0},
+        {"topk", &f->topk, 0},
+        {"tau", 0, &f->tau},
+        {"lambda", 0, &f->lambda},
+        {"b", 0, &f->bias},
+        {"beta_momentum", 0, &f->beta_momentum},
         {"learn_gate", &f->learn_gate, 0},
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -82,17 +105,24 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
         return keys[i].i ? parse_int(v, keys[i].i) : parse_float(v, keys[i].x);
     }
     if (!strcmp(key, "arch")) {
-        if (!strcmp(v, "gpt2")) c->arch = ARCH_GPT2;
-        else if (!strcmp(v, "llama")) c->arch = ARCH_LLAMA;
-        else return -2;
+        if (!strcmp(v, "gpt2"))
+            c->arch = ARCH_GPT2;
+        else if (!strcmp(v, "llama"))
+            c->arch = ARCH_LLAMA;
+        else
+            return -2;
         return 0;
     }
     if (!strcmp(key, "routing")) return routing_parse(v, &f->routing) ? -2 : 0;
     if (!strcmp(key, "attn")) {
-        if (!strcmp(v, "dense")) f->attn = ATTN_DENSE;
-        else if (!strcmp(v, "soft")) f->attn = ATTN_SOFT;
-        else if (!strcmp(v, "hard")) f->attn = ATTN_HARD;
-        else return -2;
+        if (!strcmp(v, "dense"))
+            f->attn = ATTN_DENSE;
+        else if (!strcmp(v, "soft"))
+            f->attn = ATTN_SOFT;
+        else if (!strcmp(v, "hard"))
+            f->attn = ATTN_HARD;
+        else
+            return -2;
         return 0;
     }
     if (!strcmp(key, "seed")) {
@@ -107,8 +137,10 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
 
 void config_validate(const ModelConfig* c, const FocusConfig* f) {
     if (c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1 || c->V < 2 || c->maxT < 1)
-        fatal("model config: L, C, NH, NKV, F, V and maxT must be positive (got L=%d C=%d NH=%d "
-              "NKV=%d F=%d V=%d maxT=%d)", c->L, c->C, c->NH, c->NKV, c->F, c->V, c->maxT);
+        fatal(
+            "model config: L, C, NH, NKV, F, V and maxT must be positive (got L=%d C=%d NH=%d "
+            "NKV=%d F=%d V=%d maxT=%d)",
+            c->L, c->C, c->NH, c->NKV, c->F, c->V, c->maxT);
     if (c->C % c->NH) fatal("model config: C=%d is not a multiple of NH=%d", c->C, c->NH);
     if (c->NH % c->NKV) fatal("model config: NH=%d is not a multiple of NKV=%d", c->NH, c->NKV);
     if (c->arch == ARCH_GPT2 && c->NKV != c->NH)
@@ -119,7 +151,8 @@ void config_validate(const ModelConfig* c, const FocusConfig* f) {
     if (f->dg < 1) fatal("focus config: dg=%d must be positive", f->dg);
     if (f->iters < 1) fatal("focus config: iters=%d must be at least 1", f->iters);
     if (f->w < 0) fatal("focus config: window w=%d must be >= 0", f->w);
-    if (f->topk < 1 || f->topk > f->K) fatal("focus config: topk=%d must be in 1..K=%d", f->topk, f->K);
+    if (f->topk < 1 || f->topk > f->K)
+        fatal("focus config: topk=%d must be in 1..K=%d", f->topk, f->K);
     if (!(f->tau > 0)) fatal("focus config: tau=%g must be positive", (double)f->tau);
 }
 
@@ -260,7 +293,9 @@ void model_init_backbone(Model* m, uint64_t seed) {
                       p[i] == m->params.fcb || p[i] == m->params.fcprojb;
         int is_resid = p[i] == m->params.attprojw || p[i] == m->params.fcprojw;
         for (size_t j = 0; j < m->param_sizes[i]; j++) {
-            p[i][j] = is_norm ? 1 : is_bias ? 0 : (real)(rng_normal(&rng) * (is_resid ? resid_std : 0.02));
+            p[i][j] = is_norm   ? 1
+                      : is_bias ? 0
+                                : (real)(rng_normal(&rng) * (is_resid ? resid_std : 0.02));
         }
     }
 }
@@ -339,15 +374,19 @@ const real* model_groups(const Model* m, int l) {
 
 static void norm_forward(const Model* m, real* out, real* mean, real* rstd, const real* inp,
                          const real* w, const real* b, size_t N) {
-    if (m->cfg.arch == ARCH_GPT2) layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
-    else rmsnorm_forward(out, rstd, inp, w, N, m->cfg.C, m->cfg.eps);
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
+    else
+        rmsnorm_forward(out, rstd, inp, w, N, m->cfg.C, m->cfg.eps);
 }
 
 static void norm_backward(const Model* m, real* dinp, real* dw, real* db, const real* dout,
                           const real* inp, const real* w, const real* mean, const real* rstd,
                           size_t N) {
-    if (m->cfg.arch == ARCH_GPT2) layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.C);
-    else rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.C);
+    else
+        rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
 }
 
 /* Pointers to layer l's slice of the per-layer activations (slot 0 when not keeping). */
@@ -402,7 +441,8 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
         fatal("sequence length T=%d exceeds the model's position table (maxT=%d)", T, c->maxT);
     for (int i = 0; i < B * T; i++) {
         if (inputs[i] < 0 || inputs[i] >= c->V)
-            fatal("token id %d at position %d is outside the vocabulary (V=%d)", inputs[i], i, c->V);
+            fatal("token id %d at position %d is outside the vocabulary (V=%d)", inputs[i], i,
+                  c->V);
     }
     ensure_acts(m, B, T, keep);
     memcpy(m->inputs, inputs, sizeof(int) * B * T);
@@ -415,8 +455,10 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
         size_t lC = (size_t)l * C;
-        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, BT);
-        matmul_forward(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C, p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC,
+                     p->ln1b ? p->ln1b + lC : NULL, BT);
+        matmul_forward(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
+                       p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         if (f->attn != ATTN_DENSE) {
             router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
@@ -428,20 +470,27 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
         /* Hard top-k runs on the sparse executor; dense inference on the flash kernel; training
          * (keep) and the soft gate on the reference kernel, whose backward pass exists. */
         if (f->attn == ATTN_HARD) {
-            attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, c->NH, c->NKV, hs);
+            attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, c->NH, c->NKV,
+                                   hs);
         } else if (f->attn == ATTN_DENSE && !keep) {
             attention_flash_forward(la.att, la.lse, la.qkv, B, T, c->NH, c->NKV, hs);
         } else {
             AttnGate gate = layer_gate(m, l, &la);
             attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
         }
-        matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C,
+                       p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
-        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, BT);
-        matmul_forward(la.fch, la.ln2, p->fcw + (size_t)l * FC * C, p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
-        if (c->arch == ARCH_GPT2) gelu_forward(la.fch_act, la.fch, BT * c->F);
-        else swiglu_forward(la.fch_act, la.fch, BT, c->F);
-        matmul_forward(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F, p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC,
+                     p->ln2b ? p->ln2b + lC : NULL, BT);
+        matmul_forward(la.fch, la.ln2, p->fcw + (size_t)l * FC * C,
+                       p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        if (c->arch == ARCH_GPT2)
+            gelu_forward(la.fch_act, la.fch, BT * c->F);
+        else
+            swiglu_forward(la.fch_act, la.fch, BT, c->F);
+        matmul_forward(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
+                       p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
         x = la.res3;
     }
@@ -524,7 +573,8 @@ void model_backward(Model* m, GradMode mode) {
     /* d loss / d logits, in place over the logits */
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
-    crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V, (real)(1.0 / (valid ? valid : 1)));
+    crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V,
+                         (real)(1.0 / (valid ? valid : 1)));
     m->have_dlogits = 1;
 
     const real* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
@@ -532,7 +582,8 @@ void model_backward(Model* m, GradMode mode) {
     memset(dres, 0, sizeof(real) * BT * C);
     matmul_backward(dbuf, all ? (c->tied ? g->wte : g->lmhead) : NULL, NULL, a->logits, a->lnf,
                     c->tied ? p->wte : p->lmhead, BT, C, c->V);
-    norm_backward(m, dres, g->lnfw, g->lnfb, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT, BT);
+    norm_backward(m, dres, g->lnfw, g->lnfb, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT,
+                  BT);
 
     for (int l = c->L - 1; l >= 0; l--) {
         LayerActs la = layer_acts(m, l);
@@ -540,7 +591,8 @@ void model_backward(Model* m, GradMode mode) {
         size_t lC = (size_t)l * C;
         /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. */
         memset(dact, 0, sizeof(real) * BT * c->F);
-        matmul_backward(dact, gp(g->fcprojw, (size_t)l * C * c->F), gp(g->fcprojb, lC), dres, la.fch_act, p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
+        matmul_backward(dact, gp(g->fcprojw, (size_t)l * C * c->F), gp(g->fcprojb, lC), dres,
+                        la.fch_act, p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
         if (c->arch == ARCH_GPT2) {
             memset(dfch, 0, sizeof(real) * BT * FC);
             gelu_backward(dfch, la.fch, dact, BT * c->F);
@@ -548,29 +600,39 @@ void model_backward(Model* m, GradMode mode) {
             swiglu_backward(dfch, la.fch, dact, BT, c->F);
         }
         memset(dbuf, 0, sizeof(real) * BT * C);
-        matmul_backward(dbuf, gp(g->fcw, (size_t)l * FC * C), gp(g->fcb, (size_t)l * FC), dfch, la.ln2, p->fcw + (size_t)l * FC * C, BT, C, FC);
-        norm_backward(m, dres, gp(g->ln2w, lC), gp(g->ln2b, lC), dbuf, la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
+        matmul_backward(dbuf, gp(g->fcw, (size_t)l * FC * C), gp(g->fcb, (size_t)l * FC), dfch,
+                        la.ln2, p->fcw + (size_t)l * FC * C, BT, C, FC);
+        norm_backward(m, dres, gp(g->ln2w, lC), gp(g->ln2b, lC), dbuf, la.res2, p->ln2w + lC,
+                      la.ln2_mean, la.ln2_rstd, BT);
         /* attention */
         memset(dbuf, 0, sizeof(real) * BT * C);
-        matmul_backward(dbuf, gp(g->attprojw, (size_t)l * C * C), gp(g->attprojb, lC), dres, la.att, p->attprojw + (size_t)l * C * C, BT, C, C);
+        matmul_backward(dbuf, gp(g->attprojw, (size_t)l * C * C), gp(g->attprojb, lC), dres, la.att,
+                        p->attprojw + (size_t)l * C * C, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
         AttnGate gate = layer_gate(m, l, &la);
-        attention_backward(dqkv, router ? dG : NULL, f->learn_gate ? m->rgrads.gate + 2 * l : NULL, dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
+        attention_backward(dqkv, router ? dG : NULL, f->learn_gate ? m->rgrads.gate + 2 * l : NULL,
+                           dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
         /* Layer 0's input gradient is needed only for the embeddings. */
         if (l == 0 && !all && !router) break;
         if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         memset(dbuf, 0, sizeof(real) * BT * C);
         if (l > 0 || all) {
-            matmul_backward(dbuf, gp(g->qkvw, (size_t)l * QKV * C), gp(g->qkvb, (size_t)l * QKV), dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
+            matmul_backward(dbuf, gp(g->qkvw, (size_t)l * QKV * C), gp(g->qkvb, (size_t)l * QKV),
+                            dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
         }
         if (router) {
             memset(dS, 0, sizeof(real) * BT * f->K);
-            routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * f->K, f->routing, B, T, f->K, f->tau, f->iters);
-            router_scores_backward(dbuf, m->rgrads.wg + lC * f->dg, m->rgrads.cent + (size_t)l * f->K * f->dg, dproj, dS, la.ln1, la.rproj, m->router.wg + lC * f->dg, m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
+            routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * f->K, f->routing, B, T,
+                             f->K, f->tau, f->iters);
+            router_scores_backward(dbuf, m->rgrads.wg + lC * f->dg,
+                                   m->rgrads.cent + (size_t)l * f->K * f->dg, dproj, dS, la.ln1,
+                                   la.rproj, m->router.wg + lC * f->dg,
+                                   m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
         }
         if (l == 0 && !all) break;
-        norm_backward(m, dres, gp(g->ln1w, lC), gp(g->ln1b, lC), dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
+        norm_backward(m, dres, gp(g->ln1w, lC), gp(g->ln1b, lC), dbuf, x, p->ln1w + lC, la.ln1_mean,
+                      la.ln1_rstd, BT);
     }
     if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);
 }

@@ -115,16 +115,16 @@ typedef struct {
     size_t num_router;
     RouterParams rgrads;
     real* rgrads_mem;
-    real* beta;   /* (L, K) causal routing bias, an EMA of colofs; not a gradient parameter */
+    real* beta; /* (L, K) causal routing bias, an EMA of colofs; not a gradient parameter */
     long beta_updates;
     /* activations for the current (B, T); with keep == 0 every layer shares one slot */
     Acts acts;
     real* acts_mem;
     uint32_t* rmask; /* (L, B, T) hard top-k masks */
     int B, T, keep;
-    int* inputs;  /* (B, T) */
-    int* targets; /* (B, T) */
-    real* losses; /* (B, T) */
+    int* inputs;    /* (B, T) */
+    int* targets;   /* (B, T) */
+    real* losses;   /* (B, T) */
     real mean_loss; /* -1 when no targets were given */
     int have_dlogits;
     /* backward scratch */

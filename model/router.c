@@ -109,15 +109,18 @@ void routing_forward(real* G, real* colofs, const real* S, const real* beta, Rou
         const real* Sb = S + (size_t)b * T * K;
         real* Gb = G + (size_t)b * T * K;
         if (mode == ROUTE_CAUSAL) {
-            for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = Sb[i] / tau + (beta ? beta[i % K] : 0);
+            for (size_t i = 0; i < (size_t)T * K; i++)
+                Gb[i] = Sb[i] / tau + (beta ? beta[i % K] : 0);
             row_step(Gb, T, K);
         } else {
             double cum[32] = {0};
             double* pm = mode == ROUTE_PREFIX ? mallocCheck(sizeof(double) * T * K) : NULL;
             for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = Sb[i] / tau;
             for (int it = 0; it < iters; it++) {
-                if (mode == ROUTE_PREFIX) prefix_col_step(Gb, pm, cum, T, K);
-                else col_step(Gb, cum, T, K);
+                if (mode == ROUTE_PREFIX)
+                    prefix_col_step(Gb, pm, cum, T, K);
+                else
+                    col_step(Gb, cum, T, K);
                 row_step(Gb, T, K);
             }
             free(pm);
@@ -132,7 +135,8 @@ static void row_step_backward(real* d, const real* Lpost, int T, int K) {
     for (int t = 0; t < T; t++) {
         double s = 0;
         for (int k = 0; k < K; k++) s += d[(size_t)t * K + k];
-        for (int k = 0; k < K; k++) d[(size_t)t * K + k] -= (real)(exp(Lpost[(size_t)t * K + k]) * s);
+        for (int k = 0; k < K; k++)
+            d[(size_t)t * K + k] -= (real)(exp(Lpost[(size_t)t * K + k]) * s);
     }
 }
 
@@ -160,8 +164,10 @@ void routing_backward(real* dS, const real* dG, const real* S, const real* G, co
             Ls[i] = Sb[i] / tau + (mode == ROUTE_CAUSAL && beta ? beta[i % K] : 0);
         for (int it = 0; it < nit; it++) {
             memcpy(Ls + (2 * it + 1) * TK, Ls + 2 * it * TK, sizeof(real) * TK);
-            if (mode == ROUTE_PREFIX) prefix_col_step(Ls + (2 * it + 1) * TK, pm, NULL, T, K);
-            else col_step(Ls + (2 * it + 1) * TK, NULL, T, K);
+            if (mode == ROUTE_PREFIX)
+                prefix_col_step(Ls + (2 * it + 1) * TK, pm, NULL, T, K);
+            else
+                col_step(Ls + (2 * it + 1) * TK, NULL, T, K);
             memcpy(Ls + (2 * it + 2) * TK, Ls + (2 * it + 1) * TK, sizeof(real) * TK);
             row_step(Ls + (2 * it + 2) * TK, T, K);
         }
@@ -177,8 +183,10 @@ void routing_backward(real* dS, const real* dG, const real* S, const real* G, co
         } else {
             for (int it = nit - 1; it >= 0; it--) {
                 row_step_backward(d, Ls + (2 * it + 2) * TK, T, K);
-                if (mode == ROUTE_PREFIX) prefix_col_backward(d, Ls + 2 * it * TK, pm, T, K);
-                else col_step_backward(d, Ls + (2 * it + 1) * TK, T, K);
+                if (mode == ROUTE_PREFIX)
+                    prefix_col_backward(d, Ls + 2 * it * TK, pm, T, K);
+                else
+                    col_step_backward(d, Ls + (2 * it + 1) * TK, T, K);
             }
         }
         real* dSb = dS + b * TK;
@@ -222,9 +230,13 @@ const char* routing_name(Routing r) {
 }
 
 int routing_parse(const char* s, Routing* out) {
-    if (!strcmp(s, "sinkhorn")) *out = ROUTE_SINKHORN;
-    else if (!strcmp(s, "causal")) *out = ROUTE_CAUSAL;
-    else if (!strcmp(s, "prefix_sinkhorn")) *out = ROUTE_PREFIX;
-    else return -1;
+    if (!strcmp(s, "sinkhorn"))
+        *out = ROUTE_SINKHORN;
+    else if (!strcmp(s, "causal"))
+        *out = ROUTE_CAUSAL;
+    else if (!strcmp(s, "prefix_sinkhorn"))
+        *out = ROUTE_PREFIX;
+    else
+        return -1;
     return 0;
 }

@@ -69,7 +69,8 @@ static void run(const char* preset) {
                preset, routing_name(cases[c].r), cases[c].a == ATTN_SOFT ? "soft" : "hard",
                cases[c].topk, d, at);
         if (cases[c].expect_leak) {
-            CHECK(d > 1e-3, "%s: sinkhorn routing was expected to leak future tokens (%g)", preset, d);
+            CHECK(d > 1e-3, "%s: sinkhorn routing was expected to leak future tokens (%g)", preset,
+                  d);
         } else {
             CHECK(d < 1e-5, "%s %s: logits at or before i changed by %g", preset,
                   routing_name(cases[c].r), d);
@@ -79,7 +80,9 @@ static void run(const char* preset) {
 }
 
 int main(void) {
-    printf("causality: tokens after i replaced, logits at positions <= i compared (T = %d, w = 6)\n", T);
+    printf(
+        "causality: tokens after i replaced, logits at positions <= i compared (T = %d, w = 6)\n",
+        T);
     run("tiny-gpt2");
     run("tiny-llama");
     return tu_finish("test_causality");

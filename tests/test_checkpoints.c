@@ -69,7 +69,8 @@ static void write_llmc(const Model* m, const char* path, int version, int Vp) {
         size_t n = m->param_sizes[i], pad = i == 0 ? (size_t)(Vp - m->cfg.V) * m->cfg.C : 0;
         for (size_t j = 0; j < n + pad; j++) {
             float v = j < n ? p[i][j] : 0;
-            if (version == 3) fwrite(&v, 4, 1, fp);
+            if (version == 3)
+                fwrite(&v, 4, 1, fp);
             else {
                 uint16_t b = bf16(v);
                 fwrite(&b, 2, 1, fp);
@@ -86,14 +87,16 @@ typedef struct {
     size_t rows, cols;
 } STensor;
 
-static void st_add(STensor* ts, int* n, const char* name, const real* src, size_t rows, size_t cols, int transpose) {
+static void st_add(STensor* ts, int* n, const char* name, const real* src, size_t rows, size_t cols,
+                   int transpose) {
     STensor* t = &ts[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->rows = transpose ? cols : rows;
     t->cols = transpose ? rows : cols;
     t->data = mallocCheck(sizeof(float) * rows * cols);
     for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) t->data[transpose ? c * rows + r : r * cols + c] = src[r * cols + c];
+        for (size_t c = 0; c < cols; c++)
+            t->data[transpose ? c * rows + r : r * cols + c] = src[r * cols + c];
 }
 
 static void st_write(const char* path, STensor* ts, int n) {
@@ -103,9 +106,15 @@ static void st_write(const char* path, STensor* ts, int n) {
     for (int i = 0; i < n; i++) {
         size_t bytes = ts[i].rows * ts[i].cols * 4;
         if (ts[i].rows == 1)
-            len += (size_t)snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}", ts[i].name, ts[i].cols, off, off + bytes);
+            len += (size_t)snprintf(
+                hdr + len, cap - len,
+                ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[%zu,%zu]}",
+                ts[i].name, ts[i].cols, off, off + bytes);
         else
-            len += (size_t)snprintf(hdr + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu,%zu],\"data_offsets\":[%zu,%zu]}", ts[i].name, ts[i].rows, ts[i].cols, off, off + bytes);
+            len += (size_t)snprintf(
+                hdr + len, cap - len,
+                ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu,%zu],\"data_offsets\":[%zu,%zu]}",
+                ts[i].name, ts[i].rows, ts[i].cols, off, off + bytes);
         off += bytes;
     }
     len += (size_t)snprintf(hdr + len, cap - len, "}");
@@ -131,7 +140,8 @@ static void write_hf_gpt2(const Model* m, const char* path) {
     st_add(ts, &n, "transformer.wte.weight", p->wte, m->cfg.V, C, 0);
     st_add(ts, &n, "transformer.wpe.weight", p->wpe, m->cfg.maxT, C, 0);
     for (int l = 0; l < m->cfg.L; l++) {
-#define A(suffix, src, r, c, tr) (snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix), st_add(ts, &n, nm, src, r, c, tr))
+#define A(suffix, src, r, c, tr) \
+    (snprintf(nm, sizeof nm, "transformer.h.%d.%s", l, suffix), st_add(ts, &n, nm, src, r, c, tr))
         A("ln_1.weight", p->ln1w + l * C, 1, C, 0);
         A("ln_1.bias", p->ln1b + l * C, 1, C, 0);
         A("attn.c_attn.weight", p->qkvw + l * Q * C, Q, C, 1);
@@ -157,7 +167,8 @@ static void permute_to_hf(real* dst, const real* src, int heads, int hs, size_t 
     for (int h = 0; h < heads; h++)
         for (int i = 0; i < hs / 2; i++)
             for (int c = 0; c < 2; c++)
-                memcpy(dst + ((size_t)h * hs + c * hs / 2 + i) * cols, src + ((size_t)h * hs + 2 * i + c) * cols, sizeof(real) * cols);
+                memcpy(dst + ((size_t)h * hs + c * hs / 2 + i) * cols,
+                       src + ((size_t)h * hs + 2 * i + c) * cols, sizeof(real) * cols);
 }
 
 static void write_hf_llama(const Model* m, const char* dir) {
@@ -171,7 +182,8 @@ static void write_hf_llama(const Model* m, const char* dir) {
     real* tmp = mallocCheck(sizeof(real) * nq * C);
     st_add(ts, &n, "model.embed_tokens.weight", p->wte, c->V, C, 0);
     for (int l = 0; l < c->L; l++) {
-#define A(suffix, src, r, cl) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), st_add(ts, &n, nm, src, r, cl, 0))
+#define A(suffix, src, r, cl) \
+    (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), st_add(ts, &n, nm, src, r, cl, 0))
         const real* qkv = p->qkvw + l * Q * C;
         A("input_layernorm.weight", p->ln1w + l * C, 1, C);
         permute_to_hf(tmp, qkv, c->NH, hs, C);
@@ -200,9 +212,12 @@ static void write_hf_llama(const Model* m, const char* dir) {
     st_write(path, ts, n);
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE* fp = fopen(path, "w");
-    fprintf(fp, "{\"model_type\": \"qwen2\", \"hidden_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,"
-                " \"num_hidden_layers\": %d, \"intermediate_size\": %d, \"vocab_size\": %d, \"max_position_embeddings\": %d,"
-                " \"rms_norm_eps\": %g, \"rope_theta\": %g, \"tie_word_embeddings\": false}\n",
+    fprintf(fp,
+            "{\"model_type\": \"qwen2\", \"hidden_size\": %d, \"num_attention_heads\": %d, "
+            "\"num_key_value_heads\": %d,"
+            " \"num_hidden_layers\": %d, \"intermediate_size\": %d, \"vocab_size\": %d, "
+            "\"max_position_embeddings\": %d,"
+            " \"rms_norm_eps\": %g, \"rope_theta\": %g, \"tie_word_embeddings\": false}\n",
             c->C, c->NH, c->NKV, c->L, c->F, c->V, c->maxT, (double)c->eps, (double)c->rope_theta);
     fclose(fp);
     free(tmp);
@@ -220,9 +235,11 @@ int main(void) {
     mkdir("tiny_gpt2_hf", 0755);
     write_hf_gpt2(&g, "tiny_gpt2_hf/model.safetensors");
     FILE* fp = fopen("tiny_gpt2_hf/config.json", "w");
-    fprintf(fp, "{\"model_type\": \"gpt2\", \"n_head\": %d, \"n_embd\": %d, \"n_layer\": %d}\n", g.cfg.NH, g.cfg.C, g.cfg.L);
+    fprintf(fp, "{\"model_type\": \"gpt2\", \"n_head\": %d, \"n_embd\": %d, \"n_layer\": %d}\n",
+            g.cfg.NH, g.cfg.C, g.cfg.L);
     fclose(fp);
-    compare("GPT-2, Hugging Face safetensors file", "tiny_gpt2_hf/model.safetensors", ref, g.cfg.V, 0);
+    compare("GPT-2, Hugging Face safetensors file", "tiny_gpt2_hf/model.safetensors", ref, g.cfg.V,
+            0);
     free(ref);
     model_free(&g);
 

@@ -41,10 +41,14 @@ static void run(const char* preset, AttnMode attn, int topk) {
         }
     }
     double dense_pairs = (double)cfg.L * cfg.NH * T * (T + 1) / 2;
-    printf("  %-10s %-5s k=%d: decode vs full-sequence logits max |diff| %.2e (max |logit| %.1f), pairs %.3f of dense\n",
-           preset, attn == ATTN_HARD ? "hard" : "dense", topk, worst, scale, c.pairs / dense_pairs);
-    CHECK(worst < 1e-4 * (scale > 1 ? scale : 1), "%s: decode path differs from the full pass by %g", preset, worst);
-    if (attn == ATTN_HARD) CHECK(c.pairs < 0.9 * dense_pairs, "hard decode should skip pairs (%ld)", c.pairs);
+    printf(
+        "  %-10s %-5s k=%d: decode vs full-sequence logits max |diff| %.2e (max |logit| %.1f), "
+        "pairs %.3f of dense\n",
+        preset, attn == ATTN_HARD ? "hard" : "dense", topk, worst, scale, c.pairs / dense_pairs);
+    CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
+          "%s: decode path differs from the full pass by %g", preset, worst);
+    if (attn == ATTN_HARD)
+        CHECK(c.pairs < 0.9 * dense_pairs, "hard decode should skip pairs (%ld)", c.pairs);
     free(full), free(lg);
     kvcache_free(&c);
     model_free(&m);

@@ -63,8 +63,10 @@ static void check_hard_kernel(int K, int topk, int T) {
     attention_forward(out, lse, qkv, &g, B, T, NH, NKV, hs);
     naive_hard_attention(ref, qkv, mask, B, T, NH, NKV, hs, w);
     double d = tu_max_abs_diff(out, ref, nout);
-    printf("  hard mask attention vs per-pair reference, K=%d k=%d T=%d: max |diff| = %.2e\n", K, topk, T, d);
-    CHECK(d < 1e-5, "hard attention differs from the reference by %g (K=%d k=%d T=%d)", d, K, topk, T);
+    printf("  hard mask attention vs per-pair reference, K=%d k=%d T=%d: max |diff| = %.2e\n", K,
+           topk, T, d);
+    CHECK(d < 1e-5, "hard attention differs from the reference by %g (K=%d k=%d T=%d)", d, K, topk,
+          T);
     free(qkv), free(out), free(ref), free(lse), free(mask);
 }
 
@@ -83,7 +85,8 @@ int main(void) {
         int tok[B * T], tgt[B * T];
         Rng rng;
         rng_seed(&rng, 8);
-        for (int i = 0; i < B * T; i++) tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
+        for (int i = 0; i < B * T; i++)
+            tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
         size_t n = (size_t)B * T * cfg.V;
         real* dense = mallocCheck(sizeof(real) * n);
         real* fast = mallocCheck(sizeof(real) * n);
@@ -108,9 +111,13 @@ int main(void) {
         m.fc.topk = 1;
         model_forward(&m, tok, NULL, B, T, 0);
         double hard1 = tu_max_abs_diff(fast, model_logits(&m), n);
-        printf("%s: max |logit - dense| soft w=5: %.2e, soft w>=T: %.2e, hard k=K: %.2e, hard k=1: %.2e; "
-               "flash vs reference dense kernel: %.2e\n", preset, gated, wide, hardK, hard1, kernels);
-        CHECK(kernels < 1e-5, "%s: flash and reference dense attention differ by %g", preset, kernels);
+        printf(
+            "%s: max |logit - dense| soft w=5: %.2e, soft w>=T: %.2e, hard k=K: %.2e, hard k=1: "
+            "%.2e; "
+            "flash vs reference dense kernel: %.2e\n",
+            preset, gated, wide, hardK, hard1, kernels);
+        CHECK(kernels < 1e-5, "%s: flash and reference dense attention differ by %g", preset,
+              kernels);
         CHECK(gated > 1e-6, "%s: the gate must change something when w < T", preset);
         CHECK(wide == 0, "%s: soft gate with w >= T must equal the base model (%g)", preset, wide);
         CHECK(hardK == 0, "%s: hard with k = K must equal dense (%g)", preset, hardK);
@@ -125,10 +132,13 @@ int main(void) {
         model_zero_grad(&m, GRAD_ROUTER);
         model_backward(&m, GRAD_ROUTER);
         double gnorm = 0;
-        for (size_t i = 0; i < m.num_router; i++) gnorm += (double)m.rgrads_mem[i] * m.rgrads_mem[i];
+        for (size_t i = 0; i < m.num_router; i++)
+            gnorm += (double)m.rgrads_mem[i] * m.rgrads_mem[i];
         CHECK(gnorm > 0, "%s: router gradient must be non-zero", preset);
-        CHECK(m.grads_mem == NULL, "%s: router-only backward must not allocate backbone gradients", preset);
-        CHECK(!memcmp(before, m.params_mem, sizeof(real) * m.num_params), "%s: backbone changed", preset);
+        CHECK(m.grads_mem == NULL, "%s: router-only backward must not allocate backbone gradients",
+              preset);
+        CHECK(!memcmp(before, m.params_mem, sizeof(real) * m.num_params), "%s: backbone changed",
+              preset);
         free(before);
         free(dense);
         free(fast);

@@ -59,9 +59,12 @@ static void check_dequant(void) {
         CHECK(t >= 0 && ggml_nbytes((uint32_t)t, n) == nb, "%s: block size mismatch", name);
         int rc = ggml_dequantize(got, raw, (uint32_t)t, n);
         double worst = 0;
-        for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(got[i] - want[i]) / (fabs(want[i]) + 1e-6));
-        printf("  dequantise %-5s %4zu values: max relative difference from gguf-py %.2e\n", name, n, worst);
-        CHECK(rc == 0 && worst < 1e-6, "%s: dequantisation differs from the reference (%g)", name, worst);
+        for (size_t i = 0; i < n; i++)
+            worst = fmax(worst, fabs(got[i] - want[i]) / (fabs(want[i]) + 1e-6));
+        printf("  dequantise %-5s %4zu values: max relative difference from gguf-py %.2e\n", name,
+               n, worst);
+        CHECK(rc == 0 && worst < 1e-6, "%s: dequantisation differs from the reference (%g)", name,
+              worst);
         types++;
         free(raw), free(want), free(got);
         line = strtok_r(NULL, "\n", &save);
@@ -140,9 +143,12 @@ int main(void) {
         for (size_t i = 0; i < nl; i++) scale = fmax(scale, fabs(ref[i]));
         printf("  tiny llama through GGUF (%s): max |logit difference| %.2e (max |logit| %.1f)\n",
                quant ? "F16 + Q8_0" : "F32", d, scale);
-        if (quant) CHECK(d < 0.02 * scale && d > 0, "quantised GGUF logits differ by %g", d);
-        else CHECK(d == 0, "F32 GGUF must reproduce the logits exactly (%g)", d);
-        CHECK(!strcmp(info.arch, "llama") && !strcmp(info.format, "gguf"), "info %s %s", info.arch, info.format);
+        if (quant)
+            CHECK(d < 0.02 * scale && d > 0, "quantised GGUF logits differ by %g", d);
+        else
+            CHECK(d == 0, "F32 GGUF must reproduce the logits exactly (%g)", d);
+        CHECK(!strcmp(info.arch, "llama") && !strcmp(info.format, "gguf"), "info %s %s", info.arch,
+              info.format);
         model_free(&m2);
         free(b.b);
     }
@@ -158,8 +164,10 @@ int main(void) {
     for (size_t cut = 0; cut < good.n; cut += cut < 2048 ? 1 : 97) {
         memcpy(mut.b, good.b, cut);
         mut.n = cut;
-        if (try_open("mutant.gguf", &mut, err, sizeof err)) rejected++, one_line &= !strchr(err, '\n');
-        else opened++;
+        if (try_open("mutant.gguf", &mut, err, sizeof err))
+            rejected++, one_line &= !strchr(err, '\n');
+        else
+            opened++;
     }
     CHECK(opened == 0, "%d truncated files were accepted", opened);
     printf("  %d truncated files: all rejected\n", rejected);
@@ -172,25 +180,32 @@ int main(void) {
             size_t at = rng_u64(&rng) % 1500; /* the header and tensor table */
             mut.b[at] = (uint8_t)(trial % 3 == 0 ? 0xff : rng_u64(&rng));
         }
-        if (try_open("mutant.gguf", &mut, err, sizeof err)) hdr_rejected++, one_line &= !strchr(err, '\n');
-        else hdr_opened++;
+        if (try_open("mutant.gguf", &mut, err, sizeof err))
+            hdr_rejected++, one_line &= !strchr(err, '\n');
+        else
+            hdr_opened++;
     }
-    printf("  3000 files with corrupted header bytes: %d rejected with a message, %d still readable\n", hdr_rejected, hdr_opened);
+    printf(
+        "  3000 files with corrupted header bytes: %d rejected with a message, %d still readable\n",
+        hdr_rejected, hdr_opened);
     CHECK(hdr_rejected > 1000, "too few corrupted headers were noticed (%d)", hdr_rejected);
     CHECK(one_line, "an error message spans several lines");
 
     memcpy(mut.b, good.b, good.n);
     mut.n = good.n;
     mut.b[0] = 'X';
-    CHECK(try_open("mutant.gguf", &mut, err, sizeof err) && strstr(err, "magic"), "wrong magic: %s", err);
+    CHECK(try_open("mutant.gguf", &mut, err, sizeof err) && strstr(err, "magic"), "wrong magic: %s",
+          err);
     memcpy(mut.b, good.b, 8);
     uint32_t v9 = 9;
     memcpy(mut.b + 4, &v9, 4);
-    CHECK(try_open("mutant.gguf", &mut, err, sizeof err) && strstr(err, "version"), "bad version: %s", err);
+    CHECK(try_open("mutant.gguf", &mut, err, sizeof err) && strstr(err, "version"),
+          "bad version: %s", err);
     free(mut.b);
     free(good.b);
 
-    CHECK(ggml_dequantize(NULL, NULL, 10, 256) == -1 && !strcmp(ggml_type_name(10), "Q2_K"), "Q2_K must be reported as unsupported");
+    CHECK(ggml_dequantize(NULL, NULL, 10, 256) == -1 && !strcmp(ggml_type_name(10), "Q2_K"),
+          "Q2_K must be reported as unsupported");
     free(ref);
     model_free(&m);
     remove("mutant.gguf");

@@ -89,8 +89,10 @@ typedef struct {
 } NormCtx;
 static double norm_loss(void* p) {
     NormCtx* c = p;
-    if (c->rms) rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->N, c->C, 1e-5);
-    else layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 1e-5);
+    if (c->rms)
+        rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->N, c->C, 1e-5);
+    else
+        layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 1e-5);
     return dot_r(c->out, c->R, (size_t)c->N * c->C);
 }
 static void check_norm(int rms) {
@@ -103,8 +105,10 @@ static void check_norm(int rms) {
     tu_randn(R, N * C, 1, &rng);
     norm_loss(&c);
     real dinp[N * C] = {0}, dw[C] = {0}, db[C] = {0};
-    if (rms) rmsnorm_backward(dinp, dw, R, inp, w, rstd, N, C);
-    else layernorm_backward(dinp, dw, db, R, inp, w, mean, rstd, N, C);
+    if (rms)
+        rmsnorm_backward(dinp, dw, R, inp, w, rstd, N, C);
+    else
+        layernorm_backward(dinp, dw, db, R, inp, w, mean, rstd, N, C);
     const char* nm = rms ? "rmsnorm" : "layernorm";
     char what[64];
     snprintf(what, sizeof what, "%s dinp", nm);
@@ -121,8 +125,10 @@ typedef struct {
 } PointCtx;
 static double point_loss(void* p) {
     PointCtx* c = p;
-    if (c->kind == 0) gelu_forward(c->out, c->inp, (size_t)c->N * c->F);
-    else swiglu_forward(c->out, c->inp, c->N, c->F);
+    if (c->kind == 0)
+        gelu_forward(c->out, c->inp, (size_t)c->N * c->F);
+    else
+        swiglu_forward(c->out, c->inp, c->N, c->F);
     return dot_r(c->out, c->R, (size_t)c->N * c->F);
 }
 static void check_pointwise(int kind) {
@@ -131,8 +137,10 @@ static void check_pointwise(int kind) {
     PointCtx c = {inp, out, R, N, F, kind};
     tu_randn(inp, N * 2 * F, 2, &rng);
     tu_randn(R, N * F, 1, &rng);
-    if (kind == 0) gelu_backward(dinp, inp, R, N * F);
-    else swiglu_backward(dinp, inp, R, N, F);
+    if (kind == 0)
+        gelu_backward(dinp, inp, R, N * F);
+    else
+        swiglu_backward(dinp, inp, R, N, F);
     report(kind ? "swiglu dinp" : "gelu dinp",
            fd_check(point_loss, &c, inp, dinp, kind ? N * 2 * F : N * F, 1000, 1e-6), TOL);
 }
@@ -196,7 +204,8 @@ static void check_attention(GateMode mode) {
     report(what, fd_check(attn_loss, &c, qkv, dqkv, nqkv, 600, 1e-6), TOL);
     if (mode == GATE_SOFT) {
         report("attention gate dG", fd_check(attn_loss, &c, G, dG, B * T * K, 420, 1e-6), TOL);
-        report("attention gate dlambda, db", fd_check(attn_loss, &c, gatep, dgate, 2, 2, 1e-6), TOL);
+        report("attention gate dlambda, db", fd_check(attn_loss, &c, gatep, dgate, 2, 2, 1e-6),
+               TOL);
     }
     free(qkv);
     free(out);
@@ -302,25 +311,38 @@ static void check_model(const char* preset, Routing routing, int qkv_bias) {
     snprintf(what, sizeof what, "%s %s router-only: W_g", preset, routing_name(routing));
     report(what, fd_check(model_loss, &c, m.router.wg, rg, m.router_sizes[0], 300, 1e-6), 2e-6);
     snprintf(what, sizeof what, "%s %s router-only: C", preset, routing_name(routing));
-    report(what, fd_check(model_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1], 300, 1e-6), 2e-6);
+    report(what,
+           fd_check(model_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1], 300,
+                    1e-6),
+           2e-6);
     snprintf(what, sizeof what, "%s %s router-only: lambda, b", preset, routing_name(routing));
-    report(what, fd_check(model_loss, &c, m.router.gate, rg + m.router_sizes[0] + m.router_sizes[1], m.router_sizes[2], 100, 1e-6), 2e-6);
+    report(what,
+           fd_check(model_loss, &c, m.router.gate, rg + m.router_sizes[0] + m.router_sizes[1],
+                    m.router_sizes[2], 100, 1e-6),
+           2e-6);
 
     /* All parameters: backbone gradients too; router gradients must agree with router-only. */
     model_loss(&c);
     model_zero_grad(&m, GRAD_ALL);
     model_backward(&m, GRAD_ALL);
     double rdiff = tu_max_abs_diff(rg, m.rgrads_mem, m.num_router);
-    CHECK(rdiff < 1e-12, "%s: router gradients differ between GRAD_ROUTER and GRAD_ALL by %g", preset, rdiff);
+    CHECK(rdiff < 1e-12, "%s: router gradients differ between GRAD_ROUTER and GRAD_ALL by %g",
+          preset, rdiff);
     real* g = mallocCheck(sizeof(real) * m.num_params);
     memcpy(g, m.grads_mem, sizeof(real) * m.num_params);
     real** pt = (real**)&m.params;
     real** gt = (real**)&m.grads;
-    static const char* names[NUM_PARAM_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmhead"};
+    static const char* names[NUM_PARAM_TENSORS] = {
+        "wte",  "wpe", "ln1w", "ln1b",    "qkvw",    "qkvb", "attprojw", "attprojb", "ln2w",
+        "ln2b", "fcw", "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb",     "lmhead"};
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (!pt[t]) continue;
-        snprintf(what, sizeof what, "%s %s all-params: %s", preset, routing_name(routing), names[t]);
-        report(what, fd_check(model_loss, &c, pt[t], g + (gt[t] - m.grads_mem), m.param_sizes[t], 60, 1e-6), 2e-6);
+        snprintf(what, sizeof what, "%s %s all-params: %s", preset, routing_name(routing),
+                 names[t]);
+        report(
+            what,
+            fd_check(model_loss, &c, pt[t], g + (gt[t] - m.grads_mem), m.param_sizes[t], 60, 1e-6),
+            2e-6);
     }
     free(rg);
     free(g);
@@ -342,7 +364,8 @@ int main(void) {
     check_routing(ROUTE_SINKHORN);
     check_routing(ROUTE_CAUSAL);
     check_routing(ROUTE_PREFIX);
-    printf("whole-model gradients (L = 2, C = 32, T = 40, K = 4, w = 8, 10 Sinkhorn iterations):\n");
+    printf(
+        "whole-model gradients (L = 2, C = 32, T = 40, K = 4, w = 8, 10 Sinkhorn iterations):\n");
     check_model("tiny-gpt2", ROUTE_SINKHORN, 0);
     check_model("tiny-llama", ROUTE_SINKHORN, 1);
     check_model("tiny-llama", ROUTE_PREFIX, 0);

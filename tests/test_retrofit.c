@@ -33,7 +33,9 @@ static int child_status(void (*fn)(const char*), const char* arg) {
 }
 
 static Model* g_model;
-static void load_into_global(const char* path) { router_load(path, g_model, NULL, NULL, model_fingerprint(g_model)); }
+static void load_into_global(const char* path) {
+    router_load(path, g_model, NULL, NULL, model_fingerprint(g_model));
+}
 static void load_wrong_base(const char* path) { router_load(path, g_model, NULL, NULL, 12345); }
 
 int main(void) {
@@ -55,7 +57,8 @@ int main(void) {
     int inp[B * T], tgt[B * T];
     int seq[T + 1];
     for (int b = 0; b < B; b++) {
-        for (int t = 0; t <= T; t++) seq[t] = t < 30 || rng_uniform(&rng) < 0.3 ? (int)(rng_u64(&rng) % cfg.V) : seq[t - 30];
+        for (int t = 0; t <= T; t++)
+            seq[t] = t < 30 || rng_uniform(&rng) < 0.3 ? (int)(rng_u64(&rng) % cfg.V) : seq[t - 30];
         for (int t = 0; t < T; t++) inp[b * T + t] = seq[t], tgt[b * T + t] = seq[t + 1];
     }
     real* backbone = mallocCheck(sizeof(real) * m.num_params);
@@ -90,13 +93,16 @@ int main(void) {
     adamw_init(&opt2, nopt, 0.9f, 0.95f, 1e-8f, 0);
     RouterState st2;
     router_load("test_router.h5", &m, &opt2, &st2, model_fingerprint(&m));
-    CHECK(!memcmp(saved, m.router_mem, sizeof(real) * m.num_router) && m.beta[0] == beta0, "router not restored exactly");
-    CHECK(!memcmp(opt.m, opt2.m, sizeof(float) * nopt) && !memcmp(opt.v, opt2.v, sizeof(float) * nopt) && opt2.t == opt.t,
+    CHECK(!memcmp(saved, m.router_mem, sizeof(real) * m.num_router) && m.beta[0] == beta0,
+          "router not restored exactly");
+    CHECK(!memcmp(opt.m, opt2.m, sizeof(float) * nopt) &&
+              !memcmp(opt.v, opt2.v, sizeof(float) * nopt) && opt2.t == opt.t,
           "optimizer moments not restored exactly");
     CHECK(st2.step == 40 && st2.data_pos == 1234 && st2.rng_state == 99, "state not restored");
 
     /* refusals */
-    CHECK(child_status(load_wrong_base, "test_router.h5") == 1, "a router for another base model must be refused");
+    CHECK(child_status(load_wrong_base, "test_router.h5") == 1,
+          "a router for another base model must be refused");
     FILE* fp = fopen("test_router.h5", "rb");
     fseek(fp, 0, SEEK_END);
     long size = ftell(fp);
@@ -123,7 +129,8 @@ int main(void) {
         fp = fopen("bad_router.h5", "wb");
         fwrite(bytes, 1, (size_t)size, fp);
         fclose(fp);
-        CHECK(child_status(load_into_global, "bad_router.h5") == 1, "a corrupted W_g value must be refused");
+        CHECK(child_status(load_into_global, "bad_router.h5") == 1,
+              "a corrupted W_g value must be refused");
     }
     free(bytes);
     remove("bad_router.h5");

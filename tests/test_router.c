@@ -54,16 +54,20 @@ int main(void) {
     double row_err, col_err;
     routing_forward(G, colofs, S, NULL, ROUTE_SINKHORN, B, T, K, 0.1f, 10);
     marginals(G, &row_err, &col_err);
-    printf("sinkhorn, 10 iterations: max |row sum - 1| = %.2e, max column deviation from T/K = %.2f %%\n",
-           row_err, 100 * col_err);
+    printf(
+        "sinkhorn, 10 iterations: max |row sum - 1| = %.2e, max column deviation from T/K = %.2f "
+        "%%\n",
+        row_err, 100 * col_err);
     CHECK(row_err < 1e-5, "rows must sum to 1 (error %g)", row_err);
     /* With tau = 0.1 the scaled scores spread over ~10 nats and 10 iterations leave columns
      * only roughly balanced; more iterations converge to T/K exactly. */
-    CHECK(col_err < 0.3, "columns must sum to T/K within 30%% after 10 iterations (deviation %g)", col_err);
+    CHECK(col_err < 0.3, "columns must sum to T/K within 30%% after 10 iterations (deviation %g)",
+          col_err);
     routing_forward(G2, NULL, S, NULL, ROUTE_SINKHORN, B, T, K, 0.1f, 60);
     double row60, col60;
     marginals(G2, &row60, &col60);
-    printf("sinkhorn, 60 iterations: max |row sum - 1| = %.2e, column deviation %.3f %%\n", row60, 100 * col60);
+    printf("sinkhorn, 60 iterations: max |row sum - 1| = %.2e, column deviation %.3f %%\n", row60,
+           100 * col60);
     CHECK(col60 < 0.01, "columns must converge to T/K within 1%% after 60 iterations (%g)", col60);
 
     routing_forward(G2, NULL, S, NULL, ROUTE_SINKHORN, B, T, K, 0.1f, 1);
@@ -80,13 +84,15 @@ int main(void) {
     }
     worst = tu_max_abs_diff(G, G2, n);
     printf("causal(beta = sinkhorn offsets) vs sinkhorn: max |dG| = %.2e\n", worst);
-    CHECK(worst < 1e-4, "causal routing with the Sinkhorn offsets must reproduce Sinkhorn (%g)", worst);
+    CHECK(worst < 1e-4, "causal routing with the Sinkhorn offsets must reproduce Sinkhorn (%g)",
+          worst);
 
     /* Prefix Sinkhorn: rows sum to 1 and the last token's prefix is the whole sequence. */
     routing_forward(G2, NULL, S, NULL, ROUTE_PREFIX, B, T, K, 0.1f, 10);
     double prow, pcol;
     marginals(G2, &prow, &pcol);
-    printf("prefix_sinkhorn: max |row sum - 1| = %.2e, column deviation %.2f %%\n", prow, 100 * pcol);
+    printf("prefix_sinkhorn: max |row sum - 1| = %.2e, column deviation %.2f %%\n", prow,
+           100 * pcol);
     CHECK(prow < 1e-5, "prefix rows must sum to 1 (%g)", prow);
     CHECK(pcol < 0.5, "prefix columns should be roughly balanced (%g)", pcol);
 
@@ -97,7 +103,8 @@ int main(void) {
         int ok = 1;
         for (int i = 0; i < B * T; i++) {
             int best = 0;
-            for (int j = 1; j < K; j++) best = G[(size_t)i * K + j] > G[(size_t)i * K + best] ? j : best;
+            for (int j = 1; j < K; j++)
+                best = G[(size_t)i * K + j] > G[(size_t)i * K + best] ? j : best;
             if (__builtin_popcount(mask[i]) != k || !(mask[i] & (1u << best))) ok = 0;
         }
         CHECK(ok, "top-%d masks must have %d bits including the argmax", k, k);

@@ -32,13 +32,17 @@ int main(void) {
     Model m;
     ModelInfo info;
     model_load(&m, gguf, &fc, &info);
-    CHECK(m.cfg.L == 30 && m.cfg.C == 576 && m.cfg.NH == 9 && m.cfg.NKV == 3 && m.cfg.F == 1536 && m.cfg.V == 49152,
-          "SmolLM2 hyperparameters L=%d C=%d NH=%d NKV=%d F=%d V=%d", m.cfg.L, m.cfg.C, m.cfg.NH, m.cfg.NKV, m.cfg.F, m.cfg.V);
-    CHECK(m.cfg.tied && fabsf(m.cfg.rope_theta - 100000) < 1, "tied %d theta %g", m.cfg.tied, (double)m.cfg.rope_theta);
+    CHECK(m.cfg.L == 30 && m.cfg.C == 576 && m.cfg.NH == 9 && m.cfg.NKV == 3 && m.cfg.F == 1536 &&
+              m.cfg.V == 49152,
+          "SmolLM2 hyperparameters L=%d C=%d NH=%d NKV=%d F=%d V=%d", m.cfg.L, m.cfg.C, m.cfg.NH,
+          m.cfg.NKV, m.cfg.F, m.cfg.V);
+    CHECK(m.cfg.tied && fabsf(m.cfg.rope_theta - 100000) < 1, "tied %d theta %g", m.cfg.tied,
+          (double)m.cfg.rope_theta);
     model_forward(&m, tok, NULL, 1, T, 0);
     double worst = 0;
     for (int t = 0; t < T; t++)
-        for (int v = 0; v < NV; v++) worst = fmax(worst, fabs(model_logits(&m)[(size_t)t * m.cfg.V + v] - want[t][v]));
+        for (int v = 0; v < NV; v++)
+            worst = fmax(worst, fabs(model_logits(&m)[(size_t)t * m.cfg.V + v] - want[t][v]));
     printf("  SmolLM2 first logits vs NumPy reference: max |difference| %.2e\n", worst);
     CHECK(worst < 2e-3, "logits differ from the reference by %g", worst);
     model_free(&m);

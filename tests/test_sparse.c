@@ -17,7 +17,8 @@ static double rel_err(const real* a, const real* b, size_t n) {
 }
 
 static void run(int B, int T, int K, int topk, int w, int empty_group, Rng* rng) {
-    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
+    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
+           nl = (size_t)B * NH * T;
     real* qkv = mallocCheck(sizeof(real) * nqkv);
     real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
     real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
@@ -26,16 +27,18 @@ static void run(int B, int T, int K, int topk, int w, int empty_group, Rng* rng)
     int avail = empty_group ? K - 1 : K;
     for (int i = 0; i < B * T; i++) {
         uint32_t m = 0;
-        while (__builtin_popcount(m) < (topk < avail ? topk : avail)) m |= 1u << (rng_u64(rng) % (uint64_t)avail);
+        while (__builtin_popcount(m) < (topk < avail ? topk : avail))
+            m |= 1u << (rng_u64(rng) % (uint64_t)avail);
         mask[i] = m;
     }
     AttnGate g = {GATE_HARD, K, w, NULL, mask, 0, 0};
     attention_forward(ref, lref, qkv, &g, B, T, NH, NKV, HS);
     attention_hard_forward(got, lgot, qkv, mask, K, w, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
-    printf("  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d%s  out %.1e  lse %.1e\n", B, T, K, topk, w,
-           empty_group ? " (empty group)" : "", eo, el);
-    CHECK(eo < 2e-5 && el < 2e-5, "executor differs (out %g, lse %g) at T=%d K=%d k=%d", eo, el, T, K, topk);
+    printf("  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d%s  out %.1e  lse %.1e\n", B, T,
+           K, topk, w, empty_group ? " (empty group)" : "", eo, el);
+    CHECK(eo < 2e-5 && el < 2e-5, "executor differs (out %g, lse %g) at T=%d K=%d k=%d", eo, el, T,
+          K, topk);
     free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);
 }
 
@@ -46,7 +49,8 @@ int main(void) {
     int Ts[] = {1, 63, 300, 1000};
     for (int t = 0; t < 4; t++) {
         int B = 2, T = Ts[t];
-        size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
+        size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
+               nl = (size_t)B * NH * T;
         real* qkv = mallocCheck(sizeof(real) * nqkv);
         real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
         real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);

@@ -23,9 +23,23 @@ static void roundtrip(Tokenizer* t, const char* name, int any_bytes) {
     Rng rng;
     rng_seed(&rng, 17);
     int ok = 1;
-    static const char* pieces[] = {"hello", " world", "  ", "\n\n", "123", "4567", "'s", "'ll", " don't",
-                                   "caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87", "\xf0\x9f\x98\x80", "\t", "!!", " ?",
-                                   "\xce\xa9mega", " \xd0\x9f\xd1\x80\xd0\xb8"};
+    static const char* pieces[] = {"hello",
+                                   " world",
+                                   "  ",
+                                   "\n\n",
+                                   "123",
+                                   "4567",
+                                   "'s",
+                                   "'ll",
+                                   " don't",
+                                   "caf\xc3\xa9",
+                                   " \xe4\xb8\xad\xe6\x96\x87",
+                                   "\xf0\x9f\x98\x80",
+                                   "\t",
+                                   "!!",
+                                   " ?",
+                                   "\xce\xa9mega",
+                                   " \xd0\x9f\xd1\x80\xd0\xb8"};
     for (int trial = 0; trial < 300 && ok; trial++) {
         char buf[512];
         size_t len = 0;
@@ -47,9 +61,10 @@ static void roundtrip(Tokenizer* t, const char* name, int any_bytes) {
         free(ids);
         free(back);
     }
-    CHECK(ok, "%s: decode(encode(x)) != x for some %s", name, any_bytes ? "byte sequence" : "UTF-8 text");
-    printf("  %s: 300 %s round-trips %s\n", name, any_bytes ? "random byte sequences" : "random UTF-8 texts",
-           ok ? "exact" : "FAILED");
+    CHECK(ok, "%s: decode(encode(x)) != x for some %s", name,
+          any_bytes ? "byte sequence" : "UTF-8 text");
+    printf("  %s: 300 %s round-trips %s\n", name,
+           any_bytes ? "random byte sequences" : "random UTF-8 texts", ok ? "exact" : "FAILED");
 }
 
 int main(void) {
@@ -64,15 +79,18 @@ int main(void) {
     if (data) {
         snprintf(path, sizeof path, "%s/gpt2-tokenizer", data);
         gpt2 = tokenizer_load(path);
-        CHECK(tokenizer_vocab_size(gpt2) == 50257, "GPT-2 vocabulary size %d", tokenizer_vocab_size(gpt2));
+        CHECK(tokenizer_vocab_size(gpt2) == 50257, "GPT-2 vocabulary size %d",
+              tokenizer_vocab_size(gpt2));
         CHECK(tokenizer_eot(gpt2) == 50256, "GPT-2 <|endoftext|> id %d", tokenizer_eot(gpt2));
         roundtrip(gpt2, "gpt2", 1);
         roundtrip(gpt2, "gpt2", 0);
     }
     Tokenizer* smol = gguf ? tokenizer_load(gguf) : NULL;
     if (smol) {
-        CHECK(tokenizer_vocab_size(smol) == 49152, "SmolLM2 vocabulary size %d", tokenizer_vocab_size(smol));
-        CHECK(!strcmp(tokenizer_pretokenizer(smol), "smollm"), "SmolLM2 pre-tokenizer '%s'", tokenizer_pretokenizer(smol));
+        CHECK(tokenizer_vocab_size(smol) == 49152, "SmolLM2 vocabulary size %d",
+              tokenizer_vocab_size(smol));
+        CHECK(!strcmp(tokenizer_pretokenizer(smol), "smollm"), "SmolLM2 pre-tokenizer '%s'",
+              tokenizer_pretokenizer(smol));
         roundtrip(smol, "smollm2", 0);
     }
     if (data) {
@@ -84,7 +102,9 @@ int main(void) {
         while (fp && fgets(line, sizeof line, fp)) {
             char vocab[32], file[512], hex[32];
             size_t count;
-            if (line[0] == '#' || sscanf(line, "%31s %511s %zu %31s", vocab, file, &count, hex) != 4) continue;
+            if (line[0] == '#' ||
+                sscanf(line, "%31s %511s %zu %31s", vocab, file, &count, hex) != 4)
+                continue;
             Tokenizer* t = !strcmp(vocab, "gpt2") ? gpt2 : smol;
             if (!t) continue;
             char fp2[4096];
@@ -93,9 +113,11 @@ int main(void) {
             char* text = read_file(fp2, &len);
             int* ids = tokenizer_encode(t, text, len, &n);
             uint64_t want = strtoull(hex, NULL, 16), got = fnv_ids(ids, n);
-            printf("  %-8s %-46s %7zu tokens %s\n", vocab, file, n, (n == count && got == want) ? "= reference" : "DIFFERS");
-            CHECK(n == count && got == want, "%s %s: %zu tokens (reference %zu), hash %016llx (reference %s)", vocab,
-                  file, n, count, (unsigned long long)got, hex);
+            printf("  %-8s %-46s %7zu tokens %s\n", vocab, file, n,
+                   (n == count && got == want) ? "= reference" : "DIFFERS");
+            CHECK(n == count && got == want,
+                  "%s %s: %zu tokens (reference %zu), hash %016llx (reference %s)", vocab, file, n,
+                  count, (unsigned long long)got, hex);
             compared++;
             free(ids);
             free(text);

@@ -7,16 +7,16 @@
 
 extern int tu_passed, tu_failed;
 
-#define CHECK(cond, ...)                                              \
-    do {                                                              \
-        if (cond) {                                                   \
-            tu_passed++;                                              \
-        } else {                                                      \
-            tu_failed++;                                              \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);      \
-            fprintf(stderr, __VA_ARGS__);                             \
-            fputc('\n', stderr);                                      \
-        }                                                             \
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (cond) {                                              \
+            tu_passed++;                                         \
+        } else {                                                 \
+            tu_failed++;                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+        }                                                        \
     } while (0)
 
 /* Print "name: N passed, N failed" and return the exit code. */

@@ -44,13 +44,19 @@ static int parse_list(const char* s, int* out) {
 
 /* Dense flash attention against the hard top-k executor on the same random inputs, with
  * synthetic balanced routing: every token's k groups drawn uniformly at random. */
-static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int NKV, int hs, int w, int reps) {
+static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int NKV, int hs, int w,
+                           int reps) {
     int nthreads = omp_get_max_threads();
     double gf = gemm_gflops(1024, 5);
-    printf("attention benchmark: dense (flash-style) vs Focus hard top-k executor, synthetic balanced routing\n");
-    printf("heads %d / kv-heads %d, head dim %d, K=%d, k=%d, window %d, %d threads, sgemm %.1f GFLOP/s\n", NH, NKV, hs,
-           K, topk, w, nthreads, gf);
-    printf("%9s %11s %12s %12s %9s %14s\n", "T", "pairs kept", "dense ms", "focus ms", "speed-up", "dense GFLOP/s");
+    printf(
+        "attention benchmark: dense (flash-style) vs Focus hard top-k executor, synthetic balanced "
+        "routing\n");
+    printf(
+        "heads %d / kv-heads %d, head dim %d, K=%d, k=%d, window %d, %d threads, sgemm %.1f "
+        "GFLOP/s\n",
+        NH, NKV, hs, K, topk, w, nthreads, gf);
+    printf("%9s %11s %12s %12s %9s %14s\n", "T", "pairs kept", "dense ms", "focus ms", "speed-up",
+           "dense GFLOP/s");
     Rng rng;
     rng_seed(&rng, 2026);
     for (int t = 0; t < nT; t++) {
@@ -77,8 +83,8 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
             td = fmin(td, t1 - t0), tf = fmin(tf, t2 - t1);
         }
         double flops = 4.0 * NH * hs * (double)T * (T + 1) / 2;
-        printf("%9d %11.4f %12.1f %12.1f %8.2fx %8.1f (%2.0f %%)\n", T, kept, td * 1e3, tf * 1e3, td / tf, flops / td / 1e9,
-               100 * flops / td / 1e9 / gf);
+        printf("%9d %11.4f %12.1f %12.1f %8.2fx %8.1f (%2.0f %%)\n", T, kept, td * 1e3, tf * 1e3,
+               td / tf, flops / td / 1e9, 100 * flops / td / 1e9 / gf);
         fflush(stdout);
         free(qkv), free(out), free(lse), free(mask);
     }
@@ -86,18 +92,23 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
 }
 
 static void bench_help(void) {
-    printf("usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
-           "       focus bench gemm [--n size]\n"
-           "\n"
-           "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
-           "router-only training step (forward + backward), at batch B x T on random tokens.\n"
-           "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m)\n"
-           "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
-           "  --iters n       timed repetitions of each measurement (default 2)\n"
-           "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
-           "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] [--kv-heads 1]\n"
-           "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same random\n"
-           "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n");
+    printf(
+        "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters "
+        "n]\n"
+        "       focus bench gemm [--n size]\n"
+        "\n"
+        "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
+        "router-only training step (forward + backward), at batch B x T on random tokens.\n"
+        "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default "
+        "smollm2-135m)\n"
+        "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
+        "  --iters n       timed repetitions of each measurement (default 2)\n"
+        "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
+        "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] "
+        "[--kv-heads 1]\n"
+        "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same "
+        "random\n"
+        "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n");
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -108,7 +119,8 @@ int cmd_bench(int argc, char** argv) {
     const char* what = argv[1];
     const char* preset = "smollm2-135m";
     int B = 1, T = 1024, iters = 2, gemm_n = 2048;
-    int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64, w = 128;
+    int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64,
+        w = 128;
     ModelConfig cfg;
     FocusConfig fc;
     focus_config_default(&fc);
@@ -152,8 +164,10 @@ int cmd_bench(int argc, char** argv) {
     }
     if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
     if (!strcmp(what, "attention")) {
-        if (K < 1 || K > 32 || topk < 1 || topk > K) fatal("bench attention: need 1 <= topk <= K <= 32");
-        if (heads < 1 || kv_heads < 1 || heads % kv_heads || dhead < 1 || w < 0) fatal("bench attention: bad head settings");
+        if (K < 1 || K > 32 || topk < 1 || topk > K)
+            fatal("bench attention: need 1 <= topk <= K <= 32");
+        if (heads < 1 || kv_heads < 1 || heads % kv_heads || dhead < 1 || w < 0)
+            fatal("bench attention: bad head settings");
         return bench_attention(Ts, nT, K, topk, heads, kv_heads, dhead, w, iters);
     }
     int nthreads = omp_get_max_threads();
@@ -162,9 +176,11 @@ int cmd_bench(int argc, char** argv) {
                gemm_gflops(gemm_n, 5));
         return 0;
     }
-    if (strcmp(what, "forward")) fatal("bench: unknown benchmark '%s' (forward | gemm | attention)", what);
+    if (strcmp(what, "forward"))
+        fatal("bench: unknown benchmark '%s' (forward | gemm | attention)", what);
     if (model_config_preset(preset, &cfg))
-        fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)", preset);
+        fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)",
+              preset);
     for (int i = 0; i < nsets; i++) cli_apply_set(&cfg, &fc, sets[i]);
     if (cfg.maxT < T) cfg.maxT = T;
     fc.attn = ATTN_SOFT;
@@ -179,15 +195,22 @@ int cmd_bench(int argc, char** argv) {
     int* tgt = mallocCheck(sizeof(int) * n);
     Rng rng;
     rng_seed(&rng, 5);
-    for (size_t i = 0; i < n; i++) tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
-    printf("model: %.1fM backbone parameters, %zu router parameters (%.3f %%), B=%d T=%d, %d threads\n",
-           m.num_params / 1e6, m.num_router, 100.0 * m.num_router / m.num_params, B, T, nthreads);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
+    printf(
+        "model: %.1fM backbone parameters, %zu router parameters (%.3f %%), B=%d T=%d, %d "
+        "threads\n",
+        m.num_params / 1e6, m.num_router, 100.0 * m.num_router / m.num_params, B, T, nthreads);
 
     double gf = gemm_gflops(gemm_n, 3);
     printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
-    /* Approximate forward FLOPs: 2 per weight per token in matrix products, plus causal attention. */
-    double matflops = 2.0 * (double)(m.num_params - (cfg.arch == ARCH_GPT2 ? (size_t)cfg.maxT * cfg.C : 0)
-                                     + (cfg.tied ? (size_t)cfg.V * cfg.C : 0) - (size_t)cfg.V * cfg.C) * n;
+    /* Approximate forward FLOPs: 2 per weight per token in matrix products, plus causal attention.
+     */
+    double matflops =
+        2.0 *
+        (double)(m.num_params - (cfg.arch == ARCH_GPT2 ? (size_t)cfg.maxT * cfg.C : 0) +
+                 (cfg.tied ? (size_t)cfg.V * cfg.C : 0) - (size_t)cfg.V * cfg.C) *
+        n;
     double attflops = 4.0 * cfg.L * cfg.C * (double)T * (T + 1) / 2 * B;
 
     const char* modes[2] = {"dense", "focus soft"};
@@ -197,9 +220,10 @@ int cmd_bench(int argc, char** argv) {
         double t0 = now_seconds();
         for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 0);
         double dt = (now_seconds() - t0) / iters;
-        printf("forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f GFLOP/s (%.0f %% of sgemm)  loss %.4f\n",
-               modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e9,
-               100.0 * (matflops + attflops) / dt / 1e9 / gf, (double)m.mean_loss);
+        printf(
+            "forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f GFLOP/s (%.0f %% of sgemm)  loss %.4f\n",
+            modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e9,
+            100.0 * (matflops + attflops) / dt / 1e9 / gf, (double)m.mean_loss);
     }
     m.fc.attn = ATTN_SOFT;
     model_forward(&m, tok, tgt, B, T, 1);

@@ -14,14 +14,20 @@ int cmd_tokenize(int argc, char** argv) {
     int decode = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: focus tokenize --tokenizer <model.gguf | tokenizer dir> [--decode] FILE\n"
-                   "Prints the token ids of FILE space-separated on one line; with --decode, FILE holds\n"
-                   "ids (space-separated) and the text is printed.\n");
+            printf(
+                "usage: focus tokenize --tokenizer <model.gguf | tokenizer dir> [--decode] FILE\n"
+                "Prints the token ids of FILE space-separated on one line; with --decode, FILE "
+                "holds\n"
+                "ids (space-separated) and the text is printed.\n");
             return 0;
-        } else if (!strcmp(argv[i], "--tokenizer")) tok = cli_value(argc, argv, i++);
-        else if (!strcmp(argv[i], "--decode")) decode = 1;
-        else if (argv[i][0] == '-' && argv[i][1]) fatal("tokenize: unknown option '%s'", argv[i]);
-        else file = argv[i];
+        } else if (!strcmp(argv[i], "--tokenizer"))
+            tok = cli_value(argc, argv, i++);
+        else if (!strcmp(argv[i], "--decode"))
+            decode = 1;
+        else if (argv[i][0] == '-' && argv[i][1])
+            fatal("tokenize: unknown option '%s'", argv[i]);
+        else
+            file = argv[i];
     }
     if (!tok || !file) fatal("tokenize: needs --tokenizer and a FILE (see focus tokenize --help)");
     Tokenizer* t = tokenizer_load(tok);
@@ -45,9 +51,12 @@ int cmd_tokenize(int argc, char** argv) {
                     p++;
                     continue;
                 }
-                fatal("%s: expected token ids, found '%c' at byte %zu", file, *p, (size_t)(p - text));
+                fatal("%s: expected token ids, found '%c' at byte %zu", file, *p,
+                      (size_t)(p - text));
             }
-            if (v < 0 || v >= tokenizer_vocab_size(t)) fatal("%s: token id %ld is outside the vocabulary (V=%d)", file, v, tokenizer_vocab_size(t));
+            if (v < 0 || v >= tokenizer_vocab_size(t))
+                fatal("%s: token id %ld is outside the vocabulary (V=%d)", file, v,
+                      tokenizer_vocab_size(t));
             if (n == cap) ids = realloc(ids, sizeof(int) * (cap *= 2));
             ids[n++] = (int)v;
             p = end;
@@ -72,23 +81,34 @@ int cmd_prepare(int argc, char** argv) {
     int nfiles = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help")) {
-            printf("usage: focus prepare --tokenizer T --out DIR [--val-fraction f] [--raw] FILES...\n"
-                   "Tokenizes each file as one document and writes token shards DIR/train_000.bin (and\n"
-                   "DIR/val_000.bin with the last fraction f of the tokens). Documents are separated by the\n"
-                   "end-of-text token. Unless --raw, text is cleaned first: byte-order mark removed, Project\n"
-                   "Gutenberg header and licence dropped when present, CRLF turned into LF.\n");
+            printf(
+                "usage: focus prepare --tokenizer T --out DIR [--val-fraction f] [--raw] FILES...\n"
+                "Tokenizes each file as one document and writes token shards DIR/train_000.bin "
+                "(and\n"
+                "DIR/val_000.bin with the last fraction f of the tokens). Documents are separated "
+                "by the\n"
+                "end-of-text token. Unless --raw, text is cleaned first: byte-order mark removed, "
+                "Project\n"
+                "Gutenberg header and licence dropped when present, CRLF turned into LF.\n");
             return 0;
-        } else if (!strcmp(argv[i], "--tokenizer")) tok = cli_value(argc, argv, i++);
-        else if (!strcmp(argv[i], "--out")) out = cli_value(argc, argv, i++);
+        } else if (!strcmp(argv[i], "--tokenizer"))
+            tok = cli_value(argc, argv, i++);
+        else if (!strcmp(argv[i], "--out"))
+            out = cli_value(argc, argv, i++);
         else if (!strcmp(argv[i], "--val-fraction")) {
             char* end;
             const char* v = cli_value(argc, argv, i++);
             val_fraction = strtod(v, &end);
-            if (*end || val_fraction < 0 || val_fraction >= 1) fatal("prepare: --val-fraction must be in [0, 1), got '%s'", v);
-        } else if (!strcmp(argv[i], "--raw")) clean = 0;
-        else if (argv[i][0] == '-') fatal("prepare: unknown option '%s'", argv[i]);
-        else if (nfiles < 4096) files[nfiles++] = argv[i];
-        else fatal("prepare: too many files (at most 4096)");
+            if (*end || val_fraction < 0 || val_fraction >= 1)
+                fatal("prepare: --val-fraction must be in [0, 1), got '%s'", v);
+        } else if (!strcmp(argv[i], "--raw"))
+            clean = 0;
+        else if (argv[i][0] == '-')
+            fatal("prepare: unknown option '%s'", argv[i]);
+        else if (nfiles < 4096)
+            files[nfiles++] = argv[i];
+        else
+            fatal("prepare: too many files (at most 4096)");
     }
     if (!tok || !out || !nfiles) fatal("prepare: needs --tokenizer, --out and at least one file");
     Tokenizer* t = tokenizer_load(tok);

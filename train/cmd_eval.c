@@ -14,7 +14,8 @@
 
 /* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
  * config.conf next to router.h5 when there is one (the router's shape). */
-void apply_router_options(Model* m, const char* router, const char* attn, int topk, const char* routing) {
+void apply_router_options(Model* m, const char* router, const char* attn, int topk,
+                          const char* routing) {
     FocusConfig* f = &m->fc;
     if (router) {
         char* text = router_read_config(router);
@@ -22,8 +23,8 @@ void apply_router_options(Model* m, const char* router, const char* attn, int to
         for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
             char key[64], val[256];
             if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
-            if (!strcmp(key, "K") || !strcmp(key, "dg") || !strcmp(key, "tau") || !strcmp(key, "iters") ||
-                !strcmp(key, "w") || !strcmp(key, "learn_gate"))
+            if (!strcmp(key, "K") || !strcmp(key, "dg") || !strcmp(key, "tau") ||
+                !strcmp(key, "iters") || !strcmp(key, "w") || !strcmp(key, "learn_gate"))
                 config_set(&m->cfg, f, key, val);
         }
         free(text);
@@ -32,26 +33,31 @@ void apply_router_options(Model* m, const char* router, const char* attn, int to
         f->attn = ATTN_SOFT;
     }
     if (attn) {
-        if (config_set(&m->cfg, f, "attn", attn)) fatal("--attn must be dense, soft or hard, got '%s'", attn);
+        if (config_set(&m->cfg, f, "attn", attn))
+            fatal("--attn must be dense, soft or hard, got '%s'", attn);
         if (f->attn != ATTN_DENSE && !router) fatal("--attn %s needs --router router.h5", attn);
     }
     if (topk > 0) {
         if (topk > f->K) fatal("--topk %d exceeds the router's K = %d", topk, f->K);
         f->topk = topk;
     }
-    if (routing && routing_parse(routing, &f->routing)) fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
+    if (routing && routing_parse(routing, &f->routing))
+        fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
 }
 
 static void eval_help(void) {
-    printf("usage: focus eval ppl --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] [--stride s]\n"
-           "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk k]\n"
-           "                      [--routing causal|sinkhorn|prefix_sinkhorn]]\n"
-           "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
-           "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
-           "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
-           "With --router the trained router is loaded onto the model (which must be the one it was\n"
-           "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
-           "future, so its numbers are marked non-causal.\n");
+    printf(
+        "usage: focus eval ppl --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
+        "[--stride s]\n"
+        "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] "
+        "[--topk k]\n"
+        "                      [--routing causal|sinkhorn|prefix_sinkhorn]]\n"
+        "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
+        "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
+        "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
+        "With --router the trained router is loaded onto the model (which must be the one it was\n"
+        "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
+        "future, so its numbers are marked non-causal.\n");
 }
 
 int cmd_eval(int argc, char** argv) {
@@ -74,20 +80,31 @@ int cmd_eval(int argc, char** argv) {
         if (!strcmp(a, "--help")) {
             eval_help();
             return 0;
-        } else if (!strcmp(a, "--model")) model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer")) tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--data")) data = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--ctx")) ctx = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--stride")) stride = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--max-tokens")) max_tokens = (size_t)cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--router")) router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--attn")) attn = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--topk")) topk = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--routing")) routing = cli_value(argc, argv, i++);
+        } else if (!strcmp(a, "--model"))
+            model = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--tokenizer"))
+            tok = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--data"))
+            data = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--ctx"))
+            ctx = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--stride"))
+            stride = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--max-tokens"))
+            max_tokens = (size_t)cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--router"))
+            router = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--attn"))
+            attn = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--topk"))
+            topk = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--routing"))
+            routing = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--set")) {
             ModelConfig dummy;
             cli_apply_set(&dummy, &fc, cli_value(argc, argv, i++));
-        } else fatal("eval: unknown option '%s' (see focus eval --help)", a);
+        } else
+            fatal("eval: unknown option '%s' (see focus eval --help)", a);
     }
     if (!model || !data) fatal("eval ppl: needs --model and --data");
     if (ctx < 2) fatal("eval ppl: --ctx must be at least 2");
@@ -101,20 +118,27 @@ int cmd_eval(int argc, char** argv) {
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > max_tokens) n = max_tokens;
     for (size_t i = 0; i < n; i++)
-        if (ids[i] >= m.cfg.V) fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?", data, ids[i], m.cfg.V);
-    if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2) fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);
+        if (ids[i] >= m.cfg.V)
+            fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?",
+                  data, ids[i], m.cfg.V);
+    if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2)
+        fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);
     PplResult r = eval_perplexity(&m, ids, n, ctx, stride, 0);
     static const char* attn_names[] = {"dense", "soft", "hard"};
     printf("model %s (%s)  data %s  ctx %d stride %d\n", info.name, info.format, data, ctx, stride);
     char mode[128] = "dense (router off)";
     if (m.fc.attn != ATTN_DENSE)
-        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d", attn_names[m.fc.attn], m.fc.attn == ATTN_HARD ? " top-k" : "",
-                 routing_name(m.fc.routing), m.fc.K, m.fc.w);
-    if (m.fc.attn == ATTN_HARD) snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%d", m.fc.topk);
-    const char* mark = m.fc.attn != ATTN_DENSE && m.fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
+        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d", attn_names[m.fc.attn],
+                 m.fc.attn == ATTN_HARD ? " top-k" : "", routing_name(m.fc.routing), m.fc.K,
+                 m.fc.w);
+    if (m.fc.attn == ATTN_HARD)
+        snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%d", m.fc.topk);
+    const char* mark =
+        m.fc.attn != ATTN_DENSE && m.fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
     printf("attention %s\n", mode);
-    printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n", exp(r.nll / r.count), mark, r.count,
-           r.nll / r.count, (double)r.count / r.seconds, r.seconds);
+    printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n",
+           exp(r.nll / r.count), mark, r.count, r.nll / r.count, (double)r.count / r.seconds,
+           r.seconds);
     if (m.fc.attn == ATTN_HARD) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
     free(ids);
     model_free(&m);
@@ -172,23 +196,38 @@ int cmd_generate(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--help")) {
-            printf("usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
-                   "                      [--temperature t] [--top-p p] [--seed s] [--router router.h5 [--topk k] [--attn dense|hard]]\n"
-                   "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). Tokens are\n"
-                   "generated one at a time over a KV cache; with --router, each new token attends to its\n"
-                   "window and the cached tokens of its top-k groups (causal routing).\n");
+            printf(
+                "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
+                "                      [--temperature t] [--top-p p] [--seed s] [--router "
+                "router.h5 [--topk k] [--attn dense|hard]]\n"
+                "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). "
+                "Tokens are\n"
+                "generated one at a time over a KV cache; with --router, each new token attends to "
+                "its\n"
+                "window and the cached tokens of its top-k groups (causal routing).\n");
             return 0;
-        } else if (!strcmp(a, "--model")) model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer")) tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--prompt")) prompt = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "-n")) n = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--temperature")) temperature = atof(cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--top-p")) top_p = atof(cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--seed")) seed = (uint64_t)cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--router")) router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--topk")) topk = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--attn")) attn = cli_value(argc, argv, i++);
-        else fatal("generate: unknown option '%s'", a);
+        } else if (!strcmp(a, "--model"))
+            model = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--tokenizer"))
+            tok = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--prompt"))
+            prompt = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "-n"))
+            n = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--temperature"))
+            temperature = atof(cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--top-p"))
+            top_p = atof(cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--seed"))
+            seed = (uint64_t)cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--router"))
+            router = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--topk"))
+            topk = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--attn"))
+            attn = cli_value(argc, argv, i++);
+        else
+            fatal("generate: unknown option '%s'", a);
     }
     if (!model || !prompt) fatal("generate: needs --model and --prompt");
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
@@ -231,8 +270,10 @@ int cmd_generate(int argc, char** argv) {
     }
     double dt = now_seconds() - t0;
     printf("\n");
-    fprintf(stderr, "[%zu prompt + %d generated tokens in %.1f s, %.1f tokens/s; attention %s]\n", len - made, made, dt,
-            (len) / dt, m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
+    fprintf(
+        stderr, "[%zu prompt + %d generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
+        len - made, made, dt, (len) / dt,
+        m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
     free(ids);
     free(logits);
     kvcache_free(&c);

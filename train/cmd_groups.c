@@ -14,19 +14,26 @@
 #include "cli.h"
 
 enum { CLS_SPACE_WORD, CLS_PIECE, CLS_PUNCT, CLS_DIGIT, CLS_SPACE, CLS_OTHER, NCLS };
-static const char* CLS_NAMES[NCLS] = {"space+word", "word piece", "punctuation", "digits", "whitespace", "other"};
-static const char* CLS_COLORS[NCLS] = {"#4e79a7", "#a0cbe8", "#f28e2b", "#59a14f", "#bab0ac", "#e15759"};
+static const char* CLS_NAMES[NCLS] = {"space+word", "word piece", "punctuation",
+                                      "digits",     "whitespace", "other"};
+static const char* CLS_COLORS[NCLS] = {"#4e79a7", "#a0cbe8", "#f28e2b",
+                                       "#59a14f", "#bab0ac", "#e15759"};
 
 static int token_class(const char* s, size_t n) {
     if (n == 0) return CLS_OTHER;
     int alpha = 0, digit = 0, punct = 0, space = 0, high = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x80) high++;
-        else if (isalpha(c)) alpha++;
-        else if (isdigit(c)) digit++;
-        else if (isspace(c)) space++;
-        else punct++;
+        if (c >= 0x80)
+            high++;
+        else if (isalpha(c))
+            alpha++;
+        else if (isdigit(c))
+            digit++;
+        else if (isspace(c))
+            space++;
+        else
+            punct++;
     }
     if (space == (int)n) return CLS_SPACE;
     if (digit && !alpha && !punct && !high) return CLS_DIGIT;
@@ -38,10 +45,14 @@ static int token_class(const char* s, size_t n) {
 
 static void svg_escape(FILE* f, const char* s) {
     for (; *s; s++) {
-        if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '&') fputs("&amp;", f);
-        else if ((unsigned char)*s >= 0x20 || *s == '\t') fputc(*s, f);
+        if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if (*s == '&')
+            fputs("&amp;", f);
+        else if ((unsigned char)*s >= 0x20 || *s == '\t')
+            fputc(*s, f);
     }
 }
 
@@ -49,10 +60,14 @@ static void svg_escape(FILE* f, const char* s) {
 static void printable(char* out, size_t cap, const char* s, size_t n) {
     size_t o = 0;
     for (size_t i = 0; i < n && o + 3 < cap; i++) {
-        if (s[i] == '\n') out[o++] = '\\', out[o++] = 'n';
-        else if (s[i] == '\t') out[o++] = '\\', out[o++] = 't';
-        else if (s[i] == '"') out[o++] = '\'';
-        else out[o++] = s[i];
+        if (s[i] == '\n')
+            out[o++] = '\\', out[o++] = 'n';
+        else if (s[i] == '\t')
+            out[o++] = '\\', out[o++] = 't';
+        else if (s[i] == '"')
+            out[o++] = '\'';
+        else
+            out[o++] = s[i];
     }
     out[o] = 0;
 }
@@ -63,20 +78,32 @@ int cmd_groups(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--help")) {
-            printf("usage: focus groups --model M --router router.h5 --data DATA [--tokenizer T] [--ctx 1024]\n"
-                   "                    [--tokens 16384] [--top 12] [--out DIR]\n"
-                   "Per layer and group: share of tokens, most frequent tokens, token classes; written to\n"
-                   "DIR/groups.txt and DIR/groups.svg.\n");
+            printf(
+                "usage: focus groups --model M --router router.h5 --data DATA [--tokenizer T] "
+                "[--ctx 1024]\n"
+                "                    [--tokens 16384] [--top 12] [--out DIR]\n"
+                "Per layer and group: share of tokens, most frequent tokens, token classes; "
+                "written to\n"
+                "DIR/groups.txt and DIR/groups.svg.\n");
             return 0;
-        } else if (!strcmp(a, "--model")) model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--router")) router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--data")) data = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer")) tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--ctx")) ctx = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--tokens")) max_tokens = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--top")) top = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--out")) out = cli_value(argc, argv, i++);
-        else fatal("groups: unknown option '%s'", a);
+        } else if (!strcmp(a, "--model"))
+            model = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--router"))
+            router = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--data"))
+            data = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--tokenizer"))
+            tok = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--ctx"))
+            ctx = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--tokens"))
+            max_tokens = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--top"))
+            top = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--out"))
+            out = cli_value(argc, argv, i++);
+        else
+            fatal("groups: unknown option '%s'", a);
     }
     if (!model || !router || !data) fatal("groups: needs --model, --router and --data");
     FocusConfig fc;
@@ -123,20 +150,24 @@ int cmd_groups(int argc, char** argv) {
     snprintf(path, sizeof path, "%s/groups.txt", out);
     FILE* f = fopen(path, "w");
     if (!f) fatal("%s: cannot write", path);
-    fprintf(f, "focus groups: %zu tokens of %s, router %s, K=%d, causal routing\n", total, data, router, K);
-    fprintf(f, "share = fraction of tokens whose most likely group this is (ideal 1/K = %.3f)\n\n", 1.0 / K);
+    fprintf(f, "focus groups: %zu tokens of %s, router %s, K=%d, causal routing\n", total, data,
+            router, K);
+    fprintf(f, "share = fraction of tokens whose most likely group this is (ideal 1/K = %.3f)\n\n",
+            1.0 / K);
     for (int l = 0; l < L; l++) {
         fprintf(f, "layer %d\n", l);
         for (int k = 0; k < K; k++) {
             size_t at = (size_t)l * K + k;
             double cnt = share[at];
             fprintf(f, "  group %d  share %.3f  |", k, cnt / total);
-            for (int c = 0; c < NCLS; c++) fprintf(f, " %s %.2f", CLS_NAMES[c], cnt ? cls[at * NCLS + c] / cnt : 0);
+            for (int c = 0; c < NCLS; c++)
+                fprintf(f, " %s %.2f", CLS_NAMES[c], cnt ? cls[at * NCLS + c] / cnt : 0);
             fprintf(f, "\n    top:");
             uint32_t* cv = counts + at * V;
             for (int r = 0; r < top; r++) {
                 int best = -1;
-                for (int v = 0; v < V; v++) if (cv[v] && (best < 0 || cv[v] > cv[best])) best = v;
+                for (int v = 0; v < V; v++)
+                    if (cv[v] && (best < 0 || cv[v] > cv[best])) best = v;
                 if (best < 0) break;
                 size_t len;
                 char* s = tokenizer_decode(t, &best, 1, &len);
@@ -159,40 +190,62 @@ int cmd_groups(int argc, char** argv) {
     int width = x0 + K * cw + 80 + bw + 140, height = y0 + L * ch * (K > 0 ? 1 : 1) + 60;
     int bar_h = L * ch / K > 14 ? 14 : (L * ch / K < 6 ? 6 : L * ch / K);
     (void)bar_h;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-family=\"sans-serif\" font-size=\"11\">\n",
+            width, height);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(f, "<text x=\"10\" y=\"20\" font-size=\"14\">Focus groups: share of tokens per layer and group (K=%d, %zu tokens); "
-               "class mix of each group, averaged over layers</text>\n", K, total);
+    fprintf(f,
+            "<text x=\"10\" y=\"20\" font-size=\"14\">Focus groups: share of tokens per layer and "
+            "group (K=%d, %zu tokens); "
+            "class mix of each group, averaged over layers</text>\n",
+            K, total);
     double maxs = 0;
     for (int i = 0; i < L * K; i++) maxs = fmax(maxs, share[i] / total);
-    for (int k = 0; k < K; k++) fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">g%d</text>\n", x0 + k * cw + cw / 2, y0 - 6, k);
+    for (int k = 0; k < K; k++)
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">g%d</text>\n",
+                x0 + k * cw + cw / 2, y0 - 6, k);
     for (int l = 0; l < L; l++) {
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">layer %d</text>\n", x0 - 6, y0 + l * ch + ch - 4, l);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">layer %d</text>\n", x0 - 6,
+                y0 + l * ch + ch - 4, l);
         for (int k = 0; k < K; k++) {
             double s = share[(size_t)l * K + k] / total;
             int shade = (int)(255 - 200 * (maxs > 0 ? s / maxs : 0));
-            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"rgb(%d,%d,255)\" stroke=\"white\"><title>layer %d group %d: %.3f</title></rect>\n",
+            fprintf(f,
+                    "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"rgb(%d,%d,255)\" "
+                    "stroke=\"white\"><title>layer %d group %d: %.3f</title></rect>\n",
                     x0 + k * cw, y0 + l * ch, cw, ch, shade, shade, l, k, s);
-            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"9\">%.2f</text>\n", x0 + k * cw + cw / 2, y0 + l * ch + ch - 4, s);
+            fprintf(f,
+                    "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"9\">%.2f</text>\n",
+                    x0 + k * cw + cw / 2, y0 + l * ch + ch - 4, s);
         }
     }
     int bx = x0 + K * cw + 80;
     for (int k = 0; k < K; k++) {
         double tot = 0, c[NCLS] = {0};
         for (int l = 0; l < L; l++)
-            for (int q = 0; q < NCLS; q++) c[q] += cls[((size_t)l * K + k) * NCLS + q], tot += cls[((size_t)l * K + k) * NCLS + q];
+            for (int q = 0; q < NCLS; q++)
+                c[q] += cls[((size_t)l * K + k) * NCLS + q],
+                    tot += cls[((size_t)l * K + k) * NCLS + q];
         int y = y0 + k * 28;
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">group %d</text>\n", bx - 6, y + 14, k);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">group %d</text>\n", bx - 6, y + 14,
+                k);
         double x = bx;
         for (int q = 0; q < NCLS; q++) {
             double wq = tot ? bw * c[q] / tot : 0;
-            fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"20\" fill=\"%s\"><title>%s %.2f</title></rect>\n", x, y, wq, CLS_COLORS[q], CLS_NAMES[q], tot ? c[q] / tot : 0);
+            fprintf(f,
+                    "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"20\" fill=\"%s\"><title>%s "
+                    "%.2f</title></rect>\n",
+                    x, y, wq, CLS_COLORS[q], CLS_NAMES[q], tot ? c[q] / tot : 0);
             x += wq;
         }
     }
     for (int q = 0; q < NCLS; q++) {
         int y = y0 + K * 28 + 20 + q * 16;
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">", bx, y, CLS_COLORS[q], bx + 18, y + 10);
+        fprintf(f,
+                "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" "
+                "y=\"%d\">",
+                bx, y, CLS_COLORS[q], bx + 18, y + 10);
         svg_escape(f, CLS_NAMES[q]);
         fprintf(f, "</text>\n");
     }

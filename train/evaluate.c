@@ -55,7 +55,9 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
                 size_t m;
                 int V;
                 int* ids = shard_read(paths[i], &m, &V);
-                if (V0 >= 0 && V != V0) fatal("%s: vocabulary size %d differs from the other shards' %d", paths[i], V, V0);
+                if (V0 >= 0 && V != V0)
+                    fatal("%s: vocabulary size %d differs from the other shards' %d", paths[i], V,
+                          V0);
                 V0 = V;
                 all = realloc(all, sizeof(int) * (*n + m + 1));
                 memcpy(all + *n, ids, sizeof(int) * m);
@@ -163,7 +165,8 @@ PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int strid
         }
         scored_to = end - 1;
         if (!quiet) {
-            fprintf(stderr, "\r  %zu / %zu tokens, ppl so far %.3f", r.count, n - 1, exp(r.nll / r.count));
+            fprintf(stderr, "\r  %zu / %zu tokens, ppl so far %.3f", r.count, n - 1,
+                    exp(r.nll / r.count));
             fflush(stderr);
         }
         if (end == n) break;
@@ -174,4 +177,3 @@ PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int strid
     free(tgt);
     return r;
 }
-

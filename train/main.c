@@ -57,7 +57,8 @@ double peak_rss_mib(void) {
 }
 
 int main(int argc, char** argv) {
-    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "-h")) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }

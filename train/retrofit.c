@@ -37,7 +37,9 @@ static int make_dirs(const char* path) {
     return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
 }
 
-static void path_join(char* out, size_t n, const char* dir, const char* name) { snprintf(out, n, "%s/%s", dir, name); }
+static void path_join(char* out, size_t n, const char* dir, const char* name) {
+    snprintf(out, n, "%s/%s", dir, name);
+}
 
 /* Next micro-batch: B rows of T+1 consecutive tokens from *pos, wrapping around the data. */
 static void next_batch(const int* data, size_t n, uint64_t* pos, int B, int T, int* inp, int* tgt) {
@@ -53,7 +55,8 @@ static void next_batch(const int* data, size_t n, uint64_t* pos, int B, int T, i
 
 double focus_largest_share(const Model* m) {
     double s = 0;
-    for (int l = 0; l < m->cfg.L; l++) s += routing_largest_share(model_groups(m, l), (size_t)m->B * m->T, m->fc.K);
+    for (int l = 0; l < m->cfg.L; l++)
+        s += routing_largest_share(model_groups(m, l), (size_t)m->B * m->T, m->fc.K);
     return s / m->cfg.L;
 }
 
@@ -71,7 +74,8 @@ double focus_gate_far_mean(const Model* m, Rng* rng) {
             int i = w + 1 + (int)(rng_u64(rng) % (uint64_t)(T - w - 1));
             int j = (int)(rng_u64(rng) % (uint64_t)(i - w));
             double a = 0;
-            for (int g = 0; g < K; g++) a += G[((size_t)b * T + i) * K + g] * G[((size_t)b * T + j) * K + g];
+            for (int g = 0; g < K; g++)
+                a += G[((size_t)b * T + i) * K + g] * G[((size_t)b * T + j) * K + g];
             s += 1 / (1 + exp(-lam * (a - bias)));
             n++;
         }
@@ -80,7 +84,8 @@ double focus_gate_far_mean(const Model* m, Rng* rng) {
 }
 
 /* Perplexity of m on ids in a given mode; restores the model's settings afterwards. */
-static PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, int topk, Routing r) {
+static PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, int topk,
+                           Routing r) {
     FocusConfig keep = m->fc;
     m->fc.attn = attn;
     m->fc.topk = topk;
@@ -100,19 +105,25 @@ static void pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, c
     int* inp = mallocCheck(sizeof(int) * B * T);
     int* tgt = mallocCheck(sizeof(int) * B * T);
     uint64_t pos = 0;
-    printf("pretraining the base model from scratch: %d steps of %d x %d tokens, %.2fM parameters\n",
-           rc->pretrain_steps, B, T, m->num_params / 1e6);
+    printf(
+        "pretraining the base model from scratch: %d steps of %d x %d tokens, %.2fM parameters\n",
+        rc->pretrain_steps, B, T, m->num_params / 1e6);
     double t0 = now_seconds();
     for (int s = 0; s < rc->pretrain_steps; s++) {
         next_batch(data, n, &pos, B, T, inp, tgt);
         model_forward(m, inp, tgt, B, T, 1);
-        if (!isfinite(m->mean_loss)) fatal("pretraining: loss became %g at step %d; lower pretrain_lr", (double)m->mean_loss, s);
+        if (!isfinite(m->mean_loss))
+            fatal("pretraining: loss became %g at step %d; lower pretrain_lr", (double)m->mean_loss,
+                  s);
         model_zero_grad(m, GRAD_ALL);
         model_backward(m, GRAD_ALL);
         clip_grad_norm(m->grads_mem, m->num_params, 1.0);
-        adamw_step(&opt, m->params_mem, m->grads_mem, lr_schedule(s, rc->pretrain_steps / 10, rc->pretrain_steps, rc->pretrain_lr, 0.1f));
+        adamw_step(
+            &opt, m->params_mem, m->grads_mem,
+            lr_schedule(s, rc->pretrain_steps / 10, rc->pretrain_steps, rc->pretrain_lr, 0.1f));
         if (s % 20 == 0 || s == rc->pretrain_steps - 1)
-            printf("  pretrain step %4d/%d | loss %.4f | %.1f s\n", s + 1, rc->pretrain_steps, (double)m->mean_loss, now_seconds() - t0);
+            printf("  pretrain step %4d/%d | loss %.4f | %.1f s\n", s + 1, rc->pretrain_steps,
+                   (double)m->mean_loss, now_seconds() - t0);
     }
     adamw_free(&opt);
     free(m->grads_mem);
@@ -151,12 +162,15 @@ static void truncate_metrics(const char* path, long step) {
 }
 
 static void retrofit_help(void) {
-    printf("usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
-           "       focus retrofit --resume RUN_DIR [--stop-after N]\n"
-           "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 (checkpoint),\n"
-           "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
-           "--stop-after N stops after step N (the schedule still spans all steps); --resume continues.\n"
-           "Settings: see configs/*.conf; any of them can be overridden with --set.\n");
+    printf(
+        "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
+        "       focus retrofit --resume RUN_DIR [--stop-after N]\n"
+        "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 "
+        "(checkpoint),\n"
+        "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
+        "--stop-after N stops after step N (the schedule still spans all steps); --resume "
+        "continues.\n"
+        "Settings: see configs/*.conf; any of them can be overridden with --set.\n");
 }
 
 int cmd_retrofit(int argc, char** argv) {
@@ -169,16 +183,22 @@ int cmd_retrofit(int argc, char** argv) {
         if (!strcmp(a, "--help")) {
             retrofit_help();
             return 0;
-        } else if (!strcmp(a, "--config")) cfg_path = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--out")) out = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--resume")) resume = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--stop-after")) stop_after = cli_int(a, cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--config"))
+            cfg_path = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--out"))
+            out = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--resume"))
+            resume = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--stop-after"))
+            stop_after = cli_int(a, cli_value(argc, argv, i++));
         else if (!strcmp(a, "--set")) {
             if (nsets == 64) fatal("too many --set options");
             sets[nsets++] = cli_value(argc, argv, i++);
-        } else fatal("retrofit: unknown option '%s' (see focus retrofit --help)", a);
+        } else
+            fatal("retrofit: unknown option '%s' (see focus retrofit --help)", a);
     }
-    if (!resume && (!cfg_path || !out)) fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
+    if (!resume && (!cfg_path || !out))
+        fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
     if (resume) out = resume;
     char ckpt[4096], metrics_path[4096], conf_path[4096];
     path_join(ckpt, sizeof ckpt, out, "router.h5");
@@ -195,7 +215,8 @@ int cmd_retrofit(int argc, char** argv) {
         runconfig_load(&rc, cfg_path);
     }
     for (int i = 0; i < nsets; i++) runconfig_set(&rc, sets[i]);
-    if (rc.B < 1 || rc.T < 2 || rc.steps < 1 || rc.grad_accum < 1) fatal("retrofit: B, T (>= 2), steps and grad_accum must be positive");
+    if (rc.B < 1 || rc.T < 2 || rc.steps < 1 || rc.grad_accum < 1)
+        fatal("retrofit: B, T (>= 2), steps and grad_accum must be positive");
     if (!rc.model[0]) fatal("retrofit: no base model (set model = PATH or model = scratch)");
     if (!rc.train[0]) fatal("retrofit: no training data (set train = PATH)");
     if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
@@ -218,13 +239,15 @@ int cmd_retrofit(int argc, char** argv) {
         if (rc.mcfg.maxT < rc.T) rc.mcfg.maxT = rc.T;
         model_build(&m, &rc.mcfg, &rc.fc);
         model_init_backbone(&m, rc.fc.seed + 1);
-        snprintf(info.name, sizeof info.name, "scratch (%s, %.2fM parameters)", rc.mcfg.arch == ARCH_GPT2 ? "gpt2" : "llama", m.num_params / 1e6);
+        snprintf(info.name, sizeof info.name, "scratch (%s, %.2fM parameters)",
+                 rc.mcfg.arch == ARCH_GPT2 ? "gpt2" : "llama", m.num_params / 1e6);
         need_pretrain = 1;
     } else {
         model_load(&m, rc.model, &rc.fc, &info);
     }
     rc.mcfg = m.cfg;
-    if (rc.T > m.cfg.maxT && m.cfg.arch == ARCH_GPT2) fatal("retrofit: T=%d exceeds the model's context %d", rc.T, m.cfg.maxT);
+    if (rc.T > m.cfg.maxT && m.cfg.arch == ARCH_GPT2)
+        fatal("retrofit: T=%d exceeds the model's context %d", rc.T, m.cfg.maxT);
 
     /* data */
     size_t ntrain, nval;
@@ -238,13 +261,23 @@ int cmd_retrofit(int argc, char** argv) {
         memcpy(val, train + ntrain - nval, sizeof(int) * nval);
         ntrain -= nval;
     }
-    for (size_t i = 0; i < ntrain; i++) if (train[i] >= m.cfg.V) fatal("%s: token id %d outside the model's vocabulary (%d)", rc.train, train[i], m.cfg.V);
-    for (size_t i = 0; i < nval; i++) if (val[i] >= m.cfg.V) fatal("%s: token id %d outside the model's vocabulary (%d)", rc.val, val[i], m.cfg.V);
-    if (ntrain < (size_t)rc.T + 1) fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc.train, ntrain, rc.T + 1);
-    size_t neval = rc.eval_tokens > 0 && nval > (size_t)rc.eval_tokens ? (size_t)rc.eval_tokens : nval;
+    for (size_t i = 0; i < ntrain; i++)
+        if (train[i] >= m.cfg.V)
+            fatal("%s: token id %d outside the model's vocabulary (%d)", rc.train, train[i],
+                  m.cfg.V);
+    for (size_t i = 0; i < nval; i++)
+        if (val[i] >= m.cfg.V)
+            fatal("%s: token id %d outside the model's vocabulary (%d)", rc.val, val[i], m.cfg.V);
+    if (ntrain < (size_t)rc.T + 1)
+        fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc.train, ntrain, rc.T + 1);
+    size_t neval =
+        rc.eval_tokens > 0 && nval > (size_t)rc.eval_tokens ? (size_t)rc.eval_tokens : nval;
 
-    printf("focus retrofit: base %s (%s), %zu training tokens, %zu validation tokens (%zu evaluated), %d threads\n",
-           info.name, info.format[0] ? info.format : "built here", ntrain, nval, neval, omp_get_max_threads());
+    printf(
+        "focus retrofit: base %s (%s), %zu training tokens, %zu validation tokens (%zu evaluated), "
+        "%d threads\n",
+        info.name, info.format[0] ? info.format : "built here", ntrain, nval, neval,
+        omp_get_max_threads());
     runconfig_print(&rc, stdout);
     if (need_pretrain) {
         pretrain(&m, &rc, train, ntrain, out);
@@ -259,7 +292,8 @@ int cmd_retrofit(int argc, char** argv) {
     }
 
     /* optimizer and state */
-    size_t nopt = m.router_sizes[0] + m.router_sizes[1] + (rc.fc.learn_gate ? m.router_sizes[2] : 0);
+    size_t nopt =
+        m.router_sizes[0] + m.router_sizes[1] + (rc.fc.learn_gate ? m.router_sizes[2] : 0);
     AdamW opt;
     adamw_init(&opt, nopt, rc.beta1, rc.beta2, rc.adam_eps, rc.weight_decay);
     RouterState st = {0, 0, 0, 0, 0, fp};
@@ -288,9 +322,13 @@ int cmd_retrofit(int argc, char** argv) {
             PplResult s0 = eval_mode(&m, val, neval, rc.T, ATTN_SOFT, rc.fc.topk, ROUTE_CAUSAL);
             PplResult h0 = eval_mode(&m, val, neval, rc.T, ATTN_HARD, rc.fc.topk, ROUTE_CAUSAL);
             ppl_soft0 = exp(s0.nll / s0.count), ppl_hard0 = exp(h0.nll / h0.count);
-            printf("before training (causal routing, %zu tokens): dense %.3f | soft %.3f | hard k=%d %.3f\n", d.count,
-                   ppl_dense, ppl_soft0, rc.fc.topk, ppl_hard0);
-            fprintf(mf, "{\"type\": \"eval\", \"step\": 0, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, \"ppl_hard\": %.6f, \"topk\": %d}\n",
+            printf(
+                "before training (causal routing, %zu tokens): dense %.3f | soft %.3f | hard k=%d "
+                "%.3f\n",
+                d.count, ppl_dense, ppl_soft0, rc.fc.topk, ppl_hard0);
+            fprintf(mf,
+                    "{\"type\": \"eval\", \"step\": 0, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, "
+                    "\"ppl_hard\": %.6f, \"topk\": %d}\n",
                     ppl_dense, ppl_soft0, ppl_hard0, rc.fc.topk);
             fflush(mf);
         }
@@ -311,7 +349,10 @@ int cmd_retrofit(int argc, char** argv) {
             next_batch(train, ntrain, &st.data_pos, B, T, inp, tgt);
             model_forward(&m, inp, tgt, B, T, 1);
             if (!isfinite(m.mean_loss))
-                fatal("retrofit: the loss became %g at step %ld; the last checkpoint (%s) is intact; try a lower lr", (double)m.mean_loss, step + 1, ckpt);
+                fatal(
+                    "retrofit: the loss became %g at step %ld; the last checkpoint (%s) is intact; "
+                    "try a lower lr",
+                    (double)m.mean_loss, step + 1, ckpt);
             model_update_beta(&m);
             model_backward(&m, GRAD_ROUTER);
             loss += m.mean_loss / rc.grad_accum;
@@ -319,26 +360,35 @@ int cmd_retrofit(int argc, char** argv) {
         if (rc.grad_accum > 1)
             for (size_t i = 0; i < nopt; i++) m.rgrads_mem[i] /= (real)rc.grad_accum;
         double gnorm = clip_grad_norm(m.rgrads_mem, nopt, rc.clip);
-        if (!isfinite(gnorm)) fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is intact", gnorm, step + 1, ckpt);
+        if (!isfinite(gnorm))
+            fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is intact",
+                  gnorm, step + 1, ckpt);
         adamw_step(&opt, m.router_mem, m.rgrads_mem, lr);
         double dt = now_seconds() - t0;
         double share = focus_largest_share(&m), gate = focus_gate_far_mean(&m, &rng);
         double tps = (double)B * T * rc.grad_accum / dt;
-        printf("step %5ld/%d | loss %.4f | lr %.2e | %8.0f tok/s | %7.0f ms | largest group %.3f | gate(far) %.3f | |g| %.3f\n",
-               step + 1, rc.steps, loss, (double)lr, tps, dt * 1e3, share, gate, gnorm);
+        printf(
+            "step %5ld/%d | loss %.4f | lr %.2e | %8.0f tok/s | %7.0f ms | largest group %.3f | "
+            "gate(far) %.3f | |g| %.3f\n",
+            step + 1, rc.steps, loss, (double)lr, tps, dt * 1e3, share, gate, gnorm);
         fflush(stdout);
-        fprintf(mf, "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.1f, "
-                    "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
-                step + 1, loss, (double)lr, tps, dt * 1e3, share, isfinite(gate) ? gate : -1.0, gnorm);
+        fprintf(mf,
+                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, "
+                "\"tokens_per_s\": %.1f, \"ms\": %.1f, "
+                "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
+                step + 1, loss, (double)lr, tps, dt * 1e3, share, isfinite(gate) ? gate : -1.0,
+                gnorm);
         fflush(mf);
         st.step = step + 1;
         int last = st.step == rc.steps || st.step == stop_after;
         if (neval > 1 && (st.step % rc.eval_every == 0 || st.step == rc.steps)) {
             PplResult s = eval_mode(&m, val, neval, T, ATTN_SOFT, rc.fc.topk, ROUTE_CAUSAL);
             PplResult h = eval_mode(&m, val, neval, T, ATTN_HARD, rc.fc.topk, ROUTE_CAUSAL);
-            printf("  eval step %ld (causal routing): dense %.3f | soft %.3f | hard k=%d %.3f\n", st.step, ppl_dense,
-                   exp(s.nll / s.count), rc.fc.topk, exp(h.nll / h.count));
-            fprintf(mf, "{\"type\": \"eval\", \"step\": %ld, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, \"ppl_hard\": %.6f, \"topk\": %d}\n",
+            printf("  eval step %ld (causal routing): dense %.3f | soft %.3f | hard k=%d %.3f\n",
+                   st.step, ppl_dense, exp(s.nll / s.count), rc.fc.topk, exp(h.nll / h.count));
+            fprintf(mf,
+                    "{\"type\": \"eval\", \"step\": %ld, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, "
+                    "\"ppl_hard\": %.6f, \"topk\": %d}\n",
                     st.step, ppl_dense, exp(s.nll / s.count), exp(h.nll / h.count), rc.fc.topk);
             fflush(mf);
         }
@@ -349,7 +399,8 @@ int cmd_retrofit(int argc, char** argv) {
             router_save(ckpt, &m, &opt, &st, conf_text);
         }
         if (st.step == stop_after) {
-            printf("stopped after step %ld as asked; continue with: focus retrofit --resume %s\n", st.step, out);
+            printf("stopped after step %ld as asked; continue with: focus retrofit --resume %s\n",
+                   st.step, out);
             break;
         }
     }
@@ -361,9 +412,15 @@ int cmd_retrofit(int argc, char** argv) {
         PplResult s = eval_mode(&m, val, neval, T, ATTN_SOFT, rc.fc.topk, ROUTE_CAUSAL);
         PplResult h = eval_mode(&m, val, neval, T, ATTN_HARD, rc.fc.topk, ROUTE_CAUSAL);
         printf("\nperplexity on %zu validation tokens (causal routing, T=%d):\n", s.count, T);
-        if (ppl_soft0 > 0) printf("  before: dense %.3f | soft %.3f | hard k=%d %.3f\n", ppl_dense, ppl_soft0, rc.fc.topk, ppl_hard0);
-        printf("  after:  dense %.3f | soft %.3f | hard k=%d %.3f\n", ppl_dense, exp(s.nll / s.count), rc.fc.topk, exp(h.nll / h.count));
-        printf("router training took %.1f s; run files in %s (router.h5, metrics.jsonl, config.conf)\n", now_seconds() - t_start, out);
+        if (ppl_soft0 > 0)
+            printf("  before: dense %.3f | soft %.3f | hard k=%d %.3f\n", ppl_dense, ppl_soft0,
+                   rc.fc.topk, ppl_hard0);
+        printf("  after:  dense %.3f | soft %.3f | hard k=%d %.3f\n", ppl_dense,
+               exp(s.nll / s.count), rc.fc.topk, exp(h.nll / h.count));
+        printf(
+            "router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
+            "config.conf)\n",
+            now_seconds() - t_start, out);
     }
     free(conf_text);
     free(inp);
