@@ -33,8 +33,9 @@ double hard_pairs_kept(const Model* m);
 PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet);
 
 /* Tokens from a shard folder (shards named prefix* first, else all *.bin), a folder of *.txt
- * documents, one shard, or a text file. Text is tokenized with tok_path and, if clean,
- * cleaned first (text_clean); documents are separated by the end-of-text token. */
+ * documents, one shard, or a text file. Text is tokenized with tok_path; a folder's documents
+ * are cleaned first (text_clean), a single file only if clean is set; documents are separated
+ * by the end-of-text token. */
 int* load_tokens(const char* path, const char* prefix, const char* tok_path, int clean, size_t* n);
 
 /* Tokens for evaluation from a shard folder, a shard, or a text file (tokenized with tok_path,

@@ -80,7 +80,7 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
         for (int i = 0; i < nf; i++) {
             size_t len, m;
             char* text = read_file(files[i], &len);
-            if (clean) len = text_clean(text, len);
+            len = text_clean(text, len); /* a folder of documents is always cleaned */
             int* ids = tokenizer_encode(t, text, len, &m);
             all = realloc(all, sizeof(int) * (*n + m + 2));
             if (eot >= 0) all[(*n)++] = eot;
