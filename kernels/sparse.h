@@ -21,8 +21,9 @@ void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T
 void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
                             int w, int B, int T, int NH, int NKV, int hs);
 
-/* Pair evaluations of the hard executor for masks of one sequence (set A + set B), and of
- * dense causal attention, T (T + 1) / 2: their ratio is the work saved. */
+/* Pair evaluations the hard executor does for the masks of one sequence (set A, including pairs
+ * computed and then left out by the lowest-shared-group rule when k > 1, plus set B); dense causal
+ * attention does T (T + 1) / 2. */
 double hard_pair_count(const uint32_t* mask, int K, int w, int T);
 
 #endif
