@@ -1,10 +1,10 @@
 /* retrofit.c: `focus retrofit`, the project's main job: train only the router of a frozen
  * base model on the user's text, evaluate dense / soft / hard perplexity, checkpoint to HDF5.
  *
- * A step: grad_accum micro-batches of B x T tokens taken in order from the training tokens
- * (wrapping around), each a forward pass with the training routing (Sinkhorn by default), a
+ * A step: grad_accum micro-batches of B x T tokens, windows at random offsets of the training
+ * tokens (a seeded sampler), each a forward pass with the training routing (Sinkhorn by default), a
  * beta EMA update and a router-only backward pass; then clipping and AdamW. Everything the next
- * step depends on (router, moments, beta, data position, RNG) is in router.h5, so --resume
+ * step depends on (router, moments, beta, data sampler and RNG states) is in router.h5, so --resume
  * continues bit-identically on the same machine and thread count. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,15 +41,15 @@ static void path_join(char* out, size_t n, const char* dir, const char* name) {
     snprintf(out, n, "%s/%s", dir, name);
 }
 
-/* Next micro-batch: B rows of T+1 consecutive tokens from *pos, wrapping around the data. */
-static void next_batch(const int* data, size_t n, uint64_t* pos, int B, int T, int* inp, int* tgt) {
+/* Next micro-batch: B rows of T+1 consecutive tokens starting at random offsets drawn from the
+ * data sampler r (its state is checkpointed, so a resumed run draws the same batches). */
+static void next_batch(const int* data, size_t n, Rng* r, int B, int T, int* inp, int* tgt) {
     for (int b = 0; b < B; b++) {
-        if (*pos + (uint64_t)T + 1 > n) *pos = 0;
+        uint64_t pos = rng_u64(r) % (uint64_t)(n - (size_t)T);
         for (int t = 0; t < T; t++) {
-            inp[b * T + t] = data[*pos + (uint64_t)t];
-            tgt[b * T + t] = data[*pos + (uint64_t)t + 1];
+            inp[b * T + t] = data[pos + (uint64_t)t];
+            tgt[b * T + t] = data[pos + (uint64_t)t + 1];
         }
-        *pos += (uint64_t)T;
     }
 }
 
@@ -104,13 +104,14 @@ static void pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, c
     int B = rc->pretrain_B, T = rc->T;
     int* inp = mallocCheck(sizeof(int) * B * T);
     int* tgt = mallocCheck(sizeof(int) * B * T);
-    uint64_t pos = 0;
+    Rng sampler;
+    rng_seed(&sampler, rc->fc.seed ^ 0x9e7aull);
     printf(
         "pretraining the base model from scratch: %d steps of %d x %d tokens, %.2fM parameters\n",
         rc->pretrain_steps, B, T, m->num_params / 1e6);
     double t0 = now_seconds();
     for (int s = 0; s < rc->pretrain_steps; s++) {
-        next_batch(data, n, &pos, B, T, inp, tgt);
+        next_batch(data, n, &sampler, B, T, inp, tgt);
         model_forward(m, inp, tgt, B, T, 1);
         if (!isfinite(m->mean_loss))
             fatal("pretraining: loss became %g at step %d; lower pretrain_lr", (double)m->mean_loss,
@@ -297,14 +298,16 @@ int cmd_retrofit(int argc, char** argv) {
     AdamW opt;
     adamw_init(&opt, nopt, rc.beta1, rc.beta2, rc.adam_eps, rc.weight_decay);
     RouterState st = {0, 0, 0, 0, 0, fp};
-    Rng rng;
+    Rng rng, sampler;
     rng_seed(&rng, rc.fc.seed ^ 0x5eedull);
+    rng_seed(&sampler, rc.fc.seed ^ 0xda7aull);
     real* base_copy = NULL; /* the backbone must not change: checked at the end */
     base_copy = mallocCheck(sizeof(real) * m.num_params);
     memcpy(base_copy, m.params_mem, sizeof(real) * m.num_params);
     if (resume) {
         router_load(ckpt, &m, &opt, &st, fp);
         rng.state = st.rng_state;
+        sampler.state = st.data_pos;
         truncate_metrics(metrics_path, st.step);
         printf("resumed from %s at step %ld\n", ckpt, st.step);
     } else {
@@ -346,7 +349,7 @@ int cmd_retrofit(int argc, char** argv) {
         model_zero_grad(&m, GRAD_ROUTER);
         double loss = 0;
         for (int micro = 0; micro < rc.grad_accum; micro++) {
-            next_batch(train, ntrain, &st.data_pos, B, T, inp, tgt);
+            next_batch(train, ntrain, &sampler, B, T, inp, tgt);
             model_forward(&m, inp, tgt, B, T, 1);
             if (!isfinite(m.mean_loss))
                 fatal(
@@ -396,6 +399,7 @@ int cmd_retrofit(int argc, char** argv) {
             st.adam_t = opt.t;
             st.beta_updates = m.beta_updates;
             st.rng_state = rng.state;
+            st.data_pos = sampler.state;
             router_save(ckpt, &m, &opt, &st, conf_text);
         }
         if (st.step == stop_after) {
