@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../data/text.h"
 #include "gguf.h"
 
 _Static_assert(sizeof(real) == 4, "model import writes float parameters");
@@ -204,24 +205,6 @@ typedef struct {
     size_t data_start;
 } SafeFile;
 
-static char* read_text_file(const char* path, size_t* len) {
-    FILE* fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char* s = mallocCheck((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, fp) != (size_t)n) {
-        free(s);
-        fclose(fp);
-        return NULL;
-    }
-    s[n] = 0;
-    fclose(fp);
-    if (len) *len = (size_t)n;
-    return s;
-}
-
 static void safe_open(SafeFile* s, const char* path) {
     memset(s, 0, sizeof(*s));
     s->path = path;
@@ -344,7 +327,7 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     }
     SafeFile s;
     safe_open(&s, file);
-    char* cfgtext = read_text_file(cfgpath, NULL);
+    char* cfgtext = read_file_opt(cfgpath, NULL);
     cJSON* hc = cfgtext ? cJSON_Parse(cfgtext) : NULL;
     if (cfgtext && !hc) fatal("%s: not valid JSON", cfgpath);
     /* Names may carry a "transformer." (GPT-2) prefix. */

@@ -12,6 +12,7 @@
 
 #include "../checkpoints/gguf.h"
 #include "../model/common.h"
+#include "text.h"
 
 /* The GPT-2 pre-tokenizer pattern: contractions, letters, numbers, other symbols, each
  * optionally led by one space; then runs of whitespace (not eating the space before a word). */
@@ -264,30 +265,16 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
     return t;
 }
 
-static char* slurp(const char* path, size_t* len) {
-    FILE* fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char* s = mallocCheck((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, fp);
-    fclose(fp);
-    s[got] = 0;
-    *len = got;
-    return s;
-}
-
 static Tokenizer* load_dir_tokenizer(const char* dir) {
     char pe[4096], pm[4096];
     snprintf(pe, sizeof pe, "%s/encoder.json", dir);
     snprintf(pm, sizeof pm, "%s/vocab.bpe", dir);
     size_t ne, nm;
-    char* enc = slurp(pe, &ne);
+    char* enc = read_file_opt(pe, &ne);
     if (!enc)
         fatal("%s: cannot read the GPT-2 vocabulary (expected encoder.json and vocab.bpe in %s)",
               pe, dir);
-    char* mer = slurp(pm, &nm);
+    char* mer = read_file_opt(pm, &nm);
     if (!mer) fatal("%s: cannot read the GPT-2 merge rules", pm);
     cJSON* j = cJSON_ParseWithLength(enc, ne);
     if (!j || !cJSON_IsObject(j)) fatal("%s: not a JSON object", pe);

@@ -19,13 +19,15 @@ void kvcache_init(KVCache* c, const Model* m, int cap) {
     c->mask = mallocCheck(sizeof(uint32_t) * (size_t)mc->L * cap);
     c->gpos = mallocCheck(sizeof(int) * (size_t)mc->L * K * cap);
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
+    c->keys = mallocCheck(sizeof(int) * cap);
     size_t FC = mc->arch == ARCH_LLAMA ? 2 * (size_t)mc->F : (size_t)mc->F;
     c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg +
                                              2 * m->fc.K + 8 + cap));
 }
 
 void kvcache_free(KVCache* c) {
-    free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->scratch);
+    free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->keys),
+        free(c->scratch);
     memset(c, 0, sizeof(*c));
 }
 
@@ -92,65 +94,41 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
             for (int g = 0; g < K; g++)
                 if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;
         }
-        /* the keys this token attends to: its window, plus (hard) its groups' earlier tokens */
-        int lo = routed ? (n - f->w < 0 ? 0 : n - f->w) : 0;
+        /* The keys this token attends to: (hard) its groups' earlier tokens before the window,
+         * each taken in the lowest group it shares, then the window (everything when dense). */
+        int lo = routed ? (n - f->w < 0 ? 0 : n - f->w) : 0, nk = 0;
+        if (routed) {
+            for (int g = 0; g < K; g++) {
+                if (!((mi >> g) & 1)) continue;
+                const int* gp = gpos + (size_t)g * c->cap;
+                for (int t = 0; t < gn[g] && gp[t] < lo; t++)
+                    if (!(cm[gp[t]] & mi & ((1u << g) - 1))) c->keys[nk++] = gp[t];
+            }
+        }
+        for (int j = lo; j <= n; j++) c->keys[nk++] = j;
+        c->pairs += (long)nk * NH;
+        const real scale = (real)(1.0 / sqrt((double)hs));
         for (int hh = 0; hh < NH; hh++) {
             const real* q = qkv + hh * hs;
             int kvh = hh / rep;
-            real scale = (real)(1.0 / sqrt((double)hs)), mx = -INFINITY;
-            /* far keys from group lists, lowest shared group only */
-            int nfar = 0;
-            for (int j = lo; j <= n; j++) {
-                const real* kj = kc + (size_t)j * kvw + kvh * hs;
+            real mx = -INFINITY;
+            for (int t = 0; t < nk; t++) {
+                const real* kj = kc + (size_t)c->keys[t] * kvw + kvh * hs;
                 real s = 0;
                 for (int e = 0; e < hs; e++) s += q[e] * kj[e];
-                sc[j] = s * scale;
-                mx = sc[j] > mx ? sc[j] : mx;
+                sc[t] = s * scale;
+                mx = sc[t] > mx ? sc[t] : mx;
             }
-            if (routed) {
-                for (int g = 0; g < K; g++) {
-                    if (!((mi >> g) & 1)) continue;
-                    const int* gp = gpos + (size_t)g * c->cap;
-                    for (int t = 0; t < gn[g]; t++) {
-                        int j = gp[t];
-                        if (j >= lo) break;                         /* the rest is in the window */
-                        if (cm[j] & mi & ((1u << g) - 1)) continue; /* taken in a lower group */
-                        const real* kj = kc + (size_t)j * kvw + kvh * hs;
-                        real s = 0;
-                        for (int e = 0; e < hs; e++) s += q[e] * kj[e];
-                        sc[j] = s * scale;
-                        mx = sc[j] > mx ? sc[j] : mx;
-                        nfar++;
-                    }
-                }
-            }
-            /* softmax over the chosen keys (window entries, then far entries marked in sc) */
             double sum = 0;
             real* o = att + hh * hs;
             for (int e = 0; e < hs; e++) o[e] = 0;
-            for (int j = lo; j <= n; j++) {
-                real pj = (real)exp((double)(sc[j] - mx));
+            for (int t = 0; t < nk; t++) {
+                real pj = (real)exp((double)(sc[t] - mx));
                 sum += pj;
-                const real* vj = vc + (size_t)j * kvw + kvh * hs;
+                const real* vj = vc + (size_t)c->keys[t] * kvw + kvh * hs;
                 for (int e = 0; e < hs; e++) o[e] += pj * vj[e];
             }
-            if (routed) {
-                for (int g = 0; g < K; g++) {
-                    if (!((mi >> g) & 1)) continue;
-                    const int* gp = gpos + (size_t)g * c->cap;
-                    for (int t = 0; t < gn[g]; t++) {
-                        int j = gp[t];
-                        if (j >= lo) break;
-                        if (cm[j] & mi & ((1u << g) - 1)) continue;
-                        real pj = (real)exp((double)(sc[j] - mx));
-                        sum += pj;
-                        const real* vj = vc + (size_t)j * kvw + kvh * hs;
-                        for (int e = 0; e < hs; e++) o[e] += pj * vj[e];
-                    }
-                }
-            }
             for (int e = 0; e < hs; e++) o[e] = (real)(o[e] / sum);
-            c->pairs += (n - lo + 1) + nfar;
         }
         matmul_forward(tmp, att, p->attprojw + (size_t)l * C * C,
                        p->attprojb ? p->attprojb + lC : NULL, 1, C, C);

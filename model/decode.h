@@ -17,6 +17,7 @@ typedef struct {
     uint32_t* mask; /* (L, cap) top-k group masks */
     int* gpos;      /* (L, K, cap) positions of each group's tokens */
     int* gn;        /* (L, K) group list lengths */
+    int* keys;      /* (cap) the positions one query attends to */
     real* scratch;  /* one token's activations */
     long pairs;     /* attention pairs evaluated so far, summed over layers */
 } KVCache;

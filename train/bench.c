@@ -55,8 +55,8 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
         "heads %d / kv-heads %d, head dim %d, K=%d, k=%d, window %d, %d threads, sgemm %.1f "
         "GFLOP/s\n",
         NH, NKV, hs, K, topk, w, nthreads, gf);
-    printf("%9s %11s %11s %12s %12s %9s %14s\n", "T", "pairs kept", "pair work", "dense ms", "focus ms", "speed-up",
-           "dense GFLOP/s");
+    printf("%9s %11s %11s %12s %12s %9s %14s\n", "T", "pairs kept", "pair work", "dense ms",
+           "focus ms", "speed-up", "dense GFLOP/s");
     Rng rng;
     rng_seed(&rng, 2026);
     for (int t = 0; t < nT; t++) {
@@ -96,8 +96,8 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
             td = fmin(td, t1 - t0), tf = fmin(tf, t2 - t1);
         }
         double flops = 4.0 * NH * hs * (double)T * (T + 1) / 2;
-        printf("%9d %11.4f %11.4f %12.1f %12.1f %8.2fx %8.1f (%2.0f %%)\n", T, kept, work, td * 1e3, tf * 1e3,
-               td / tf, flops / td / 1e9, 100 * flops / td / 1e9 / gf);
+        printf("%9d %11.4f %11.4f %12.1f %12.1f %8.2fx %8.1f (%2.0f %%)\n", T, kept, work, td * 1e3,
+               tf * 1e3, td / tf, flops / td / 1e9, 100 * flops / td / 1e9 / gf);
         fflush(stdout);
         free(qkv), free(out), free(lse), free(mask);
     }
