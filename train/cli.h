@@ -45,7 +45,10 @@ int* load_eval_tokens(const char* data, const char* model_path, const char* tok_
 /* Returns argv[i+1] for option argv[i] or exits with a message naming the option. */
 const char* cli_value(int argc, char** argv, int i);
 int cli_int(const char* opt, const char* v);
-/* Resolve --config NAME and --set key=value pairs (in order) into cfg and fc. */
+/* Split "key=value" into key (NUL-terminated, at most keycap - 1 bytes) and the returned value;
+ * fatal on a malformed pair. */
+const char* cli_split_set(const char* kv, char* key, size_t keycap);
+/* Apply one --set key=value to cfg and fc. */
 void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv);
 /* Peak resident memory of this process in MiB. */
 double peak_rss_mib(void);

@@ -101,8 +101,9 @@ int cmd_eval(int argc, char** argv) {
         else if (!strcmp(a, "--routing"))
             routing = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--set")) {
-            ModelConfig dummy;
-            cli_apply_set(&dummy, &fc, cli_value(argc, argv, i++));
+            /* the model's own settings come from its file: only Focus keys take effect here */
+            ModelConfig from_file;
+            cli_apply_set(&from_file, &fc, cli_value(argc, argv, i++));
         } else
             fatal("eval: unknown option '%s' (see focus eval --help)", a);
     }

@@ -37,17 +37,22 @@ int cli_int(const char* opt, const char* v) {
     return (int)x;
 }
 
-void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
+const char* cli_split_set(const char* kv, char* key, size_t keycap) {
     const char* eq = strchr(kv, '=');
     if (!eq) fatal("--set expects key=value, got '%s'", kv);
-    char key[64];
     size_t n = (size_t)(eq - kv);
-    if (n >= sizeof key) fatal("--set: key too long in '%s'", kv);
+    if (n >= keycap) fatal("--set: key too long in '%s'", kv);
     memcpy(key, kv, n);
     key[n] = 0;
-    int r = config_set(cfg, fc, key, eq + 1);
+    return eq + 1;
+}
+
+void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
+    char key[128];
+    const char* value = cli_split_set(kv, key, sizeof key);
+    int r = config_set(cfg, fc, key, value);
     if (r == -1) fatal("--set: unknown setting '%s'", key);
-    if (r == -2) fatal("--set: bad value '%s' for setting '%s'", eq + 1, key);
+    if (r == -2) fatal("--set: bad value '%s' for setting '%s'", value, key);
 }
 
 double peak_rss_mib(void) {

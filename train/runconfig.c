@@ -1,6 +1,8 @@
 /* runconfig.c: INI parsing (libinih) and serialisation of run settings (see runconfig.h). */
 #include "runconfig.h"
 
+#include "cli.h"
+
 #include <ini.h>
 #include <string.h>
 
@@ -99,18 +101,13 @@ void runconfig_load_text(RunConfig* rc, const char* text, const char* what) {
 }
 
 void runconfig_set(RunConfig* rc, const char* kv) {
-    const char* eq = strchr(kv, '=');
-    if (!eq) fatal("--set expects key=value, got '%s'", kv);
     char key[128];
-    size_t n = (size_t)(eq - kv);
-    if (n >= sizeof key) fatal("--set: key too long in '%s'", kv);
-    memcpy(key, kv, n);
-    key[n] = 0;
+    const char* value = cli_split_set(kv, key, sizeof key);
     const char* dot = strchr(key, '.');
-    const char* name = dot ? dot + 1 : key;
-    int r = set_key(rc, name, eq + 1);
+    const char* name = dot ? dot + 1 : key; /* "section.key" or "key" */
+    int r = set_key(rc, name, value);
     if (r == -1) fatal("--set: unknown setting '%s'", key);
-    if (r == -2) fatal("--set: bad value '%s' for '%s'", eq + 1, key);
+    if (r == -2) fatal("--set: bad value '%s' for '%s'", value, key);
 }
 
 char* runconfig_text(const RunConfig* rc) {
