@@ -19,7 +19,7 @@ check() { # description, expected text, command...
 printf 'hello world\n' > text.txt
 size=$(stat -c %s tiny.gguf)
 head -c $((size / 2)) tiny.gguf > truncated.gguf
-head -c 10 tiny.gguf > stub.gguf
+head -c 10 tiny.gguf > short_header.gguf
 { printf 'GGUX'; tail -c +5 tiny.gguf; } > magic.gguf
 # offset of the first tensor pushed beyond the end: rewrite the last 8 bytes of the header entry
 python3 - <<'PY' 2>/dev/null || cp truncated.gguf offset.gguf
@@ -31,7 +31,7 @@ open("offset.gguf", "wb").write(bytes(data))
 PY
 check "missing model" "nope.gguf" "$focus" eval ppl --model nope.gguf --data text.txt
 check "truncated GGUF" "truncated.gguf" "$focus" eval ppl --model truncated.gguf --data text.txt --tokenizer tiny.gguf
-check "header stub" "stub.gguf" "$focus" eval ppl --model stub.gguf --data text.txt
+check "10-byte header" "short_header.gguf" "$focus" eval ppl --model short_header.gguf --data text.txt
 check "wrong magic" "magic.gguf" "$focus" generate --model magic.gguf --prompt hi
 check "offset beyond file" "offset.gguf" "$focus" eval ppl --model offset.gguf --data text.txt
 check "no tokenizer in file" "tokenizer" "$focus" tokenize --tokenizer tiny.gguf text.txt
