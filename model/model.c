@@ -11,6 +11,10 @@
  * (NULL weight-gradient pointers), so in GRAD_ROUTER mode only input gradients flow. */
 #include "model.h"
 
+#ifdef FOCUS_CUDA
+#include "model_cuda.h"
+#endif
+
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -20,6 +24,8 @@
 
 static int qkv_width(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
 static int fc_width(const ModelConfig* c) { return c->arch == ARCH_LLAMA ? 2 * c->F : c->F; }
+int model_qkv_width(const ModelConfig* c) { return qkv_width(c); }
+int model_fc_width(const ModelConfig* c) { return fc_width(c); }
 
 int model_config_preset(const char* name, ModelConfig* c) {
     memset(c, 0, sizeof(*c));
@@ -265,6 +271,9 @@ void model_set_router_config(Model* m, const FocusConfig* fc) {
 }
 
 void model_free(Model* m) {
+#ifdef FOCUS_CUDA
+    model_cuda_free(m);
+#endif
     free(m->params_mem);
     free(m->grads_mem);
     free(m->router_mem);
@@ -318,8 +327,8 @@ void model_init_router(Model* m, uint64_t seed) {
 }
 
 /* Activation sizes for (B, T); per-layer tensors hold L layers when keep, else one. */
-static void act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T,
-                      int keep) {
+void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T,
+                     int keep) {
     size_t BT = (size_t)B * T, C = c->C, Ls = keep ? c->L : 1;
     /* Router tensors are small and always allocated, so the attention mode can change
      * between calls without reallocation. */
@@ -355,7 +364,7 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
     free(m->targets);
     free(m->losses);
     size_t s[NUM_ACT_TENSORS];
-    act_sizes(s, &m->cfg, &m->fc, B, T, keep);
+    model_act_sizes(s, &m->cfg, &m->fc, B, T, keep);
     m->acts_mem = mallocCheck(sum_sizes(s, NUM_ACT_TENSORS) * sizeof(real));
     carve((real**)&m->acts, m->acts_mem, s, NUM_ACT_TENSORS);
     m->rmask = mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
@@ -368,6 +377,9 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
 }
 
 const real* model_groups(const Model* m, int l) {
+#ifdef FOCUS_CUDA
+    if (m->gpu) model_cuda_sync_groups(m);
+#endif
     if (!m->acts.rG) return NULL;
     return m->acts.rG + (size_t)l * m->B * m->T * m->fc.K;
 }
@@ -389,18 +401,10 @@ static void norm_backward(const Model* m, real* dinp, real* dw, real* db, const 
         rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
 }
 
-/* Pointers to layer l's slice of the per-layer activations (slot 0 when not keeping). */
-typedef struct {
-    real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-        *fch_act, *res3, *rproj, *rS, *rG, *colofs;
-    uint32_t* mask;
-} LayerActs;
-
-static LayerActs layer_acts(const Model* m, int l) {
+LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     size_t BT = (size_t)m->B * m->T, s = m->keep ? (size_t)l : 0;
-    const Acts* a = &m->acts;
     LayerActs r;
     r.ln1 = a->ln1 + s * BT * c->C;
     r.ln1_mean = a->ln1_mean + s * BT;
@@ -419,8 +423,12 @@ static LayerActs layer_acts(const Model* m, int l) {
     r.rS = a->rS + s * BT * f->K;
     r.rG = a->rG + (size_t)l * BT * f->K;
     r.colofs = a->colofs + (size_t)l * m->B * f->K;
-    r.mask = m->rmask + s * BT;
+    r.mask = rmask + s * BT;
     return r;
+}
+
+static LayerActs layer_acts(const Model* m, int l) {
+    return model_layer_acts(m, &m->acts, m->rmask, l);
 }
 
 static AttnGate layer_gate(const Model* m, int l, const LayerActs* a) {
@@ -444,6 +452,12 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
             fatal("token id %d at position %d is outside the vocabulary (V=%d)", inputs[i], i,
                   c->V);
     }
+#ifdef FOCUS_CUDA
+    if (m->gpu) {
+        model_cuda_forward(m, inputs, targets, B, T, keep);
+        return;
+    }
+#endif
     ensure_acts(m, B, T, keep);
     memcpy(m->inputs, inputs, sizeof(int) * B * T);
     const size_t BT = (size_t)B * T;
@@ -513,6 +527,9 @@ void model_update_beta(Model* m) {
     const FocusConfig* f = &m->fc;
     if (f->attn == ATTN_DENSE || f->routing == ROUTE_CAUSAL || !m->acts.colofs) return;
     /* Average of the batch's offsets; the first update takes it as is. */
+#ifdef FOCUS_CUDA
+    if (m->gpu) model_cuda_sync_colofs(m);
+#endif
     real mom = m->beta_updates ? f->beta_momentum : 0;
     for (int l = 0; l < m->cfg.L; l++) {
         for (int k = 0; k < f->K; k++) {
@@ -523,10 +540,19 @@ void model_update_beta(Model* m) {
         }
     }
     m->beta_updates++;
+#ifdef FOCUS_CUDA
+    if (m->gpu) model_cuda_upload_router(m);
+#endif
 }
 
 void model_zero_grad(Model* m, GradMode mode) {
     memset(m->rgrads_mem, 0, sizeof(real) * m->num_router);
+#ifdef FOCUS_CUDA
+    if (m->gpu) {
+        model_cuda_zero_grad(m, mode);
+        return;
+    }
+#endif
     if (mode == GRAD_ALL) {
         if (!m->grads_mem) {
             m->grads_mem = callocCheck(m->num_params, sizeof(real));
@@ -544,6 +570,12 @@ void model_backward(Model* m, GradMode mode) {
     const FocusConfig* f = &m->fc;
     if (!m->keep || m->mean_loss < 0)
         fatal("internal: model_backward needs a forward pass with targets and keep = 1");
+#ifdef FOCUS_CUDA
+    if (m->gpu) {
+        model_cuda_backward(m, mode);
+        return;
+    }
+#endif
     if (mode == GRAD_ALL && !m->grads_mem) model_zero_grad(m, GRAD_ALL);
     const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = qkv_width(c), FC = fc_width(c);
     const size_t BT = (size_t)B * T;

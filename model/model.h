@@ -130,6 +130,8 @@ typedef struct {
     /* backward scratch */
     real* scratch_mem;
     size_t scratch_size;
+    /* the GPU copy (model/model_cuda.c) when the model runs with --device cuda, else NULL */
+    struct CudaModel* gpu;
 } Model;
 
 /* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama. 0 on success. */
@@ -168,5 +170,19 @@ void model_update_beta(Model* m);
 static inline const real* model_logits(const Model* m) { return m->acts.logits; }
 /* Group distributions of layer l from the last forward: (B, T, K). */
 const real* model_groups(const Model* m, int l);
+
+/* ---- shared with the GPU path (model/model_cuda.c); not for other callers ---- */
+int model_qkv_width(const ModelConfig* c);
+int model_fc_width(const ModelConfig* c);
+/* Sizes of the NUM_ACT_TENSORS activation tensors for (B, T, keep). */
+void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T,
+                     int keep);
+/* Pointers to layer l's slice of activations a (slot 0 when not keeping). */
+typedef struct {
+    real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_act, *res3, *rproj, *rS, *rG, *colofs;
+    uint32_t* mask;
+} LayerActs;
+LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l);
 
 #endif

@@ -13,6 +13,10 @@
 #include "../kernels/sparse.h"
 #include "cli.h"
 
+#ifdef FOCUS_CUDA
+#include "../kernels/cuda/cuda.h"
+#endif
+
 static double gemm_gflops(int n, int reps) {
     real* a = mallocCheck(sizeof(real) * n * n);
     real* b = mallocCheck(sizeof(real) * n * n);
@@ -104,6 +108,113 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
     return 0;
 }
 
+#ifdef FOCUS_CUDA
+/* Fraction of causal pairs kept by one sequence's masks: the local band plus the distant pairs
+ * sharing a group; exact (per-group counts) when every token has one group, else estimated from
+ * 2^20 random distant pairs. */
+static double kept_fraction(const uint32_t* mask, int K, int w, int T) {
+    double dense = (double)T * (T + 1) / 2, local = 0, far = 0;
+    for (int i = 0; i < T; i++) local += i < w ? i + 1 : w + 1;
+    int single = 1;
+    for (int i = 0; i < T && single; i++) single = __builtin_popcount(mask[i]) == 1;
+    if (single) {
+        double count[32] = {0}; /* keys j < i - w with each group */
+        for (int i = w + 1; i < T; i++) {
+            count[__builtin_ctz(mask[i - w - 1])] += 1;
+            far += count[__builtin_ctz(mask[i])];
+        }
+    } else if (T > w + 1) {
+        Rng rng;
+        rng_seed(&rng, 99);
+        double hits = 0;
+        const int samples = 1 << 20;
+        for (int s = 0; s < samples; s++) {
+            int i = w + 1 + (int)(rng_u64(&rng) % (uint64_t)(T - w - 1));
+            int j = (int)(rng_u64(&rng) % (uint64_t)(i - w));
+            hits += (mask[i] & mask[j]) != 0;
+        }
+        far = hits / samples * (dense - local);
+    }
+    (void)K;
+    return (local + far) / dense;
+}
+
+/* GPU attention benchmark: the bf16 tensor-core dense kernel against the hard top-k executor
+ * on the same random inputs, synthetic balanced routing, for each T and each K. */
+static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, int topk, int NH,
+                                int NKV, int hs, int w, int reps, const char* json) {
+    cuda_init(0);
+    printf("GPU attention benchmark: bf16 dense (our flash kernel) vs Focus hard top-k executor\n");
+    printf("heads %d / kv-heads %d, head dim %d, k=%d, window %d, synthetic balanced routing\n",
+           NH, NKV, hs, topk, w);
+    printf("%9s %3s %10s %11s %11s %9s %13s\n", "T", "K", "pairs kept", "dense ms", "focus ms",
+           "speed-up", "dense TFLOP/s");
+    FILE* jf = json ? fopen(json, "w") : NULL;
+    if (json && !jf) fatal("%s: cannot open for writing", json);
+    if (jf) fprintf(jf, "[\n");
+    int first_row = 1;
+    HardPlan* plan = hard_plan_create();
+    for (int t = 0; t < nT; t++) {
+        int T = Ts[t];
+        size_t nqkv = (size_t)T * (NH + 2 * NKV) * hs;
+        uint16_t* qkv = cuda_malloc(2 * nqkv);
+        float* out = cuda_malloc(sizeof(float) * (size_t)T * NH * hs);
+        float* lse = cuda_malloc(sizeof(float) * (size_t)T * NH);
+        uint32_t* mask = cuda_malloc(sizeof(uint32_t) * T);
+        cuda_fill_normal_bf16(qkv, nqkv, 2026 + T);
+        int r = T >= (1 << 18) ? 1 : reps;
+        /* warm-up (kernel loading, the plan's buffers) */
+        attention_flash_forward_bf16_cuda(out, lse, qkv, 1, T < 4096 ? T : 4096, NH, NKV, hs);
+        cuda_sync();
+        double td = 1e30;
+        for (int i = 0; i < r; i++) {
+            double t0 = now_seconds();
+            attention_flash_forward_bf16_cuda(out, lse, qkv, 1, T, NH, NKV, hs);
+            cuda_sync();
+            td = fmin(td, now_seconds() - t0);
+        }
+        double flops = 4.0 * NH * hs * (double)T * (T + 1) / 2;
+        for (int k = 0; k < nK; k++) {
+            int K = Ks[k];
+            cuda_random_masks(mask, T, K, topk, 77 + K);
+            uint32_t* hmask = mallocCheck(sizeof(uint32_t) * T);
+            cuda_download(hmask, mask, sizeof(uint32_t) * T);
+            double kept = kept_fraction(hmask, K, w, T);
+            free(hmask);
+            attention_hard_forward_bf16_cuda(plan, out, lse, qkv, mask, K, w, 1, T, NH, NKV, hs);
+            cuda_sync();
+            double tf = 1e30;
+            for (int i = 0; i < r; i++) {
+                double t0 = now_seconds();
+                attention_hard_forward_bf16_cuda(plan, out, lse, qkv, mask, K, w, 1, T, NH, NKV,
+                                                 hs);
+                cuda_sync();
+                tf = fmin(tf, now_seconds() - t0);
+            }
+            printf("%9d %3d %10.4f %11.2f %11.2f %8.2fx %13.1f\n", T, K, kept, td * 1e3, tf * 1e3,
+                   td / tf, flops / td / 1e12);
+            fflush(stdout);
+            if (jf) {
+                fprintf(jf,
+                        "%s  {\"T\": %d, \"K\": %d, \"topk\": %d, \"heads\": %d, \"head_dim\": %d, "
+                        "\"w\": %d, \"pairs_kept\": %.6f, \"dense_ms\": %.4f, \"focus_ms\": %.4f, "
+                        "\"dense_tflops\": %.2f}",
+                        first_row ? "" : ",\n", T, K, topk, NH, hs, w, kept, td * 1e3, tf * 1e3,
+                        flops / td / 1e12);
+                first_row = 0;
+            }
+        }
+        cuda_free(qkv), cuda_free(out), cuda_free(lse), cuda_free(mask);
+    }
+    hard_plan_free(plan);
+    if (jf) {
+        fprintf(jf, "\n]\n");
+        fclose(jf);
+    }
+    return 0;
+}
+#endif
+
 static void bench_help(void) {
     printf(
         "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters "
@@ -116,12 +227,15 @@ static void bench_help(void) {
         "smollm2-135m)\n"
         "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
         "  --iters n       timed repetitions of each measurement (default 2)\n"
+        "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
         "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
         "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] "
         "[--kv-heads 1]\n"
         "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same "
         "random\n"
-        "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n");
+        "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n"
+        "           --device cuda: bf16 tensor-core kernels on the GPU, --K may list several\n"
+        "           values (8,4); --json FILE writes one record per (T, K).\n");
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -138,7 +252,8 @@ int cmd_bench(int argc, char** argv) {
     FocusConfig fc;
     focus_config_default(&fc);
     const char* sets[64];
-    int nsets = 0;
+    int nsets = 0, device = 0, Ks[16] = {8}, nK = 1;
+    const char* json = NULL;
     for (int i = 2; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--help")) {
@@ -160,7 +275,12 @@ int cmd_bench(int argc, char** argv) {
         } else if (!strcmp(a, "--n")) {
             gemm_n = cli_int(a, cli_value(argc, argv, i++));
         } else if (!strcmp(a, "--K")) {
-            K = cli_int(a, cli_value(argc, argv, i++));
+            nK = parse_list(cli_value(argc, argv, i++), Ks);
+            K = Ks[0];
+        } else if (!strcmp(a, "--device")) {
+            device = cli_device(cli_value(argc, argv, i++));
+        } else if (!strcmp(a, "--json")) {
+            json = cli_value(argc, argv, i++);
         } else if (!strcmp(a, "--topk")) {
             topk = cli_int(a, cli_value(argc, argv, i++));
         } else if (!strcmp(a, "--heads")) {
@@ -181,6 +301,14 @@ int cmd_bench(int argc, char** argv) {
             fatal("bench attention: need 1 <= topk <= K <= 32");
         if (heads < 1 || kv_heads < 1 || heads % kv_heads || dhead < 1 || w < 0)
             fatal("bench attention: bad head settings");
+        for (int k = 0; k < nK; k++)
+            if (Ks[k] > 32 || topk > Ks[k]) fatal("bench attention: need 1 <= topk <= K <= 32");
+#ifdef FOCUS_CUDA
+        if (device)
+            return bench_attention_cuda(Ts, nT, Ks, nK, topk, heads, kv_heads, dhead, w, iters,
+                                        json);
+#endif
+        if (nK > 1) fatal("bench attention: one K at a time on the CPU");
         return bench_attention(Ts, nT, K, topk, heads, kv_heads, dhead, w, iters);
     }
     int nthreads = omp_get_max_threads();
@@ -215,8 +343,10 @@ int cmd_bench(int argc, char** argv) {
         "threads\n",
         m.num_params / 1e6, m.num_router, 100.0 * m.num_router / m.num_params, B, T, nthreads);
 
-    double gf = gemm_gflops(gemm_n, 3);
-    printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
+    /* on the GPU, percentages are of the CPU's rate make no sense: report TFLOP/s only */
+    double gf = device ? 0 : gemm_gflops(gemm_n, 3);
+    if (!device) printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
+    model_use_device(&m, device);
     /* Approximate forward FLOPs: 2 per weight per token in matrix products, plus causal attention.
      */
     double matflops =
@@ -227,16 +357,24 @@ int cmd_bench(int argc, char** argv) {
     double attflops = 4.0 * cfg.L * cfg.C * (double)T * (T + 1) / 2 * B;
 
     const char* modes[2] = {"dense", "focus soft"};
+    double fwd_tps[2] = {0, 0};
     for (int mode = 0; mode < 2; mode++) {
         m.fc.attn = mode ? ATTN_SOFT : ATTN_DENSE;
         model_forward(&m, tok, tgt, B, T, 0); /* warm-up and allocation */
         double t0 = now_seconds();
         for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 0);
         double dt = (now_seconds() - t0) / iters;
-        printf(
-            "forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f GFLOP/s (%.0f %% of sgemm)  loss %.4f\n",
-            modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e9,
-            100.0 * (matflops + attflops) / dt / 1e9 / gf, (double)m.mean_loss);
+        if (device)
+            printf("forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f TFLOP/s  loss %.4f\n",
+                   modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e12,
+                   (double)m.mean_loss);
+        else
+            printf(
+                "forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f GFLOP/s (%.0f %% of sgemm)  loss "
+                "%.4f\n",
+                modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e9,
+                100.0 * (matflops + attflops) / dt / 1e9 / gf, (double)m.mean_loss);
+        fwd_tps[mode] = n / dt;
     }
     m.fc.attn = ATTN_SOFT;
     model_forward(&m, tok, tgt, B, T, 1);
@@ -251,6 +389,16 @@ int cmd_bench(int argc, char** argv) {
     double dt = (now_seconds() - t0) / iters;
     printf("train step (router-only fwd+bwd) %8.1f tokens/s  %8.1f ms\n", n / dt, dt * 1e3);
     printf("peak RSS %.0f MiB\n", peak_rss_mib());
+    if (json) {
+        FILE* jf = fopen(json, "w");
+        if (!jf) fatal("%s: cannot open for writing", json);
+        fprintf(jf,
+                "{\"config\": \"%s\", \"device\": \"%s\", \"B\": %d, \"T\": %d, "
+                "\"forward_dense_tokens_per_s\": %.1f, \"forward_soft_tokens_per_s\": %.1f, "
+                "\"train_step_tokens_per_s\": %.1f, \"train_step_ms\": %.3f}\n",
+                preset, device ? "cuda" : "cpu", B, T, fwd_tps[0], fwd_tps[1], n / dt, dt * 1e3);
+        fclose(jf);
+    }
     free(tok);
     free(tgt);
     model_free(&m);

@@ -50,6 +50,10 @@ int cli_int(const char* opt, const char* v);
 const char* cli_split_set(const char* kv, char* key, size_t keycap);
 /* Apply one --set key=value to cfg and fc. */
 void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv);
+/* --device: "cpu" (0) or "cuda" (1); fatal() when CUDA was not built in or no GPU is usable. */
+int cli_device(const char* v);
+/* Run m on the device (no-op for the CPU); call after the host model is fully set up. */
+void model_use_device(Model* m, int device);
 /* Peak resident memory of this process in MiB. */
 double peak_rss_mib(void);
 

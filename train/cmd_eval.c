@@ -51,13 +51,13 @@ static void eval_help(void) {
         "[--stride s]\n"
         "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] "
         "[--topk k]\n"
-        "                      [--routing causal|sinkhorn|prefix_sinkhorn]]\n"
+        "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--device cpu|cuda]\n"
         "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
         "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
         "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
         "With --router the trained router is loaded onto the model (which must be the one it was\n"
         "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
-        "future, so its numbers are marked non-causal.\n");
+        "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n");
 }
 
 int cmd_eval(int argc, char** argv) {
@@ -70,7 +70,7 @@ int cmd_eval(int argc, char** argv) {
     int ctx = 1024, stride = 0;
     size_t max_tokens = 0;
     const char *router = NULL, *attn = NULL, *routing = NULL;
-    int topk = 0;
+    int topk = 0, device = 0;
     FocusConfig fc;
     focus_config_default(&fc);
     fc.attn = ATTN_DENSE;
@@ -100,6 +100,8 @@ int cmd_eval(int argc, char** argv) {
             topk = cli_int(a, cli_value(argc, argv, i++));
         else if (!strcmp(a, "--routing"))
             routing = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--device"))
+            device = cli_device(cli_value(argc, argv, i++));
         else if (!strcmp(a, "--set")) {
             /* the model's own settings come from its file: only Focus keys take effect here */
             ModelConfig from_file;
@@ -115,6 +117,7 @@ int cmd_eval(int argc, char** argv) {
     ModelInfo info;
     model_load(&m, model, &fc, &info);
     apply_router_options(&m, router, attn, topk, routing);
+    model_use_device(&m, device);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > max_tokens) n = max_tokens;

@@ -5,6 +5,11 @@
 
 #include "cli.h"
 
+#ifdef FOCUS_CUDA
+#include "../kernels/cuda/cuda.h"
+#include "../model/model_cuda.h"
+#endif
+
 static void usage(FILE* o) {
     fprintf(o,
             "focus: learned sparse attention retrofitted onto frozen language models\n"
@@ -53,6 +58,26 @@ void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
     int r = config_set(cfg, fc, key, value);
     if (r == -1) fatal("--set: unknown setting '%s'", key);
     if (r == -2) fatal("--set: bad value '%s' for setting '%s'", value, key);
+}
+
+int cli_device(const char* v) {
+    if (!strcmp(v, "cpu")) return 0;
+    if (strcmp(v, "cuda")) fatal("--device expects cpu or cuda, got '%s'", v);
+#ifdef FOCUS_CUDA
+    if (!cuda_available()) fatal("--device cuda: no usable CUDA device on this machine");
+    return 1;
+#else
+    fatal("--device cuda: this focus was built without CUDA (no nvcc found at configure time)");
+#endif
+}
+
+void model_use_device(Model* m, int device) {
+#ifdef FOCUS_CUDA
+    if (device) model_to_cuda(m);
+#else
+    (void)m;
+    (void)device;
+#endif
 }
 
 double peak_rss_mib(void) {

@@ -24,6 +24,10 @@
 #include "optim.h"
 #include "runconfig.h"
 
+#ifdef FOCUS_CUDA
+#include "../model/model_cuda.h"
+#endif
+
 /* mkdir -p */
 static int make_dirs(const char* path) {
     char buf[4096];
@@ -162,16 +166,45 @@ static void truncate_metrics(const char* path, long step) {
     free(kept);
 }
 
+/* The optimizer on the GPU (model_cuda.h); these exist so the loop reads the same either way. */
+static double device_grad_sumsq(Model* m, size_t n) {
+#ifdef FOCUS_CUDA
+    return model_cuda_grad_sumsq(m, n);
+#else
+    (void)m, (void)n;
+    return 0;
+#endif
+}
+
+static void device_adamw(Model* m, AdamW* opt, float lr, float scale) {
+#ifdef FOCUS_CUDA
+    model_cuda_adamw(m, opt, lr, scale);
+#else
+    (void)m, (void)opt, (void)lr, (void)scale;
+#endif
+}
+
+static void device_adamw_download(Model* m, AdamW* opt) {
+#ifdef FOCUS_CUDA
+    model_cuda_adamw_download(m, opt);
+#else
+    (void)m, (void)opt;
+#endif
+}
+
 static void retrofit_help(void) {
     printf(
         "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
-        "       focus retrofit --resume RUN_DIR [--stop-after N]\n"
+        "                      [--device cpu|cuda]\n"
+        "       focus retrofit --resume RUN_DIR [--stop-after N] [--device cpu|cuda]\n"
         "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 "
         "(checkpoint),\n"
         "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
         "--stop-after N stops after step N (the schedule still spans all steps); --resume "
         "continues.\n"
-        "Settings: see configs/*.conf; any of them can be overridden with --set.\n");
+        "Settings: see configs/*.conf; any of them can be overridden with --set.\n"
+        "--device cuda trains on the GPU (a scratch base is pretrained on the CPU first); a run\n"
+        "can be resumed on either device.\n");
 }
 
 int cmd_retrofit(int argc, char** argv) {
@@ -179,6 +212,7 @@ int cmd_retrofit(int argc, char** argv) {
     const char* sets[64];
     int nsets = 0;
     long stop_after = 0;
+    int device = 0;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--help")) {
@@ -192,6 +226,8 @@ int cmd_retrofit(int argc, char** argv) {
             resume = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--stop-after"))
             stop_after = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--device"))
+            device = cli_device(cli_value(argc, argv, i++));
         else if (!strcmp(a, "--set")) {
             if (nsets == 64) fatal("too many --set options");
             sets[nsets++] = cli_value(argc, argv, i++);
@@ -313,6 +349,7 @@ int cmd_retrofit(int argc, char** argv) {
     } else {
         remove(metrics_path);
     }
+    model_use_device(&m, device);
     FILE* mf = fopen(metrics_path, "a");
     if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
 
@@ -360,13 +397,26 @@ int cmd_retrofit(int argc, char** argv) {
             model_backward(&m, GRAD_ROUTER);
             loss += m.mean_loss / rc.grad_accum;
         }
-        if (rc.grad_accum > 1)
-            for (size_t i = 0; i < nopt; i++) m.rgrads_mem[i] /= (real)rc.grad_accum;
-        double gnorm = clip_grad_norm(m.rgrads_mem, nopt, rc.clip);
-        if (!isfinite(gnorm))
-            fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is intact",
-                  gnorm, step + 1, ckpt);
-        adamw_step(&opt, m.router_mem, m.rgrads_mem, lr);
+        double gnorm;
+        if (device) {
+            /* the same arithmetic on the device: mean over micro-batches, clip, AdamW */
+            gnorm = sqrt(device_grad_sumsq(&m, nopt)) / rc.grad_accum;
+            if (!isfinite(gnorm))
+                fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is "
+                      "intact",
+                      gnorm, step + 1, ckpt);
+            double k = rc.clip > 0 && gnorm > rc.clip ? rc.clip / (gnorm + 1e-12) : 1.0;
+            device_adamw(&m, &opt, lr, (float)(k / rc.grad_accum));
+        } else {
+            if (rc.grad_accum > 1)
+                for (size_t i = 0; i < nopt; i++) m.rgrads_mem[i] /= (real)rc.grad_accum;
+            gnorm = clip_grad_norm(m.rgrads_mem, nopt, rc.clip);
+            if (!isfinite(gnorm))
+                fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is "
+                      "intact",
+                      gnorm, step + 1, ckpt);
+            adamw_step(&opt, m.router_mem, m.rgrads_mem, lr);
+        }
         double dt = now_seconds() - t0;
         double share = focus_largest_share(&m), gate = focus_gate_far_mean(&m, &rng);
         double tps = (double)B * T * rc.grad_accum / dt;
@@ -396,6 +446,7 @@ int cmd_retrofit(int argc, char** argv) {
             fflush(mf);
         }
         if (st.step % rc.ckpt_every == 0 || last) {
+            if (device) device_adamw_download(&m, &opt);
             st.adam_t = opt.t;
             st.beta_updates = m.beta_updates;
             st.rng_state = rng.state;

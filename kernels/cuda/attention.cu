@@ -1,0 +1,340 @@
+/* attention.cu: causal grouped-query attention with the Focus gate on the GPU, forward and
+ * backward, mirroring kernels/attention.c (the gate semantics are documented in attention.h).
+ *
+ * Flash-style in fp32: a block takes 64 query rows (forward, dQ) or 64 key rows (dK, dV) of one
+ * head, two threads per row, each holding half of the row's dimensions in registers (alternate
+ * groups of 4, so the pair reads different shared-memory banks); the other side streams through
+ * shared memory in tiles of 32 rows. Scores are formed, gated, exponentiated against the online
+ * maximum (forward) or the saved log-sum-exp (backward) and used at once: no T x T buffer.
+ * The backward pass runs two kernels, as FlashAttention-2 does: one over query blocks for dQ
+ * and the row part of the gate gradient, one over key blocks for dK, dV and the column part.
+ * Gate gradients reach dG by atomic adds (one per row and head), lambda and b by a block sum. */
+#include "common.cuh"
+#include "cuda.h"
+#include "rowhalf.cuh"
+
+#define MAXK 32 /* groups */
+
+struct GateArgs {
+    int mode, K, w;
+    const float* G;
+    const uint32_t* mask;
+    float lambda, bias;
+};
+
+static GateArgs gate_args(const AttnGate* g) {
+    GateArgs a = {GATE_NONE, 1, 0, NULL, NULL, 0.f, 0.f};
+    if (g && g->mode != GATE_NONE) {
+        a.mode = g->mode;
+        a.K = g->K;
+        a.w = g->w;
+        a.G = g->G;
+        a.mask = g->mask;
+        a.lambda = g->lambda;
+        a.bias = g->bias;
+    }
+    return a;
+}
+
+/* Additive gate of pair (i, j), given the two rows' group vectors / masks; *aff receives the
+ * affinity G_i . G_j for the soft gate. Local pairs (i - j <= w) are never gated. */
+__device__ __forceinline__ float gate_value(const GateArgs& g, int i, int j, const float* Gi,
+                                            const float* Gj, uint32_t mi, uint32_t mj, float* aff) {
+    *aff = 0.f;
+    if (g.mode == GATE_NONE || i - j <= g.w) return 0.f;
+    if (g.mode == GATE_HARD) return (mi & mj) ? 0.f : -INFINITY;
+    float a = 0;
+    for (int k = 0; k < g.K; k++) a += Gi[k] * Gj[k];
+    *aff = a;
+    return log_sigmoidf_dev(g.lambda * (a - g.bias));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(2 * ROWS) attn_fwd_kernel(float* out, float* lse,
+                                                           const float* qkv, GateArgs g, int T,
+                                                           int NH, int NKV, float scale) {
+    __shared__ __align__(16) float Ks[TILE * HD];
+    __shared__ __align__(16) float Vs[TILE * HD];
+    __shared__ float Gq[ROWS * MAXK], Gk[TILE * MAXK];
+    __shared__ uint32_t mk[TILE];
+    const int QKV = (NH + 2 * NKV) * HD, C = NH * HD, rep = NH / NKV;
+    const int nblk = (T + ROWS - 1) / ROWS;
+    const int blk = nblk - 1 - (int)(blockIdx.x % nblk); /* long blocks first */
+    const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
+    const int kvh = h / rep, q0 = blk * ROWS;
+    const int r = threadIdx.x >> 1, part = threadIdx.x & 1, i = q0 + r;
+    const int valid = i < T, K = g.K;
+    const float* base = qkv + (size_t)b * T * QKV;
+    float q[HD / 2], o[HD / 2];
+    load_half<HD>(q, base + (size_t)(valid ? i : T - 1) * QKV + h * HD, part, scale);
+#pragma unroll
+    for (int e = 0; e < HD / 2; e++) o[e] = 0.f;
+    if (g.mode == GATE_SOFT)
+        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
+            int rr = idx / K;
+            Gq[idx] = q0 + rr < T ? g.G[((size_t)b * T + q0 + rr) * K + idx % K] : 0.f;
+        }
+    const uint32_t mi = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + i] : 0u;
+    float m = -INFINITY, l = 0.f;
+    const int kend = min(q0 + ROWS, T);
+    for (int k0 = 0; k0 < kend; k0 += TILE) {
+        int n = min(TILE, kend - k0);
+        __syncthreads();
+        load_tile<HD>(Ks, base + (size_t)k0 * QKV + C + kvh * HD, QKV, n);
+        load_tile<HD>(Vs, base + (size_t)k0 * QKV + C + NKV * HD + kvh * HD, QKV, n);
+        if (g.mode == GATE_SOFT)
+            for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
+                Gk[idx] = g.G[((size_t)b * T + k0) * K + idx];
+        if (g.mode == GATE_HARD && (int)threadIdx.x < n) mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
+        __syncthreads();
+        for (int j0 = 0; j0 < n; j0 += 8) {
+            float s[8];
+            float cmax = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int jl = j0 + u, j = k0 + jl;
+                float x = jl < n ? dot_half<HD>(q, Ks + jl * HD, part) : 0.f;
+                if (jl >= n || j > i) {
+                    x = -INFINITY;
+                } else if (g.mode != GATE_NONE) {
+                    float aff;
+                    x += gate_value(g, i, j, Gq + r * K, Gk + jl * K, mi,
+                                    g.mode == GATE_HARD ? mk[jl] : 0u, &aff);
+                }
+                s[u] = x;
+                cmax = fmaxf(cmax, x);
+            }
+            float mnew = fmaxf(m, cmax);
+            if (mnew == -INFINITY) continue;
+            float corr = __expf(m - mnew);
+            l *= corr;
+#pragma unroll
+            for (int e = 0; e < HD / 2; e++) o[e] *= corr;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                float p = __expf(s[u] - mnew);
+                l += p;
+                if (p != 0.f) axpy_half<HD>(o, p, Vs + (j0 + u) * HD, part);
+            }
+            m = mnew;
+        }
+    }
+    if (valid) {
+        store_half<HD>(out + ((size_t)b * T + i) * C + h * HD, o, part, 1.f / l, 0);
+        if (part == 0) lse[((size_t)b * NH + h) * T + i] = m + logf(l);
+    }
+}
+
+/* dQ and the row half of the gate gradient; also writes D = rowsum(dO * O) to Dbuf. */
+template <int HD>
+__global__ void __launch_bounds__(2 * ROWS) attn_bwd_dq_kernel(
+    float* dqkv, float* dG, float* dgate, float* Dbuf, const float* dout, const float* qkv,
+    const float* out, const float* lse, GateArgs g, int T, int NH, int NKV, float scale) {
+    __shared__ __align__(16) float Ks[TILE * HD];
+    __shared__ __align__(16) float Vs[TILE * HD];
+    __shared__ float Gq[ROWS * MAXK], Gk[TILE * MAXK], dGq[ROWS * MAXK];
+    __shared__ uint32_t mk[TILE];
+    __shared__ float red[2][32];
+    const int QKV = (NH + 2 * NKV) * HD, C = NH * HD, rep = NH / NKV;
+    const int nblk = (T + ROWS - 1) / ROWS;
+    const int blk = (int)(blockIdx.x % nblk);
+    const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
+    const int kvh = h / rep, q0 = blk * ROWS;
+    const int r = threadIdx.x >> 1, part = threadIdx.x & 1, i = q0 + r;
+    const int valid = i < T, ic = valid ? i : T - 1, K = g.K;
+    const int soft = g.mode == GATE_SOFT;
+    const float* base = qkv + (size_t)b * T * QKV;
+    float q[HD / 2], dO[HD / 2], dq[HD / 2], ot[HD / 2];
+    load_half<HD>(q, base + (size_t)ic * QKV + h * HD, part, 1.f);
+    load_half<HD>(dO, dout + ((size_t)b * T + ic) * C + h * HD, part, 1.f);
+    load_half<HD>(ot, out + ((size_t)b * T + ic) * C + h * HD, part, 1.f);
+    float D = 0;
+#pragma unroll
+    for (int e = 0; e < HD / 2; e++) D += dO[e] * ot[e], dq[e] = 0.f;
+    D += __shfl_xor_sync(0xffffffffu, D, 1);
+    const float L = valid ? lse[((size_t)b * NH + h) * T + i] : 0.f;
+    if (valid && part == 0) Dbuf[((size_t)b * NH + h) * T + i] = D;
+    if (soft)
+        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
+            int rr = idx / K;
+            Gq[idx] = q0 + rr < T ? g.G[((size_t)b * T + q0 + rr) * K + idx % K] : 0.f;
+            dGq[idx] = 0.f;
+        }
+    const uint32_t mi = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + i] : 0u;
+    float dlam = 0, db = 0;
+    const int kend = min(q0 + ROWS, T);
+    for (int k0 = 0; k0 < kend; k0 += TILE) {
+        int n = min(TILE, kend - k0);
+        __syncthreads();
+        load_tile<HD>(Ks, base + (size_t)k0 * QKV + C + kvh * HD, QKV, n);
+        load_tile<HD>(Vs, base + (size_t)k0 * QKV + C + NKV * HD + kvh * HD, QKV, n);
+        if (soft)
+            for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
+                Gk[idx] = g.G[((size_t)b * T + k0) * K + idx];
+        if (g.mode == GATE_HARD && (int)threadIdx.x < n) mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
+        __syncthreads();
+        for (int jl = 0; jl < n; jl++) {
+            int j = k0 + jl;
+            float s = dot_half<HD>(q, Ks + jl * HD, part) * scale;
+            float dp = dot_half<HD>(dO, Vs + jl * HD, part);
+            if (!valid || j > i) continue;
+            float aff = 0;
+            if (g.mode != GATE_NONE)
+                s += gate_value(g, i, j, Gq + r * K, Gk + jl * K, mi,
+                                g.mode == GATE_HARD ? mk[jl] : 0u, &aff);
+            float p = __expf(s - L);
+            float ds = p * (dp - D);
+            axpy_half<HD>(dq, ds * scale, Ks + jl * HD, part);
+            if (soft && i - j > g.w) {
+                float x = g.lambda * (aff - g.bias);
+                float dx = ds / (1.f + __expf(x));
+                if (part == 0) dlam += dx * (aff - g.bias), db -= dx * g.lambda;
+                for (int k = part; k < K; k += 2) dGq[r * K + k] += dx * g.lambda * Gk[jl * K + k];
+            }
+        }
+    }
+    if (valid) store_half<HD>(dqkv + ((size_t)b * T + i) * QKV + h * HD, dq, part, 1.f, 1);
+    if (soft) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
+            int rr = idx / K;
+            if (q0 + rr < T && dGq[idx] != 0.f)
+                atomicAdd(dG + ((size_t)b * T + q0 + rr) * K + idx % K, dGq[idx]);
+        }
+        if (dgate) {
+            float a = block_sum(dlam, red[0]);
+            float c = block_sum(db, red[1]);
+            if (threadIdx.x == 0) {
+                atomicAdd(dgate, a);
+                atomicAdd(dgate + 1, c);
+            }
+        }
+    }
+}
+
+/* dK, dV (all query heads sharing the key/value head) and the column half of the gate
+ * gradient. */
+template <int HD>
+__global__ void __launch_bounds__(2 * ROWS) attn_bwd_dkv_kernel(
+    float* dqkv, float* dG, const float* Dbuf, const float* dout, const float* qkv,
+    const float* lse, GateArgs g, int T, int NH, int NKV, float scale) {
+    __shared__ __align__(16) float Qs[TILE * HD];
+    __shared__ __align__(16) float dOs[TILE * HD];
+    __shared__ float Gq[TILE * MAXK], Gk[ROWS * MAXK], dGk[ROWS * MAXK];
+    __shared__ float Ls[TILE], Ds[TILE];
+    __shared__ uint32_t mq[TILE];
+    const int QKV = (NH + 2 * NKV) * HD, C = NH * HD, rep = NH / NKV;
+    const int nblk = (T + ROWS - 1) / ROWS;
+    const int blk = (int)(blockIdx.x % nblk);
+    const int kvh = (int)(blockIdx.x / nblk) % NKV, b = (int)(blockIdx.x / nblk) / NKV;
+    const int k0 = blk * ROWS;
+    const int r = threadIdx.x >> 1, part = threadIdx.x & 1, j = k0 + r;
+    const int valid = j < T, jc = valid ? j : T - 1, K = g.K;
+    const int soft = g.mode == GATE_SOFT;
+    const float* base = qkv + (size_t)b * T * QKV;
+    float kk[HD / 2], vv[HD / 2], dk[HD / 2], dv[HD / 2];
+    load_half<HD>(kk, base + (size_t)jc * QKV + C + kvh * HD, part, 1.f);
+    load_half<HD>(vv, base + (size_t)jc * QKV + C + NKV * HD + kvh * HD, part, 1.f);
+#pragma unroll
+    for (int e = 0; e < HD / 2; e++) dk[e] = dv[e] = 0.f;
+    if (soft)
+        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
+            int rr = idx / K;
+            Gk[idx] = k0 + rr < T ? g.G[((size_t)b * T + k0 + rr) * K + idx % K] : 0.f;
+            dGk[idx] = 0.f;
+        }
+    const uint32_t mj = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + j] : 0u;
+    for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+        for (int i0 = k0; i0 < T; i0 += TILE) {
+            int n = min(TILE, T - i0);
+            __syncthreads();
+            load_tile<HD>(Qs, base + (size_t)i0 * QKV + h * HD, QKV, n);
+            load_tile<HD>(dOs, dout + ((size_t)b * T + i0) * C + h * HD, C, n);
+            if ((int)threadIdx.x < n) {
+                Ls[threadIdx.x] = lse[((size_t)b * NH + h) * T + i0 + threadIdx.x];
+                Ds[threadIdx.x] = Dbuf[((size_t)b * NH + h) * T + i0 + threadIdx.x];
+                if (g.mode == GATE_HARD) mq[threadIdx.x] = g.mask[(size_t)b * T + i0 + threadIdx.x];
+            }
+            if (soft)
+                for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
+                    Gq[idx] = g.G[((size_t)b * T + i0) * K + idx];
+            __syncthreads();
+            for (int il = 0; il < n; il++) {
+                int i = i0 + il;
+                float s = dot_half<HD>(kk, Qs + il * HD, part) * scale;
+                float dp = dot_half<HD>(vv, dOs + il * HD, part);
+                if (!valid || j > i) continue;
+                float aff = 0;
+                if (g.mode != GATE_NONE)
+                    s += gate_value(g, i, j, Gq + il * K, Gk + r * K,
+                                    g.mode == GATE_HARD ? mq[il] : 0u, mj, &aff);
+                float p = __expf(s - Ls[il]);
+                float ds = p * (dp - Ds[il]);
+                axpy_half<HD>(dv, p, dOs + il * HD, part);
+                axpy_half<HD>(dk, ds * scale, Qs + il * HD, part);
+                if (soft && i - j > g.w) {
+                    float x = g.lambda * (aff - g.bias);
+                    float dx = ds / (1.f + __expf(x));
+                    for (int k = part; k < K; k += 2)
+                        dGk[r * K + k] += dx * g.lambda * Gq[il * K + k];
+                }
+            }
+        }
+    }
+    if (valid) {
+        store_half<HD>(dqkv + ((size_t)b * T + j) * QKV + C + kvh * HD, dk, part, 1.f, 1);
+        store_half<HD>(dqkv + ((size_t)b * T + j) * QKV + C + NKV * HD + kvh * HD, dv, part, 1.f,
+                       1);
+    }
+    if (soft) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
+            int rr = idx / K;
+            if (k0 + rr < T && dGk[idx] != 0.f)
+                atomicAdd(dG + ((size_t)b * T + k0 + rr) * K + idx % K, dGk[idx]);
+        }
+    }
+}
+
+static void check_shape(int hs, const AttnGate* g) {
+    if (hs != 8 && hs != 16 && hs != 32 && hs != 64)
+        fatal("CUDA attention: head size %d is not supported (8, 16, 32 or 64)", hs);
+    if (g && g->mode != GATE_NONE && g->K > MAXK)
+        fatal("CUDA attention: K=%d groups exceed the limit of %d", g->K, MAXK);
+}
+
+#define DISPATCH_HS(hs, KERNEL, grid, ...)                                                    \
+    switch (hs) {                                                                             \
+    case 8: KERNEL<8><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                                \
+    case 16: KERNEL<16><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                              \
+    case 32: KERNEL<32><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                              \
+    default: KERNEL<64><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                              \
+    }
+
+extern "C" void attention_forward_cuda(float* out, float* lse, const float* qkv,
+                                       const AttnGate* gate, int B, int T, int NH, int NKV,
+                                       int hs) {
+    check_shape(hs, gate);
+    GateArgs g = gate_args(gate);
+    unsigned grid = (unsigned)B * NH * ((T + ROWS - 1) / ROWS);
+    float scale = 1.f / sqrtf((float)hs);
+    DISPATCH_HS(hs, attn_fwd_kernel, grid, out, lse, qkv, g, T, NH, NKV, scale);
+    LAUNCH_CHECK();
+}
+
+extern "C" void attention_backward_cuda(float* dqkv, float* dG, float* dgate, const float* dout,
+                                        const float* qkv, const float* out, const float* lse,
+                                        const AttnGate* gate, int B, int T, int NH, int NKV,
+                                        int hs, float* scratch) {
+    check_shape(hs, gate);
+    GateArgs g = gate_args(gate);
+    float scale = 1.f / sqrtf((float)hs);
+    unsigned gq = (unsigned)B * NH * ((T + ROWS - 1) / ROWS);
+    unsigned gk = (unsigned)B * NKV * ((T + ROWS - 1) / ROWS);
+    DISPATCH_HS(hs, attn_bwd_dq_kernel, gq, dqkv, dG, dgate, scratch, dout, qkv, out, lse, g, T,
+                NH, NKV, scale);
+    LAUNCH_CHECK();
+    DISPATCH_HS(hs, attn_bwd_dkv_kernel, gk, dqkv, dG, scratch, dout, qkv, lse, g, T, NH, NKV,
+                scale);
+    LAUNCH_CHECK();
+}

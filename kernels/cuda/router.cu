@@ -1,0 +1,250 @@
+/* router.cu: router scores, the three routing modes and their backward passes on the GPU,
+ * mirroring model/router.c step for step. One thread block handles one sequence: row steps run
+ * a thread per token, column steps a warp per group (log-sum-exp over the sequence), the prefix
+ * column step a warp-wide running log-sum-exp. The backward pass replays the iterates, stored in
+ * caller-provided scratch, exactly as the CPU code does. */
+#include "common.cuh"
+#include "cuda.h"
+
+#define RT 1024 /* threads per sequence block */
+
+extern "C" void router_scores_forward_cuda(float* proj, float* S, const float* h, const float* wg,
+                                           const float* cent, size_t N, int C, int dg, int K) {
+    gemm_cuda(0, 0, (int)N, dg, C, 1.f, h, C, wg, dg, 0.f, proj, dg);
+    gemm_cuda(0, 1, (int)N, K, dg, 1.f, proj, dg, cent, dg, 0.f, S, K);
+}
+
+extern "C" void router_scores_backward_cuda(float* dh, float* dwg, float* dcent, float* dproj,
+                                            const float* dS, const float* h, const float* proj,
+                                            const float* wg, const float* cent, size_t N, int C,
+                                            int dg, int K) {
+    gemm_cuda(0, 0, (int)N, dg, K, 1.f, dS, K, cent, dg, 0.f, dproj, dg);
+    if (dcent) gemm_cuda(1, 0, K, dg, (int)N, 1.f, dS, K, proj, dg, 1.f, dcent, dg);
+    if (dwg) gemm_cuda(1, 0, C, dg, (int)N, 1.f, h, C, dproj, dg, 1.f, dwg, dg);
+    gemm_cuda(0, 1, (int)N, C, dg, 1.f, dproj, dg, wg, dg, 1.f, dh, C);
+}
+
+/* Every token's K entries minus their log-sum-exp. */
+__device__ void row_step_dev(float* L, int T, int K) {
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        float* r = L + (size_t)t * K;
+        float m = -INFINITY, s = 0;
+        for (int k = 0; k < K; k++) m = fmaxf(m, r[k]);
+        for (int k = 0; k < K; k++) s += expf(r[k] - m);
+        float l = m + logf(s);
+        for (int k = 0; k < K; k++) r[k] -= l;
+    }
+    __syncthreads();
+}
+
+/* Column step: group k's entries minus their log-sum-exp over t, plus log(T/K); cum[k] (shared,
+ * may be NULL) collects the subtracted offsets. A warp per group. */
+__device__ void col_step_dev(float* L, double* cum, int T, int K) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float target = logf((float)T / K);
+    for (int k = wid; k < K; k += nw) {
+        float m = -INFINITY, s = 0;
+        for (int t = lane; t < T; t += 32) m = fmaxf(m, L[(size_t)t * K + k]);
+        m = warp_max(m);
+        for (int t = lane; t < T; t += 32) s += expf(L[(size_t)t * K + k] - m);
+        s = warp_sum(s);
+        float c = m + logf(s) - target;
+        for (int t = lane; t < T; t += 32) L[(size_t)t * K + k] -= c;
+        if (cum && lane == 0) cum[k] += c;
+    }
+    __syncthreads();
+}
+
+/* pm[t,k] = log sum_{t' <= t} exp(L[t',k]): a warp per group, 32 tokens at a time, with a
+ * shuffle scan of (max, scaled sum) pairs. */
+__device__ void prefix_lse_dev(float* pm, const float* L, int T, int K) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int k = wid; k < K; k += nw) {
+        float carry = -INFINITY;
+        for (int t0 = 0; t0 < T; t0 += 32) {
+            int t = t0 + lane;
+            float x = t < T ? L[(size_t)t * K + k] : -INFINITY;
+            for (int o = 1; o < 32; o <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) {
+                    float hi = fmaxf(x, y);
+                    x = hi == -INFINITY ? -INFINITY : hi + logf(expf(x - hi) + expf(y - hi));
+                }
+            }
+            float hi = fmaxf(x, carry);
+            x = hi == -INFINITY ? -INFINITY : hi + logf(expf(x - hi) + expf(carry - hi));
+            if (t < T) pm[(size_t)t * K + k] = x;
+            carry = __shfl_sync(0xffffffffu, x, 31);
+        }
+    }
+    __syncthreads();
+}
+
+__device__ void prefix_col_step_dev(float* L, float* pm, double* cum, int T, int K) {
+    prefix_lse_dev(pm, L, T, K);
+    for (size_t i = threadIdx.x; i < (size_t)T * K; i += blockDim.x) {
+        int t = (int)(i / K), k = (int)(i % K);
+        float c = pm[i] - logf((float)(t + 1) / K);
+        L[i] -= c;
+        if (cum && t == T - 1) cum[k] += c;
+    }
+    __syncthreads();
+}
+
+__global__ void routing_forward_kernel(float* G, float* colofs, const float* S, const float* beta,
+                                       int mode, int T, int K, float tau, int iters, float* pmbuf) {
+    __shared__ double cum[32];
+    int b = blockIdx.x;
+    const float* Sb = S + (size_t)b * T * K;
+    float* L = G + (size_t)b * T * K;
+    size_t TK = (size_t)T * K;
+    if (threadIdx.x < 32) cum[threadIdx.x] = 0;
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x)
+        L[i] = Sb[i] / tau + (mode == ROUTE_CAUSAL && beta ? beta[i % K] : 0.f);
+    __syncthreads();
+    if (mode == ROUTE_CAUSAL) {
+        row_step_dev(L, T, K);
+    } else {
+        for (int it = 0; it < iters; it++) {
+            if (mode == ROUTE_PREFIX)
+                prefix_col_step_dev(L, pmbuf + (size_t)b * TK, cum, T, K);
+            else
+                col_step_dev(L, cum, T, K);
+            row_step_dev(L, T, K);
+        }
+        if (colofs && threadIdx.x == 0) {
+            double mean = 0;
+            for (int k = 0; k < K; k++) mean += -cum[k];
+            mean /= K;
+            for (int k = 0; k < K; k++) colofs[(size_t)b * K + k] = (float)(-cum[k] - mean);
+        }
+    }
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) L[i] = expf(L[i]);
+}
+
+extern "C" size_t routing_scratch_floats(int B, int T, int K, int iters) {
+    return (size_t)B * T * K * (2 * (size_t)iters + 4);
+}
+
+extern "C" void routing_forward_cuda(float* G, float* colofs, const float* S, const float* beta,
+                                     Routing mode, int B, int T, int K, float tau, int iters) {
+    float* pm = NULL;
+    if (mode == ROUTE_PREFIX) pm = (float*)cuda_malloc(sizeof(float) * B * (size_t)T * K);
+    routing_forward_kernel<<<B, RT>>>(G, colofs, S, beta, (int)mode, T, K, tau, iters, pm);
+    LAUNCH_CHECK();
+    if (pm) cuda_free(pm); /* cudaFree waits for the kernel */
+}
+
+__device__ void row_step_backward_dev(float* d, const float* Lpost, int T, int K) {
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        float s = 0;
+        for (int k = 0; k < K; k++) s += d[(size_t)t * K + k];
+        for (int k = 0; k < K; k++) d[(size_t)t * K + k] -= expf(Lpost[(size_t)t * K + k]) * s;
+    }
+    __syncthreads();
+}
+
+__device__ void col_step_backward_dev(float* d, const float* Lpost, int T, int K) {
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int k = wid; k < K; k += nw) {
+        float s = 0;
+        for (int t = lane; t < T; t += 32) s += d[(size_t)t * K + k];
+        s = warp_sum(s);
+        for (int t = lane; t < T; t += 32)
+            d[(size_t)t * K + k] -= expf(Lpost[(size_t)t * K + k]) * K / T * s;
+    }
+    __syncthreads();
+}
+
+/* The suffix recurrence of prefix_col_backward (model/router.c): a thread per group. */
+__device__ void prefix_col_backward_dev(float* d, const float* Lpre, float* pm, int T, int K) {
+    prefix_lse_dev(pm, Lpre, T, K);
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        float A = 0;
+        for (int t = T - 1; t >= 0; t--) {
+            size_t at = (size_t)t * K + k;
+            float next = (t + 1 < T) ? expf(pm[at] - pm[at + K]) * A : 0.f;
+            A = d[at] + next;
+            d[at] -= expf(Lpre[at] - pm[at]) * A;
+        }
+    }
+    __syncthreads();
+}
+
+__device__ void copy_dev(float* dst, const float* src, size_t n) {
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    __syncthreads();
+}
+
+__global__ void routing_backward_kernel(float* dS, const float* dG, const float* S,
+                                        const float* G, const float* beta, int mode, int T, int K,
+                                        float tau, int iters, float* scratch) {
+    int b = blockIdx.x;
+    const size_t TK = (size_t)T * K;
+    const int nit = mode == ROUTE_CAUSAL ? 0 : iters;
+    float* base = scratch + (size_t)b * TK * (2 * (size_t)iters + 4);
+    float* Ls = base;                  /* 2 * nit + 2 iterates */
+    float* pm = base + (2 * (size_t)iters + 2) * TK;
+    float* d = pm + TK;
+    const float* Sb = S + b * TK;
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x)
+        Ls[i] = Sb[i] / tau + (mode == ROUTE_CAUSAL && beta ? beta[i % K] : 0.f);
+    __syncthreads();
+    for (int it = 0; it < nit; it++) {
+        copy_dev(Ls + (2 * it + 1) * TK, Ls + 2 * it * TK, TK);
+        if (mode == ROUTE_PREFIX)
+            prefix_col_step_dev(Ls + (2 * it + 1) * TK, pm, NULL, T, K);
+        else
+            col_step_dev(Ls + (2 * it + 1) * TK, NULL, T, K);
+        copy_dev(Ls + (2 * it + 2) * TK, Ls + (2 * it + 1) * TK, TK);
+        row_step_dev(Ls + (2 * it + 2) * TK, T, K);
+    }
+    if (mode == ROUTE_CAUSAL) {
+        copy_dev(Ls + TK, Ls, TK);
+        row_step_dev(Ls + TK, T, K);
+    }
+    const float* Lfinal = Ls + (mode == ROUTE_CAUSAL ? 1 : 2 * nit) * TK;
+    const float* Gb = G + b * TK;
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) d[i] = dG[b * TK + i] * Gb[i];
+    __syncthreads();
+    if (mode == ROUTE_CAUSAL) {
+        row_step_backward_dev(d, Lfinal, T, K);
+    } else {
+        for (int it = nit - 1; it >= 0; it--) {
+            row_step_backward_dev(d, Ls + (2 * it + 2) * TK, T, K);
+            if (mode == ROUTE_PREFIX)
+                prefix_col_backward_dev(d, Ls + 2 * it * TK, pm, T, K);
+            else
+                col_step_backward_dev(d, Ls + (2 * it + 1) * TK, T, K);
+        }
+    }
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) dS[b * TK + i] += d[i] / tau;
+}
+
+extern "C" void routing_backward_cuda(float* dS, const float* dG, const float* S, const float* G,
+                                      const float* beta, Routing mode, int B, int T, int K,
+                                      float tau, int iters, float* scratch) {
+    routing_backward_kernel<<<B, RT>>>(dS, dG, S, G, beta, (int)mode, T, K, tau, iters, scratch);
+    LAUNCH_CHECK();
+}
+
+__global__ void topk_mask_kernel(uint32_t* mask, const float* G, size_t N, int K, int topk) {
+    size_t n = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float* g = G + n * K;
+    uint32_t m = 0;
+    for (int r = 0; r < topk && r < K; r++) {
+        int best = -1;
+        for (int k = 0; k < K; k++) {
+            if (m & (1u << k)) continue;
+            if (best < 0 || g[k] > g[best]) best = k;
+        }
+        m |= 1u << best;
+    }
+    mask[n] = m;
+}
+
+extern "C" void routing_topk_mask_cuda(uint32_t* mask, const float* G, size_t N, int K, int topk) {
+    topk_mask_kernel<<<cdiv(N, 256), 256>>>(mask, G, N, K, topk);
+    LAUNCH_CHECK();
+}

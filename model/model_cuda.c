@@ -1,0 +1,385 @@
+/* model_cuda.c: forward and router-only backward on the GPU, a mirror of model_forward and
+ * model_backward in model.c (same layer order, same activation layout, *_cuda kernels in place
+ * of the CPU ones). Host code only; the kernels live in kernels/cuda. */
+#include "model_cuda.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../kernels/cuda/cuda.h"
+
+struct CudaModel {
+    Params params; /* device pointers into params_mem */
+    float* params_mem;
+    RouterParams router, rgrads;
+    float* router_mem;
+    float* rgrads_mem;
+    float* beta;
+    Acts acts; /* device activations for (B, T, keep) */
+    float* acts_mem;
+    uint32_t* rmask;
+    int *inputs, *targets;
+    float* losses;
+    int B, T, keep;
+    float* scratch; /* backward scratch */
+    size_t scratch_size;
+    HardPlan* plan;
+    float *adam_m, *adam_v;
+    size_t adam_n;
+    int groups_fresh; /* host rG matches the device */
+};
+
+/* Carve with every tensor starting on a 64-float boundary (16-byte vector loads). */
+static size_t carve_aligned(real** ptrs, real* mem, const size_t* sizes, int n) {
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (ptrs) ptrs[i] = sizes[i] ? mem + off : NULL;
+        off += (sizes[i] + 63) / 64 * 64;
+    }
+    return off;
+}
+
+void model_to_cuda(Model* m) {
+    if (m->gpu) return;
+    cuda_init(0);
+    struct CudaModel* g = callocCheck(1, sizeof(*g));
+    size_t np = carve_aligned(NULL, NULL, m->param_sizes, NUM_PARAM_TENSORS);
+    g->params_mem = cuda_malloc(np * sizeof(float));
+    carve_aligned((real**)&g->params, g->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+    real** hp = (real**)&m->params;
+    real** dp = (real**)&g->params;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (m->param_sizes[i]) cuda_upload(dp[i], hp[i], m->param_sizes[i] * sizeof(float));
+    /* router buffers keep the host layout (one contiguous block) so AdamW can run over it */
+    g->router_mem = cuda_malloc(m->num_router * sizeof(float));
+    g->rgrads_mem = cuda_malloc(m->num_router * sizeof(float));
+    g->beta = cuda_malloc(sizeof(float) * m->cfg.L * m->fc.K);
+    m->gpu = g;
+    model_cuda_upload_router(m);
+    cuda_memset0(g->rgrads_mem, m->num_router * sizeof(float));
+    g->plan = hard_plan_create();
+}
+
+void model_cuda_upload_router(Model* m) {
+    struct CudaModel* g = m->gpu;
+    if (!g) return;
+    cuda_upload(g->router_mem, m->router_mem, m->num_router * sizeof(float));
+    real* base = g->router_mem;
+    for (int i = 0; i < NUM_ROUTER_TENSORS; i++) {
+        real* hp = ((real**)&m->router)[i];
+        ((real**)&g->router)[i] = hp ? base + (hp - m->router_mem) : NULL;
+        real* hg = ((real**)&m->rgrads)[i];
+        ((real**)&g->rgrads)[i] = hg ? g->rgrads_mem + (hg - m->rgrads_mem) : NULL;
+    }
+    cuda_upload(g->beta, m->beta, sizeof(float) * m->cfg.L * m->fc.K);
+}
+
+static void free_acts(struct CudaModel* g) {
+    cuda_free(g->acts_mem);
+    cuda_free(g->rmask);
+    cuda_free(g->inputs);
+    cuda_free(g->targets);
+    cuda_free(g->losses);
+    g->acts_mem = NULL;
+    g->rmask = NULL;
+    g->inputs = g->targets = NULL;
+    g->losses = NULL;
+}
+
+void model_cuda_free(Model* m) {
+    struct CudaModel* g = m->gpu;
+    if (!g) return;
+    free_acts(g);
+    cuda_free(g->params_mem);
+    cuda_free(g->router_mem);
+    cuda_free(g->rgrads_mem);
+    cuda_free(g->beta);
+    cuda_free(g->scratch);
+    cuda_free(g->adam_m);
+    cuda_free(g->adam_v);
+    hard_plan_free(g->plan);
+    free(g);
+    m->gpu = NULL;
+}
+
+/* Device activations for (B, T, keep); on the host only what callers read (groups, offsets,
+ * losses, tokens). */
+static void ensure_acts(Model* m, int B, int T, int keep) {
+    struct CudaModel* g = m->gpu;
+    if (g->acts_mem && g->B == B && g->T == T && g->keep == keep) return;
+    free_acts(g);
+    size_t s[NUM_ACT_TENSORS];
+    model_act_sizes(s, &m->cfg, &m->fc, B, T, keep);
+    size_t n = carve_aligned(NULL, NULL, s, NUM_ACT_TENSORS);
+    g->acts_mem = cuda_malloc(n * sizeof(float));
+    carve_aligned((real**)&g->acts, g->acts_mem, s, NUM_ACT_TENSORS);
+    g->rmask = cuda_malloc(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
+    g->inputs = cuda_malloc(sizeof(int) * B * T);
+    g->targets = cuda_malloc(sizeof(int) * B * T);
+    g->losses = cuda_malloc(sizeof(float) * B * T);
+    g->B = B;
+    g->T = T;
+    g->keep = keep;
+    /* host side */
+    free(m->acts_mem);
+    free(m->rmask);
+    free(m->inputs);
+    free(m->targets);
+    free(m->losses);
+    memset(&m->acts, 0, sizeof m->acts);
+    m->acts_mem = mallocCheck(sizeof(real) * (s[16] + s[17] + 1));
+    m->acts.rG = s[16] ? m->acts_mem : NULL;
+    m->acts.colofs = s[17] ? m->acts_mem + s[16] : NULL;
+    m->rmask = NULL;
+    m->inputs = mallocCheck(sizeof(int) * B * T);
+    m->targets = mallocCheck(sizeof(int) * B * T);
+    m->losses = mallocCheck(sizeof(real) * B * T);
+    m->B = B;
+    m->T = T;
+    m->keep = keep;
+}
+
+static void norm_forward(const Model* m, float* out, float* mean, float* rstd, const float* inp,
+                         const float* w, const float* b, size_t N) {
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_forward_cuda(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
+    else
+        rmsnorm_forward_cuda(out, rstd, inp, w, N, m->cfg.C, m->cfg.eps);
+}
+
+static void norm_backward(const Model* m, float* dinp, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, size_t N) {
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_backward_cuda(dinp, NULL, NULL, dout, inp, w, mean, rstd, N, m->cfg.C);
+    else
+        rmsnorm_backward_cuda(dinp, NULL, dout, inp, w, rstd, N, m->cfg.C);
+}
+
+static AttnGate layer_gate(const Model* m, int l, const LayerActs* a) {
+    AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0};
+    if (m->fc.attn == ATTN_SOFT) g.mode = GATE_SOFT;
+    if (m->fc.attn == ATTN_HARD) g.mode = GATE_HARD;
+    if (m->router.gate) {
+        g.lambda = m->router.gate[2 * l]; /* host copy: the same values as the device's */
+        g.bias = m->router.gate[2 * l + 1];
+    }
+    return g;
+}
+
+void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+    struct CudaModel* g = m->gpu;
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    ensure_acts(m, B, T, keep);
+    memcpy(m->inputs, inputs, sizeof(int) * B * T);
+    cuda_upload(g->inputs, inputs, sizeof(int) * B * T);
+    const size_t BT = (size_t)B * T;
+    const int C = c->C, hs = C / c->NH, QKV = model_qkv_width(c), FC = model_fc_width(c);
+    const Params* p = &g->params;
+    Acts* a = &g->acts;
+    encoder_forward_cuda(a->encoded, g->inputs, p->wte, p->wpe, B, T, C);
+    const float* x = a->encoded;
+    for (int l = 0; l < c->L; l++) {
+        LayerActs la = model_layer_acts(m, a, g->rmask, l);
+        size_t lC = (size_t)l * C;
+        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC,
+                     p->ln1b ? p->ln1b + lC : NULL, BT);
+        matmul_forward_cuda(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
+                            p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        if (c->arch == ARCH_LLAMA)
+            rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        if (f->attn != ATTN_DENSE) {
+            router_scores_forward_cuda(la.rproj, la.rS, la.ln1, g->router.wg + lC * f->dg,
+                                       g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
+                                       f->K);
+            routing_forward_cuda(la.rG, la.colofs, la.rS, g->beta + (size_t)l * f->K, f->routing,
+                                 B, T, f->K, f->tau, f->iters);
+            if (f->attn == ATTN_HARD) routing_topk_mask_cuda(la.mask, la.rG, BT, f->K, f->topk);
+        }
+        if (f->attn == ATTN_HARD) {
+            attention_hard_forward_cuda(g->plan, la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T,
+                                        c->NH, c->NKV, hs);
+        } else {
+            AttnGate gate = layer_gate(m, l, &la);
+            attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+        }
+        matmul_forward_cuda(la.res2, la.att, p->attprojw + (size_t)l * C * C,
+                            p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        residual_add_cuda(la.res2, x, BT * C);
+        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC,
+                     p->ln2b ? p->ln2b + lC : NULL, BT);
+        matmul_forward_cuda(la.fch, la.ln2, p->fcw + (size_t)l * FC * C,
+                            p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        if (c->arch == ARCH_GPT2)
+            gelu_forward_cuda(la.fch_act, la.fch, BT * c->F);
+        else
+            swiglu_forward_cuda(la.fch_act, la.fch, BT, c->F);
+        matmul_forward_cuda(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
+                            p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        residual_add_cuda(la.res3, la.res2, BT * C);
+        x = la.res3;
+    }
+    norm_forward(m, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
+    matmul_forward_cuda(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
+    g->groups_fresh = 0;
+    m->have_dlogits = 0;
+    m->mean_loss = -1;
+    if (targets) {
+        memcpy(m->targets, targets, sizeof(int) * BT);
+        cuda_upload(g->targets, targets, sizeof(int) * BT);
+        size_t valid = 0;
+        for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
+        crossentropy_forward_cuda(g->losses, NULL, a->logits, g->targets, BT, c->V, 0);
+        cuda_download(m->losses, g->losses, sizeof(float) * BT); /* waits for the device */
+        double s = 0;
+        for (size_t i = 0; i < BT; i++) s += m->losses[i];
+        m->mean_loss = valid ? (real)(s / valid) : 0;
+    } else {
+        cuda_sync();
+    }
+}
+
+void model_cuda_sync_groups(const Model* m) {
+    struct CudaModel* g = m->gpu;
+    if (!g || g->groups_fresh || !g->acts.rG || !m->acts.rG) return;
+    size_t n = (size_t)m->cfg.L * g->B * g->T * m->fc.K;
+    cuda_download(m->acts.rG, g->acts.rG, n * sizeof(float));
+    g->groups_fresh = 1;
+}
+
+void model_cuda_sync_colofs(Model* m) {
+    struct CudaModel* g = m->gpu;
+    if (!g || !g->acts.colofs || !m->acts.colofs) return;
+    cuda_download(m->acts.colofs, g->acts.colofs,
+                  sizeof(float) * m->cfg.L * g->B * m->fc.K);
+}
+
+void model_cuda_zero_grad(Model* m, GradMode mode) {
+    if (mode == GRAD_ALL)
+        fatal("--device cuda trains the router only; train a backbone from scratch on the CPU");
+    cuda_memset0(m->gpu->rgrads_mem, sizeof(float) * m->num_router);
+}
+
+void model_cuda_backward(Model* m, GradMode mode) {
+    struct CudaModel* g = m->gpu;
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    if (mode == GRAD_ALL)
+        fatal("--device cuda trains the router only; train a backbone from scratch on the CPU");
+    const int B = g->B, T = g->T, C = c->C, hs = C / c->NH, QKV = model_qkv_width(c),
+              FC = model_fc_width(c);
+    const size_t BT = (size_t)B * T;
+    const int router = f->attn == ATTN_SOFT;
+    const Params* p = &g->params;
+    Acts* a = &g->acts;
+    /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
+     * dproj (BT, dg); attention (B NH T); routing replay */
+    size_t sz[9] = {BT * C,
+                    BT * C,
+                    BT * QKV,
+                    BT * FC,
+                    BT * c->F,
+                    BT * f->K,
+                    BT * f->K,
+                    BT * f->dg,
+                    (size_t)B * c->NH * T + routing_scratch_floats(B, T, f->K, f->iters)};
+    size_t need = carve_aligned(NULL, NULL, sz, 9);
+    if (g->scratch_size < need) {
+        cuda_free(g->scratch);
+        g->scratch = cuda_malloc(need * sizeof(float));
+        g->scratch_size = need;
+    }
+    real* buf[9];
+    carve_aligned(buf, g->scratch, sz, 9);
+    float *dres = buf[0], *dbuf = buf[1], *dqkv = buf[2], *dfch = buf[3], *dact = buf[4],
+          *dG = buf[5], *dS = buf[6], *dproj = buf[7], *attn_scr = buf[8];
+    float* route_scr = attn_scr + (size_t)B * c->NH * T;
+
+    size_t valid = 0;
+    for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
+    crossentropy_forward_cuda(g->losses, a->logits, a->logits, g->targets, BT, c->V,
+                              (float)(1.0 / (valid ? valid : 1)));
+    m->have_dlogits = 1;
+
+    const float* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
+    cuda_memset0(dbuf, sizeof(float) * BT * C);
+    cuda_memset0(dres, sizeof(float) * BT * C);
+    matmul_backward_cuda(dbuf, NULL, NULL, a->logits, a->lnf, c->tied ? p->wte : p->lmhead, BT, C,
+                         c->V);
+    norm_backward(m, dres, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT, BT);
+
+    for (int l = c->L - 1; l >= 0; l--) {
+        LayerActs la = model_layer_acts(m, a, g->rmask, l);
+        const float* x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * BT * C;
+        size_t lC = (size_t)l * C;
+        cuda_memset0(dact, sizeof(float) * BT * c->F);
+        matmul_backward_cuda(dact, NULL, NULL, dres, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
+                             BT, c->F, C);
+        if (c->arch == ARCH_GPT2) {
+            cuda_memset0(dfch, sizeof(float) * BT * FC);
+            gelu_backward_cuda(dfch, la.fch, dact, BT * c->F);
+        } else {
+            swiglu_backward_cuda(dfch, la.fch, dact, BT, c->F);
+        }
+        cuda_memset0(dbuf, sizeof(float) * BT * C);
+        matmul_backward_cuda(dbuf, NULL, NULL, dfch, la.ln2, p->fcw + (size_t)l * FC * C, BT, C,
+                             FC);
+        norm_backward(m, dres, dbuf, la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
+        cuda_memset0(dbuf, sizeof(float) * BT * C);
+        matmul_backward_cuda(dbuf, NULL, NULL, dres, la.att, p->attprojw + (size_t)l * C * C, BT,
+                             C, C);
+        cuda_memset0(dqkv, sizeof(float) * BT * QKV);
+        if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
+        AttnGate gate = layer_gate(m, l, &la);
+        attention_backward_cuda(dqkv, router ? dG : NULL,
+                                f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                                la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
+        if (l == 0 && !router) break;
+        if (c->arch == ARCH_LLAMA)
+            rope_backward_cuda(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        cuda_memset0(dbuf, sizeof(float) * BT * C);
+        if (l > 0)
+            matmul_backward_cuda(dbuf, NULL, NULL, dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT,
+                                 C, QKV);
+        if (router) {
+            cuda_memset0(dS, sizeof(float) * BT * f->K);
+            routing_backward_cuda(dS, dG, la.rS, la.rG, g->beta + (size_t)l * f->K, f->routing, B,
+                                  T, f->K, f->tau, f->iters, route_scr);
+            router_scores_backward_cuda(dbuf, g->rgrads.wg + lC * f->dg,
+                                        g->rgrads.cent + (size_t)l * f->K * f->dg, dproj, dS,
+                                        la.ln1, la.rproj, g->router.wg + lC * f->dg,
+                                        g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
+                                        f->K);
+        }
+        if (l == 0) break;
+        norm_backward(m, dres, dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
+    }
+    /* the host copy of the router gradients (what clipping and tests read) */
+    cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
+}
+
+double model_cuda_grad_sumsq(Model* m, size_t n) { return sumsq_cuda(m->gpu->rgrads_mem, n); }
+
+void model_cuda_adamw(Model* m, AdamW* opt, float lr, float grad_scale) {
+    struct CudaModel* g = m->gpu;
+    if (!g->adam_m || g->adam_n != opt->n) {
+        cuda_free(g->adam_m);
+        cuda_free(g->adam_v);
+        g->adam_m = cuda_malloc(sizeof(float) * opt->n);
+        g->adam_v = cuda_malloc(sizeof(float) * opt->n);
+        g->adam_n = opt->n;
+        cuda_upload(g->adam_m, opt->m, sizeof(float) * opt->n);
+        cuda_upload(g->adam_v, opt->v, sizeof(float) * opt->n);
+    }
+    opt->t++;
+    adamw_step_cuda(g->router_mem, g->rgrads_mem, g->adam_m, g->adam_v, opt->n, lr, opt->beta1,
+                    opt->beta2, opt->eps, opt->weight_decay, opt->t, grad_scale);
+    cuda_download(m->router_mem, g->router_mem, sizeof(float) * opt->n);
+}
+
+void model_cuda_adamw_download(Model* m, AdamW* opt) {
+    struct CudaModel* g = m->gpu;
+    if (!g || !g->adam_m) return;
+    cuda_download(opt->m, g->adam_m, sizeof(float) * opt->n);
+    cuda_download(opt->v, g->adam_v, sizeof(float) * opt->n);
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# device_pack.sh: prepares what scripts/device_check.sh needs on a GPU machine that has nvcc,
+# CMake, PyTorch and the CUDA libraries but no package registry (our Debian libraries are not
+# there). Run it on the development machine after `bash scripts/install_deps.sh`:
+#
+#   bash scripts/device_pack.sh            # -> .devcarry/ (about 40 MiB) and .devcarry2/
+#
+# .devcarry/ holds a Release build of `focus` and `test_cuda` (sm_90), the shared libraries they
+# load that a CUDA image lacks (OpenBLAS, HDF5 and its dependencies, PCRE2, cJSON, inih, libgomp;
+# not glibc, libstdc++ or the CUDA libraries, which the device has), the GPT-2 tokenizer and
+# tinyshakespeare for a from-scratch retrofit, a slice of the PG-19 sample, and the first part of
+# the SmolLM2 GGUF. .devcarry2/ holds the rest of the GGUF: a device call carries at most 64 MiB,
+# so the real model travels in two calls (device_check.sh joins the parts and checks the sha256).
+# Both folders are git-ignored.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA=${FOCUS_DATA:-../shared/data}
+MODEL=cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+PART1_MB=${PART1_MB:-38}
+
+cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build build-device -j2 --target focus test_cuda >/dev/null
+
+rm -rf .devcarry .devcarry2 && mkdir -p .devcarry/pkg/bin .devcarry/pkg/lib .devcarry2
+cp build-device/focus build-device/test_cuda .devcarry/pkg/bin/
+# the library closure, minus what every CUDA image has
+ldd build-device/focus build-device/test_cuda | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64|libcudart|libcublas|libcublasLt)\.so' |
+    while read -r lib; do cp -L "$lib" .devcarry/pkg/lib/; done
+tar -C .devcarry -cJf .devcarry/pkg.tar.xz pkg && rm -rf .devcarry/pkg
+
+if [ -d "$DATA" ]; then
+    mkdir -p .devcarry/data/gpt2-tokenizer .devcarry/data/pg19
+    cp "$DATA"/gpt2-tokenizer/encoder.json "$DATA"/gpt2-tokenizer/vocab.bpe .devcarry/data/gpt2-tokenizer/
+    cp "$DATA"/tinyshakespeare/input.txt .devcarry/data/tinyshakespeare.txt
+    # a slice of the PG-19 sample: the first training books up to ~3 MB, the first test book
+    ls "$DATA"/pg19-sample/train/*.txt | head -n 4 | xargs -I{} cp {} .devcarry/data/pg19/ 2>/dev/null || true
+    mkdir -p .devcarry/data/pg19-test
+    ls "$DATA"/pg19-sample/test/*.txt | head -n 1 | xargs -I{} cp {} .devcarry/data/pg19-test/ 2>/dev/null || true
+fi
+if [ -f "$MODEL" ]; then
+    head -c $((PART1_MB * 1048576)) "$MODEL" > .devcarry/model.part1
+    tail -c +$((PART1_MB * 1048576 + 1)) "$MODEL" > .devcarry2/model.part2
+fi
+du -sh .devcarry .devcarry2
