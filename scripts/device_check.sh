@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# device_check.sh: every GPU check of the CUDA path in one run, for a machine with a GPU, nvcc,
+# PyTorch and no package registry. Prepare the carried files on the development machine first
+# (bash scripts/device_pack.sh); results go to $OUT (default ./device_out), summary.json first.
+#
+#   bash scripts/device_check.sh           # compile check, GPU tests, attention benchmark against
+#                                          # PyTorch SDPA, router-training throughput, a short
+#                                          # from-scratch retrofit; SmolLM2 too if it is whole
+#   bash scripts/device_check.sh smollm2   # join the SmolLM2 parts (second device call), then a
+#                                          # short SmolLM2 retrofit and its training throughput
+#
+# Each step has its own time limit, so one failure cannot eat the rest of the run.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device_out}
+mkdir -p "$OUT"
+MODE=${1:-all}
+PKG=/tmp/focuspkg
+STASH=/root/focus_stash
+MODEL=cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+MODEL_SHA=$(sed -n "s/^sha=//p" scripts/fetch_model.sh)
+LENGTHS=${LENGTHS:-16384,65536,262144,1048576}
+HEADS=${HEADS:-4}
+log() { echo "== $* ($(date -u +%H:%M:%S))"; }
+
+# ---- environment and the carried build ----
+log "environment"
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    nvcc --version | tail -2
+    python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)"
+    nproc
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+if [ ! -f .devcarry/pkg.tar.xz ]; then
+    echo "device_check: .devcarry/pkg.tar.xz is missing; run scripts/device_pack.sh and carry .devcarry"
+    exit 1
+fi
+rm -rf "$PKG" && mkdir -p "$PKG" && tar -C "$PKG" -xJf .devcarry/pkg.tar.xz
+LIBS=$PKG/pkg/lib
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && LIBS=$LIBS:$d
+done
+PYNV=$(python3 -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]) + '/nvidia')" 2>/dev/null)
+for d in "$PYNV"/cublas/lib "$PYNV"/cuda_runtime/lib "$PYNV"/cu13/lib; do
+    [ -d "$d" ] && LIBS=$LIBS:$d
+done
+export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
+FOCUS=$PKG/pkg/bin/focus
+ldd "$FOCUS" | grep -i "not found" && echo "device_check: a library is missing (above)"
+
+if [ "$MODE" = smollm2 ]; then
+    log "joining the SmolLM2 parts"
+    mkdir -p cache/models
+    cat "$STASH/model.part1" .devcarry2/model.part2 > "$MODEL" 2>/dev/null
+fi
+if [ -f "$MODEL" ] && ! echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet 2>/dev/null; then
+    echo "device_check: $MODEL does not match its sha256; SmolLM2 steps skipped"
+    rm -f "$MODEL"
+fi
+
+run_smollm2() {
+    log "SmolLM2 retrofit on the GPU (PG-19 slice; its tokens/s is the real-weights throughput)"
+    rm -rf /tmp/run_smollm2
+    timeout 420 "$FOCUS" retrofit --config configs/smollm2_pg19.conf --device cuda \
+        --set train=.devcarry/data/pg19 --set val=.devcarry/data/pg19-test \
+        --set B=8 --set steps=150 --set warmup=10 --set eval_every=75 --set eval_tokens=16384 \
+        --set ckpt_every=75 --out /tmp/run_smollm2 > "$OUT/retrofit_smollm2.txt" 2>&1
+    echo "exit $?" >> "$OUT/retrofit_smollm2.txt"
+    grep -E "device:|before|after|step +(1|50|100|150)/|took|focus:" "$OUT/retrofit_smollm2.txt"
+    cp /tmp/run_smollm2/metrics.jsonl "$OUT/retrofit_smollm2_metrics.jsonl" 2>/dev/null
+}
+
+if [ "$MODE" = all ]; then
+    # ---- the CUDA sources with this machine's nvcc ----
+    log "nvcc compile check (sm_90, warnings are errors)"
+    for f in ops router attention sparse; do
+        nvcc -arch=sm_90 -std=c++17 -O3 -lineinfo -Werror all-warnings \
+            -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -Xptxas -v \
+            -c kernels/cuda/$f.cu -o /tmp/$f.o > "/tmp/nvcc_$f.log" 2>&1 &
+    done
+    wait
+    ok=1
+    for f in ops router attention sparse; do [ -f /tmp/$f.o ] || ok=0; done
+    cat /tmp/nvcc_*.log | grep -E "error|spill" | grep -v " 0 bytes spill" | head -20
+    echo "nvcc compile check: $([ $ok = 1 ] && echo passed || echo FAILED)" | tee "$OUT/nvcc.txt"
+
+    # ---- GPU tests: every kernel and a training step against the CPU ----
+    log "GPU tests"
+    timeout 300 "$PKG/pkg/bin/test_cuda" > "$OUT/test_cuda.txt" 2>&1
+    echo "exit $?" >> "$OUT/test_cuda.txt"
+    cat "$OUT/test_cuda.txt"
+
+    # ---- attention: ours (dense, Focus K=8 and K=4, k=1) and PyTorch SDPA ----
+    log "attention benchmark"
+    timeout 400 "$FOCUS" bench attention --device cuda --T "$LENGTHS" --K 8,4 --topk 1 \
+        --heads "$HEADS" --kv-heads "$HEADS" --dhead 64 --w 128 --iters 3 \
+        --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.txt"
+    log "PyTorch SDPA baseline"
+    PYTHONUNBUFFERED=1 timeout 300 python3 scripts/bench_sdpa.py --T "$LENGTHS" --heads "$HEADS" \
+        --dhead 64 --json "$OUT/sdpa.json" 2>&1 | tee "$OUT/sdpa.txt"
+
+    # ---- router training throughput at T = 1024 (SmolLM2 shape) ----
+    log "router training throughput, smollm2-135m shape, random weights"
+    for B in 8 16; do
+        timeout 300 "$FOCUS" bench forward --config smollm2-135m --device cuda --B $B --T 1024 \
+            --iters 3 --json "$OUT/train_B$B.json" 2>&1 | tail -4
+    done
+
+    # ---- a short retrofit of a model trained from scratch here (no download needed) ----
+    log "from-scratch retrofit (configs/tiny.conf; backbone on the CPU, router on the GPU)"
+    rm -rf /tmp/run_tiny
+    timeout 300 "$FOCUS" retrofit --config configs/tiny.conf --device cuda \
+        --set tokenizer=.devcarry/data/gpt2-tokenizer --set train=.devcarry/data/tinyshakespeare.txt \
+        --out /tmp/run_tiny > "$OUT/retrofit_tiny.txt" 2>&1
+    echo "exit $?" >> "$OUT/retrofit_tiny.txt"
+    grep -E "device:|before|after|took|focus:" "$OUT/retrofit_tiny.txt"
+    cp /tmp/run_tiny/metrics.jsonl "$OUT/retrofit_tiny_metrics.jsonl" 2>/dev/null
+
+    if [ -f .devcarry/model.part1 ]; then mkdir -p "$STASH" && cp .devcarry/model.part1 "$STASH/"; fi
+    [ -f "$MODEL" ] && run_smollm2
+elif [ "$MODE" = smollm2 ]; then
+    if [ -f "$MODEL" ]; then run_smollm2; else echo "device_check: no SmolLM2 model"; fi
+fi
+
+# ---- summary ----
+log "summary"
+python3 - "$OUT" "$MODE" <<'EOF'
+import glob, json, os, re, sys
+out, mode = sys.argv[1], sys.argv[2]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception:
+        return None
+s = {"mode": mode}
+try:
+    s["environment"] = open(os.path.join(out, "env.txt")).read().strip().splitlines()
+except Exception:
+    pass
+t = os.path.join(out, "test_cuda.txt")
+if os.path.exists(t):
+    txt = open(t).read()
+    m = re.search(r"test_cuda: (\d+) passed, (\d+) failed", txt)
+    s["gpu_tests"] = ({"passed": int(m.group(1)), "failed": int(m.group(2))} if m else
+                      "skipped: no GPU" if "skipped" in txt else "did not finish")
+    s["gpu_test_failures"] = [l for l in txt.splitlines() if l.startswith("FAIL")][:40]
+att, sdpa = load("attention.json"), load("sdpa.json")
+if att:
+    by_t = {r["T"]: r for r in (sdpa or [])}
+    rows = []
+    for r in att:
+        x = dict(r)
+        b = by_t.get(r["T"])
+        if b:
+            x["sdpa_ms"] = round(b["sdpa_ms"], 4)
+            x["focus_speedup_vs_sdpa"] = round(b["sdpa_ms"] / r["focus_ms"], 3)
+            x["dense_speed_vs_sdpa"] = round(b["sdpa_ms"] / r["dense_ms"], 3)
+        x["focus_speedup_vs_dense"] = round(r["dense_ms"] / r["focus_ms"], 3)
+        rows.append(x)
+    s["attention"] = rows
+for f in sorted(glob.glob(os.path.join(out, "train_B*.json"))):
+    s.setdefault("throughput", []).append(dict(load(os.path.basename(f)), file=os.path.basename(f)))
+for run in ("tiny", "smollm2"):
+    p = os.path.join(out, f"retrofit_{run}_metrics.jsonl")
+    if os.path.exists(p):
+        recs = [json.loads(l) for l in open(p) if l.strip()]
+        ev = [r for r in recs if r.get("type") == "eval"]
+        tr = [r for r in recs if r.get("type") == "train"]
+        s[f"retrofit_{run}"] = {"evals": ev, "steps": len(tr),
+                                "median_tokens_per_s": sorted(r["tokens_per_s"] for r in tr)[len(tr) // 2] if tr else None,
+                                "final_loss": tr[-1]["loss"] if tr else None}
+name = "summary.json" if mode == "all" else f"summary_{mode}.json"
+with open(os.path.join(out, name), "w") as f:
+    json.dump(s, f, indent=1)
+print(json.dumps(s, indent=1)[:6000])
+EOF
