@@ -87,30 +87,30 @@ if [ "$MODE" = all ]; then
 
     # ---- GPU tests: every kernel and a training step against the CPU ----
     log "GPU tests"
-    timeout 300 "$PKG/pkg/bin/test_cuda" > "$OUT/test_cuda.txt" 2>&1
+    timeout 120 "$PKG/pkg/bin/test_cuda" > "$OUT/test_cuda.txt" 2>&1
     echo "exit $?" >> "$OUT/test_cuda.txt"
     cat "$OUT/test_cuda.txt"
 
     # ---- attention: ours (dense, Focus K=8 and K=4, k=1) and PyTorch SDPA ----
     log "attention benchmark"
-    timeout 400 "$FOCUS" bench attention --device cuda --T "$LENGTHS" --K 8,4 --topk 1 \
+    timeout 200 "$FOCUS" bench attention --device cuda --T "$LENGTHS" --K 8,4 --topk 1 \
         --heads "$HEADS" --kv-heads "$HEADS" --dhead 64 --w 128 --iters 3 \
         --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.txt"
     log "PyTorch SDPA baseline"
-    PYTHONUNBUFFERED=1 timeout 300 python3 scripts/bench_sdpa.py --T "$LENGTHS" --heads "$HEADS" \
+    PYTHONUNBUFFERED=1 timeout 150 python3 scripts/bench_sdpa.py --T "$LENGTHS" --heads "$HEADS" \
         --dhead 64 --json "$OUT/sdpa.json" 2>&1 | tee "$OUT/sdpa.txt"
 
     # ---- router training throughput at T = 1024 (SmolLM2 shape) ----
     log "router training throughput, smollm2-135m shape, random weights"
     for B in 8 16; do
-        timeout 300 "$FOCUS" bench forward --config smollm2-135m --device cuda --B $B --T 1024 \
+        timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda --B $B --T 1024 \
             --iters 3 --json "$OUT/train_B$B.json" 2>&1 | tail -4
     done
 
     # ---- a short retrofit of a model trained from scratch here (no download needed) ----
     log "from-scratch retrofit (configs/tiny.conf; backbone on the CPU, router on the GPU)"
     rm -rf /tmp/run_tiny
-    timeout 300 "$FOCUS" retrofit --config configs/tiny.conf --device cuda \
+    timeout 150 "$FOCUS" retrofit --config configs/tiny.conf --device cuda \
         --set tokenizer=.devcarry/data/gpt2-tokenizer --set train=.devcarry/data/tinyshakespeare.txt \
         --out /tmp/run_tiny > "$OUT/retrofit_tiny.txt" 2>&1
     echo "exit $?" >> "$OUT/retrofit_tiny.txt"
