@@ -176,3 +176,7 @@ with open(os.path.join(out, name), "w") as f:
     json.dump(s, f, indent=1)
 print(json.dumps(s, indent=1)[:6000])
 EOF
+# The device tool returns at most 8 files: keep the summary, pack the rest.
+(cd "$OUT" && tar czf "results_$MODE.tar.gz" --exclude='summary*.json' --exclude='results_*.tar.gz' \
+    --exclude='*.log' . && find . -maxdepth 1 -type f ! -name 'summary*.json' ! -name 'results_*.tar.gz' \
+    ! -name '*.log' -delete)
