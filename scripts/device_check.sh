@@ -32,11 +32,13 @@ log "environment"
     nproc
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-if [ ! -f .devcarry/pkg.tar.xz ]; then
-    echo "device_check: .devcarry/pkg.tar.xz is missing; run scripts/device_pack.sh and carry .devcarry"
+CARRIED=.devcarry
+[ "$MODE" = smollm2 ] && CARRIED=.devcarry2
+if [ ! -f $CARRIED/pkg.tar.xz ]; then
+    echo "device_check: $CARRIED/pkg.tar.xz is missing; run scripts/device_pack.sh and carry $CARRIED"
     exit 1
 fi
-rm -rf "$PKG" && mkdir -p "$PKG" && tar -C "$PKG" -xJf .devcarry/pkg.tar.xz
+rm -rf "$PKG" && mkdir -p "$PKG" && tar -C "$PKG" -xJf $CARRIED/pkg.tar.xz
 LIBS=$PKG/pkg/lib
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && LIBS=$LIBS:$d
@@ -63,11 +65,11 @@ run_smollm2() {
     log "SmolLM2 retrofit on the GPU (PG-19 slice; its tokens/s is the real-weights throughput)"
     rm -rf /tmp/run_smollm2
     timeout 420 "$FOCUS" retrofit --config configs/smollm2_pg19.conf --device cuda \
-        --set train=.devcarry/data/pg19 --set val=.devcarry/data/pg19-test \
-        --set B=8 --set steps=150 --set warmup=10 --set eval_every=75 --set eval_tokens=16384 \
-        --set ckpt_every=75 --out /tmp/run_smollm2 > "$OUT/retrofit_smollm2.txt" 2>&1
+        --set train=.devcarry2/data/pg19 --set val=.devcarry2/data/pg19-test \
+        --set B=8 --set steps=100 --set warmup=10 --set eval_every=50 --set eval_tokens=16384 \
+        --set ckpt_every=50 --out /tmp/run_smollm2 > "$OUT/retrofit_smollm2.txt" 2>&1
     echo "exit $?" >> "$OUT/retrofit_smollm2.txt"
-    grep -E "device:|before|after|step +(1|50|100|150)/|took|focus:" "$OUT/retrofit_smollm2.txt"
+    grep -E "device:|before|after|step +(1|50|100)/|took|focus:" "$OUT/retrofit_smollm2.txt"
     cp /tmp/run_smollm2/metrics.jsonl "$OUT/retrofit_smollm2_metrics.jsonl" 2>/dev/null
 }
 
@@ -118,7 +120,7 @@ if [ "$MODE" = all ]; then
     cp /tmp/run_tiny/metrics.jsonl "$OUT/retrofit_tiny_metrics.jsonl" 2>/dev/null
 
     if [ -f .devcarry/model.part1 ]; then mkdir -p "$STASH" && cp .devcarry/model.part1 "$STASH/"; fi
-    [ -f "$MODEL" ] && run_smollm2
+    [ -f "$MODEL" ] && [ -d .devcarry2/data ] && run_smollm2
 elif [ "$MODE" = smollm2 ]; then
     if [ -f "$MODEL" ]; then run_smollm2; else echo "device_check: no SmolLM2 model"; fi
 fi
@@ -178,5 +180,5 @@ print(json.dumps(s, indent=1)[:6000])
 EOF
 # The device tool returns at most 8 files: keep the summary, pack the rest.
 (cd "$OUT" && tar czf "results_$MODE.tar.gz" --exclude='summary*.json' --exclude='results_*.tar.gz' \
-    --exclude='*.log' . && find . -maxdepth 1 -type f ! -name 'summary*.json' ! -name 'results_*.tar.gz' \
+    --exclude='*.log' . ; find . -maxdepth 1 -type f ! -name 'summary*.json' ! -name 'results_*.tar.gz' \
     ! -name '*.log' -delete)

@@ -8,15 +8,16 @@
 # .devcarry/ holds a Release build of `focus` and `test_cuda` (sm_90), the shared libraries they
 # load that a CUDA image lacks (OpenBLAS, HDF5 and its dependencies, PCRE2, cJSON, inih, libgomp;
 # not glibc, libstdc++ or the CUDA libraries, which the device has), the GPT-2 tokenizer and
-# tinyshakespeare for a from-scratch retrofit, a slice of the PG-19 sample, and the first part of
-# the SmolLM2 GGUF. .devcarry2/ holds the rest of the GGUF: a device call carries at most 64 MiB,
-# so the real model travels in two calls (device_check.sh joins the parts and checks the sha256).
+# tinyshakespeare for a from-scratch retrofit, and the first part of the SmolLM2 GGUF. .devcarry2/
+# holds the same build, a slice of the PG-19 sample and the rest of the GGUF: a device call carries
+# at most 64 MiB, so the real model travels in two calls made back to back while the machine is
+# still held (device_check.sh stashes the first part, joins the two and checks the sha256).
 # Both folders are git-ignored.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${FOCUS_DATA:-../shared/data}
 MODEL=cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
-PART1_MB=${PART1_MB:-38}
+PART1_MB=${PART1_MB:-46}
 
 cmake -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build-device -j2 --target focus test_cuda >/dev/null
@@ -28,15 +29,15 @@ ldd build-device/focus build-device/test_cuda | awk '$3 ~ /^\// {print $3}' | so
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64|libcudart|libcublas|libcublasLt)\.so' |
     while read -r lib; do cp -L "$lib" .devcarry/pkg/lib/; done
 tar -C .devcarry -cJf .devcarry/pkg.tar.xz pkg && rm -rf .devcarry/pkg
+cp .devcarry/pkg.tar.xz .devcarry2/  # the second call must not depend on the first's files
 
 if [ -d "$DATA" ]; then
-    mkdir -p .devcarry/data/gpt2-tokenizer .devcarry/data/pg19
+    mkdir -p .devcarry/data/gpt2-tokenizer .devcarry2/data/pg19 .devcarry2/data/pg19-test
     cp "$DATA"/gpt2-tokenizer/encoder.json "$DATA"/gpt2-tokenizer/vocab.bpe .devcarry/data/gpt2-tokenizer/
     cp "$DATA"/tinyshakespeare/input.txt .devcarry/data/tinyshakespeare.txt
-    # a slice of the PG-19 sample: the first training books up to ~3 MB, the first test book
-    ls "$DATA"/pg19-sample/train/*.txt | head -n 4 | xargs -I{} cp {} .devcarry/data/pg19/ 2>/dev/null || true
-    mkdir -p .devcarry/data/pg19-test
-    ls "$DATA"/pg19-sample/test/*.txt | head -n 1 | xargs -I{} cp {} .devcarry/data/pg19-test/ 2>/dev/null || true
+    # a slice of the PG-19 sample for the SmolLM2 run: two training books (~0.9 MB), one test book
+    cp "$DATA"/pg19-sample/train/pg11030.txt "$DATA"/pg19-sample/train/pg120.txt .devcarry2/data/pg19/
+    cp "$DATA"/pg19-sample/test/pg11.txt .devcarry2/data/pg19-test/
 fi
 if [ -f "$MODEL" ]; then
     head -c $((PART1_MB * 1048576)) "$MODEL" > .devcarry/model.part1

@@ -6,7 +6,7 @@
 #include "common.cuh"
 #include "cuda.h"
 
-#define RT 1024 /* threads per sequence block */
+#define RT 512 /* threads per sequence block */
 
 extern "C" void router_scores_forward_cuda(float* proj, float* S, const float* h, const float* wg,
                                            const float* cent, size_t N, int C, int dg, int K) {
@@ -91,7 +91,7 @@ __device__ void prefix_col_step_dev(float* L, float* pm, double* cum, int T, int
     __syncthreads();
 }
 
-__global__ void routing_forward_kernel(float* G, float* colofs, const float* S, const float* beta,
+__global__ void __launch_bounds__(RT) routing_forward_kernel(float* G, float* colofs, const float* S, const float* beta,
                                        int mode, int T, int K, float tau, int iters, float* pmbuf) {
     __shared__ double cum[32];
     int b = blockIdx.x;
@@ -176,7 +176,7 @@ __device__ void copy_dev(float* dst, const float* src, size_t n) {
     __syncthreads();
 }
 
-__global__ void routing_backward_kernel(float* dS, const float* dG, const float* S,
+__global__ void __launch_bounds__(RT) routing_backward_kernel(float* dS, const float* dG, const float* S,
                                         const float* G, const float* beta, int mode, int T, int K,
                                         float tau, int iters, float* scratch) {
     int b = blockIdx.x;

@@ -348,6 +348,25 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* Global -> registers: rows k0 + (x >> 3) + 16 u (u < 4) of K and V, 16-byte chunk x & 7 of
+ * the head; rows past kend are zero. */
+template <int MODE>
+__device__ __forceinline__ void fetch_kv(uint4 (&pk)[4], uint4 (&pv)[4],
+                                         const __nv_bfloat16* base, const PlanArgs& pa, int k0,
+                                         int kend, int QKV, int koff, int voff) {
+    const int cc = threadIdx.x & 7;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int r = (threadIdx.x >> 3) + 16 * u;
+        pk[u] = pv[u] = make_uint4(0, 0, 0, 0);
+        if (k0 + r < kend) {
+            const __nv_bfloat16* row = base + (size_t)row_token(pa, MODE, k0 + r) * QKV;
+            pk[u] = *(const uint4*)(row + koff + cc * 8);
+            pv[u] = *(const uint4*)(row + voff + cc * 8);
+        }
+    }
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(128) mma_fwd_kernel(float* out, float* lse,
                                                      const __nv_bfloat16* qkv, PlanArgs pa, int T,
@@ -387,25 +406,33 @@ __global__ void __launch_bounds__(128) mma_fwd_kernel(float* out, float* lse,
 #pragma unroll
     for (int dt = 0; dt < 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    /* K and V tiles are fetched into registers one tile ahead, so the global loads of tile
+     * i + 1 overlap the products of tile i. Thread x holds rows (x >> 3) + 16 u, chunk x & 7. */
+    uint4 pk[4], pv[4];
+    fetch_kv<MODE>(pk, pv, base, pa, g.kstart, g.kend, QKV, C + kvh * HD, C + NKV * HD + kvh * HD);
     for (int k0 = g.kstart; k0 < g.kend; k0 += BK) {
         const int kn = min(BK, g.kend - k0);
         __syncthreads();
-        for (int x = threadIdx.x; x < BK * 8; x += blockDim.x) {
-            int r = x >> 3, cc = x & 7;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (r < kn) {
-                const __nv_bfloat16* row = base + (size_t)row_token(pa, MODE, k0 + r) * QKV;
-                kv = *(const uint4*)(row + C + kvh * HD + cc * 8);
-                vv = *(const uint4*)(row + C + NKV * HD + kvh * HD + cc * 8);
-            }
-            *(uint4*)(Ks + r * LDS + cc * 8) = kv;
-            const __nv_bfloat16* vp = (const __nv_bfloat16*)&vv;
+        {
+            const int cc = threadIdx.x & 7;
 #pragma unroll
-            for (int u = 0; u < 8; u++) Vt[(cc * 8 + u) * LDS + r] = vp[u];
+            for (int u = 0; u < 4; u++) {
+                const int r = (threadIdx.x >> 3) + 16 * u;
+                *(uint4*)(Ks + r * LDS + cc * 8) = pk[u];
+                /* V transposed, with the key index's 8-element chunk XOR-swizzled by the
+                 * dimension's chunk so that these stores and the fragment reads below are
+                 * free of bank conflicts */
+                const __nv_bfloat16* vp = (const __nv_bfloat16*)&pv[u];
+#pragma unroll
+                for (int e = 0; e < 8; e++) Vt[(cc * 8 + e) * LDS + (r ^ (cc << 3))] = vp[e];
+            }
         }
         if ((int)threadIdx.x < BK)
             mks[threadIdx.x] = (int)threadIdx.x < kn ? row_mask<MODE>(pa, g.b, T, k0 + threadIdx.x) : 0u;
         __syncthreads();
+        if (k0 + BK < g.kend)
+            fetch_kv<MODE>(pk, pv, base, pa, k0 + BK, g.kend, QKV, C + kvh * HD,
+                           C + NKV * HD + kvh * HD);
         float s[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
@@ -468,8 +495,9 @@ __global__ void __launch_bounds__(128) mma_fwd_kernel(float* out, float* lse,
                                pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
             for (int dt = 0; dt < 8; dt++) {
-                const __nv_bfloat16* vr = Vt + (dt * 8 + gid) * LDS + kk * 16 + tig * 2;
-                mma16816(o[dt], pa4, ld32(vr), ld32(vr + 8));
+                const __nv_bfloat16* vr = Vt + (dt * 8 + gid) * LDS;
+                mma16816(o[dt], pa4, ld32(vr + ((kk * 16 + tig * 2) ^ (dt << 3))),
+                         ld32(vr + ((kk * 16 + 8 + tig * 2) ^ (dt << 3))));
             }
         }
     }
