@@ -338,7 +338,7 @@ static void test_model(const char* preset, Routing routing) {
     memcpy(b.params_mem, a.params_mem, sizeof(real) * a.num_params);
     memcpy(b.router_mem, a.router_mem, sizeof(real) * a.num_router);
     model_to_cuda(&b);
-    const int B = 2, T = 80;
+    const int B = 2, T = 60; /* tiny-gpt2 has 64 positions */
     int *inp = mallocCheck(sizeof(int) * B * T), *tgt = mallocCheck(sizeof(int) * B * T);
     for (int i = 0; i < B * T; i++) inp[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
     char name[128];
