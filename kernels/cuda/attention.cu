@@ -7,8 +7,7 @@
  * shared memory in tiles of 32 rows. Scores are formed, gated, exponentiated against the online
  * maximum (forward) or the saved log-sum-exp (backward) and used at once: no T x T buffer.
  * The backward pass runs two kernels, as FlashAttention-2 does: one over query blocks for dQ
- * and the row part of the gate gradient, one over (query head, key block) for dK, dV and the
- * column part (heads sharing a key/value head add atomically).
+ * and the row part of the gate gradient, one over key blocks for dK, dV and the column part.
  * Gate gradients reach dG by atomic adds (one per row and head), lambda and b by a block sum. */
 #include "common.cuh"
 #include "cuda.h"
@@ -138,7 +137,7 @@ __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dq_kernel(
     __shared__ float red[2][32];
     const int QKV = (NH + 2 * NKV) * HD, C = NH * HD, rep = NH / NKV;
     const int nblk = (T + ROWS - 1) / ROWS;
-    const int blk = nblk - 1 - (int)(blockIdx.x % nblk); /* long blocks first */
+    const int blk = (int)(blockIdx.x % nblk);
     const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
     const int kvh = h / rep, q0 = blk * ROWS;
     const int r = threadIdx.x >> 1, part = threadIdx.x & 1, i = q0 + r;
@@ -213,9 +212,8 @@ __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dq_kernel(
     }
 }
 
-/* dK, dV and the column half of the gate gradient for one query head and 64 keys; the query
- * heads that share a key/value head add into it atomically (one block per query head keeps the
- * grid NH / NKV times larger than one per key/value head). */
+/* dK, dV (all query heads sharing the key/value head) and the column half of the gate
+ * gradient. */
 template <int HD>
 __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dkv_kernel(
     float* dqkv, float* dG, const float* Dbuf, const float* dout, const float* qkv,
@@ -227,9 +225,8 @@ __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dkv_kernel(
     __shared__ uint32_t mq[TILE];
     const int QKV = (NH + 2 * NKV) * HD, C = NH * HD, rep = NH / NKV;
     const int nblk = (T + ROWS - 1) / ROWS;
-    const int blk = (int)(blockIdx.x % nblk); /* k0 = 0 first: the longest */
-    const int hq = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
-    const int kvh = hq / rep;
+    const int blk = (int)(blockIdx.x % nblk);
+    const int kvh = (int)(blockIdx.x / nblk) % NKV, b = (int)(blockIdx.x / nblk) / NKV;
     const int k0 = blk * ROWS;
     const int r = threadIdx.x >> 1, part = threadIdx.x & 1, j = k0 + r;
     const int valid = j < T, jc = valid ? j : T - 1, K = g.K;
@@ -247,57 +244,47 @@ __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dkv_kernel(
             dGk[idx] = 0.f;
         }
     const uint32_t mj = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + j] : 0u;
-    const int h = hq;
-    for (int i0 = k0; i0 < T; i0 += TILE) {
-        int n = min(TILE, T - i0);
-        __syncthreads();
-        load_tile<HD>(Qs, base + (size_t)i0 * QKV + h * HD, QKV, n);
-        load_tile<HD>(dOs, dout + ((size_t)b * T + i0) * C + h * HD, C, n);
-        if ((int)threadIdx.x < n) {
-            Ls[threadIdx.x] = lse[((size_t)b * NH + h) * T + i0 + threadIdx.x];
-            Ds[threadIdx.x] = Dbuf[((size_t)b * NH + h) * T + i0 + threadIdx.x];
-            if (g.mode == GATE_HARD) mq[threadIdx.x] = g.mask[(size_t)b * T + i0 + threadIdx.x];
-        }
-        if (soft)
-            for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
-                Gq[idx] = g.G[((size_t)b * T + i0) * K + idx];
-        __syncthreads();
-        for (int il = 0; il < n; il++) {
-            int i = i0 + il;
-            float s = dot_half<HD>(kk, Qs + il * HD, part) * scale;
-            float dp = dot_half<HD>(vv, dOs + il * HD, part);
-            if (!valid || j > i) continue;
-            float aff = 0;
-            if (g.mode != GATE_NONE)
-                s += gate_value(g, i, j, Gq + il * K, Gk + r * K,
-                                g.mode == GATE_HARD ? mq[il] : 0u, mj, &aff);
-            float p = __expf(s - Ls[il]);
-            float ds = p * (dp - Ds[il]);
-            axpy_half<HD>(dv, p, dOs + il * HD, part);
-            axpy_half<HD>(dk, ds * scale, Qs + il * HD, part);
-            if (soft && i - j > g.w) {
-                float x = g.lambda * (aff - g.bias);
-                float dx = ds / (1.f + __expf(x));
-                for (int k = part; k < K; k += 2)
-                    dGk[r * K + k] += dx * g.lambda * Gq[il * K + k];
+    for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+        for (int i0 = k0; i0 < T; i0 += TILE) {
+            int n = min(TILE, T - i0);
+            __syncthreads();
+            load_tile<HD>(Qs, base + (size_t)i0 * QKV + h * HD, QKV, n);
+            load_tile<HD>(dOs, dout + ((size_t)b * T + i0) * C + h * HD, C, n);
+            if ((int)threadIdx.x < n) {
+                Ls[threadIdx.x] = lse[((size_t)b * NH + h) * T + i0 + threadIdx.x];
+                Ds[threadIdx.x] = Dbuf[((size_t)b * NH + h) * T + i0 + threadIdx.x];
+                if (g.mode == GATE_HARD) mq[threadIdx.x] = g.mask[(size_t)b * T + i0 + threadIdx.x];
+            }
+            if (soft)
+                for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
+                    Gq[idx] = g.G[((size_t)b * T + i0) * K + idx];
+            __syncthreads();
+            for (int il = 0; il < n; il++) {
+                int i = i0 + il;
+                float s = dot_half<HD>(kk, Qs + il * HD, part) * scale;
+                float dp = dot_half<HD>(vv, dOs + il * HD, part);
+                if (!valid || j > i) continue;
+                float aff = 0;
+                if (g.mode != GATE_NONE)
+                    s += gate_value(g, i, j, Gq + il * K, Gk + r * K,
+                                    g.mode == GATE_HARD ? mq[il] : 0u, mj, &aff);
+                float p = __expf(s - Ls[il]);
+                float ds = p * (dp - Ds[il]);
+                axpy_half<HD>(dv, p, dOs + il * HD, part);
+                axpy_half<HD>(dk, ds * scale, Qs + il * HD, part);
+                if (soft && i - j > g.w) {
+                    float x = g.lambda * (aff - g.bias);
+                    float dx = ds / (1.f + __expf(x));
+                    for (int k = part; k < K; k += 2)
+                        dGk[r * K + k] += dx * g.lambda * Gq[il * K + k];
+                }
             }
         }
     }
     if (valid) {
-        float* pk = dqkv + ((size_t)b * T + j) * QKV + C + kvh * HD;
-        float* pv = pk + NKV * HD;
-        if (rep == 1) {
-            store_half<HD>(pk, dk, part, 1.f, 1);
-            store_half<HD>(pv, dv, part, 1.f, 1);
-        } else {
-#pragma unroll
-            for (int cc = 0; cc < HD / 8; cc++)
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    atomicAdd(pk + 4 * (2 * cc + part) + u, dk[4 * cc + u]);
-                    atomicAdd(pv + 4 * (2 * cc + part) + u, dv[4 * cc + u]);
-                }
-        }
+        store_half<HD>(dqkv + ((size_t)b * T + j) * QKV + C + kvh * HD, dk, part, 1.f, 1);
+        store_half<HD>(dqkv + ((size_t)b * T + j) * QKV + C + NKV * HD + kvh * HD, dv, part, 1.f,
+                       1);
     }
     if (soft) {
         __syncthreads();
@@ -343,7 +330,7 @@ extern "C" void attention_backward_cuda(float* dqkv, float* dG, float* dgate, co
     GateArgs g = gate_args(gate);
     float scale = 1.f / sqrtf((float)hs);
     unsigned gq = (unsigned)B * NH * ((T + ROWS - 1) / ROWS);
-    unsigned gk = (unsigned)B * NH * ((T + ROWS - 1) / ROWS);
+    unsigned gk = (unsigned)B * NKV * ((T + ROWS - 1) / ROWS);
     DISPATCH_HS(hs, attn_bwd_dq_kernel, gq, dqkv, dG, dgate, scratch, dout, qkv, out, lse, g, T,
                 NH, NKV, scale);
     LAUNCH_CHECK();

@@ -61,10 +61,9 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
     return warp_max(v);
 }
 
-/* log(sigmoid(x)) without overflow, as log_sigmoid in kernels/cpu.h (fast intrinsics: the
- * absolute error is about 1e-7, far below the attention kernels' tolerance). */
+/* log(sigmoid(x)) without overflow, as log_sigmoid in kernels/cpu.h. */
 __device__ __forceinline__ float log_sigmoidf_dev(float x) {
-    return x < 0.f ? x - __logf(1.f + __expf(x)) : -__logf(1.f + __expf(-x));
+    return x < 0.f ? x - log1pf(expf(x)) : -log1pf(expf(-x));
 }
 
 cublasHandle_t focus_cublas(void);

@@ -36,7 +36,6 @@ struct HardPlan {
     int* h_tseg;
     int* h_tp0;
     int ntiles, nrows;
-    int single; /* every token of the last plan has exactly one group */
 };
 
 extern "C" HardPlan* hard_plan_create(void) { return (HardPlan*)callocCheck(1, sizeof(HardPlan)); }
@@ -150,10 +149,7 @@ static void hard_plan_build(HardPlan* p, const uint32_t* mask, int K, int B, int
     count_kernel<<<(unsigned)nseg, 1024>>>(p->counts, mask, T, K);
     LAUNCH_CHECK();
     cuda_download(p->h_counts, p->counts, sizeof(int) * nseg);
-    size_t rows = 0, tiles = 0, members = 0;
-    for (size_t s = 0; s < nseg; s++) members += p->h_counts[s];
-    /* a token has at least one group, so B*T members means exactly one each */
-    p->single = members == (size_t)B * T;
+    size_t rows = 0, tiles = 0;
     for (size_t s = 0; s < nseg; s++) {
         p->h_off[s] = (int)rows;
         size_t nt = (p->h_counts[s] + 63) / 64;
@@ -214,7 +210,6 @@ struct PlanArgs {
     const int *idx, *seg_off, *counts, *tile_seg, *tile_p0;
     const uint32_t *mask, *gmask;
     int K, w;
-    int single; /* every token has one group: the lowest-shared-group rule never applies */
 };
 
 template <int MODE>
@@ -450,10 +445,7 @@ __global__ void __launch_bounds__(128) mma_fwd_kernel(float* out, float* lse,
         }
         /* mask, scale to log2 units, row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY;
-        /* a tile wholly below the diagonal needs no mask unless a band or de-duplication test
-         * applies */
-        const bool full = MODE != MODE_BAND && (MODE == MODE_DENSE || pa.single || g.low == 0) &&
-                          k0 + BK <= g.qbase && kn == BK;
+        const bool full = MODE == MODE_DENSE && k0 + BK <= g.qbase && kn == BK;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
@@ -572,7 +564,7 @@ __global__ void merge_kernel(float* out, float* lse, const float* oA, const floa
 static PlanArgs plan_args(const HardPlan* p, const uint32_t* mask, int K, int w) {
     PlanArgs a = {p ? p->idx : NULL,  p ? p->seg_off : NULL, p ? p->counts : NULL,
                   p ? p->tile_seg : NULL, p ? p->tile_p0 : NULL, mask,
-                  p ? p->gmask : NULL, K, w, p ? p->single : 1};
+                  p ? p->gmask : NULL, K, w};
     return a;
 }
 
