@@ -526,7 +526,7 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
 void model_update_beta(Model* m) {
     const FocusConfig* f = &m->fc;
     if (f->attn == ATTN_DENSE || f->routing == ROUTE_CAUSAL || !m->acts.colofs) return;
-    /* Average of the batch's offsets; the first update takes it as is. */
+        /* Average of the batch's offsets; the first update takes it as is. */
 #ifdef FOCUS_CUDA
     if (m->gpu) model_cuda_sync_colofs(m);
 #endif

@@ -175,8 +175,7 @@ const real* model_groups(const Model* m, int l);
 int model_qkv_width(const ModelConfig* c);
 int model_fc_width(const ModelConfig* c);
 /* Sizes of the NUM_ACT_TENSORS activation tensors for (B, T, keep). */
-void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T,
-                     int keep);
+void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T, int keep);
 /* Pointers to layer l's slice of activations a (slot 0 when not keeping). */
 typedef struct {
     real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,

@@ -192,8 +192,8 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
             router_scores_forward_cuda(la.rproj, la.rS, la.ln1, g->router.wg + lC * f->dg,
                                        g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
                                        f->K);
-            routing_forward_cuda(la.rG, la.colofs, la.rS, g->beta + (size_t)l * f->K, f->routing,
-                                 B, T, f->K, f->tau, f->iters);
+            routing_forward_cuda(la.rG, la.colofs, la.rS, g->beta + (size_t)l * f->K, f->routing, B,
+                                 T, f->K, f->tau, f->iters);
             if (f->attn == ATTN_HARD) routing_topk_mask_cuda(la.mask, la.rG, BT, f->K, f->topk);
         }
         if (f->attn == ATTN_HARD) {
@@ -250,8 +250,7 @@ void model_cuda_sync_groups(const Model* m) {
 void model_cuda_sync_colofs(Model* m) {
     struct CudaModel* g = m->gpu;
     if (!g || !g->acts.colofs || !m->acts.colofs) return;
-    cuda_download(m->acts.colofs, g->acts.colofs,
-                  sizeof(float) * m->cfg.L * g->B * m->fc.K);
+    cuda_download(m->acts.colofs, g->acts.colofs, sizeof(float) * m->cfg.L * g->B * m->fc.K);
 }
 
 void model_cuda_zero_grad(Model* m, GradMode mode) {
@@ -326,14 +325,14 @@ void model_cuda_backward(Model* m, GradMode mode) {
                              FC);
         norm_backward(m, dres, dbuf, la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
         cuda_memset0(dbuf, sizeof(float) * BT * C);
-        matmul_backward_cuda(dbuf, NULL, NULL, dres, la.att, p->attprojw + (size_t)l * C * C, BT,
-                             C, C);
+        matmul_backward_cuda(dbuf, NULL, NULL, dres, la.att, p->attprojw + (size_t)l * C * C, BT, C,
+                             C);
         cuda_memset0(dqkv, sizeof(float) * BT * QKV);
         if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
         AttnGate gate = layer_gate(m, l, &la);
         attention_backward_cuda(dqkv, router ? dG : NULL,
-                                f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
-                                la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
+                                f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv, la.att,
+                                la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
         if (l == 0 && !router) break;
         if (c->arch == ARCH_LLAMA)
             rope_backward_cuda(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
@@ -345,11 +344,10 @@ void model_cuda_backward(Model* m, GradMode mode) {
             cuda_memset0(dS, sizeof(float) * BT * f->K);
             routing_backward_cuda(dS, dG, la.rS, la.rG, g->beta + (size_t)l * f->K, f->routing, B,
                                   T, f->K, f->tau, f->iters, route_scr);
-            router_scores_backward_cuda(dbuf, g->rgrads.wg + lC * f->dg,
-                                        g->rgrads.cent + (size_t)l * f->K * f->dg, dproj, dS,
-                                        la.ln1, la.rproj, g->router.wg + lC * f->dg,
-                                        g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
-                                        f->K);
+            router_scores_backward_cuda(
+                dbuf, g->rgrads.wg + lC * f->dg, g->rgrads.cent + (size_t)l * f->K * f->dg, dproj,
+                dS, la.ln1, la.rproj, g->router.wg + lC * f->dg,
+                g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
         }
         if (l == 0) break;
         norm_backward(m, dres, dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);

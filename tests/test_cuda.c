@@ -50,21 +50,23 @@ static double rel_dev(const float* d, const float* ref, size_t n) {
     return e / (s > 1e-3 ? s : 1e-3);
 }
 
-#define EXPECT(name, err, tol)                                                         \
-    do {                                                                               \
-        double e_ = (err);                                                             \
-        printf("  %-44s %.2e\n", name, e_);                                            \
+#define EXPECT(name, err, tol)                                                        \
+    do {                                                                              \
+        double e_ = (err);                                                            \
+        printf("  %-44s %.2e\n", name, e_);                                           \
         CHECK(e_ <= (tol), "%s: GPU differs from CPU by %g (tolerance %g)", name, e_, \
-              (double)(tol));                                                          \
+              (double)(tol));                                                         \
     } while (0)
 
 static void test_dense_layers(void) {
     const size_t N = 77;
     const int C = 96, OC = 40, F = 48;
-    float *x = randn(N * C, 1), *w = randn(OC * C, 0.5), *bias = randn(OC, 1), *dy = randn(N * OC, 1);
+    float *x = randn(N * C, 1), *w = randn(OC * C, 0.5), *bias = randn(OC, 1),
+          *dy = randn(N * OC, 1);
     float* out = mallocCheck(sizeof(float) * N * OC);
     matmul_forward(out, x, w, bias, N, C, OC);
-    float *dx_ = dev(x, N * C), *dw_ = dev(w, OC * C), *db_ = dev(bias, OC), *dout = devzero(N * OC);
+    float *dx_ = dev(x, N * C), *dw_ = dev(w, OC * C), *db_ = dev(bias, OC),
+          *dout = devzero(N * OC);
     matmul_forward_cuda(dout, dx_, dw_, db_, N, C, OC);
     EXPECT("matmul_forward", rel_dev(dout, out, N * OC), 1e-5);
     float *gx = calloc(N * C, 4), *gw = calloc(OC * C, 4), *gb = calloc(OC, 4);
@@ -133,7 +135,8 @@ static void test_dense_layers(void) {
     /* encoder and cross-entropy (V = 500, one ignored target) */
     const int V = 500, B = 1, T = (int)N;
     int *tok = mallocCheck(sizeof(int) * N), *tgt = mallocCheck(sizeof(int) * N);
-    for (size_t i = 0; i < N; i++) tok[i] = (int)(rng_u64(&rng) % V), tgt[i] = (int)(rng_u64(&rng) % V);
+    for (size_t i = 0; i < N; i++)
+        tok[i] = (int)(rng_u64(&rng) % V), tgt[i] = (int)(rng_u64(&rng) % V);
     tgt[5] = -1;
     float *wte = randn((size_t)V * C, 1), *wpe = randn(N * C, 1);
     float* enc = mallocCheck(4 * N * C);
@@ -156,7 +159,8 @@ static void test_dense_layers(void) {
 static void test_router(void) {
     const int B = 3, T = 200, K = 8, C = 64, dg = 16, iters = 5;
     const size_t N = (size_t)B * T;
-    float *h = randn(N * C, 1), *wg = randn((size_t)C * dg, 0.2), *cent = randn((size_t)K * dg, 0.5);
+    float *h = randn(N * C, 1), *wg = randn((size_t)C * dg, 0.2),
+          *cent = randn((size_t)K * dg, 0.5);
     float *proj = mallocCheck(4 * N * dg), *S = mallocCheck(4 * N * K);
     router_scores_forward(proj, S, h, wg, cent, N, C, dg, K);
     float *dh_ = dev(h, N * C), *dwg = dev(wg, C * dg), *dcent = dev(cent, K * dg),
@@ -168,7 +172,8 @@ static void test_router(void) {
     router_scores_backward(gh, gwg, gcent, gproj, gS, h, proj, wg, cent, N, C, dg, K);
     float *dgS = dev(gS, N * K), *dgh = devzero(N * C), *dgwg = devzero(C * dg),
           *dgcent = devzero(K * dg), *dgproj = devzero(N * dg);
-    router_scores_backward_cuda(dgh, dgwg, dgcent, dgproj, dgS, dh_, dproj, dwg, dcent, N, C, dg, K);
+    router_scores_backward_cuda(dgh, dgwg, dgcent, dgproj, dgS, dh_, dproj, dwg, dcent, N, C, dg,
+                                K);
     EXPECT("router_scores_backward dh", rel_dev(dgh, gh, N * C), 1e-5);
     EXPECT("router_scores_backward dwg", rel_dev(dgwg, gwg, C * dg), 1e-5);
     EXPECT("router_scores_backward dcent", rel_dev(dgcent, gcent, K * dg), 1e-5);
@@ -340,7 +345,8 @@ static void test_model(const char* preset, Routing routing) {
     model_to_cuda(&b);
     const int B = 2, T = 60; /* tiny-gpt2 has 64 positions */
     int *inp = mallocCheck(sizeof(int) * B * T), *tgt = mallocCheck(sizeof(int) * B * T);
-    for (int i = 0; i < B * T; i++) inp[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
+    for (int i = 0; i < B * T; i++)
+        inp[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
     char name[128];
     model_zero_grad(&a, GRAD_ROUTER);
     model_zero_grad(&b, GRAD_ROUTER);

@@ -145,8 +145,8 @@ static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, in
                                 int NKV, int hs, int w, int reps, const char* json) {
     cuda_init(0);
     printf("GPU attention benchmark: bf16 dense (our flash kernel) vs Focus hard top-k executor\n");
-    printf("heads %d / kv-heads %d, head dim %d, k=%d, window %d, synthetic balanced routing\n",
-           NH, NKV, hs, topk, w);
+    printf("heads %d / kv-heads %d, head dim %d, k=%d, window %d, synthetic balanced routing\n", NH,
+           NKV, hs, topk, w);
     printf("%9s %3s %10s %11s %11s %9s %13s\n", "T", "K", "pairs kept", "dense ms", "focus ms",
            "speed-up", "dense TFLOP/s");
     FILE* jf = json ? fopen(json, "w") : NULL;
@@ -390,8 +390,10 @@ int cmd_bench(int argc, char** argv) {
     t0 = now_seconds();
     for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 1);
     double dtf = (now_seconds() - t0) / iters;
-    printf("train step (router-only fwd+bwd) %8.1f tokens/s  %8.1f ms (forward %.1f ms, backward %.1f ms)\n",
-           n / dt, dt * 1e3, dtf * 1e3, (dt - dtf) * 1e3);
+    printf(
+        "train step (router-only fwd+bwd) %8.1f tokens/s  %8.1f ms (forward %.1f ms, backward %.1f "
+        "ms)\n",
+        n / dt, dt * 1e3, dtf * 1e3, (dt - dtf) * 1e3);
     printf("peak RSS %.0f MiB\n", peak_rss_mib());
     if (json) {
         FILE* jf = fopen(json, "w");
@@ -399,7 +401,8 @@ int cmd_bench(int argc, char** argv) {
         fprintf(jf,
                 "{\"config\": \"%s\", \"device\": \"%s\", \"B\": %d, \"T\": %d, "
                 "\"forward_dense_tokens_per_s\": %.1f, \"forward_soft_tokens_per_s\": %.1f, "
-                "\"train_step_tokens_per_s\": %.1f, \"train_step_ms\": %.3f, \"train_forward_ms\": %.3f}\n",
+                "\"train_step_tokens_per_s\": %.1f, \"train_step_ms\": %.3f, \"train_forward_ms\": "
+                "%.3f}\n",
                 preset, device ? "cuda" : "cpu", B, T, fwd_tps[0], fwd_tps[1], n / dt, dt * 1e3,
                 dtf * 1e3);
         fclose(jf);

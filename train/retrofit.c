@@ -402,9 +402,10 @@ int cmd_retrofit(int argc, char** argv) {
             /* the same arithmetic on the device: mean over micro-batches, clip, AdamW */
             gnorm = sqrt(device_grad_sumsq(&m, nopt)) / rc.grad_accum;
             if (!isfinite(gnorm))
-                fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is "
-                      "intact",
-                      gnorm, step + 1, ckpt);
+                fatal(
+                    "retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is "
+                    "intact",
+                    gnorm, step + 1, ckpt);
             double k = rc.clip > 0 && gnorm > rc.clip ? rc.clip / (gnorm + 1e-12) : 1.0;
             device_adamw(&m, &opt, lr, (float)(k / rc.grad_accum));
         } else {
@@ -412,9 +413,10 @@ int cmd_retrofit(int argc, char** argv) {
                 for (size_t i = 0; i < nopt; i++) m.rgrads_mem[i] /= (real)rc.grad_accum;
             gnorm = clip_grad_norm(m.rgrads_mem, nopt, rc.clip);
             if (!isfinite(gnorm))
-                fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is "
-                      "intact",
-                      gnorm, step + 1, ckpt);
+                fatal(
+                    "retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is "
+                    "intact",
+                    gnorm, step + 1, ckpt);
             adamw_step(&opt, m.router_mem, m.rgrads_mem, lr);
         }
         double dt = now_seconds() - t0;

@@ -50,9 +50,9 @@ __device__ __forceinline__ float gate_value(const GateArgs& g, int i, int j, con
 }
 
 template <int HD>
-__global__ void __launch_bounds__(2 * ROWS) attn_fwd_kernel(float* out, float* lse,
-                                                           const float* qkv, GateArgs g, int T,
-                                                           int NH, int NKV, float scale) {
+__global__ void __launch_bounds__(2 * ROWS)
+    attn_fwd_kernel(float* out, float* lse, const float* qkv, GateArgs g, int T, int NH, int NKV,
+                    float scale) {
     __shared__ __align__(16) float Ks[TILE * HD];
     __shared__ __align__(16) float Vs[TILE * HD];
     __shared__ float Gq[ROWS * MAXK], Gk[TILE * MAXK];
@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(2 * ROWS) attn_fwd_kernel(float* out, float* l
         if (g.mode == GATE_SOFT)
             for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
                 Gk[idx] = g.G[((size_t)b * T + k0) * K + idx];
-        if (g.mode == GATE_HARD && (int)threadIdx.x < n) mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
+        if (g.mode == GATE_HARD && (int)threadIdx.x < n)
+            mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
         __syncthreads();
         for (int j0 = 0; j0 < n; j0 += 8) {
             float s[8];
@@ -127,9 +128,10 @@ __global__ void __launch_bounds__(2 * ROWS) attn_fwd_kernel(float* out, float* l
 
 /* dQ and the row half of the gate gradient; also writes D = rowsum(dO * O) to Dbuf. */
 template <int HD>
-__global__ void __launch_bounds__(2 * ROWS) attn_bwd_dq_kernel(
-    float* dqkv, float* dG, float* dgate, float* Dbuf, const float* dout, const float* qkv,
-    const float* out, const float* lse, GateArgs g, int T, int NH, int NKV, float scale) {
+__global__ void __launch_bounds__(2 * ROWS)
+    attn_bwd_dq_kernel(float* dqkv, float* dG, float* dgate, float* Dbuf, const float* dout,
+                       const float* qkv, const float* out, const float* lse, GateArgs g, int T,
+                       int NH, int NKV, float scale) {
     __shared__ __align__(16) float Ks[TILE * HD];
     __shared__ __align__(16) float Vs[TILE * HD];
     __shared__ float Gq[ROWS * MAXK], Gk[TILE * MAXK], dGq[ROWS * MAXK];
@@ -171,7 +173,8 @@ __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dq_kernel(
         if (soft)
             for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
                 Gk[idx] = g.G[((size_t)b * T + k0) * K + idx];
-        if (g.mode == GATE_HARD && (int)threadIdx.x < n) mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
+        if (g.mode == GATE_HARD && (int)threadIdx.x < n)
+            mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
         __syncthreads();
         for (int jl = 0; jl < n; jl++) {
             int j = k0 + jl;
@@ -215,9 +218,10 @@ __global__ void __launch_bounds__(2 * ROWS) attn_bwd_dq_kernel(
 /* dK, dV (all query heads sharing the key/value head) and the column half of the gate
  * gradient. */
 template <int HD>
-__global__ void __launch_bounds__(2 * ROWS) attn_bwd_dkv_kernel(
-    float* dqkv, float* dG, const float* Dbuf, const float* dout, const float* qkv,
-    const float* lse, GateArgs g, int T, int NH, int NKV, float scale) {
+__global__ void __launch_bounds__(2 * ROWS)
+    attn_bwd_dkv_kernel(float* dqkv, float* dG, const float* Dbuf, const float* dout,
+                        const float* qkv, const float* lse, GateArgs g, int T, int NH, int NKV,
+                        float scale) {
     __shared__ __align__(16) float Qs[TILE * HD];
     __shared__ __align__(16) float dOs[TILE * HD];
     __shared__ float Gq[TILE * MAXK], Gk[ROWS * MAXK], dGk[ROWS * MAXK];
@@ -303,12 +307,20 @@ static void check_shape(int hs, const AttnGate* g) {
         fatal("CUDA attention: K=%d groups exceed the limit of %d", g->K, MAXK);
 }
 
-#define DISPATCH_HS(hs, KERNEL, grid, ...)                                                    \
-    switch (hs) {                                                                             \
-    case 8: KERNEL<8><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                                \
-    case 16: KERNEL<16><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                              \
-    case 32: KERNEL<32><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                              \
-    default: KERNEL<64><<<grid, 2 * ROWS>>>(__VA_ARGS__); break;                              \
+#define DISPATCH_HS(hs, KERNEL, grid, ...)               \
+    switch (hs) {                                        \
+        case 8:                                          \
+            KERNEL<8><<<grid, 2 * ROWS>>>(__VA_ARGS__);  \
+            break;                                       \
+        case 16:                                         \
+            KERNEL<16><<<grid, 2 * ROWS>>>(__VA_ARGS__); \
+            break;                                       \
+        case 32:                                         \
+            KERNEL<32><<<grid, 2 * ROWS>>>(__VA_ARGS__); \
+            break;                                       \
+        default:                                         \
+            KERNEL<64><<<grid, 2 * ROWS>>>(__VA_ARGS__); \
+            break;                                       \
     }
 
 extern "C" void attention_forward_cuda(float* out, float* lse, const float* qkv,
@@ -324,15 +336,15 @@ extern "C" void attention_forward_cuda(float* out, float* lse, const float* qkv,
 
 extern "C" void attention_backward_cuda(float* dqkv, float* dG, float* dgate, const float* dout,
                                         const float* qkv, const float* out, const float* lse,
-                                        const AttnGate* gate, int B, int T, int NH, int NKV,
-                                        int hs, float* scratch) {
+                                        const AttnGate* gate, int B, int T, int NH, int NKV, int hs,
+                                        float* scratch) {
     check_shape(hs, gate);
     GateArgs g = gate_args(gate);
     float scale = 1.f / sqrtf((float)hs);
     unsigned gq = (unsigned)B * NH * ((T + ROWS - 1) / ROWS);
     unsigned gk = (unsigned)B * NKV * ((T + ROWS - 1) / ROWS);
-    DISPATCH_HS(hs, attn_bwd_dq_kernel, gq, dqkv, dG, dgate, scratch, dout, qkv, out, lse, g, T,
-                NH, NKV, scale);
+    DISPATCH_HS(hs, attn_bwd_dq_kernel, gq, dqkv, dG, dgate, scratch, dout, qkv, out, lse, g, T, NH,
+                NKV, scale);
     LAUNCH_CHECK();
     DISPATCH_HS(hs, attn_bwd_dkv_kernel, gk, dqkv, dG, scratch, dout, qkv, lse, g, T, NH, NKV,
                 scale);

@@ -10,18 +10,18 @@ extern "C" {
 #include "../../model/common.h"
 }
 
-#define CUDA_CHECK(call)                                                                        \
-    do {                                                                                        \
-        cudaError_t err_ = (call);                                                              \
-        if (err_ != cudaSuccess)                                                                \
-            fatal("CUDA error at %s:%d: %s", __FILE__, __LINE__, cudaGetErrorString(err_));     \
+#define CUDA_CHECK(call)                                                                    \
+    do {                                                                                    \
+        cudaError_t err_ = (call);                                                          \
+        if (err_ != cudaSuccess)                                                            \
+            fatal("CUDA error at %s:%d: %s", __FILE__, __LINE__, cudaGetErrorString(err_)); \
     } while (0)
 
-#define CUBLAS_CHECK(call)                                                                      \
-    do {                                                                                        \
-        cublasStatus_t st_ = (call);                                                            \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
-            fatal("cuBLAS error %d at %s:%d", (int)st_, __FILE__, __LINE__);                    \
+#define CUBLAS_CHECK(call)                                                   \
+    do {                                                                     \
+        cublasStatus_t st_ = (call);                                         \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                    \
+            fatal("cuBLAS error %d at %s:%d", (int)st_, __FILE__, __LINE__); \
     } while (0)
 
 /* Checks the launch (not the kernel's completion; cuda_sync does that). */

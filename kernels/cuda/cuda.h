@@ -73,15 +73,14 @@ double sumsq_cuda(const float* x, size_t n);
 /* ---- router (model/router.h) ---- */
 void router_scores_forward_cuda(float* proj, float* S, const float* h, const float* wg,
                                 const float* cent, size_t N, int C, int dg, int K);
-void router_scores_backward_cuda(float* dh, float* dwg, float* dcent, float* dproj,
-                                 const float* dS, const float* h, const float* proj,
-                                 const float* wg, const float* cent, size_t N, int C, int dg,
-                                 int K);
+void router_scores_backward_cuda(float* dh, float* dwg, float* dcent, float* dproj, const float* dS,
+                                 const float* h, const float* proj, const float* wg,
+                                 const float* cent, size_t N, int C, int dg, int K);
 /* scratch: routing_scratch_floats(B, T, K, iters) floats (the Sinkhorn iterates the backward
  * pass replays; the forward pass uses none). */
 size_t routing_scratch_floats(int B, int T, int K, int iters);
-void routing_forward_cuda(float* G, float* colofs, const float* S, const float* beta,
-                          Routing mode, int B, int T, int K, float tau, int iters);
+void routing_forward_cuda(float* G, float* colofs, const float* S, const float* beta, Routing mode,
+                          int B, int T, int K, float tau, int iters);
 void routing_backward_cuda(float* dS, const float* dG, const float* S, const float* G,
                            const float* beta, Routing mode, int B, int T, int K, float tau,
                            int iters, float* scratch);
@@ -102,16 +101,16 @@ HardPlan* hard_plan_create(void);
 void hard_plan_free(HardPlan* p);
 /* fp32 executor: equals attention_hard_forward (and GATE_HARD attention) to float round-off. */
 void attention_hard_forward_cuda(HardPlan* plan, float* out, float* lse, const float* qkv,
-                                 const uint32_t* mask, int K, int w, int B, int T, int NH,
-                                 int NKV, int hs);
+                                 const uint32_t* mask, int K, int w, int B, int T, int NH, int NKV,
+                                 int hs);
 
 /* bf16 tensor-core kernels (head size 64) for inference and benchmarks: qkv is bf16 (as
  * uint16_t bits), out is fp32 (B, T, NH*64), lse (B, NH, T). */
 void attention_flash_forward_bf16_cuda(float* out, float* lse, const uint16_t* qkv, int B, int T,
                                        int NH, int NKV, int hs);
-void attention_hard_forward_bf16_cuda(HardPlan* plan, float* out, float* lse,
-                                      const uint16_t* qkv, const uint32_t* mask, int K, int w,
-                                      int B, int T, int NH, int NKV, int hs);
+void attention_hard_forward_bf16_cuda(HardPlan* plan, float* out, float* lse, const uint16_t* qkv,
+                                      const uint32_t* mask, int K, int w, int B, int T, int NH,
+                                      int NKV, int hs);
 void float_to_bf16_cuda(uint16_t* dst, const float* src, size_t n);
 
 /* ---- benchmark inputs ---- */

@@ -36,8 +36,8 @@ extern "C" void cuda_init(int quiet) {
     snprintf(g_name, sizeof g_name, "%.256s (sm_%d%d, %d SMs, %.0f GiB)", prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
     CUBLAS_CHECK(cublasCreate(&g_cublas));
-    CUBLAS_CHECK(cublasSetMathMode(g_cublas, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                    : CUBLAS_PEDANTIC_MATH));
+    CUBLAS_CHECK(
+        cublasSetMathMode(g_cublas, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
     g_ready = 1;
     if (!quiet) printf("device: %s\n", g_name);
 }
@@ -47,8 +47,8 @@ extern "C" const char* cuda_device_name(void) { return g_name; }
 extern "C" void cuda_set_tf32(int on) {
     g_tf32 = on;
     if (g_ready)
-        CUBLAS_CHECK(cublasSetMathMode(g_cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                    : CUBLAS_PEDANTIC_MATH));
+        CUBLAS_CHECK(
+            cublasSetMathMode(g_cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
 }
 
 extern "C" void* cuda_malloc(size_t bytes) {
@@ -79,12 +79,12 @@ extern "C" void cuda_sync(void) {
 }
 
 /* Row-major C = alpha op(A) op(B) + beta C is column-major C^T = op(B)^T op(A)^T. */
-extern "C" void gemm_cuda(int ta, int tb, int M, int N, int K, float alpha, const float* A,
-                          int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+extern "C" void gemm_cuda(int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda,
+                          const float* B, int ldb, float beta, float* C, int ldc) {
     if (M == 0 || N == 0) return;
     CUBLAS_CHECK(cublasSgemm(focus_cublas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                             ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb, A, lda,
-                             &beta, C, ldc));
+                             ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ldb, A, lda, &beta,
+                             C, ldc));
 }
 
 __global__ void bias_rows_kernel(float* out, const float* bias, size_t N, int OC) {
@@ -223,8 +223,8 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
     if (threadIdx.x == 0) rstd[n] = r;
 }
 
-extern "C" void rmsnorm_forward_cuda(float* out, float* rstd, const float* inp,
-                                     const float* weight, size_t N, int C, float eps) {
+extern "C" void rmsnorm_forward_cuda(float* out, float* rstd, const float* inp, const float* weight,
+                                     size_t N, int C, float eps) {
     rmsnorm_forward_kernel<<<(unsigned)N, 256>>>(out, rstd, inp, weight, C, eps);
     LAUNCH_CHECK();
 }
@@ -238,7 +238,8 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const fl
     for (int c = threadIdx.x; c < C; c += blockDim.x) dot += w[c] * dy[c] * x[c];
     dot = block_sum(dot, sh);
     float r = rstd[n], k = dot * r * r * r / C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dinp[n * C + c] += w[c] * dy[c] * r - x[c] * k;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dinp[n * C + c] += w[c] * dy[c] * r - x[c] * k;
 }
 
 extern "C" void rmsnorm_backward_cuda(float* dinp, float* dweight, const float* dout,
@@ -247,8 +248,7 @@ extern "C" void rmsnorm_backward_cuda(float* dinp, float* dweight, const float* 
     rmsnorm_backward_kernel<<<(unsigned)N, 256>>>(dinp, dout, inp, weight, rstd, C);
     LAUNCH_CHECK();
     if (dweight) {
-        norm_wgrad_kernel<<<cdiv(C, 32), dim3(32, 8)>>>(dweight, NULL, dout, inp, NULL, rstd, N,
-                                                        C);
+        norm_wgrad_kernel<<<cdiv(C, 32), dim3(32, 8)>>>(dweight, NULL, dout, inp, NULL, rstd, N, C);
         LAUNCH_CHECK();
     }
 }
@@ -280,8 +280,8 @@ extern "C" void rope_forward_cuda(float* qkv, int B, int T, int NH, int NKV, int
     LAUNCH_CHECK();
 }
 
-extern "C" void rope_backward_cuda(float* dqkv, int B, int T, int NH, int NKV, int hs,
-                                   float theta, int pos0) {
+extern "C" void rope_backward_cuda(float* dqkv, int B, int T, int NH, int NKV, int hs, float theta,
+                                   int pos0) {
     size_t total = (size_t)B * T * (NH + NKV) * (hs / 2);
     rope_kernel<<<cdiv(total, 256), 256>>>(dqkv, B * T, T, NH, NKV, hs, theta, pos0, -1.f);
     LAUNCH_CHECK();
@@ -457,8 +457,8 @@ extern "C" void adamw_step_cuda(float* params, const float* grads, float* m, flo
                                 float lr, float beta1, float beta2, float eps, float weight_decay,
                                 long t, float grad_scale) {
     double c1 = 1.0 - pow(beta1, (double)t), c2 = 1.0 - pow(beta2, (double)t);
-    adamw_kernel<<<cdiv(n, 256), 256>>>(params, grads, m, v, n, lr, beta1, beta2, eps,
-                                        weight_decay, c1, c2, grad_scale);
+    adamw_kernel<<<cdiv(n, 256), 256>>>(params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                        c1, c2, grad_scale);
     LAUNCH_CHECK();
 }
 
@@ -487,7 +487,8 @@ __global__ void fill_normal_bf16_kernel(uint16_t* x, size_t n, uint64_t seed) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
     uint64_t r = mix64(seed ^ mix64(i));
-    float u1 = ((r >> 40) + 1) * (1.f / 16777217.f), u2 = ((r >> 16) & 0xffffff) * (1.f / 16777216.f);
+    float u1 = ((r >> 40) + 1) * (1.f / 16777217.f),
+          u2 = ((r >> 16) & 0xffffff) * (1.f / 16777216.f);
     float z = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
     unsigned u = __float_as_uint(z);
     u += 0x7fffu + ((u >> 16) & 1u);

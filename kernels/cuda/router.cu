@@ -91,8 +91,9 @@ __device__ void prefix_col_step_dev(float* L, float* pm, double* cum, int T, int
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(RT) routing_forward_kernel(float* G, float* colofs, const float* S, const float* beta,
-                                       int mode, int T, int K, float tau, int iters, float* pmbuf) {
+__global__ void __launch_bounds__(RT)
+    routing_forward_kernel(float* G, float* colofs, const float* S, const float* beta, int mode,
+                           int T, int K, float tau, int iters, float* pmbuf) {
     __shared__ double cum[32];
     int b = blockIdx.x;
     const float* Sb = S + (size_t)b * T * K;
@@ -176,14 +177,15 @@ __device__ void copy_dev(float* dst, const float* src, size_t n) {
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(RT) routing_backward_kernel(float* dS, const float* dG, const float* S,
-                                        const float* G, const float* beta, int mode, int T, int K,
-                                        float tau, int iters, float* scratch) {
+__global__ void __launch_bounds__(RT)
+    routing_backward_kernel(float* dS, const float* dG, const float* S, const float* G,
+                            const float* beta, int mode, int T, int K, float tau, int iters,
+                            float* scratch) {
     int b = blockIdx.x;
     const size_t TK = (size_t)T * K;
     const int nit = mode == ROUTE_CAUSAL ? 0 : iters;
     float* base = scratch + (size_t)b * TK * (2 * (size_t)iters + 4);
-    float* Ls = base;                  /* 2 * nit + 2 iterates */
+    float* Ls = base; /* 2 * nit + 2 iterates */
     float* pm = base + (2 * (size_t)iters + 2) * TK;
     float* d = pm + TK;
     const float* Sb = S + b * TK;

@@ -22,13 +22,13 @@
 enum { MODE_DENSE = 0, MODE_BAND = 1, MODE_GROUP = 2 };
 
 struct HardPlan {
-    int* counts;   /* (B*K) tokens per segment */
-    int* seg_off;  /* (B*K) first padded row of each segment */
-    int* tile_seg; /* (ntiles) segment of each 64-row tile */
-    int* tile_p0;  /* (ntiles) first row of each tile */
-    int* idx;      /* (nrows) token index within its sequence, -1 for padding */
+    int* counts;     /* (B*K) tokens per segment */
+    int* seg_off;    /* (B*K) first padded row of each segment */
+    int* tile_seg;   /* (ntiles) segment of each 64-row tile */
+    int* tile_p0;    /* (ntiles) first row of each tile */
+    int* idx;        /* (nrows) token index within its sequence, -1 for padding */
     uint32_t* gmask; /* (nrows) group mask of the row's token */
-    int* gpos;     /* (B*T*K) padded row of token t in group c, or -1 */
+    int* gpos;       /* (B*T*K) padded row of token t in group c, or -1 */
     float *oA, *lA, *oB, *lB;
     size_t cap_seg, cap_tiles, cap_rows, cap_gpos, cap_oA, cap_oB;
     int* h_counts;
@@ -114,7 +114,8 @@ __global__ void scatter_kernel(int* idx, uint32_t* gmask, int* gpos, const uint3
                 if (lane >= o) x += y;
             }
             if (lane < nw) wsum[lane] = x - v; /* exclusive prefix of the warp totals */
-            if (lane == 31) wsum[31] = x; /* nw <= 32; lane 31's prefix is not needed when nw == 32 */
+            if (lane == 31)
+                wsum[31] = x; /* nw <= 32; lane 31's prefix is not needed when nw == 32 */
         }
         __syncthreads();
         int total = wsum[31];
@@ -261,9 +262,9 @@ __device__ __forceinline__ int row_token(const PlanArgs& pa, int mode, int coord
 
 /* ---- fp32 core ---- */
 template <int HD, int MODE>
-__global__ void __launch_bounds__(2 * ROWS) seg_fwd_kernel(float* out, float* lse,
-                                                          const float* qkv, PlanArgs pa, int T,
-                                                          int NH, int NKV, float scale) {
+__global__ void __launch_bounds__(2 * ROWS)
+    seg_fwd_kernel(float* out, float* lse, const float* qkv, PlanArgs pa, int T, int NH, int NKV,
+                   float scale) {
     __shared__ __align__(16) float Ks[TILE * HD];
     __shared__ __align__(16) float Vs[TILE * HD];
     __shared__ uint32_t mk[TILE];
@@ -285,7 +286,8 @@ __global__ void __launch_bounds__(2 * ROWS) seg_fwd_kernel(float* out, float* ls
         if ((int)threadIdx.x < TILE) {
             int kr = (int)threadIdx.x < n ? row_token(pa, MODE, k0 + threadIdx.x) : -1;
             krow[threadIdx.x] = kr;
-            mk[threadIdx.x] = (int)threadIdx.x < n ? row_mask<MODE>(pa, g.b, T, k0 + threadIdx.x) : 0u;
+            mk[threadIdx.x] =
+                (int)threadIdx.x < n ? row_mask<MODE>(pa, g.b, T, k0 + threadIdx.x) : 0u;
         }
         __syncthreads();
         load_tile_rows<HD>(Ks, base + C + kvh * HD, QKV, krow, n);
@@ -351,9 +353,9 @@ __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b
 /* Global -> registers: rows k0 + (x >> 3) + 16 u (u < 4) of K and V, 16-byte chunk x & 7 of
  * the head; rows past kend are zero. */
 template <int MODE>
-__device__ __forceinline__ void fetch_kv(uint4 (&pk)[4], uint4 (&pv)[4],
-                                         const __nv_bfloat16* base, const PlanArgs& pa, int k0,
-                                         int kend, int QKV, int koff, int voff) {
+__device__ __forceinline__ void fetch_kv(uint4 (&pk)[4], uint4 (&pv)[4], const __nv_bfloat16* base,
+                                         const PlanArgs& pa, int k0, int kend, int QKV, int koff,
+                                         int voff) {
     const int cc = threadIdx.x & 7;
 #pragma unroll
     for (int u = 0; u < 4; u++) {
@@ -368,9 +370,9 @@ __device__ __forceinline__ void fetch_kv(uint4 (&pk)[4], uint4 (&pv)[4],
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(128) mma_fwd_kernel(float* out, float* lse,
-                                                     const __nv_bfloat16* qkv, PlanArgs pa, int T,
-                                                     int NH, int NKV, float scale_log2) {
+__global__ void __launch_bounds__(128)
+    mma_fwd_kernel(float* out, float* lse, const __nv_bfloat16* qkv, PlanArgs pa, int T, int NH,
+                   int NKV, float scale_log2) {
     constexpr int HD = 64, BQ = 64, BK = 64, LDS = MMA_LDS;
     __shared__ __align__(16) __nv_bfloat16 Qs[BQ * LDS];
     __shared__ __align__(16) __nv_bfloat16 Ks[BK * LDS];
@@ -428,7 +430,8 @@ __global__ void __launch_bounds__(128) mma_fwd_kernel(float* out, float* lse,
             }
         }
         if ((int)threadIdx.x < BK)
-            mks[threadIdx.x] = (int)threadIdx.x < kn ? row_mask<MODE>(pa, g.b, T, k0 + threadIdx.x) : 0u;
+            mks[threadIdx.x] =
+                (int)threadIdx.x < kn ? row_mask<MODE>(pa, g.b, T, k0 + threadIdx.x) : 0u;
         __syncthreads();
         if (k0 + BK < g.kend)
             fetch_kv<MODE>(pk, pv, base, pa, k0 + BK, g.kend, QKV, C + kvh * HD,
@@ -562,9 +565,15 @@ __global__ void merge_kernel(float* out, float* lse, const float* oA, const floa
 }
 
 static PlanArgs plan_args(const HardPlan* p, const uint32_t* mask, int K, int w) {
-    PlanArgs a = {p ? p->idx : NULL,  p ? p->seg_off : NULL, p ? p->counts : NULL,
-                  p ? p->tile_seg : NULL, p ? p->tile_p0 : NULL, mask,
-                  p ? p->gmask : NULL, K, w};
+    PlanArgs a = {p ? p->idx : NULL,
+                  p ? p->seg_off : NULL,
+                  p ? p->counts : NULL,
+                  p ? p->tile_seg : NULL,
+                  p ? p->tile_p0 : NULL,
+                  mask,
+                  p ? p->gmask : NULL,
+                  K,
+                  w};
     return a;
 }
 
@@ -599,12 +608,20 @@ static void check_heads(int hs, int K, int NH, int NKV) {
     if (NKV < 1 || NH % NKV) fatal("hard attention: %d heads are not a multiple of %d", NH, NKV);
 }
 
-#define SEG_LAUNCH(MODE, grid)                                                                 \
-    switch (hs) {                                                                              \
-    case 8: seg_fwd_kernel<8, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); break; \
-    case 16: seg_fwd_kernel<16, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); break; \
-    case 32: seg_fwd_kernel<32, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); break; \
-    default: seg_fwd_kernel<64, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); break; \
+#define SEG_LAUNCH(MODE, grid)                                                              \
+    switch (hs) {                                                                           \
+        case 8:                                                                             \
+            seg_fwd_kernel<8, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale);  \
+            break;                                                                          \
+        case 16:                                                                            \
+            seg_fwd_kernel<16, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); \
+            break;                                                                          \
+        case 32:                                                                            \
+            seg_fwd_kernel<32, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); \
+            break;                                                                          \
+        default:                                                                            \
+            seg_fwd_kernel<64, MODE><<<grid, 2 * ROWS>>>(o, l, qkv, pa, T, NH, NKV, scale); \
+            break;                                                                          \
     }
 
 extern "C" void attention_hard_forward_cuda(HardPlan* plan, float* out, float* lse,
@@ -640,8 +657,8 @@ extern "C" void attention_flash_forward_bf16_cuda(float* out, float* lse, const 
     check_heads(hs, 1, NH, NKV);
     PlanArgs pa = plan_args(NULL, NULL, 1, 0);
     dim3 grid((unsigned)(B * ((T + 63) / 64)), (unsigned)NH);
-    mma_fwd_kernel<MODE_DENSE><<<grid, 128>>>(out, lse, (const __nv_bfloat16*)qkv, pa, T, NH, NKV,
-                                              0.125f * LOG2E);
+    mma_fwd_kernel<MODE_DENSE>
+        <<<grid, 128>>>(out, lse, (const __nv_bfloat16*)qkv, pa, T, NH, NKV, 0.125f * LOG2E);
     LAUNCH_CHECK();
 }
 
@@ -656,13 +673,12 @@ extern "C" void attention_hard_forward_bf16_cuda(HardPlan* plan, float* out, flo
     const __nv_bfloat16* q = (const __nv_bfloat16*)qkv;
     if (plan->ntiles) {
         dim3 grid((unsigned)plan->ntiles, (unsigned)NH);
-        mma_fwd_kernel<MODE_GROUP><<<grid, 128>>>(plan->oA, plan->lA, q, pa, T, NH, NKV,
-                                                  0.125f * LOG2E);
+        mma_fwd_kernel<MODE_GROUP>
+            <<<grid, 128>>>(plan->oA, plan->lA, q, pa, T, NH, NKV, 0.125f * LOG2E);
         LAUNCH_CHECK();
     }
     dim3 grid((unsigned)(B * ((T + 63) / 64)), (unsigned)NH);
-    mma_fwd_kernel<MODE_BAND><<<grid, 128>>>(plan->oB, plan->lB, q, pa, T, NH, NKV,
-                                             0.125f * LOG2E);
+    mma_fwd_kernel<MODE_BAND><<<grid, 128>>>(plan->oB, plan->lB, q, pa, T, NH, NKV, 0.125f * LOG2E);
     LAUNCH_CHECK();
     run_merge(plan, out, lse, mask, K, B, T, NH, hs);
 }
