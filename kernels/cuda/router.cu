@@ -2,7 +2,8 @@
  * mirroring model/router.c step for step. One thread block handles one sequence: row steps run
  * a thread per token, column steps a warp per group (log-sum-exp over the sequence), the prefix
  * column step a warp-wide running log-sum-exp. The backward pass replays the iterates, stored in
- * caller-provided scratch, exactly as the CPU code does. */
+ * caller-provided scratch, exactly as the CPU code does. Project choice: sums are in float where
+ * the CPU accumulates in double (test_cuda: within 2e-6 relative at T = 200). */
 #include "common.cuh"
 #include "cuda.h"
 
