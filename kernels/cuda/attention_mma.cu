@@ -72,8 +72,8 @@ __device__ __forceinline__ void stage_gate(float* Gs, uint32_t* ms, const MmaGat
     if (g.mode == GATE_SOFT)
         for (int x = threadIdx.x; x < 64 * g.K; x += blockDim.x)
             Gs[x] = x / g.K < n ? g.G[row0 * g.K + x] : 0.f;
-    if (g.mode == GATE_HARD)
-        for (int x = threadIdx.x; x < 64; x += blockDim.x) ms[x] = x < n ? g.mask[row0 + x] : 0u;
+    for (int x = threadIdx.x; x < 64; x += blockDim.x)
+        ms[x] = g.mode == GATE_HARD && x < n ? g.mask[row0 + x] : 0u;
 }
 
 /* The gate of a distant pair: soft returns log sigmoid(lambda (a - b)) with *aff = a; hard
