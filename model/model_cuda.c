@@ -200,8 +200,13 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
             attention_hard_forward_cuda(g->plan, la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T,
                                         c->NH, c->NKV, hs);
         } else {
+            /* training (keep) on tensor cores where they apply; evaluation in fp32, so that
+             * perplexities match the CPU path */
             AttnGate gate = layer_gate(m, l, &la);
-            attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+            if (keep && attention_mma_applies(&gate, hs))
+                attention_forward_mma_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV);
+            else
+                attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
         }
         matmul_forward_cuda(la.res2, la.att, p->attprojw + (size_t)l * C * C,
                             p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
@@ -330,9 +335,14 @@ void model_cuda_backward(Model* m, GradMode mode) {
         cuda_memset0(dqkv, sizeof(float) * BT * QKV);
         if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
         AttnGate gate = layer_gate(m, l, &la);
-        attention_backward_cuda(dqkv, router ? dG : NULL,
-                                f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv, la.att,
-                                la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
+        if (attention_mma_applies(&gate, hs))
+            attention_backward_mma_cuda(dqkv, router ? dG : NULL,
+                                        f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                                        la.att, la.lse, &gate, B, T, c->NH, c->NKV, attn_scr);
+        else
+            attention_backward_cuda(dqkv, router ? dG : NULL,
+                                    f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                                    la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
         if (l == 0 && !router) break;
         if (c->arch == ARCH_LLAMA)
             rope_backward_cuda(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);

@@ -95,6 +95,18 @@ void attention_backward_cuda(float* dqkv, float* dG, float* dgate, const float* 
                              const AttnGate* gate, int B, int T, int NH, int NKV, int hs,
                              float* scratch);
 
+/* The same attention on bf16 tensor cores (attention_mma.cu: operands rounded to bf16, fp32
+ * accumulation), for head size 64 and K <= 8 groups (attention_mma_applies). The model trains
+ * with them unless cuda_set_attention_mma(0); evaluation keeps the fp32 kernels. */
+void cuda_set_attention_mma(int on);
+int attention_mma_applies(const AttnGate* gate, int hs);
+void attention_forward_mma_cuda(float* out, float* lse, const float* qkv, const AttnGate* gate,
+                                int B, int T, int NH, int NKV);
+void attention_backward_mma_cuda(float* dqkv, float* dG, float* dgate, const float* dout,
+                                 const float* qkv, const float* out, const float* lse,
+                                 const AttnGate* gate, int B, int T, int NH, int NKV,
+                                 float* scratch);
+
 /* ---- the hard top-k executor (kernels/sparse.h) ---- */
 typedef struct HardPlan HardPlan; /* device buffers of the group sort, reused across calls */
 HardPlan* hard_plan_create(void);

@@ -17,6 +17,7 @@
 
 #include "common.cuh"
 #include "cuda.h"
+#include "mma.cuh"
 #include "rowhalf.cuh"
 
 enum { MODE_DENSE = 0, MODE_BAND = 1, MODE_GROUP = 2 };
@@ -333,23 +334,6 @@ __global__ void __launch_bounds__(2 * ROWS)
 }
 
 /* ---- bf16 tensor-core core (head size 64) ---- */
-#define MMA_LDS 72 /* padded shared-memory row, in bf16 elements (144 bytes: no bank conflicts) */
-
-__device__ __forceinline__ uint32_t ld32(const __nv_bfloat16* p) { return *(const uint32_t*)p; }
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t*)&v;
-}
-
-__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Global -> registers: rows k0 + (x >> 3) + 16 u (u < 4) of K and V, 16-byte chunk x & 7 of
  * the head; rows past kend are zero. */
 template <int MODE>

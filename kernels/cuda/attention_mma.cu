@@ -1,0 +1,541 @@
+/* attention_mma.cu: the training attention of attention.cu (causal, grouped-query, with the
+ * Focus gate) on bf16 tensor cores, head size 64: forward, and a FlashAttention-2-style backward
+ * (one kernel over query blocks for dQ and the row half of the gate gradient, one over key blocks
+ * for dK, dV and the column half). Operands are rounded to bf16 as tiles are staged in shared
+ * memory; products accumulate in fp32; scores, the gate, softmax statistics and gradients of the
+ * gate stay in fp32. Each of the 4 warps of a block owns 16 rows of a 64-row tile (mma.cuh has
+ * the fragment layouts). The model's training steps use these kernels for head size 64 and
+ * K <= MMA_MAXK groups unless cuda_set_attention_mma(0); tests/test_cuda.c compares them with the
+ * CPU. */
+#include "common.cuh"
+#include "cuda.h"
+#include "mma.cuh"
+
+#define MMA_MAXK 8 /* groups whose vectors a block keeps in shared memory */
+#define LN2F 0.6931471805599453f
+#define LOG2EF 1.4426950408889634f
+
+struct MmaGate {
+    int mode, K, w;
+    const float* G;
+    const uint32_t* mask;
+    float lambda, bias;
+};
+
+/* 64 rows x 64 fp32 (row stride ld) -> bf16 tile, row-major and/or transposed; rows >= n are 0. */
+__device__ __forceinline__ void stage_tile(__nv_bfloat16* rowmajor, __nv_bfloat16* transposed,
+                                           const float* src, size_t ld, int n) {
+    for (int x = threadIdx.x; x < 64 * 8; x += blockDim.x) {
+        const int r = x >> 3, c8 = (x & 7) * 8;
+        float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (r < n) {
+            float4 a = *(const float4*)(src + (size_t)r * ld + c8);
+            float4 b = *(const float4*)(src + (size_t)r * ld + c8 + 4);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+            v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        }
+        if (rowmajor) {
+            uint4 u = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
+                                 pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+            *(uint4*)(rowmajor + r * MMA_LDS + c8) = u;
+        }
+        if (transposed) {
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                transposed[(c8 + e) * MMA_LDS + (r ^ c8)] = __float2bfloat16_rn(v[e]);
+        }
+    }
+}
+
+/* A fragments (4 k-steps of 16 of a 64-wide row) of rows r0 and r0 + 8 read straight from fp32
+ * global memory (row stride ld); rows at or past nvalid are 0. */
+__device__ __forceinline__ void afrag_global(uint32_t (&a)[4][4], const float* rows, size_t ld,
+                                             int r0, int nvalid, int tig) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        float2 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int r = r0 + (q & 1) * 8, c = kk * 16 + (q >> 1) * 8 + tig * 2;
+            x[q] = r < nvalid ? *(const float2*)(rows + (size_t)r * ld + c) : make_float2(0.f, 0.f);
+        }
+        a[kk][0] = pack_bf16(x[0].x, x[0].y);
+        a[kk][1] = pack_bf16(x[1].x, x[1].y);
+        a[kk][2] = pack_bf16(x[2].x, x[2].y);
+        a[kk][3] = pack_bf16(x[3].x, x[3].y);
+    }
+}
+
+/* Load n rows of the group vectors (K floats each) or masks of a tile into shared memory. */
+__device__ __forceinline__ void stage_gate(float* Gs, uint32_t* ms, const MmaGate& g, size_t row0,
+                                           int n) {
+    if (g.mode == GATE_SOFT)
+        for (int x = threadIdx.x; x < 64 * g.K; x += blockDim.x)
+            Gs[x] = x / g.K < n ? g.G[row0 * g.K + x] : 0.f;
+    for (int x = threadIdx.x; x < 64; x += blockDim.x)
+        ms[x] = g.mode == GATE_HARD && x < n ? g.mask[row0 + x] : 0u;
+}
+
+/* The gate of a distant pair: soft returns log sigmoid(lambda (a - b)) with *aff = a; hard
+ * returns 0 or -inf. Local pairs (i - j <= w) get 0. */
+__device__ __forceinline__ float pair_gate(const MmaGate& g, int i, int j, const float* Gi,
+                                           const float* Gj, uint32_t mi, uint32_t mj, float* aff) {
+    *aff = 0.f;
+    if (g.mode == GATE_NONE || i - j <= g.w) return 0.f;
+    if (g.mode == GATE_HARD) return (mi & mj) ? 0.f : -INFINITY;
+    float a = 0.f;
+    for (int k = 0; k < g.K; k++) a += Gi[k] * Gj[k];
+    *aff = a;
+    return log_sigmoidf_dev(g.lambda * (a - g.bias));
+}
+
+/* ---- forward: out (B, T, NH*64), lse (B, NH, T) ---- */
+__global__ void __launch_bounds__(128)
+    attn_mma_fwd_kernel(float* out, float* lse, const float* qkv, MmaGate g, int T, int NH, int NKV,
+                        float scale) {
+    __shared__ __align__(16) __nv_bfloat16 Ks[64 * MMA_LDS];
+    __shared__ __align__(16) __nv_bfloat16 Vt[64 * MMA_LDS];
+    __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK];
+    __shared__ uint32_t mq[64], mk[64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
+    const int nblk = (T + 63) / 64, blk = nblk - 1 - (int)(blockIdx.x % nblk);
+    const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
+    const int kvh = h / (NH / NKV), q0 = blk * 64, K = g.K;
+    const float* base = qkv + (size_t)b * T * QKV;
+    const int r0 = warp * 16 + gid, r1 = r0 + 8;
+    uint32_t qa[4][4];
+    afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, warp * 16 + gid, T - q0, tig);
+    stage_gate(Gq, mq, g, (size_t)b * T + q0, min(64, T - q0));
+    float o[8][4];
+#pragma unroll
+    for (int dt = 0; dt < 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int kend = min(q0 + 64, T);
+    for (int k0 = 0; k0 < kend; k0 += 64) {
+        const int kn = min(64, kend - k0);
+        __syncthreads();
+        stage_tile(Ks, NULL, base + (size_t)k0 * QKV + C + kvh * 64, QKV, kn);
+        stage_tile(NULL, Vt, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, kn);
+        stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
+        __syncthreads();
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t b0, b1;
+                bfrag_rows(b0, b1, Ks, nt, kk, gid, tig);
+                mma16816(s[nt], qa[kk], b0, b1);
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = nt * 8 + tig * 2 + (e & 1), row = e < 2 ? r0 : r1;
+                const int i = q0 + row, j = k0 + key;
+                float x = -INFINITY;
+                if (key < kn && i < T && j <= i) {
+                    float aff;
+                    x = s[nt][e] * scale +
+                        pair_gate(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
+                    x *= LOG2EF;
+                }
+                s[nt][e] = x;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+        const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int dt = 0; dt < 8; dt++) {
+            o[dt][0] *= c0;
+            o[dt][1] *= c0;
+            o[dt][2] *= c1;
+            o[dt][3] *= c1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - mu0);
+            s[nt][1] = exp2f(s[nt][1] - mu0);
+            s[nt][2] = exp2f(s[nt][2] - mu1);
+            s[nt][3] = exp2f(s[nt][3] - mu1);
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t pa[4];
+            afrag_from_c(pa, s, kk);
+#pragma unroll
+            for (int dt = 0; dt < 8; dt++) {
+                uint32_t b0, b1;
+                bfrag_swz(b0, b1, Vt, dt, kk, gid, tig);
+                mma16816(o[dt], pa, b0, b1);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int i = q0 + (half ? r1 : r0);
+        if (i >= T) continue;
+        const float l = half ? l1 : l0, m = half ? m1 : m0, inv = 1.f / l;
+        float* op = out + ((size_t)b * T + i) * C + h * 64 + tig * 2;
+#pragma unroll
+        for (int dt = 0; dt < 8; dt++)
+            *(float2*)(op + dt * 8) = make_float2(o[dt][2 * half] * inv, o[dt][2 * half + 1] * inv);
+        if (tig == 0) lse[((size_t)b * NH + h) * T + i] = (m + log2f(l)) * LN2F;
+    }
+}
+
+/* D[b, h, i] = sum_d dout * out over the row's 64 dims: a warp per (row, head). */
+__global__ void attn_rowdot_kernel(float* D, const float* dout, const float* out, int B, int T,
+                                   int NH) {
+    size_t wg = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (wg >= (size_t)B * T * NH) return;
+    int h = (int)(wg % NH);
+    size_t bt = wg / NH;
+    const float* x = dout + bt * NH * 64 + h * 64;
+    const float* y = out + bt * NH * 64 + h * 64;
+    float s = x[lane] * y[lane] + x[lane + 32] * y[lane + 32];
+    s = warp_sum(s);
+    if (lane == 0) D[((bt / T) * NH + h) * T + bt % T] = s;
+}
+
+/* Adds a thread's per-element gate gradients dx (C layout, rows r0 / r0 + 8 of the warp) times
+ * the other side's group vectors (Gc: the 64 columns' vectors) into acc[row][k], reducing over
+ * the 4 lanes that share a row first (one shared-memory update per row and group). */
+__device__ __forceinline__ void gate_grad_rows(float* acc, const float (&dx)[8][4], const float* Gc,
+                                               int K, int r0, int tig) {
+    for (int k = 0; k < K; k++) {
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float gk = Gc[(nt * 8 + tig * 2 + e) * K + k];
+                s0 += dx[nt][e] * gk;
+                s1 += dx[nt][2 + e] * gk;
+            }
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+        if (tig == 0) {
+            acc[r0 * K + k] += s0;
+            acc[(r0 + 8) * K + k] += s1;
+        }
+    }
+}
+
+/* ---- backward over query blocks: dQ, the row half of dG, dlambda and db ---- */
+__global__ void __launch_bounds__(128)
+    attn_mma_bwd_dq_kernel(float* dqkv, float* dG, float* dgate, const float* Dbuf,
+                           const float* dout, const float* qkv, const float* lse, MmaGate g, int T,
+                           int NH, int NKV, float scale) {
+    __shared__ __align__(16) __nv_bfloat16 Ks[64 * MMA_LDS];
+    __shared__ __align__(16) __nv_bfloat16 Kt[64 * MMA_LDS];
+    __shared__ __align__(16) __nv_bfloat16 Vs[64 * MMA_LDS];
+    __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK], dGq[64 * MMA_MAXK];
+    __shared__ uint32_t mq[64], mk[64];
+    __shared__ float red[2][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
+    const int nblk = (T + 63) / 64, blk = nblk - 1 - (int)(blockIdx.x % nblk);
+    const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
+    const int kvh = h / (NH / NKV), q0 = blk * 64, K = g.K;
+    const int soft = g.mode == GATE_SOFT;
+    const float* base = qkv + (size_t)b * T * QKV;
+    const int r0 = warp * 16 + gid, r1 = r0 + 8;
+    uint32_t qa[4][4], da[4][4];
+    afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, r0, T - q0, tig);
+    afrag_global(da, dout + ((size_t)b * T + q0) * C + h * 64, C, r0, T - q0, tig);
+    float L[2], D[2];
+    for (int half = 0; half < 2; half++) {
+        const int i = q0 + (half ? r1 : r0);
+        L[half] = i < T ? lse[((size_t)b * NH + h) * T + i] : 0.f;
+        D[half] = i < T ? Dbuf[((size_t)b * NH + h) * T + i] : 0.f;
+    }
+    stage_gate(Gq, mq, g, (size_t)b * T + q0, min(64, T - q0));
+    if (soft)
+        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x) dGq[x] = 0.f;
+    float dq[8][4];
+#pragma unroll
+    for (int dt = 0; dt < 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+    float dlam = 0.f, db = 0.f;
+    const int kend = min(q0 + 64, T);
+    for (int k0 = 0; k0 < kend; k0 += 64) {
+        const int kn = min(64, kend - k0);
+        __syncthreads();
+        stage_tile(Ks, Kt, base + (size_t)k0 * QKV + C + kvh * 64, QKV, kn);
+        stage_tile(Vs, NULL, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, kn);
+        stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
+        __syncthreads();
+        float s[8][4], dp[8][4], dx[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t b0, b1;
+                bfrag_rows(b0, b1, Ks, nt, kk, gid, tig);
+                mma16816(s[nt], qa[kk], b0, b1);
+                bfrag_rows(b0, b1, Vs, nt, kk, gid, tig);
+                mma16816(dp[nt], da[kk], b0, b1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = nt * 8 + tig * 2 + (e & 1), row = e < 2 ? r0 : r1;
+                const int i = q0 + row, j = k0 + key;
+                float ds = 0.f, dxv = 0.f;
+                if (key < kn && i < T && j <= i) {
+                    float aff;
+                    const float gate =
+                        pair_gate(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
+                    const float p = __expf(s[nt][e] * scale + gate - L[e >> 1]);
+                    ds = p * (dp[nt][e] - D[e >> 1]);
+                    if (soft && i - j > g.w) {
+                        const float xg = g.lambda * (aff - g.bias);
+                        const float d = ds / (1.f + __expf(xg)); /* d logsig(x) / dx */
+                        dlam += d * (aff - g.bias);
+                        db -= d * g.lambda;
+                        dxv = d * g.lambda;
+                    }
+                }
+                s[nt][e] = ds;
+                dx[nt][e] = dxv;
+            }
+        }
+        if (soft) gate_grad_rows(dGq, dx, Gk, K, r0, tig);
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t a[4];
+            afrag_from_c(a, s, kk);
+#pragma unroll
+            for (int dt = 0; dt < 8; dt++) {
+                uint32_t b0, b1;
+                bfrag_swz(b0, b1, Kt, dt, kk, gid, tig);
+                mma16816(dq[dt], a, b0, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int i = q0 + (half ? r1 : r0);
+        if (i >= T) continue;
+        float* p = dqkv + ((size_t)b * T + i) * QKV + h * 64 + tig * 2;
+#pragma unroll
+        for (int dt = 0; dt < 8; dt++) {
+            float2 v = *(float2*)(p + dt * 8);
+            v.x += dq[dt][2 * half] * scale;
+            v.y += dq[dt][2 * half + 1] * scale;
+            *(float2*)(p + dt * 8) = v;
+        }
+    }
+    if (soft) {
+        __syncthreads();
+        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x)
+            if (q0 + x / K < T && dGq[x] != 0.f)
+                atomicAdd(dG + ((size_t)b * T + q0) * K + x, dGq[x]);
+        if (dgate) {
+            const float a = block_sum(dlam, red[0]), c = block_sum(db, red[1]);
+            if (threadIdx.x == 0) {
+                atomicAdd(dgate, a);
+                atomicAdd(dgate + 1, c);
+            }
+        }
+    }
+}
+
+/* ---- backward over key blocks: dK, dV (all query heads of the key/value head), the column
+ * half of dG ---- */
+__global__ void __launch_bounds__(128)
+    attn_mma_bwd_dkv_kernel(float* dqkv, float* dG, const float* Dbuf, const float* dout,
+                            const float* qkv, const float* lse, MmaGate g, int T, int NH, int NKV,
+                            float scale) {
+    __shared__ __align__(16) __nv_bfloat16 Qs[64 * MMA_LDS];
+    __shared__ __align__(16) __nv_bfloat16 Qt[64 * MMA_LDS];
+    __shared__ __align__(16) __nv_bfloat16 dOs[64 * MMA_LDS];
+    __shared__ __align__(16) __nv_bfloat16 dOt[64 * MMA_LDS];
+    __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK], dGk[64 * MMA_MAXK];
+    __shared__ float Ls[64], Ds[64];
+    __shared__ uint32_t mq[64], mk[64];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64, rep = NH / NKV;
+    const int nblk = (T + 63) / 64, blk = (int)(blockIdx.x % nblk); /* k0 = 0 first: longest */
+    const int kvh = (int)(blockIdx.x / nblk) % NKV, b = (int)(blockIdx.x / nblk) / NKV;
+    const int k0 = blk * 64, K = g.K;
+    const int soft = g.mode == GATE_SOFT;
+    const float* base = qkv + (size_t)b * T * QKV;
+    const int r0 = warp * 16 + gid, r1 = r0 + 8; /* key rows of this thread, within the block */
+    uint32_t ka[4][4], va[4][4];
+    afrag_global(ka, base + (size_t)k0 * QKV + C + kvh * 64, QKV, r0, T - k0, tig);
+    afrag_global(va, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, r0, T - k0, tig);
+    stage_gate(Gk, mk, g, (size_t)b * T + k0, min(64, T - k0));
+    if (soft)
+        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x) dGk[x] = 0.f;
+    float dk[8][4], dv[8][4];
+#pragma unroll
+    for (int dt = 0; dt < 8; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
+    for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+        for (int i0 = k0; i0 < T; i0 += 64) {
+            const int n = min(64, T - i0);
+            __syncthreads();
+            stage_tile(Qs, Qt, base + (size_t)i0 * QKV + h * 64, QKV, n);
+            stage_tile(dOs, dOt, dout + ((size_t)b * T + i0) * C + h * 64, C, n);
+            stage_gate(Gq, mq, g, (size_t)b * T + i0, n);
+            if ((int)threadIdx.x < 64) {
+                const int x = threadIdx.x;
+                Ls[x] = x < n ? lse[((size_t)b * NH + h) * T + i0 + x] : 0.f;
+                Ds[x] = x < n ? Dbuf[((size_t)b * NH + h) * T + i0 + x] : 0.f;
+            }
+            __syncthreads();
+            /* S^T and dP^T: rows are this warp's 16 keys, columns the tile's 64 queries */
+            float st[8][4], dpt[8][4], dx[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.f;
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    uint32_t b0, b1;
+                    bfrag_rows(b0, b1, Qs, nt, kk, gid, tig);
+                    mma16816(st[nt], ka[kk], b0, b1);
+                    bfrag_rows(b0, b1, dOs, nt, kk, gid, tig);
+                    mma16816(dpt[nt], va[kk], b0, b1);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int q = nt * 8 + tig * 2 + (e & 1), row = e < 2 ? r0 : r1;
+                    const int i = i0 + q, j = k0 + row;
+                    float p = 0.f, ds = 0.f, dxv = 0.f;
+                    if (q < n && j < T && j <= i) {
+                        float aff;
+                        const float gate =
+                            pair_gate(g, i, j, Gq + q * K, Gk + row * K, mq[q], mk[row], &aff);
+                        p = __expf(st[nt][e] * scale + gate - Ls[q]);
+                        ds = p * (dpt[nt][e] - Ds[q]);
+                        if (soft && i - j > g.w) {
+                            const float xg = g.lambda * (aff - g.bias);
+                            dxv = ds / (1.f + __expf(xg)) * g.lambda;
+                        }
+                    }
+                    st[nt][e] = p;
+                    dpt[nt][e] = ds;
+                    dx[nt][e] = dxv;
+                }
+            }
+            if (soft) gate_grad_rows(dGk, dx, Gq, K, r0, tig);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                uint32_t pa[4], sa[4];
+                afrag_from_c(pa, st, kk);
+                afrag_from_c(sa, dpt, kk);
+#pragma unroll
+                for (int dt = 0; dt < 8; dt++) {
+                    uint32_t b0, b1;
+                    bfrag_swz(b0, b1, dOt, dt, kk, gid, tig);
+                    mma16816(dv[dt], pa, b0, b1);
+                    bfrag_swz(b0, b1, Qt, dt, kk, gid, tig);
+                    mma16816(dk[dt], sa, b0, b1);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int j = k0 + (half ? r1 : r0);
+        if (j >= T) continue;
+        float* pk = dqkv + ((size_t)b * T + j) * QKV + C + kvh * 64 + tig * 2;
+        float* pv = pk + NKV * 64;
+#pragma unroll
+        for (int dt = 0; dt < 8; dt++) {
+            float2 u = *(float2*)(pk + dt * 8), v = *(float2*)(pv + dt * 8);
+            u.x += dk[dt][2 * half] * scale;
+            u.y += dk[dt][2 * half + 1] * scale;
+            v.x += dv[dt][2 * half];
+            v.y += dv[dt][2 * half + 1];
+            *(float2*)(pk + dt * 8) = u;
+            *(float2*)(pv + dt * 8) = v;
+        }
+    }
+    if (soft) {
+        __syncthreads();
+        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x)
+            if (k0 + x / K < T && dGk[x] != 0.f)
+                atomicAdd(dG + ((size_t)b * T + k0) * K + x, dGk[x]);
+    }
+}
+
+static int g_use_mma = 1;
+
+extern "C" void cuda_set_attention_mma(int on) { g_use_mma = on; }
+
+extern "C" int attention_mma_applies(const AttnGate* gate, int hs) {
+    return g_use_mma && hs == 64 && (!gate || gate->mode == GATE_NONE || gate->K <= MMA_MAXK);
+}
+
+static MmaGate mma_gate(const AttnGate* gate) {
+    MmaGate g = {GATE_NONE, 1, 0, NULL, NULL, 0.f, 0.f};
+    if (gate && gate->mode != GATE_NONE) {
+        g.mode = gate->mode;
+        g.K = gate->K;
+        g.w = gate->w;
+        g.G = gate->G;
+        g.mask = gate->mask;
+        g.lambda = gate->lambda;
+        g.bias = gate->bias;
+    }
+    return g;
+}
+
+extern "C" void attention_forward_mma_cuda(float* out, float* lse, const float* qkv,
+                                           const AttnGate* gate, int B, int T, int NH, int NKV) {
+    unsigned grid = (unsigned)B * NH * ((T + 63) / 64);
+    attn_mma_fwd_kernel<<<grid, 128>>>(out, lse, qkv, mma_gate(gate), T, NH, NKV, 0.125f);
+    LAUNCH_CHECK();
+}
+
+extern "C" void attention_backward_mma_cuda(float* dqkv, float* dG, float* dgate, const float* dout,
+                                            const float* qkv, const float* out, const float* lse,
+                                            const AttnGate* gate, int B, int T, int NH, int NKV,
+                                            float* scratch) {
+    MmaGate g = mma_gate(gate);
+    size_t warps = (size_t)B * T * NH;
+    attn_rowdot_kernel<<<cdiv(warps * 32, 256), 256>>>(scratch, dout, out, B, T, NH);
+    LAUNCH_CHECK();
+    unsigned gq = (unsigned)B * NH * ((T + 63) / 64), gk = (unsigned)B * NKV * ((T + 63) / 64);
+    attn_mma_bwd_dq_kernel<<<gq, 128>>>(dqkv, dG, dgate, scratch, dout, qkv, lse, g, T, NH, NKV,
+                                        0.125f);
+    LAUNCH_CHECK();
+    attn_mma_bwd_dkv_kernel<<<gk, 128>>>(dqkv, dG, scratch, dout, qkv, lse, g, T, NH, NKV, 0.125f);
+    LAUNCH_CHECK();
+}
