@@ -108,6 +108,11 @@ if [ "$MODE" = all ]; then
         timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda --B $B --T 1024 \
             --iters 3 --json "$OUT/train_B$B.json" 2>&1 | tail -4
     done
+    log "the same with the tensor-core training attention (FOCUS_ATTN_MMA=1)"
+    for B in 8 16; do
+        FOCUS_ATTN_MMA=1 timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda \
+            --B $B --T 1024 --iters 3 --json "$OUT/train_mma_B$B.json" 2>&1 | tail -4
+    done
 
     # ---- a short retrofit of a model trained from scratch here (no download needed) ----
     log "from-scratch retrofit (configs/tiny.conf; backbone on the CPU, router on the GPU)"
@@ -162,7 +167,7 @@ if att:
         x["focus_speedup_vs_dense"] = round(r["dense_ms"] / r["focus_ms"], 3)
         rows.append(x)
     s["attention"] = rows
-for f in sorted(glob.glob(os.path.join(out, "train_B*.json"))):
+for f in sorted(glob.glob(os.path.join(out, "train_B*.json")) + glob.glob(os.path.join(out, "train_mma_B*.json"))):
     s.setdefault("throughput", []).append(dict(load(os.path.basename(f)), file=os.path.basename(f)))
 for run in ("tiny", "smollm2"):
     p = os.path.join(out, f"retrofit_{run}_metrics.jsonl")

@@ -433,6 +433,7 @@ int main(void) {
     test_model("tiny-llama", ROUTE_SINKHORN, 0);
     test_model("tiny-gpt2", ROUTE_PREFIX, 0);
     test_model("tiny-llama", ROUTE_CAUSAL, 0);
+    cuda_set_attention_mma(1); /* the model trains on the tensor-core kernels from here */
     test_model("tiny-llama", ROUTE_SINKHORN, 1);
     test_model("tiny-gpt2", ROUTE_SINKHORN, 1);
     cuda_sync();

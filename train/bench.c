@@ -347,6 +347,15 @@ int cmd_bench(int argc, char** argv) {
     double gf = device ? 0 : gemm_gflops(gemm_n, 3);
     if (!device) printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
     model_use_device(&m, device);
+#ifdef FOCUS_CUDA
+    if (device) {
+        AttnGate probe = {GATE_SOFT, fc.K, fc.w, NULL, NULL, 0, 0};
+        printf("training attention: %s\n",
+               attention_mma_applies(&probe, cfg.C / cfg.NH)
+                   ? "bf16 tensor cores (FOCUS_ATTN_MMA=1)"
+                   : "fp32 flash kernels (FOCUS_ATTN_MMA=1 for the tensor-core ones)");
+    }
+#endif
     /* Approximate forward FLOPs: 2 per weight per token in matrix products, plus causal attention.
      */
     double matflops =

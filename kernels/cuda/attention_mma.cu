@@ -4,9 +4,11 @@
  * for dK, dV and the column half). Operands are rounded to bf16 as tiles are staged in shared
  * memory; products accumulate in fp32; scores, the gate, softmax statistics and gradients of the
  * gate stay in fp32. Each of the 4 warps of a block owns 16 rows of a 64-row tile (mma.cuh has
- * the fragment layouts). The model's training steps use these kernels for head size 64 and
- * K <= MMA_MAXK groups unless cuda_set_attention_mma(0); tests/test_cuda.c compares them with the
- * CPU. */
+ * the fragment layouts). With FOCUS_ATTN_MMA=1 the model's training steps use these kernels for
+ * head size 64 and K <= MMA_MAXK groups; tests/test_cuda.c compares them with the CPU. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 #include "cuda.h"
 #include "mma.cuh"
@@ -495,11 +497,17 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-static int g_use_mma = 1;
+/* Off by default: these kernels have not run on a GPU yet (see docs/RESULTS.md, section GPU);
+ * FOCUS_ATTN_MMA=1 in the environment, or cuda_set_attention_mma(1), turns them on. */
+static int g_use_mma = -1;
 
 extern "C" void cuda_set_attention_mma(int on) { g_use_mma = on; }
 
 extern "C" int attention_mma_applies(const AttnGate* gate, int hs) {
+    if (g_use_mma < 0) {
+        const char* e = getenv("FOCUS_ATTN_MMA");
+        g_use_mma = e && !strcmp(e, "1");
+    }
     return g_use_mma && hs == 64 && (!gate || gate->mode == GATE_NONE || gate->K <= MMA_MAXK);
 }
 
