@@ -431,7 +431,7 @@ static LayerActs layer_acts(const Model* m, int l) {
     return model_layer_acts(m, &m->acts, m->rmask, l);
 }
 
-static AttnGate layer_gate(const Model* m, int l, const LayerActs* a) {
+AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a) {
     AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0};
     if (m->fc.attn == ATTN_SOFT) g.mode = GATE_SOFT;
     if (m->fc.attn == ATTN_HARD) g.mode = GATE_HARD;
@@ -489,7 +489,7 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
         } else if (f->attn == ATTN_DENSE && !keep) {
             attention_flash_forward(la.att, la.lse, la.qkv, B, T, c->NH, c->NKV, hs);
         } else {
-            AttnGate gate = layer_gate(m, l, &la);
+            AttnGate gate = model_layer_gate(m, l, &la);
             attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
         }
         matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C,
@@ -642,7 +642,7 @@ void model_backward(Model* m, GradMode mode) {
                         p->attprojw + (size_t)l * C * C, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
-        AttnGate gate = layer_gate(m, l, &la);
+        AttnGate gate = model_layer_gate(m, l, &la);
         attention_backward(dqkv, router ? dG : NULL, f->learn_gate ? m->rgrads.gate + 2 * l : NULL,
                            dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
         /* Layer 0's input gradient is needed only for the embeddings. */

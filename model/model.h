@@ -183,5 +183,8 @@ typedef struct {
     uint32_t* mask;
 } LayerActs;
 LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l);
+/* Layer l's attention gate for the current attention mode: groups and masks from a (host or
+ * device pointers, as a holds), lambda and b from the host router. */
+AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a);
 
 #endif

@@ -155,17 +155,6 @@ static void norm_backward(const Model* m, float* dinp, const float* dout, const 
         rmsnorm_backward_cuda(dinp, NULL, dout, inp, w, rstd, N, m->cfg.C);
 }
 
-static AttnGate layer_gate(const Model* m, int l, const LayerActs* a) {
-    AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0};
-    if (m->fc.attn == ATTN_SOFT) g.mode = GATE_SOFT;
-    if (m->fc.attn == ATTN_HARD) g.mode = GATE_HARD;
-    if (m->router.gate) {
-        g.lambda = m->router.gate[2 * l]; /* host copy: the same values as the device's */
-        g.bias = m->router.gate[2 * l + 1];
-    }
-    return g;
-}
-
 void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
     struct CudaModel* g = m->gpu;
     const ModelConfig* c = &m->cfg;
@@ -202,7 +191,7 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
         } else {
             /* training (keep) on tensor cores where they apply; evaluation in fp32, so that
              * perplexities match the CPU path */
-            AttnGate gate = layer_gate(m, l, &la);
+            AttnGate gate = model_layer_gate(m, l, &la);
             if (keep && attention_mma_applies(&gate, hs))
                 attention_forward_mma_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV);
             else
@@ -334,7 +323,7 @@ void model_cuda_backward(Model* m, GradMode mode) {
                              C);
         cuda_memset0(dqkv, sizeof(float) * BT * QKV);
         if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
-        AttnGate gate = layer_gate(m, l, &la);
+        AttnGate gate = model_layer_gate(m, l, &la);
         if (attention_mma_applies(&gate, hs))
             attention_backward_mma_cuda(dqkv, router ? dG : NULL,
                                         f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,

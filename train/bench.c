@@ -112,7 +112,7 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
 /* Fraction of causal pairs kept by one sequence's masks: the local band plus the distant pairs
  * sharing a group; exact (per-group counts) when every token has one group, else estimated from
  * 2^20 random distant pairs. */
-static double kept_fraction(const uint32_t* mask, int K, int w, int T) {
+static double kept_fraction(const uint32_t* mask, int w, int T) {
     double dense = (double)T * (T + 1) / 2, local = 0, far = 0;
     for (int i = 0; i < T; i++) local += i < w ? i + 1 : w + 1;
     int single = 1;
@@ -135,7 +135,6 @@ static double kept_fraction(const uint32_t* mask, int K, int w, int T) {
         }
         far = hits / samples * (dense - local);
     }
-    (void)K;
     return (local + far) / dense;
 }
 
@@ -179,7 +178,7 @@ static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, in
             cuda_random_masks(mask, T, K, topk, 77 + K);
             uint32_t* hmask = mallocCheck(sizeof(uint32_t) * T);
             cuda_download(hmask, mask, sizeof(uint32_t) * T);
-            double kept = kept_fraction(hmask, K, w, T);
+            double kept = kept_fraction(hmask, w, T);
             free(hmask);
             attention_hard_forward_bf16_cuda(plan, out, lse, qkv, mask, K, w, 1, T, NH, NKV, hs);
             cuda_sync();

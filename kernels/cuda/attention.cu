@@ -11,43 +11,10 @@
  * Gate gradients reach dG by atomic adds (one per row and head), lambda and b by a block sum. */
 #include "common.cuh"
 #include "cuda.h"
+#include "gate.cuh"
 #include "rowhalf.cuh"
 
 #define MAXK 32 /* groups */
-
-struct GateArgs {
-    int mode, K, w;
-    const float* G;
-    const uint32_t* mask;
-    float lambda, bias;
-};
-
-static GateArgs gate_args(const AttnGate* g) {
-    GateArgs a = {GATE_NONE, 1, 0, NULL, NULL, 0.f, 0.f};
-    if (g && g->mode != GATE_NONE) {
-        a.mode = g->mode;
-        a.K = g->K;
-        a.w = g->w;
-        a.G = g->G;
-        a.mask = g->mask;
-        a.lambda = g->lambda;
-        a.bias = g->bias;
-    }
-    return a;
-}
-
-/* Additive gate of pair (i, j), given the two rows' group vectors / masks; *aff receives the
- * affinity G_i . G_j for the soft gate. Local pairs (i - j <= w) are never gated. */
-__device__ __forceinline__ float gate_value(const GateArgs& g, int i, int j, const float* Gi,
-                                            const float* Gj, uint32_t mi, uint32_t mj, float* aff) {
-    *aff = 0.f;
-    if (g.mode == GATE_NONE || i - j <= g.w) return 0.f;
-    if (g.mode == GATE_HARD) return (mi & mj) ? 0.f : -INFINITY;
-    float a = 0;
-    for (int k = 0; k < g.K; k++) a += Gi[k] * Gj[k];
-    *aff = a;
-    return log_sigmoidf_dev(g.lambda * (a - g.bias));
-}
 
 template <int HD>
 __global__ void __launch_bounds__(2 * ROWS)
@@ -105,19 +72,7 @@ __global__ void __launch_bounds__(2 * ROWS)
                 s[u] = x;
                 cmax = fmaxf(cmax, x);
             }
-            float mnew = fmaxf(m, cmax);
-            if (mnew == -INFINITY) continue;
-            float corr = __expf(m - mnew);
-            l *= corr;
-#pragma unroll
-            for (int e = 0; e < HD / 2; e++) o[e] *= corr;
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                float p = __expf(s[u] - mnew);
-                l += p;
-                if (p != 0.f) axpy_half<HD>(o, p, Vs + (j0 + u) * HD, part);
-            }
-            m = mnew;
+            online_update8<HD>(o, m, l, s, cmax, Vs + j0 * HD, part);
         }
     }
     if (valid) {
@@ -199,19 +154,8 @@ __global__ void __launch_bounds__(2 * ROWS)
     if (valid) store_half<HD>(dqkv + ((size_t)b * T + i) * QKV + h * HD, dq, part, 1.f, 1);
     if (soft) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
-            int rr = idx / K;
-            if (q0 + rr < T && dGq[idx] != 0.f)
-                atomicAdd(dG + ((size_t)b * T + q0 + rr) * K + idx % K, dGq[idx]);
-        }
-        if (dgate) {
-            float a = block_sum(dlam, red[0]);
-            float c = block_sum(db, red[1]);
-            if (threadIdx.x == 0) {
-                atomicAdd(dgate, a);
-                atomicAdd(dgate + 1, c);
-            }
-        }
+        flush_gate_grads(dG, dGq, ROWS, (size_t)b * T, q0, T, K);
+        if (dgate) flush_gate_params(dgate, dlam, db, red);
     }
 }
 
@@ -292,11 +236,7 @@ __global__ void __launch_bounds__(2 * ROWS)
     }
     if (soft) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < ROWS * K; idx += blockDim.x) {
-            int rr = idx / K;
-            if (k0 + rr < T && dGk[idx] != 0.f)
-                atomicAdd(dG + ((size_t)b * T + k0 + rr) * K + idx % K, dGk[idx]);
-        }
+        flush_gate_grads(dG, dGk, ROWS, (size_t)b * T, k0, T, K);
     }
 }
 

@@ -11,18 +11,12 @@
 
 #include "common.cuh"
 #include "cuda.h"
+#include "gate.cuh"
 #include "mma.cuh"
 
 #define MMA_MAXK 8 /* groups whose vectors a block keeps in shared memory */
 #define LN2F 0.6931471805599453f
 #define LOG2EF 1.4426950408889634f
-
-struct MmaGate {
-    int mode, K, w;
-    const float* G;
-    const uint32_t* mask;
-    float lambda, bias;
-};
 
 /* 64 rows x 64 fp32 (row stride ld) -> bf16 tile, row-major and/or transposed; rows >= n are 0. */
 __device__ __forceinline__ void stage_tile(__nv_bfloat16* rowmajor, __nv_bfloat16* transposed,
@@ -69,7 +63,7 @@ __device__ __forceinline__ void afrag_global(uint32_t (&a)[4][4], const float* r
 }
 
 /* Load n rows of the group vectors (K floats each) or masks of a tile into shared memory. */
-__device__ __forceinline__ void stage_gate(float* Gs, uint32_t* ms, const MmaGate& g, size_t row0,
+__device__ __forceinline__ void stage_gate(float* Gs, uint32_t* ms, const GateArgs& g, size_t row0,
                                            int n) {
     if (g.mode == GATE_SOFT)
         for (int x = threadIdx.x; x < 64 * g.K; x += blockDim.x)
@@ -78,23 +72,10 @@ __device__ __forceinline__ void stage_gate(float* Gs, uint32_t* ms, const MmaGat
         ms[x] = g.mode == GATE_HARD && x < n ? g.mask[row0 + x] : 0u;
 }
 
-/* The gate of a distant pair: soft returns log sigmoid(lambda (a - b)) with *aff = a; hard
- * returns 0 or -inf. Local pairs (i - j <= w) get 0. */
-__device__ __forceinline__ float pair_gate(const MmaGate& g, int i, int j, const float* Gi,
-                                           const float* Gj, uint32_t mi, uint32_t mj, float* aff) {
-    *aff = 0.f;
-    if (g.mode == GATE_NONE || i - j <= g.w) return 0.f;
-    if (g.mode == GATE_HARD) return (mi & mj) ? 0.f : -INFINITY;
-    float a = 0.f;
-    for (int k = 0; k < g.K; k++) a += Gi[k] * Gj[k];
-    *aff = a;
-    return log_sigmoidf_dev(g.lambda * (a - g.bias));
-}
-
 /* ---- forward: out (B, T, NH*64), lse (B, NH, T) ---- */
 __global__ void __launch_bounds__(128)
-    attn_mma_fwd_kernel(float* out, float* lse, const float* qkv, MmaGate g, int T, int NH, int NKV,
-                        float scale) {
+    attn_mma_fwd_kernel(float* out, float* lse, const float* qkv, GateArgs g, int T, int NH,
+                        int NKV, float scale) {
     __shared__ __align__(16) __nv_bfloat16 Ks[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 Vt[64 * MMA_LDS];
     __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK];
@@ -122,16 +103,7 @@ __global__ void __launch_bounds__(128)
         stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
         __syncthreads();
         float s[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                uint32_t b0, b1;
-                bfrag_rows(b0, b1, Ks, nt, kk, gid, tig);
-                mma16816(s[nt], qa[kk], b0, b1);
-            }
-        }
+        mma_tile_rows(s, qa, Ks, gid, tig);
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
@@ -143,7 +115,7 @@ __global__ void __launch_bounds__(128)
                 if (key < kn && i < T && j <= i) {
                     float aff;
                     x = s[nt][e] * scale +
-                        pair_gate(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
+                        gate_value(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
                     x *= LOG2EF;
                 }
                 s[nt][e] = x;
@@ -151,49 +123,9 @@ __global__ void __launch_bounds__(128)
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
             mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-        const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int dt = 0; dt < 8; dt++) {
-            o[dt][0] *= c0;
-            o[dt][1] *= c0;
-            o[dt][2] *= c1;
-            o[dt][3] *= c1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - mu0);
-            s[nt][1] = exp2f(s[nt][1] - mu0);
-            s[nt][2] = exp2f(s[nt][2] - mu1);
-            s[nt][3] = exp2f(s[nt][3] - mu1);
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
-        m0 = mn0;
-        m1 = mn1;
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t pa[4];
-            afrag_from_c(pa, s, kk);
-#pragma unroll
-            for (int dt = 0; dt < 8; dt++) {
-                uint32_t b0, b1;
-                bfrag_swz(b0, b1, Vt, dt, kk, gid, tig);
-                mma16816(o[dt], pa, b0, b1);
-            }
-        }
+        softmax_tile_pv(s, o, mx0, mx1, m0, m1, l0, l1, Vt, gid, tig);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    quad_sum2(l0, l1);
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int i = q0 + (half ? r1 : r0);
@@ -252,7 +184,7 @@ __device__ __forceinline__ void gate_grad_rows(float* acc, const float (&dx)[8][
 /* ---- backward over query blocks: dQ, the row half of dG, dlambda and db ---- */
 __global__ void __launch_bounds__(128)
     attn_mma_bwd_dq_kernel(float* dqkv, float* dG, float* dgate, const float* Dbuf,
-                           const float* dout, const float* qkv, const float* lse, MmaGate g, int T,
+                           const float* dout, const float* qkv, const float* lse, GateArgs g, int T,
                            int NH, int NKV, float scale) {
     __shared__ __align__(16) __nv_bfloat16 Ks[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 Kt[64 * MMA_LDS];
@@ -293,19 +225,8 @@ __global__ void __launch_bounds__(128)
         stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
         __syncthreads();
         float s[8][4], dp[8][4], dx[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                uint32_t b0, b1;
-                bfrag_rows(b0, b1, Ks, nt, kk, gid, tig);
-                mma16816(s[nt], qa[kk], b0, b1);
-                bfrag_rows(b0, b1, Vs, nt, kk, gid, tig);
-                mma16816(dp[nt], da[kk], b0, b1);
-            }
-        }
+        mma_tile_rows(s, qa, Ks, gid, tig);  /* S = Q K^T */
+        mma_tile_rows(dp, da, Vs, gid, tig); /* dP = dO V^T */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
@@ -316,7 +237,7 @@ __global__ void __launch_bounds__(128)
                 if (key < kn && i < T && j <= i) {
                     float aff;
                     const float gate =
-                        pair_gate(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
+                        gate_value(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
                     const float p = __expf(s[nt][e] * scale + gate - L[e >> 1]);
                     ds = p * (dp[nt][e] - D[e >> 1]);
                     if (soft && i - j > g.w) {
@@ -332,17 +253,7 @@ __global__ void __launch_bounds__(128)
             }
         }
         if (soft) gate_grad_rows(dGq, dx, Gk, K, r0, tig);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t a[4];
-            afrag_from_c(a, s, kk);
-#pragma unroll
-            for (int dt = 0; dt < 8; dt++) {
-                uint32_t b0, b1;
-                bfrag_swz(b0, b1, Kt, dt, kk, gid, tig);
-                mma16816(dq[dt], a, b0, b1);
-            }
-        }
+        mma_tile_swz(dq, s, Kt, gid, tig); /* dQ += dS K */
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -359,16 +270,8 @@ __global__ void __launch_bounds__(128)
     }
     if (soft) {
         __syncthreads();
-        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x)
-            if (q0 + x / K < T && dGq[x] != 0.f)
-                atomicAdd(dG + ((size_t)b * T + q0) * K + x, dGq[x]);
-        if (dgate) {
-            const float a = block_sum(dlam, red[0]), c = block_sum(db, red[1]);
-            if (threadIdx.x == 0) {
-                atomicAdd(dgate, a);
-                atomicAdd(dgate + 1, c);
-            }
-        }
+        flush_gate_grads(dG, dGq, 64, (size_t)b * T, q0, T, K);
+        if (dgate) flush_gate_params(dgate, dlam, db, red);
     }
 }
 
@@ -376,7 +279,7 @@ __global__ void __launch_bounds__(128)
  * half of dG ---- */
 __global__ void __launch_bounds__(128)
     attn_mma_bwd_dkv_kernel(float* dqkv, float* dG, const float* Dbuf, const float* dout,
-                            const float* qkv, const float* lse, MmaGate g, int T, int NH, int NKV,
+                            const float* qkv, const float* lse, GateArgs g, int T, int NH, int NKV,
                             float scale) {
     __shared__ __align__(16) __nv_bfloat16 Qs[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 Qt[64 * MMA_LDS];
@@ -419,19 +322,8 @@ __global__ void __launch_bounds__(128)
             __syncthreads();
             /* S^T and dP^T: rows are this warp's 16 keys, columns the tile's 64 queries */
             float st[8][4], dpt[8][4], dx[8][4];
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.f;
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    uint32_t b0, b1;
-                    bfrag_rows(b0, b1, Qs, nt, kk, gid, tig);
-                    mma16816(st[nt], ka[kk], b0, b1);
-                    bfrag_rows(b0, b1, dOs, nt, kk, gid, tig);
-                    mma16816(dpt[nt], va[kk], b0, b1);
-                }
-            }
+            mma_tile_rows(st, ka, Qs, gid, tig);
+            mma_tile_rows(dpt, va, dOs, gid, tig);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
@@ -442,7 +334,7 @@ __global__ void __launch_bounds__(128)
                     if (q < n && j < T && j <= i) {
                         float aff;
                         const float gate =
-                            pair_gate(g, i, j, Gq + q * K, Gk + row * K, mq[q], mk[row], &aff);
+                            gate_value(g, i, j, Gq + q * K, Gk + row * K, mq[q], mk[row], &aff);
                         p = __expf(st[nt][e] * scale + gate - Ls[q]);
                         ds = p * (dpt[nt][e] - Ds[q]);
                         if (soft && i - j > g.w) {
@@ -456,20 +348,8 @@ __global__ void __launch_bounds__(128)
                 }
             }
             if (soft) gate_grad_rows(dGk, dx, Gq, K, r0, tig);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                uint32_t pa[4], sa[4];
-                afrag_from_c(pa, st, kk);
-                afrag_from_c(sa, dpt, kk);
-#pragma unroll
-                for (int dt = 0; dt < 8; dt++) {
-                    uint32_t b0, b1;
-                    bfrag_swz(b0, b1, dOt, dt, kk, gid, tig);
-                    mma16816(dv[dt], pa, b0, b1);
-                    bfrag_swz(b0, b1, Qt, dt, kk, gid, tig);
-                    mma16816(dk[dt], sa, b0, b1);
-                }
-            }
+            mma_tile_swz(dv, st, dOt, gid, tig); /* dV += P^T dO */
+            mma_tile_swz(dk, dpt, Qt, gid, tig); /* dK += dS^T Q */
         }
     }
 #pragma unroll
@@ -491,9 +371,7 @@ __global__ void __launch_bounds__(128)
     }
     if (soft) {
         __syncthreads();
-        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x)
-            if (k0 + x / K < T && dGk[x] != 0.f)
-                atomicAdd(dG + ((size_t)b * T + k0) * K + x, dGk[x]);
+        flush_gate_grads(dG, dGk, 64, (size_t)b * T, k0, T, K);
     }
 }
 
@@ -511,24 +389,10 @@ extern "C" int attention_mma_applies(const AttnGate* gate, int hs) {
     return g_use_mma && hs == 64 && (!gate || gate->mode == GATE_NONE || gate->K <= MMA_MAXK);
 }
 
-static MmaGate mma_gate(const AttnGate* gate) {
-    MmaGate g = {GATE_NONE, 1, 0, NULL, NULL, 0.f, 0.f};
-    if (gate && gate->mode != GATE_NONE) {
-        g.mode = gate->mode;
-        g.K = gate->K;
-        g.w = gate->w;
-        g.G = gate->G;
-        g.mask = gate->mask;
-        g.lambda = gate->lambda;
-        g.bias = gate->bias;
-    }
-    return g;
-}
-
 extern "C" void attention_forward_mma_cuda(float* out, float* lse, const float* qkv,
                                            const AttnGate* gate, int B, int T, int NH, int NKV) {
     unsigned grid = (unsigned)B * NH * ((T + 63) / 64);
-    attn_mma_fwd_kernel<<<grid, 128>>>(out, lse, qkv, mma_gate(gate), T, NH, NKV, 0.125f);
+    attn_mma_fwd_kernel<<<grid, 128>>>(out, lse, qkv, gate_args(gate), T, NH, NKV, 0.125f);
     LAUNCH_CHECK();
 }
 
@@ -536,7 +400,7 @@ extern "C" void attention_backward_mma_cuda(float* dqkv, float* dG, float* dgate
                                             const float* qkv, const float* out, const float* lse,
                                             const AttnGate* gate, int B, int T, int NH, int NKV,
                                             float* scratch) {
-    MmaGate g = mma_gate(gate);
+    GateArgs g = gate_args(gate);
     size_t warps = (size_t)B * T * NH;
     attn_rowdot_kernel<<<cdiv(warps * 32, 256), 256>>>(scratch, dout, out, B, T, NH);
     LAUNCH_CHECK();

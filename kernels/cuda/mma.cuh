@@ -58,4 +58,83 @@ __device__ __forceinline__ void afrag_from_c(uint32_t (&a)[4], const float (&c)[
     a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+/* c (16 x 64, C layout) = A B for a warp's A fragments a (16 rows x 64) and B^T stored
+ * row-major in Y (64 rows of 64): scores Q K^T, dO V^T and their transposes. */
+__device__ __forceinline__ void mma_tile_rows(float (&c)[8][4], const uint32_t (&a)[4][4],
+                                              const __nv_bfloat16* Y, int gid, int tig) {
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t b0, b1;
+            bfrag_rows(b0, b1, Y, nt, kk, gid, tig);
+            mma16816(c[nt], a[kk], b0, b1);
+        }
+    }
+}
+
+/* acc (16 x 64) += c Z, with c a C-layout fp32 tile (16 x 64) used as bf16 A fragments and Z
+ * (64 x 64) stored transposed in Zt: P V, dS K, P^T dO, dS^T Q. */
+__device__ __forceinline__ void mma_tile_swz(float (&acc)[8][4], const float (&c)[8][4],
+                                             const __nv_bfloat16* Zt, int gid, int tig) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        afrag_from_c(a, c, kk);
+#pragma unroll
+        for (int dt = 0; dt < 8; dt++) {
+            uint32_t b0, b1;
+            bfrag_swz(b0, b1, Zt, dt, kk, gid, tig);
+            mma16816(acc[dt], a, b0, b1);
+        }
+    }
+}
+
+/* The online-softmax step of one key tile for a warp's 16 query rows (gid and gid + 8): s holds
+ * the tile's scores in log2 units (-inf where masked), mx0 / mx1 this lane's maxima of them;
+ * (m, l) are the rows' running maxima and sums. o is rescaled and P V added, P packed to bf16
+ * straight from the score registers (Vt: the tile's values, transposed). */
+__device__ __forceinline__ void softmax_tile_pv(float (&s)[8][4], float (&o)[8][4], float mx0,
+                                                float mx1, float& m0, float& m1, float& l0,
+                                                float& l1, const __nv_bfloat16* Vt, int gid,
+                                                int tig) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int dt = 0; dt < 8; dt++) {
+        o[dt][0] *= c0;
+        o[dt][1] *= c0;
+        o[dt][2] *= c1;
+        o[dt][3] *= c1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        s[nt][0] = exp2f(s[nt][0] - mu0);
+        s[nt][1] = exp2f(s[nt][1] - mu0);
+        s[nt][2] = exp2f(s[nt][2] - mu1);
+        s[nt][3] = exp2f(s[nt][3] - mu1);
+        l0 += s[nt][0] + s[nt][1];
+        l1 += s[nt][2] + s[nt][3];
+    }
+    m0 = mn0;
+    m1 = mn1;
+    mma_tile_swz(o, s, Vt, gid, tig);
+}
+
+/* Row sums over the 4 lanes that share rows gid and gid + 8. */
+__device__ __forceinline__ void quad_sum2(float& a, float& b) {
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    b += __shfl_xor_sync(0xffffffffu, b, 1);
+    b += __shfl_xor_sync(0xffffffffu, b, 2);
+}
+
 #endif

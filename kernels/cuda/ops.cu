@@ -430,12 +430,12 @@ __global__ void sumsq_kernel(double* out, const float* x, size_t n) {
 
 extern "C" double sumsq_cuda(const float* x, size_t n) {
     enum { NB = 64 };
-    double* d = (double*)cuda_malloc(NB * sizeof(double));
+    static double* d; /* the partial sums, allocated once (this runs every training step) */
+    if (!d) d = (double*)cuda_malloc(NB * sizeof(double));
     sumsq_kernel<<<NB, 256>>>(d, x, n);
     LAUNCH_CHECK();
     double h[NB], s = 0;
     cuda_download(h, d, sizeof h);
-    cuda_free(d);
     for (int i = 0; i < NB; i++) s += h[i]; /* fixed order: deterministic */
     return s;
 }

@@ -130,11 +130,18 @@ extern "C" size_t routing_scratch_floats(int B, int T, int K, int iters) {
 
 extern "C" void routing_forward_cuda(float* G, float* colofs, const float* S, const float* beta,
                                      Routing mode, int B, int T, int K, float tau, int iters) {
-    float* pm = NULL;
-    if (mode == ROUTE_PREFIX) pm = (float*)cuda_malloc(sizeof(float) * B * (size_t)T * K);
-    routing_forward_kernel<<<B, RT>>>(G, colofs, S, beta, (int)mode, T, K, tau, iters, pm);
+    /* prefix lse scratch, grown as needed and kept: this runs for every layer of every step */
+    static float* pm;
+    static size_t cap;
+    size_t need = mode == ROUTE_PREFIX ? (size_t)B * T * K : 0;
+    if (need > cap) {
+        cuda_free(pm); /* waits for earlier kernels that used it */
+        pm = (float*)cuda_malloc(sizeof(float) * need);
+        cap = need;
+    }
+    routing_forward_kernel<<<B, RT>>>(G, colofs, S, beta, (int)mode, T, K, tau, iters,
+                                      mode == ROUTE_PREFIX ? pm : NULL);
     LAUNCH_CHECK();
-    if (pm) cuda_free(pm); /* cudaFree waits for the kernel */
 }
 
 __device__ void row_step_backward_dev(float* d, const float* Lpost, int T, int K) {

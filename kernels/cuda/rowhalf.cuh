@@ -83,4 +83,24 @@ __device__ __forceinline__ void load_tile_rows(float* dst, const float* src, siz
     }
 }
 
+/* Online softmax over 8 streamed rows: s[u] are the scores of rows V[u] (-inf where masked),
+ * cmax their maximum; (m, l) the running maximum and sum, o the running output. */
+template <int HD>
+__device__ __forceinline__ void online_update8(float* o, float& m, float& l, const float* s,
+                                               float cmax, const float* V, int part) {
+    float mnew = fmaxf(m, cmax);
+    if (mnew == -INFINITY) return;
+    float corr = __expf(m - mnew);
+    l *= corr;
+#pragma unroll
+    for (int e = 0; e < HD / 2; e++) o[e] *= corr;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        float p = __expf(s[u] - mnew);
+        l += p;
+        if (p != 0.f) axpy_half<HD>(o, p, V + u * HD, part);
+    }
+    m = mnew;
+}
+
 #endif

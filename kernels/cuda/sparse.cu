@@ -306,19 +306,7 @@ __global__ void __launch_bounds__(2 * ROWS)
                 s[u] = x;
                 cmax = fmaxf(cmax, x);
             }
-            float mnew = fmaxf(m, cmax);
-            if (mnew == -INFINITY) continue;
-            float corr = __expf(m - mnew);
-            l *= corr;
-#pragma unroll
-            for (int e = 0; e < HD / 2; e++) o[e] *= corr;
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                float p = __expf(s[u] - mnew);
-                l += p;
-                if (p != 0.f) axpy_half<HD>(o, p, Vs + (j0 + u) * HD, part);
-            }
-            m = mnew;
+            online_update8<HD>(o, m, l, s, cmax, Vs + j0 * HD, part);
         }
     }
     if (!valid) return;
@@ -421,15 +409,7 @@ __global__ void __launch_bounds__(128)
             fetch_kv<MODE>(pk, pv, base, pa, k0 + BK, g.kend, QKV, C + kvh * HD,
                            C + NKV * HD + kvh * HD);
         float s[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const __nv_bfloat16* kr = Ks + (nt * 8 + gid) * LDS + kk * 16 + tig * 2;
-                mma16816(s[nt], qa[kk], ld32(kr), ld32(kr + 8));
-            }
-        }
+        mma_tile_rows(s, qa, Ks, gid, tig);
         /* mask, scale to log2 units, row maxima */
         float mx0 = -INFINITY, mx1 = -INFINITY;
         const bool full = MODE == MODE_DENSE && k0 + BK <= g.qbase && kn == BK;
@@ -447,51 +427,9 @@ __global__ void __launch_bounds__(128)
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
             mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-        const float c0 = exp2f(m0 - mu0), c1 = exp2f(m1 - mu1);
-        l0 *= c0;
-        l1 *= c1;
-#pragma unroll
-        for (int dt = 0; dt < 8; dt++) {
-            o[dt][0] *= c0;
-            o[dt][1] *= c0;
-            o[dt][2] *= c1;
-            o[dt][3] *= c1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - mu0);
-            s[nt][1] = exp2f(s[nt][1] - mu0);
-            s[nt][2] = exp2f(s[nt][2] - mu1);
-            s[nt][3] = exp2f(s[nt][3] - mu1);
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
-        m0 = mn0;
-        m1 = mn1;
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            uint32_t pa4[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                               pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                               pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dt = 0; dt < 8; dt++) {
-                const __nv_bfloat16* vr = Vt + (dt * 8 + gid) * LDS;
-                mma16816(o[dt], pa4, ld32(vr + ((kk * 16 + tig * 2) ^ (dt << 3))),
-                         ld32(vr + ((kk * 16 + 8 + tig * 2) ^ (dt << 3))));
-            }
-        }
+        softmax_tile_pv(s, o, mx0, mx1, m0, m1, l0, l1, Vt, gid, tig);
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    quad_sum2(l0, l1);
     const float LN2 = 0.6931471805599453f;
 #pragma unroll
     for (int half = 0; half < 2; half++) {
