@@ -166,25 +166,32 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
     const int C = c->C, hs = C / c->NH, QKV = model_qkv_width(c), FC = model_fc_width(c);
     const Params* p = &g->params;
     Acts* a = &g->acts;
+    cuda_prof_mark("fwd embedding");
     encoder_forward_cuda(a->encoded, g->inputs, p->wte, p->wpe, B, T, C);
     const float* x = a->encoded;
     for (int l = 0; l < c->L; l++) {
         LayerActs la = model_layer_acts(m, a, g->rmask, l);
         size_t lC = (size_t)l * C;
+        cuda_prof_mark("fwd norm");
         norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC,
                      p->ln1b ? p->ln1b + lC : NULL, BT);
+        cuda_prof_mark("fwd gemm");
         matmul_forward_cuda(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
                             p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        cuda_prof_mark("fwd rope");
         if (c->arch == ARCH_LLAMA)
             rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         if (f->attn != ATTN_DENSE) {
+            cuda_prof_mark("fwd router scores");
             router_scores_forward_cuda(la.rproj, la.rS, la.ln1, g->router.wg + lC * f->dg,
                                        g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
                                        f->K);
+            cuda_prof_mark("fwd routing");
             routing_forward_cuda(la.rG, la.colofs, la.rS, g->beta + (size_t)l * f->K, f->routing, B,
                                  T, f->K, f->tau, f->iters);
             if (f->attn == ATTN_HARD) routing_topk_mask_cuda(la.mask, la.rG, BT, f->K, f->topk);
         }
+        cuda_prof_mark("fwd attention");
         if (f->attn == ATTN_HARD) {
             attention_hard_forward_cuda(g->plan, la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T,
                                         c->NH, c->NKV, hs);
@@ -197,23 +204,31 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
             else
                 attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
         }
+        cuda_prof_mark("fwd gemm");
         matmul_forward_cuda(la.res2, la.att, p->attprojw + (size_t)l * C * C,
                             p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        cuda_prof_mark("fwd residual+norm");
         residual_add_cuda(la.res2, x, BT * C);
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC,
                      p->ln2b ? p->ln2b + lC : NULL, BT);
+        cuda_prof_mark("fwd gemm");
         matmul_forward_cuda(la.fch, la.ln2, p->fcw + (size_t)l * FC * C,
                             p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        cuda_prof_mark("fwd gelu/swiglu");
         if (c->arch == ARCH_GPT2)
             gelu_forward_cuda(la.fch_act, la.fch, BT * c->F);
         else
             swiglu_forward_cuda(la.fch_act, la.fch, BT, c->F);
+        cuda_prof_mark("fwd gemm");
         matmul_forward_cuda(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
                             p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        cuda_prof_mark("fwd residual");
         residual_add_cuda(la.res3, la.res2, BT * C);
         x = la.res3;
     }
+    cuda_prof_mark("fwd final norm");
     norm_forward(m, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
+    cuda_prof_mark("fwd lm head");
     matmul_forward_cuda(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
     g->groups_fresh = 0;
     m->have_dlogits = 0;
@@ -223,7 +238,9 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
         cuda_upload(g->targets, targets, sizeof(int) * BT);
         size_t valid = 0;
         for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
+        cuda_prof_mark("fwd cross-entropy");
         crossentropy_forward_cuda(g->losses, NULL, a->logits, g->targets, BT, c->V, 0);
+        cuda_prof_mark(NULL);
         cuda_download(m->losses, g->losses, sizeof(float) * BT); /* waits for the device */
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
@@ -290,6 +307,7 @@ void model_cuda_backward(Model* m, GradMode mode) {
 
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
+    cuda_prof_mark("bwd cross-entropy");
     crossentropy_forward_cuda(g->losses, a->logits, a->logits, g->targets, BT, c->V,
                               (float)(1.0 / (valid ? valid : 1)));
     m->have_dlogits = 1;
@@ -297,30 +315,38 @@ void model_cuda_backward(Model* m, GradMode mode) {
     const float* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
     cuda_memset0(dbuf, sizeof(float) * BT * C);
     cuda_memset0(dres, sizeof(float) * BT * C);
+    cuda_prof_mark("bwd lm head");
     matmul_backward_cuda(dbuf, NULL, NULL, a->logits, a->lnf, c->tied ? p->wte : p->lmhead, BT, C,
                          c->V);
+    cuda_prof_mark("bwd norm");
     norm_backward(m, dres, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT, BT);
 
     for (int l = c->L - 1; l >= 0; l--) {
         LayerActs la = model_layer_acts(m, a, g->rmask, l);
         const float* x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * BT * C;
         size_t lC = (size_t)l * C;
+        cuda_prof_mark("bwd gemm");
         cuda_memset0(dact, sizeof(float) * BT * c->F);
         matmul_backward_cuda(dact, NULL, NULL, dres, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
                              BT, c->F, C);
+        cuda_prof_mark("bwd gelu/swiglu");
         if (c->arch == ARCH_GPT2) {
             cuda_memset0(dfch, sizeof(float) * BT * FC);
             gelu_backward_cuda(dfch, la.fch, dact, BT * c->F);
         } else {
             swiglu_backward_cuda(dfch, la.fch, dact, BT, c->F);
         }
+        cuda_prof_mark("bwd gemm");
         cuda_memset0(dbuf, sizeof(float) * BT * C);
         matmul_backward_cuda(dbuf, NULL, NULL, dfch, la.ln2, p->fcw + (size_t)l * FC * C, BT, C,
                              FC);
+        cuda_prof_mark("bwd norm");
         norm_backward(m, dres, dbuf, la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
+        cuda_prof_mark("bwd gemm");
         cuda_memset0(dbuf, sizeof(float) * BT * C);
         matmul_backward_cuda(dbuf, NULL, NULL, dres, la.att, p->attprojw + (size_t)l * C * C, BT, C,
                              C);
+        cuda_prof_mark("bwd attention");
         cuda_memset0(dqkv, sizeof(float) * BT * QKV);
         if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
@@ -333,26 +359,33 @@ void model_cuda_backward(Model* m, GradMode mode) {
                                     f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
                                     la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
         if (l == 0 && !router) break;
+        cuda_prof_mark("bwd rope");
         if (c->arch == ARCH_LLAMA)
             rope_backward_cuda(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        cuda_prof_mark("bwd gemm");
         cuda_memset0(dbuf, sizeof(float) * BT * C);
         if (l > 0)
             matmul_backward_cuda(dbuf, NULL, NULL, dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT,
                                  C, QKV);
         if (router) {
+            cuda_prof_mark("bwd routing");
             cuda_memset0(dS, sizeof(float) * BT * f->K);
             routing_backward_cuda(dS, dG, la.rS, la.rG, g->beta + (size_t)l * f->K, f->routing, B,
                                   T, f->K, f->tau, f->iters, route_scr);
+            cuda_prof_mark("bwd router scores");
             router_scores_backward_cuda(
                 dbuf, g->rgrads.wg + lC * f->dg, g->rgrads.cent + (size_t)l * f->K * f->dg, dproj,
                 dS, la.ln1, la.rproj, g->router.wg + lC * f->dg,
                 g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
         }
         if (l == 0) break;
+        cuda_prof_mark("bwd norm");
         norm_backward(m, dres, dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
     }
     /* the host copy of the router gradients (what clipping and tests read) */
+    cuda_prof_mark("bwd gradient download");
     cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
+    cuda_prof_mark(NULL);
 }
 
 double model_cuda_grad_sumsq(Model* m, size_t n) { return sumsq_cuda(m->gpu->rgrads_mem, n); }

@@ -6,8 +6,12 @@
 #   bash scripts/device_check.sh           # compile check, GPU tests, attention benchmark against
 #                                          # PyTorch SDPA, router-training throughput, a short
 #                                          # from-scratch retrofit; SmolLM2 too if it is whole
+#   bash scripts/device_check.sh profile   # GPU tests and the phase profile of a training step
 #   bash scripts/device_check.sh smollm2   # join the SmolLM2 parts (second device call), then a
 #                                          # short SmolLM2 retrofit and its training throughput
+#
+# Environment: LENGTHS= (empty) skips the attention benchmark; FOCUS_ATTN_MMA=1 makes the SmolLM2
+# retrofit train on the tensor-core attention; MMA_TOO=1 runs the SmolLM2 retrofit both ways.
 #
 # Each step has its own time limit, so one failure cannot eat the rest of the run.
 set -u
@@ -19,7 +23,7 @@ PKG=/tmp/focuspkg
 STASH=/root/focus_stash
 MODEL=cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL_SHA=$(sed -n "s/^sha=//p" scripts/fetch_model.sh)
-LENGTHS=${LENGTHS:-16384,65536,262144,1048576}
+LENGTHS=${LENGTHS-16384,65536,262144,1048576}
 HEADS=${HEADS:-4}
 log() { echo "== $* ($(date -u +%H:%M:%S))"; }
 
@@ -61,16 +65,41 @@ if [ -f "$MODEL" ] && ! echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet 2>/dev/
     rm -f "$MODEL"
 fi
 
+# run_smollm2 [mma]: the retrofit, on the tensor-core training attention when asked
 run_smollm2() {
-    log "SmolLM2 retrofit on the GPU (PG-19 slice; its tokens/s is the real-weights throughput)"
+    local tag=smollm2 envset=""
+    [ "${1:-}" = mma ] && tag=smollm2_mma && envset="FOCUS_ATTN_MMA=1"
+    log "SmolLM2 retrofit on the GPU, $tag (PG-19 slice; its tokens/s is the real-weights throughput)"
     rm -rf /tmp/run_smollm2
-    timeout 420 "$FOCUS" retrofit --config configs/smollm2_pg19.conf --device cuda \
+    env $envset timeout 420 "$FOCUS" retrofit --config configs/smollm2_pg19.conf --device cuda \
         --set train=.devcarry2/data/pg19 --set val=.devcarry2/data/pg19-test \
         --set B=8 --set steps=100 --set warmup=10 --set eval_every=50 --set eval_tokens=16384 \
-        --set ckpt_every=50 --out /tmp/run_smollm2 > "$OUT/retrofit_smollm2.txt" 2>&1
-    echo "exit $?" >> "$OUT/retrofit_smollm2.txt"
-    grep -E "device:|before|after|step +(1|50|100)/|took|focus:" "$OUT/retrofit_smollm2.txt"
-    cp /tmp/run_smollm2/metrics.jsonl "$OUT/retrofit_smollm2_metrics.jsonl" 2>/dev/null
+        --set ckpt_every=50 --out /tmp/run_smollm2 > "$OUT/retrofit_$tag.txt" 2>&1
+    echo "exit $?" >> "$OUT/retrofit_$tag.txt"
+    grep -E "device:|before|after|step +(1|50|100)/|took|focus:" "$OUT/retrofit_$tag.txt"
+    cp /tmp/run_smollm2/metrics.jsonl "$OUT/retrofit_${tag}_metrics.jsonl" 2>/dev/null
+}
+
+# ---- GPU tests: every kernel and a training step against the CPU ----
+run_tests() {
+    log "GPU tests"
+    timeout 120 "$PKG/pkg/bin/test_cuda" > "$OUT/test_cuda.txt" 2>&1
+    echo "exit $?" >> "$OUT/test_cuda.txt"
+    cat "$OUT/test_cuda.txt"
+    if ! grep -q " 0 failed" "$OUT/test_cuda.txt" && command -v compute-sanitizer >/dev/null; then
+        log "tensor-core checks under compute-sanitizer (a check failed above)"
+        timeout 120 compute-sanitizer --tool memcheck --print-limit 8 "$PKG/pkg/bin/test_cuda" mma \
+            > "$OUT/sanitizer.txt" 2>&1
+        tail -40 "$OUT/sanitizer.txt"
+    fi
+}
+
+# ---- where a training step's time goes (FOCUS_PROFILE=1: CUDA events between phases) ----
+run_profile() {
+    log "phase profile of router training, B = 8, tensor-core attention"
+    FOCUS_PROFILE=1 FOCUS_ATTN_MMA=1 timeout 100 "$FOCUS" bench forward --config smollm2-135m \
+        --device cuda --B 8 --T 1024 --iters 3 > "$OUT/profile.txt" 2>&1
+    cat "$OUT/profile.txt"
 }
 
 if [ "$MODE" = all ]; then
@@ -87,19 +116,15 @@ if [ "$MODE" = all ]; then
     cat /tmp/nvcc_*.log | grep -E "error|spill" | grep -v " 0 bytes spill" | head -20
     echo "nvcc compile check: $([ $ok = 1 ] && echo passed || echo FAILED)" | tee "$OUT/nvcc.txt"
 
-    # ---- GPU tests: every kernel and a training step against the CPU ----
-    log "GPU tests"
-    timeout 120 "$PKG/pkg/bin/test_cuda" > "$OUT/test_cuda.txt" 2>&1
-    echo "exit $?" >> "$OUT/test_cuda.txt"
-    cat "$OUT/test_cuda.txt"
+    run_tests
 
     # ---- attention: ours (dense, Focus K=8 and K=4, k=1) and PyTorch SDPA ----
-    log "attention benchmark"
-    timeout 200 "$FOCUS" bench attention --device cuda --T "$LENGTHS" --K 8,4 --topk 1 \
+    [ -n "$LENGTHS" ] && log "attention benchmark"
+    [ -n "$LENGTHS" ] && timeout 200 "$FOCUS" bench attention --device cuda --T "$LENGTHS" --K 8,4 --topk 1 \
         --heads "$HEADS" --kv-heads "$HEADS" --dhead 64 --w 128 --iters 3 \
         --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.txt"
-    log "PyTorch SDPA baseline"
-    PYTHONUNBUFFERED=1 timeout 150 python3 scripts/bench_sdpa.py --T "$LENGTHS" --heads "$HEADS" \
+    [ -n "$LENGTHS" ] && log "PyTorch SDPA baseline"
+    [ -n "$LENGTHS" ] && PYTHONUNBUFFERED=1 timeout 150 python3 scripts/bench_sdpa.py --T "$LENGTHS" --heads "$HEADS" \
         --dhead 64 --json "$OUT/sdpa.json" 2>&1 | tee "$OUT/sdpa.txt"
 
     # ---- router training throughput at T = 1024 (SmolLM2 shape) ----
@@ -114,6 +139,8 @@ if [ "$MODE" = all ]; then
             --B $B --T 1024 --iters 3 --json "$OUT/train_mma_B$B.json" 2>&1 | tail -4
     done
 
+    run_profile
+
     # ---- a short retrofit of a model trained from scratch here (no download needed) ----
     log "from-scratch retrofit (configs/tiny.conf; backbone on the CPU, router on the GPU)"
     rm -rf /tmp/run_tiny
@@ -126,8 +153,19 @@ if [ "$MODE" = all ]; then
 
     if [ -f .devcarry/model.part1 ]; then mkdir -p "$STASH" && cp .devcarry/model.part1 "$STASH/"; fi
     [ -f "$MODEL" ] && [ -d .devcarry2/data ] && run_smollm2
+elif [ "$MODE" = profile ]; then
+    run_tests
+    run_profile
 elif [ "$MODE" = smollm2 ]; then
-    if [ -f "$MODEL" ]; then run_smollm2; else echo "device_check: no SmolLM2 model"; fi
+    if [ ! -f "$MODEL" ]; then
+        echo "device_check: no SmolLM2 model"
+    elif [ "${MMA_TOO:-0}" = 1 ]; then
+        run_smollm2 && run_smollm2 mma
+    elif [ "${FOCUS_ATTN_MMA:-0}" = 1 ]; then
+        run_smollm2 mma
+    else
+        run_smollm2
+    fi
 fi
 
 # ---- summary ----
@@ -169,7 +207,7 @@ if att:
     s["attention"] = rows
 for f in sorted(glob.glob(os.path.join(out, "train_B*.json")) + glob.glob(os.path.join(out, "train_mma_B*.json"))):
     s.setdefault("throughput", []).append(dict(load(os.path.basename(f)), file=os.path.basename(f)))
-for run in ("tiny", "smollm2"):
+for run in ("tiny", "smollm2", "smollm2_mma"):
     p = os.path.join(out, f"retrofit_{run}_metrics.jsonl")
     if os.path.exists(p):
         recs = [json.loads(l) for l in open(p) if l.strip()]

@@ -388,6 +388,9 @@ int cmd_bench(int argc, char** argv) {
     model_forward(&m, tok, tgt, B, T, 1);
     model_zero_grad(&m, GRAD_ROUTER);
     model_backward(&m, GRAD_ROUTER);
+#ifdef FOCUS_CUDA
+    if (device) cuda_prof_report(NULL); /* FOCUS_PROFILE=1: time the training steps alone */
+#endif
     double t0 = now_seconds();
     for (int r = 0; r < iters; r++) {
         model_forward(&m, tok, tgt, B, T, 1);
@@ -395,6 +398,9 @@ int cmd_bench(int argc, char** argv) {
         model_backward(&m, GRAD_ROUTER);
     }
     double dt = (now_seconds() - t0) / iters;
+#ifdef FOCUS_CUDA
+    if (device) cuda_prof_report("router training steps, all iterations");
+#endif
     t0 = now_seconds();
     for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 1);
     double dtf = (now_seconds() - t0) / iters;

@@ -62,14 +62,96 @@ __device__ __forceinline__ void afrag_global(uint32_t (&a)[4][4], const float* r
     }
 }
 
-/* Load n rows of the group vectors (K floats each) or masks of a tile into shared memory. */
+/* ---- the gate, as these kernels evaluate it ----
+ * Group vectors are staged zero-padded to MMA_MAXK = 8 entries, so that an affinity is two
+ * float4 loads and 8 FMAs whatever K is (the padding adds nothing); the vectors of a thread's own
+ * two rows stay in registers, and so do their gate gradients until the block ends. The
+ * log-sigmoid uses the fast exp / log (these kernels compare at bf16 tolerances; attention.cu
+ * keeps the precise one). */
+struct GVec {
+    float4 a, b;
+};
+
+__device__ __forceinline__ GVec gvec_zero(void) {
+    GVec v;
+    v.a = v.b = make_float4(0.f, 0.f, 0.f, 0.f);
+    return v;
+}
+
+__device__ __forceinline__ GVec gvec_load(const float* g8) {
+    GVec v;
+    v.a = *(const float4*)g8;
+    v.b = *(const float4*)(g8 + 4);
+    return v;
+}
+
+__device__ __forceinline__ float gvec_dot(const GVec& x, const GVec& y) {
+    float s = x.a.x * y.a.x;
+    s = fmaf(x.a.y, y.a.y, s);
+    s = fmaf(x.a.z, y.a.z, s);
+    s = fmaf(x.a.w, y.a.w, s);
+    s = fmaf(x.b.x, y.b.x, s);
+    s = fmaf(x.b.y, y.b.y, s);
+    s = fmaf(x.b.z, y.b.z, s);
+    return fmaf(x.b.w, y.b.w, s);
+}
+
+__device__ __forceinline__ void gvec_axpy(GVec& acc, float c, const GVec& y) {
+    acc.a.x = fmaf(c, y.a.x, acc.a.x);
+    acc.a.y = fmaf(c, y.a.y, acc.a.y);
+    acc.a.z = fmaf(c, y.a.z, acc.a.z);
+    acc.a.w = fmaf(c, y.a.w, acc.a.w);
+    acc.b.x = fmaf(c, y.b.x, acc.b.x);
+    acc.b.y = fmaf(c, y.b.y, acc.b.y);
+    acc.b.z = fmaf(c, y.b.z, acc.b.z);
+    acc.b.w = fmaf(c, y.b.w, acc.b.w);
+}
+
+/* Sums a row's gate gradient over the 4 lanes (tig) that share it, then adds entries tig and
+ * tig + 4 of it to dG row `row` (atomics: other heads and the other kernel add to it too). */
+__device__ __forceinline__ void gvec_flush(float* dG, GVec v, size_t row, int K, int tig) {
+    float* c = &v.a.x; /* a and b are adjacent: 8 floats */
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        c[k] += __shfl_xor_sync(0xffffffffu, c[k], 1);
+        c[k] += __shfl_xor_sync(0xffffffffu, c[k], 2);
+    }
+    const float lo = tig == 0 ? v.a.x : tig == 1 ? v.a.y : tig == 2 ? v.a.z : v.a.w;
+    const float hi = tig == 0 ? v.b.x : tig == 1 ? v.b.y : tig == 2 ? v.b.z : v.b.w;
+    if (tig < K && lo != 0.f) atomicAdd(dG + row * K + tig, lo);
+    if (tig + 4 < K && hi != 0.f) atomicAdd(dG + row * K + tig + 4, hi);
+}
+
+/* log sigmoid(x), and in sneg its derivative sigmoid(-x). */
+__device__ __forceinline__ float logsig_fast(float x, float& sneg) {
+    const float e = __expf(-fabsf(x)), r = __fdividef(1.f, 1.f + e);
+    sneg = x >= 0.f ? e * r : r;
+    return fminf(x, 0.f) - __logf(1.f + e);
+}
+
+/* Load n rows of the group vectors (zero-padded to 8) or masks of a tile into shared memory. */
 __device__ __forceinline__ void stage_gate(float* Gs, uint32_t* ms, const GateArgs& g, size_t row0,
                                            int n) {
     if (g.mode == GATE_SOFT)
-        for (int x = threadIdx.x; x < 64 * g.K; x += blockDim.x)
-            Gs[x] = x / g.K < n ? g.G[row0 * g.K + x] : 0.f;
+        for (int x = threadIdx.x; x < 64 * MMA_MAXK; x += blockDim.x) {
+            const int r = x / MMA_MAXK, k = x % MMA_MAXK;
+            Gs[x] = r < n && k < g.K ? g.G[(row0 + r) * g.K + k] : 0.f;
+        }
     for (int x = threadIdx.x; x < 64; x += blockDim.x)
         ms[x] = g.mode == GATE_HARD && x < n ? g.mask[row0 + x] : 0u;
+}
+
+/* The gate of a valid pair (i, j) given the query's and key's vectors / masks: 0 when local,
+ * else log sigmoid(lambda (aff - b)) (soft; *aff and *sneg set) or 0 / -inf (hard). `far`
+ * tells whether the pair is gated at all. */
+__device__ __forceinline__ float pair_gate(const GateArgs& g, int far, const GVec& gi,
+                                           const GVec& gj, uint32_t mi, uint32_t mj, float& aff,
+                                           float& sneg) {
+    aff = 0.f, sneg = 0.f;
+    if (!far) return 0.f;
+    if (g.mode == GATE_HARD) return (mi & mj) ? 0.f : -INFINITY;
+    aff = gvec_dot(gi, gj);
+    return logsig_fast(g.lambda * (aff - g.bias), sneg);
 }
 
 /* ---- forward: out (B, T, NH*64), lse (B, NH, T) ---- */
@@ -78,18 +160,26 @@ __global__ void __launch_bounds__(128)
                         int NKV, float scale) {
     __shared__ __align__(16) __nv_bfloat16 Ks[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 Vt[64 * MMA_LDS];
-    __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK];
+    __shared__ __align__(16) float Gq[64 * MMA_MAXK];
+    __shared__ __align__(16) float Gk[64 * MMA_MAXK];
     __shared__ uint32_t mq[64], mk[64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
-    const int nblk = (T + 63) / 64, blk = nblk - 1 - (int)(blockIdx.x % nblk);
-    const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
-    const int kvh = h / (NH / NKV), q0 = blk * 64, K = g.K;
+    /* blocks of the last query tile (the longest) first, across all (b, h) */
+    const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
+    const int blk = nblk - 1 - (int)(blockIdx.x / nbh), bh = (int)(blockIdx.x % nbh);
+    const int h = bh % NH, b = bh / NH;
+    const int kvh = h / (NH / NKV), q0 = blk * 64;
+    const int soft = g.mode == GATE_SOFT;
     const float* base = qkv + (size_t)b * T * QKV;
     const int r0 = warp * 16 + gid, r1 = r0 + 8;
     uint32_t qa[4][4];
     afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, warp * 16 + gid, T - q0, tig);
     stage_gate(Gq, mq, g, (size_t)b * T + q0, min(64, T - q0));
+    __syncthreads();
+    GVec gi[2] = {gvec_zero(), gvec_zero()};
+    if (soft) gi[0] = gvec_load(Gq + r0 * MMA_MAXK), gi[1] = gvec_load(Gq + r1 * MMA_MAXK);
+    const uint32_t mi[2] = {mq[r0], mq[r1]};
     float o[8][4];
 #pragma unroll
     for (int dt = 0; dt < 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
@@ -97,29 +187,41 @@ __global__ void __launch_bounds__(128)
     const int kend = min(q0 + 64, T);
     for (int k0 = 0; k0 < kend; k0 += 64) {
         const int kn = min(64, kend - k0);
+        /* interior: every key of the tile precedes every query row (no masking); gated: some
+         * pair of the tile lies outside the local band */
+        const int interior = k0 + 64 <= q0;
+        const int gated = g.mode != GATE_NONE && q0 + 63 - k0 > g.w;
         __syncthreads();
         stage_tile(Ks, NULL, base + (size_t)k0 * QKV + C + kvh * 64, QKV, kn);
         stage_tile(NULL, Vt, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, kn);
-        stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
+        if (gated) stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
         __syncthreads();
         float s[8][4];
         mma_tile_rows(s, qa, Ks, gid, tig);
-        float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = nt * 8 + tig * 2 + (e & 1), row = e < 2 ? r0 : r1;
-                const int i = q0 + row, j = k0 + key;
-                float x = -INFINITY;
-                if (key < kn && i < T && j <= i) {
-                    float aff;
-                    x = s[nt][e] * scale +
-                        gate_value(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
-                    x *= LOG2EF;
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int key = nt * 8 + tig * 2 + e2, j = k0 + key;
+                const GVec gj = soft && gated ? gvec_load(Gk + key * MMA_MAXK) : gvec_zero();
+                const uint32_t mj = gated ? mk[key] : 0u;
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int e = 2 * hf + e2, i = q0 + (hf ? r1 : r0);
+                    float x = -INFINITY;
+                    if (interior || (key < kn && i < T && j <= i)) {
+                        float aff, sneg;
+                        const float gate =
+                            pair_gate(g, gated && i - j > g.w, gi[hf], gj, mi[hf], mj, aff, sneg);
+                        x = (s[nt][e] * scale + gate) * LOG2EF;
+                    }
+                    s[nt][e] = x;
                 }
-                s[nt][e] = x;
             }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
             mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
@@ -154,33 +256,6 @@ __global__ void attn_rowdot_kernel(float* D, const float* dout, const float* out
     if (lane == 0) D[((bt / T) * NH + h) * T + bt % T] = s;
 }
 
-/* Adds a thread's per-element gate gradients dx (C layout, rows r0 / r0 + 8 of the warp) times
- * the other side's group vectors (Gc: the 64 columns' vectors) into acc[row][k], reducing over
- * the 4 lanes that share a row first (one shared-memory update per row and group). */
-__device__ __forceinline__ void gate_grad_rows(float* acc, const float (&dx)[8][4], const float* Gc,
-                                               int K, int r0, int tig) {
-    for (int k = 0; k < K; k++) {
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float gk = Gc[(nt * 8 + tig * 2 + e) * K + k];
-                s0 += dx[nt][e] * gk;
-                s1 += dx[nt][2 + e] * gk;
-            }
-        }
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-        if (tig == 0) {
-            acc[r0 * K + k] += s0;
-            acc[(r0 + 8) * K + k] += s1;
-        }
-    }
-}
-
 /* ---- backward over query blocks: dQ, the row half of dG, dlambda and db ---- */
 __global__ void __launch_bounds__(128)
     attn_mma_bwd_dq_kernel(float* dqkv, float* dG, float* dgate, const float* Dbuf,
@@ -189,29 +264,33 @@ __global__ void __launch_bounds__(128)
     __shared__ __align__(16) __nv_bfloat16 Ks[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 Kt[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 Vs[64 * MMA_LDS];
-    __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK], dGq[64 * MMA_MAXK];
+    __shared__ __align__(16) float Gq[64 * MMA_MAXK];
+    __shared__ __align__(16) float Gk[64 * MMA_MAXK];
     __shared__ uint32_t mq[64], mk[64];
     __shared__ float red[2][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
-    const int nblk = (T + 63) / 64, blk = nblk - 1 - (int)(blockIdx.x % nblk);
-    const int h = (int)(blockIdx.x / nblk) % NH, b = (int)(blockIdx.x / nblk) / NH;
-    const int kvh = h / (NH / NKV), q0 = blk * 64, K = g.K;
+    /* blocks of the last query tile (the longest) first, across all (b, h) */
+    const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
+    const int blk = nblk - 1 - (int)(blockIdx.x / nbh), bh = (int)(blockIdx.x % nbh);
+    const int h = bh % NH, b = bh / NH;
+    const int kvh = h / (NH / NKV), q0 = blk * 64;
     const int soft = g.mode == GATE_SOFT;
     const float* base = qkv + (size_t)b * T * QKV;
     const int r0 = warp * 16 + gid, r1 = r0 + 8;
     uint32_t qa[4][4], da[4][4];
     afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, r0, T - q0, tig);
     afrag_global(da, dout + ((size_t)b * T + q0) * C + h * 64, C, r0, T - q0, tig);
-    float L[2], D[2];
-    for (int half = 0; half < 2; half++) {
-        const int i = q0 + (half ? r1 : r0);
-        L[half] = i < T ? lse[((size_t)b * NH + h) * T + i] : 0.f;
-        D[half] = i < T ? Dbuf[((size_t)b * NH + h) * T + i] : 0.f;
-    }
+    const int i0r = q0 + r0, i1r = q0 + r1;
+    const float L0 = i0r < T ? lse[((size_t)b * NH + h) * T + i0r] : 0.f;
+    const float L1 = i1r < T ? lse[((size_t)b * NH + h) * T + i1r] : 0.f;
+    const float D0 = i0r < T ? Dbuf[((size_t)b * NH + h) * T + i0r] : 0.f;
+    const float D1 = i1r < T ? Dbuf[((size_t)b * NH + h) * T + i1r] : 0.f;
     stage_gate(Gq, mq, g, (size_t)b * T + q0, min(64, T - q0));
-    if (soft)
-        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x) dGq[x] = 0.f;
+    __syncthreads();
+    GVec gi[2] = {gvec_zero(), gvec_zero()}, dgi[2] = {gvec_zero(), gvec_zero()};
+    if (soft) gi[0] = gvec_load(Gq + r0 * MMA_MAXK), gi[1] = gvec_load(Gq + r1 * MMA_MAXK);
+    const uint32_t mi[2] = {mq[r0], mq[r1]};
     float dq[8][4];
 #pragma unroll
     for (int dt = 0; dt < 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
@@ -219,45 +298,49 @@ __global__ void __launch_bounds__(128)
     const int kend = min(q0 + 64, T);
     for (int k0 = 0; k0 < kend; k0 += 64) {
         const int kn = min(64, kend - k0);
+        const int interior = k0 + 64 <= q0;
+        const int gated = g.mode != GATE_NONE && q0 + 63 - k0 > g.w;
         __syncthreads();
         stage_tile(Ks, Kt, base + (size_t)k0 * QKV + C + kvh * 64, QKV, kn);
         stage_tile(Vs, NULL, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, kn);
-        stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
+        if (gated) stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
         __syncthreads();
-        float s[8][4], dp[8][4], dx[8][4];
+        float s[8][4], dp[8][4];
         mma_tile_rows(s, qa, Ks, gid, tig);  /* S = Q K^T */
         mma_tile_rows(dp, da, Vs, gid, tig); /* dP = dO V^T */
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = nt * 8 + tig * 2 + (e & 1), row = e < 2 ? r0 : r1;
-                const int i = q0 + row, j = k0 + key;
-                float ds = 0.f, dxv = 0.f;
-                if (key < kn && i < T && j <= i) {
-                    float aff;
-                    const float gate =
-                        gate_value(g, i, j, Gq + row * K, Gk + key * K, mq[row], mk[key], &aff);
-                    const float p = __expf(s[nt][e] * scale + gate - L[e >> 1]);
-                    ds = p * (dp[nt][e] - D[e >> 1]);
-                    if (soft && i - j > g.w) {
-                        const float xg = g.lambda * (aff - g.bias);
-                        const float d = ds / (1.f + __expf(xg)); /* d logsig(x) / dx */
-                        dlam += d * (aff - g.bias);
-                        db -= d * g.lambda;
-                        dxv = d * g.lambda;
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int key = nt * 8 + tig * 2 + e2, j = k0 + key;
+                const GVec gj = soft && gated ? gvec_load(Gk + key * MMA_MAXK) : gvec_zero();
+                const uint32_t mj = gated ? mk[key] : 0u;
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int e = 2 * hf + e2, i = hf ? i1r : i0r;
+                    float ds = 0.f;
+                    if (interior || (key < kn && i < T && j <= i)) {
+                        const int far = gated && i - j > g.w;
+                        float aff, sneg;
+                        const float gate = pair_gate(g, far, gi[hf], gj, mi[hf], mj, aff, sneg);
+                        const float p = __expf(s[nt][e] * scale + gate - (hf ? L1 : L0));
+                        ds = p * (dp[nt][e] - (hf ? D1 : D0));
+                        if (soft && far) {
+                            const float d = ds * sneg; /* d/dx of log sigmoid(x) */
+                            dlam = fmaf(d, aff - g.bias, dlam);
+                            db = fmaf(-d, g.lambda, db);
+                            gvec_axpy(dgi[hf], d * g.lambda, gj);
+                        }
                     }
+                    s[nt][e] = ds;
                 }
-                s[nt][e] = ds;
-                dx[nt][e] = dxv;
             }
         }
-        if (soft) gate_grad_rows(dGq, dx, Gk, K, r0, tig);
         mma_tile_swz(dq, s, Kt, gid, tig); /* dQ += dS K */
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int i = q0 + (half ? r1 : r0);
+        const int i = half ? i1r : i0r;
         if (i >= T) continue;
         float* p = dqkv + ((size_t)b * T + i) * QKV + h * 64 + tig * 2;
 #pragma unroll
@@ -269,14 +352,15 @@ __global__ void __launch_bounds__(128)
         }
     }
     if (soft) {
-        __syncthreads();
-        flush_gate_grads(dG, dGq, 64, (size_t)b * T, q0, T, K);
+        gvec_flush(dG, dgi[0], (size_t)b * T + min(i0r, T - 1), i0r < T ? g.K : 0, tig);
+        gvec_flush(dG, dgi[1], (size_t)b * T + min(i1r, T - 1), i1r < T ? g.K : 0, tig);
         if (dgate) flush_gate_params(dgate, dlam, db, red);
     }
 }
 
-/* ---- backward over key blocks: dK, dV (all query heads of the key/value head), the column
- * half of dG ---- */
+/* ---- backward over key blocks: dK, dV and the column half of dG, one query head per block
+ * (the heads that share a key/value head add into its rows with atomics: three times the blocks
+ * of a loop over the heads, so the grid fills the GPU at small batch sizes) ---- */
 __global__ void __launch_bounds__(128)
     attn_mma_bwd_dkv_kernel(float* dqkv, float* dG, const float* Dbuf, const float* dout,
                             const float* qkv, const float* lse, GateArgs g, int T, int NH, int NKV,
@@ -285,93 +369,97 @@ __global__ void __launch_bounds__(128)
     __shared__ __align__(16) __nv_bfloat16 Qt[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 dOs[64 * MMA_LDS];
     __shared__ __align__(16) __nv_bfloat16 dOt[64 * MMA_LDS];
-    __shared__ float Gq[64 * MMA_MAXK], Gk[64 * MMA_MAXK], dGk[64 * MMA_MAXK];
+    __shared__ __align__(16) float Gq[64 * MMA_MAXK];
+    __shared__ __align__(16) float Gk[64 * MMA_MAXK];
     __shared__ float Ls[64], Ds[64];
     __shared__ uint32_t mq[64], mk[64];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64, rep = NH / NKV;
-    const int nblk = (T + 63) / 64, blk = (int)(blockIdx.x % nblk); /* k0 = 0 first: longest */
-    const int kvh = (int)(blockIdx.x / nblk) % NKV, b = (int)(blockIdx.x / nblk) / NKV;
-    const int k0 = blk * 64, K = g.K;
+    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
+    /* key tile 0 (the longest) first, across all (b, h) */
+    const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
+    const int blk = (int)(blockIdx.x / nbh), bh = (int)(blockIdx.x % nbh);
+    const int h = bh % NH, b = bh / NH, kvh = h / (NH / NKV);
+    const int k0 = blk * 64;
     const int soft = g.mode == GATE_SOFT;
     const float* base = qkv + (size_t)b * T * QKV;
     const int r0 = warp * 16 + gid, r1 = r0 + 8; /* key rows of this thread, within the block */
+    const int j0r = k0 + r0, j1r = k0 + r1;
     uint32_t ka[4][4], va[4][4];
     afrag_global(ka, base + (size_t)k0 * QKV + C + kvh * 64, QKV, r0, T - k0, tig);
     afrag_global(va, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, r0, T - k0, tig);
     stage_gate(Gk, mk, g, (size_t)b * T + k0, min(64, T - k0));
-    if (soft)
-        for (int x = threadIdx.x; x < 64 * K; x += blockDim.x) dGk[x] = 0.f;
+    __syncthreads();
+    GVec gk[2] = {gvec_zero(), gvec_zero()}, dgk[2] = {gvec_zero(), gvec_zero()};
+    if (soft) gk[0] = gvec_load(Gk + r0 * MMA_MAXK), gk[1] = gvec_load(Gk + r1 * MMA_MAXK);
+    const uint32_t mkr[2] = {mk[r0], mk[r1]};
     float dk[8][4], dv[8][4];
 #pragma unroll
     for (int dt = 0; dt < 8; dt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
-    for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
-        for (int i0 = k0; i0 < T; i0 += 64) {
-            const int n = min(64, T - i0);
-            __syncthreads();
-            stage_tile(Qs, Qt, base + (size_t)i0 * QKV + h * 64, QKV, n);
-            stage_tile(dOs, dOt, dout + ((size_t)b * T + i0) * C + h * 64, C, n);
-            stage_gate(Gq, mq, g, (size_t)b * T + i0, n);
-            if ((int)threadIdx.x < 64) {
-                const int x = threadIdx.x;
-                Ls[x] = x < n ? lse[((size_t)b * NH + h) * T + i0 + x] : 0.f;
-                Ds[x] = x < n ? Dbuf[((size_t)b * NH + h) * T + i0 + x] : 0.f;
-            }
-            __syncthreads();
-            /* S^T and dP^T: rows are this warp's 16 keys, columns the tile's 64 queries */
-            float st[8][4], dpt[8][4], dx[8][4];
-            mma_tile_rows(st, ka, Qs, gid, tig);
-            mma_tile_rows(dpt, va, dOs, gid, tig);
+    for (int i0 = k0; i0 < T; i0 += 64) {
+        const int n = min(64, T - i0);
+        const int interior = i0 >= k0 + 64 && n == 64;
+        const int gated = g.mode != GATE_NONE && i0 + 63 - k0 > g.w;
+        __syncthreads();
+        stage_tile(Qs, Qt, base + (size_t)i0 * QKV + h * 64, QKV, n);
+        stage_tile(dOs, dOt, dout + ((size_t)b * T + i0) * C + h * 64, C, n);
+        if (gated) stage_gate(Gq, mq, g, (size_t)b * T + i0, n);
+        if ((int)threadIdx.x < 64) {
+            const int x = threadIdx.x;
+            Ls[x] = x < n ? lse[((size_t)b * NH + h) * T + i0 + x] : 0.f;
+            Ds[x] = x < n ? Dbuf[((size_t)b * NH + h) * T + i0 + x] : 0.f;
+        }
+        __syncthreads();
+        /* S^T and dP^T: rows are this warp's 16 keys, columns the tile's 64 queries */
+        float st[8][4], dpt[8][4];
+        mma_tile_rows(st, ka, Qs, gid, tig);
+        mma_tile_rows(dpt, va, dOs, gid, tig);
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
+        for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int q = nt * 8 + tig * 2 + (e & 1), row = e < 2 ? r0 : r1;
-                    const int i = i0 + q, j = k0 + row;
-                    float p = 0.f, ds = 0.f, dxv = 0.f;
-                    if (q < n && j < T && j <= i) {
-                        float aff;
-                        const float gate =
-                            gate_value(g, i, j, Gq + q * K, Gk + row * K, mq[q], mk[row], &aff);
-                        p = __expf(st[nt][e] * scale + gate - Ls[q]);
-                        ds = p * (dpt[nt][e] - Ds[q]);
-                        if (soft && i - j > g.w) {
-                            const float xg = g.lambda * (aff - g.bias);
-                            dxv = ds / (1.f + __expf(xg)) * g.lambda;
-                        }
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int q = nt * 8 + tig * 2 + e2, i = i0 + q;
+                const GVec gq = soft && gated ? gvec_load(Gq + q * MMA_MAXK) : gvec_zero();
+                const uint32_t mqq = gated ? mq[q] : 0u;
+                const float Lq = Ls[q], Dq = Ds[q];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int e = 2 * hf + e2, j = hf ? j1r : j0r;
+                    float p = 0.f, ds = 0.f;
+                    if (interior || (q < n && j < T && j <= i)) {
+                        const int far = gated && i - j > g.w;
+                        float aff, sneg;
+                        const float gate = pair_gate(g, far, gq, gk[hf], mqq, mkr[hf], aff, sneg);
+                        p = __expf(st[nt][e] * scale + gate - Lq);
+                        ds = p * (dpt[nt][e] - Dq);
+                        if (soft && far) gvec_axpy(dgk[hf], ds * sneg * g.lambda, gq);
                     }
                     st[nt][e] = p;
                     dpt[nt][e] = ds;
-                    dx[nt][e] = dxv;
                 }
             }
-            if (soft) gate_grad_rows(dGk, dx, Gq, K, r0, tig);
-            mma_tile_swz(dv, st, dOt, gid, tig); /* dV += P^T dO */
-            mma_tile_swz(dk, dpt, Qt, gid, tig); /* dK += dS^T Q */
         }
+        mma_tile_swz(dv, st, dOt, gid, tig); /* dV += P^T dO */
+        mma_tile_swz(dk, dpt, Qt, gid, tig); /* dK += dS^T Q */
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
-        const int j = k0 + (half ? r1 : r0);
+        const int j = half ? j1r : j0r;
         if (j >= T) continue;
         float* pk = dqkv + ((size_t)b * T + j) * QKV + C + kvh * 64 + tig * 2;
         float* pv = pk + NKV * 64;
 #pragma unroll
         for (int dt = 0; dt < 8; dt++) {
-            float2 u = *(float2*)(pk + dt * 8), v = *(float2*)(pv + dt * 8);
-            u.x += dk[dt][2 * half] * scale;
-            u.y += dk[dt][2 * half + 1] * scale;
-            v.x += dv[dt][2 * half];
-            v.y += dv[dt][2 * half + 1];
-            *(float2*)(pk + dt * 8) = u;
-            *(float2*)(pv + dt * 8) = v;
+            atomicAdd(pk + dt * 8, dk[dt][2 * half] * scale);
+            atomicAdd(pk + dt * 8 + 1, dk[dt][2 * half + 1] * scale);
+            atomicAdd(pv + dt * 8, dv[dt][2 * half]);
+            atomicAdd(pv + dt * 8 + 1, dv[dt][2 * half + 1]);
         }
     }
     if (soft) {
-        __syncthreads();
-        flush_gate_grads(dG, dGk, 64, (size_t)b * T, k0, T, K);
+        gvec_flush(dG, dgk[0], (size_t)b * T + min(j0r, T - 1), j0r < T ? g.K : 0, tig);
+        gvec_flush(dG, dgk[1], (size_t)b * T + min(j1r, T - 1), j1r < T ? g.K : 0, tig);
     }
 }
 
@@ -404,7 +492,7 @@ extern "C" void attention_backward_mma_cuda(float* dqkv, float* dG, float* dgate
     size_t warps = (size_t)B * T * NH;
     attn_rowdot_kernel<<<cdiv(warps * 32, 256), 256>>>(scratch, dout, out, B, T, NH);
     LAUNCH_CHECK();
-    unsigned gq = (unsigned)B * NH * ((T + 63) / 64), gk = (unsigned)B * NKV * ((T + 63) / 64);
+    unsigned gq = (unsigned)B * NH * ((T + 63) / 64), gk = gq;
     attn_mma_bwd_dq_kernel<<<gq, 128>>>(dqkv, dG, dgate, scratch, dout, qkv, lse, g, T, NH, NKV,
                                         0.125f);
     LAUNCH_CHECK();

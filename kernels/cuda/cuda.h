@@ -36,6 +36,13 @@ void cuda_download(void* dst, const void* src, size_t bytes);
 void cuda_memset0(void* p, size_t bytes);
 void cuda_sync(void); /* waits for the device; fatal() if a kernel failed */
 const char* cuda_device_name(void);
+/* Phase timing (FOCUS_PROFILE=1 in the environment, else every call returns at once): a mark
+ * records an event on the stream and names the work queued until the next mark; the report waits
+ * for the device, prints the time per name (largest first) to stdout and starts over. Names are
+ * string literals (compared by content); a NULL title starts over without printing. */
+int cuda_prof_enabled(void);
+void cuda_prof_mark(const char* name);
+void cuda_prof_report(const char* title);
 
 /* ---- dense layers (kernels/cpu.h) ---- */
 void gemm_cuda(int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda,

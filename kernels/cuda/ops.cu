@@ -1,6 +1,8 @@
 /* ops.cu: runtime set-up, cuBLAS GEMMs and the elementwise / normalisation layers on the GPU.
  * Each kernel mirrors the CPU function of the same name in kernels/cpu.c (see cuda.h). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 #include "cuda.h"
@@ -73,6 +75,67 @@ extern "C" void cuda_download(void* dst, const void* src, size_t bytes) {
 extern "C" void cuda_memset0(void* p, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemsetAsync(p, 0, bytes));
 }
+/* ---- phase timing ---- */
+enum { PROF_MAX = 1 << 15 };
+static cudaEvent_t g_prof_ev[PROF_MAX];
+static const char* g_prof_name[PROF_MAX];
+static int g_prof_n, g_prof_created, g_prof_on = -1;
+
+extern "C" int cuda_prof_enabled(void) {
+    if (g_prof_on < 0) {
+        const char* e = getenv("FOCUS_PROFILE");
+        g_prof_on = e && !strcmp(e, "1");
+    }
+    return g_prof_on;
+}
+
+extern "C" void cuda_prof_mark(const char* name) {
+    if (!cuda_prof_enabled() || g_prof_n >= PROF_MAX) return;
+    if (g_prof_n == g_prof_created) CUDA_CHECK(cudaEventCreate(&g_prof_ev[g_prof_created++]));
+    CUDA_CHECK(cudaEventRecord(g_prof_ev[g_prof_n], 0));
+    g_prof_name[g_prof_n++] = name;
+}
+
+extern "C" void cuda_prof_report(const char* title) {
+    if (!cuda_prof_enabled() || g_prof_n == 0) return;
+    if (!title) { /* start over without printing */
+        g_prof_n = 0;
+        return;
+    }
+    cuda_prof_mark(NULL);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    enum { MAXN = 64 };
+    const char* names[MAXN];
+    double ms[MAXN], total = 0;
+    int calls[MAXN], n = 0;
+    for (int i = 0; i + 1 < g_prof_n; i++) {
+        if (!g_prof_name[i]) continue;
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, g_prof_ev[i], g_prof_ev[i + 1]));
+        int j = 0;
+        while (j < n && strcmp(names[j], g_prof_name[i])) j++;
+        if (j == n) {
+            if (n == MAXN) continue;
+            names[n] = g_prof_name[i], ms[n] = 0, calls[n] = 0, n++;
+        }
+        ms[j] += t, calls[j]++, total += t;
+    }
+    printf("profile: %s (%.2f ms in all)\n", title, total);
+    for (int k = 0; k < n; k++) { /* largest first */
+        int best = k;
+        for (int j = k + 1; j < n; j++)
+            if (ms[j] > ms[best]) best = j;
+        const char* tn = names[k];
+        double tm = ms[k];
+        int tc = calls[k];
+        names[k] = names[best], ms[k] = ms[best], calls[k] = calls[best];
+        names[best] = tn, ms[best] = tm, calls[best] = tc;
+        printf("  %-28s %9.3f ms %5.1f %% %6d marks\n", names[k], ms[k],
+               total > 0 ? 100 * ms[k] / total : 0, calls[k]);
+    }
+    g_prof_n = 0;
+}
+
 extern "C" void cuda_sync(void) {
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -254,37 +317,66 @@ extern "C" void rmsnorm_backward_cuda(float* dinp, float* dweight, const float* 
 }
 
 /* ---- RoPE: one thread per (row, pair), over the q and k heads ---- */
-__global__ void rope_kernel(float* qkv, int BT, int T, int NH, int NKV, int hs, float theta,
-                            int pos0, float sign) {
-    int half = hs / 2, QKV = (NH + 2 * NKV) * hs;
-    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    size_t total = (size_t)BT * (NH + NKV) * half;
-    if (idx >= total) return;
-    int i = (int)(idx % half);
-    int h = (int)((idx / half) % (NH + NKV));
-    size_t bt = idx / ((size_t)half * (NH + NKV));
-    int t = (int)(bt % T);
-    double freq = pow((double)theta, -2.0 * i / hs);
-    double ang = (double)(pos0 + t) * freq;
-    float c = (float)cos(ang), s = sign * (float)sin(ang);
-    float* v = qkv + bt * QKV + h * hs + 2 * i;
-    float x0 = v[0], x1 = v[1];
-    v[0] = x0 * c - x1 * s;
-    v[1] = x0 * s + x1 * c;
+/* grid.y for row loops: one row per block row, at most 65535 of them */
+static unsigned rows_grid(size_t N) { return (unsigned)(N < 65535 ? N : 65535); }
+
+/* cos / sin of every (position, frequency) pair, computed once in double as the CPU path does
+ * (so the rotation matches it exactly) and kept: tab[p * half + i] = (cos, sin). */
+__global__ void rope_table_kernel(float2* tab, int npos, int hs, float theta) {
+    const int half = hs / 2;
+    const int x = blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= npos * half) return;
+    const int p = x / half, i = x % half;
+    const double freq = pow((double)theta, -2.0 * i / hs), ang = (double)p * freq;
+    tab[x] = make_float2((float)cos(ang), (float)sin(ang));
+}
+
+static const float2* rope_table(int npos, int hs, float theta) {
+    static float2* tab;
+    static int cap_pos, cur_hs;
+    static float cur_theta;
+    if (tab && npos <= cap_pos && hs == cur_hs && theta == cur_theta) return tab;
+    cuda_free(tab); /* waits for kernels that still read it */
+    cap_pos = npos > 4096 ? npos : 4096;
+    tab = (float2*)cuda_malloc(sizeof(float2) * (size_t)cap_pos * (hs / 2));
+    cur_hs = hs, cur_theta = theta;
+    rope_table_kernel<<<cdiv((size_t)cap_pos * (hs / 2), 256), 256>>>(tab, cap_pos, hs, theta);
+    LAUNCH_CHECK();
+    return tab;
+}
+
+/* One thread per (head, frequency) of the rows blockIdx.y, + gridDim.y, ... */
+__global__ void rope_kernel(float* qkv, const float2* tab, int BT, int T, int nheads, int hs,
+                            int QKV, int pos0, float sign) {
+    const int half = hs / 2, x = blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= nheads * half) return;
+    const int h = x / half, i = x % half;
+    for (int bt = blockIdx.y; bt < BT; bt += gridDim.y) {
+        const float2 cs = tab[(size_t)(pos0 + bt % T) * half + i];
+        const float c = cs.x, s = sign * cs.y;
+        float2* v = (float2*)(qkv + (size_t)bt * QKV + h * hs + 2 * i);
+        const float2 x01 = *v;
+        *v = make_float2(x01.x * c - x01.y * s, x01.x * s + x01.y * c);
+    }
+}
+
+static void rope_apply_cuda(float* qkv, int B, int T, int NH, int NKV, int hs, float theta, int pos0,
+                            float sign) {
+    const float2* tab = rope_table(pos0 + T, hs, theta);
+    const int nh = NH + NKV;
+    dim3 grid(cdiv((size_t)nh * (hs / 2), 128), rows_grid((size_t)B * T));
+    rope_kernel<<<grid, 128>>>(qkv, tab, B * T, T, nh, hs, (NH + 2 * NKV) * hs, pos0, sign);
+    LAUNCH_CHECK();
 }
 
 extern "C" void rope_forward_cuda(float* qkv, int B, int T, int NH, int NKV, int hs, float theta,
                                   int pos0) {
-    size_t total = (size_t)B * T * (NH + NKV) * (hs / 2);
-    rope_kernel<<<cdiv(total, 256), 256>>>(qkv, B * T, T, NH, NKV, hs, theta, pos0, 1.f);
-    LAUNCH_CHECK();
+    rope_apply_cuda(qkv, B, T, NH, NKV, hs, theta, pos0, 1.f);
 }
 
 extern "C" void rope_backward_cuda(float* dqkv, int B, int T, int NH, int NKV, int hs, float theta,
                                    int pos0) {
-    size_t total = (size_t)B * T * (NH + NKV) * (hs / 2);
-    rope_kernel<<<cdiv(total, 256), 256>>>(dqkv, B * T, T, NH, NKV, hs, theta, pos0, -1.f);
-    LAUNCH_CHECK();
+    rope_apply_cuda(dqkv, B, T, NH, NKV, hs, theta, pos0, -1.f);
 }
 
 /* ---- activations ---- */
@@ -316,34 +408,36 @@ extern "C" void gelu_backward_cuda(float* dinp, const float* inp, const float* d
     LAUNCH_CHECK();
 }
 
+/* Rows blockIdx.y, + gridDim.y, ... (no 64-bit divisions): gate in the first F columns of a
+ * row of inp, up in the next F. */
 __global__ void swiglu_forward_kernel(float* out, const float* inp, size_t N, int F) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= N * F) return;
-    size_t n = i / F;
-    int f = (int)(i % F);
-    float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
-    out[i] = g / (1.f + expf(-g)) * u;
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= F) return;
+    for (size_t n = blockIdx.y; n < N; n += gridDim.y) {
+        const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+        out[n * F + f] = g / (1.f + expf(-g)) * u;
+    }
 }
 
 __global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t N,
                                        int F) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i >= N * F) return;
-    size_t n = i / F;
-    int f = (int)(i % F);
-    float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
-    float sig = 1.f / (1.f + expf(-g)), dy = dout[i];
-    dinp[n * 2 * F + F + f] = dy * g * sig;
-    dinp[n * 2 * F + f] = dy * u * sig * (1.f + g * (1.f - sig));
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= F) return;
+    for (size_t n = blockIdx.y; n < N; n += gridDim.y) {
+        const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+        const float sig = 1.f / (1.f + expf(-g)), dy = dout[n * F + f];
+        dinp[n * 2 * F + F + f] = dy * g * sig;
+        dinp[n * 2 * F + f] = dy * u * sig * (1.f + g * (1.f - sig));
+    }
 }
 
 extern "C" void swiglu_forward_cuda(float* out, const float* inp, size_t N, int F) {
-    swiglu_forward_kernel<<<cdiv(N * F, 256), 256>>>(out, inp, N, F);
+    swiglu_forward_kernel<<<dim3(cdiv(F, 256), rows_grid(N)), 256>>>(out, inp, N, F);
     LAUNCH_CHECK();
 }
 extern "C" void swiglu_backward_cuda(float* dinp, const float* inp, const float* dout, size_t N,
                                      int F) {
-    swiglu_backward_kernel<<<cdiv(N * F, 256), 256>>>(dinp, inp, dout, N, F);
+    swiglu_backward_kernel<<<dim3(cdiv(F, 256), rows_grid(N)), 256>>>(dinp, inp, dout, N, F);
     LAUNCH_CHECK();
 }
 

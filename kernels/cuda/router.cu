@@ -92,13 +92,17 @@ __device__ void prefix_col_step_dev(float* L, float* pm, double* cum, int T, int
     __syncthreads();
 }
 
+/* The iterations work on W: the block's dynamic shared memory when T K floats fit there (the
+ * usual case: T = 1024, K = 8 is 32 KiB), else G itself in global memory. */
 __global__ void __launch_bounds__(RT)
     routing_forward_kernel(float* G, float* colofs, const float* S, const float* beta, int mode,
-                           int T, int K, float tau, int iters, float* pmbuf) {
+                           int T, int K, float tau, int iters, float* pmbuf, int in_smem) {
+    extern __shared__ float smem[];
     __shared__ double cum[32];
     int b = blockIdx.x;
     const float* Sb = S + (size_t)b * T * K;
-    float* L = G + (size_t)b * T * K;
+    float* Gb = G + (size_t)b * T * K;
+    float* L = in_smem ? smem : Gb;
     size_t TK = (size_t)T * K;
     if (threadIdx.x < 32) cum[threadIdx.x] = 0;
     for (size_t i = threadIdx.x; i < TK; i += blockDim.x)
@@ -121,11 +125,28 @@ __global__ void __launch_bounds__(RT)
             for (int k = 0; k < K; k++) colofs[(size_t)b * K + k] = (float)(-cum[k] - mean);
         }
     }
-    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) L[i] = expf(L[i]);
+    for (size_t i = threadIdx.x; i < TK; i += blockDim.x) Gb[i] = expf(L[i]);
+}
+
+/* Dynamic shared memory for `bytes` of routing work if the device allows it (set once per
+ * kernel and size), else 0: the kernels then work in global memory. */
+static int routing_smem(const void* kernel, size_t bytes) {
+    static int optin = -1;
+    if (optin < 0) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        optin -= 1024; /* the kernels' static shared memory */
+    }
+    if (bytes > (size_t)optin) return 0;
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+    return 1;
 }
 
 extern "C" size_t routing_scratch_floats(int B, int T, int K, int iters) {
-    return (size_t)B * T * K * (2 * (size_t)iters + 4);
+    return (size_t)B * T * K * (2 * (size_t)iters + 5);
 }
 
 extern "C" void routing_forward_cuda(float* G, float* colofs, const float* S, const float* beta,
@@ -139,8 +160,10 @@ extern "C" void routing_forward_cuda(float* G, float* colofs, const float* S, co
         pm = (float*)cuda_malloc(sizeof(float) * need);
         cap = need;
     }
-    routing_forward_kernel<<<B, RT>>>(G, colofs, S, beta, (int)mode, T, K, tau, iters,
-                                      mode == ROUTE_PREFIX ? pm : NULL);
+    const size_t bytes = sizeof(float) * T * K;
+    const int in_smem = routing_smem((const void*)routing_forward_kernel, bytes);
+    routing_forward_kernel<<<B, RT, in_smem ? bytes : 0>>>(
+        G, colofs, S, beta, (int)mode, T, K, tau, iters, mode == ROUTE_PREFIX ? pm : NULL, in_smem);
     LAUNCH_CHECK();
 }
 
@@ -185,47 +208,57 @@ __device__ void copy_dev(float* dst, const float* src, size_t n) {
     __syncthreads();
 }
 
+/* The forward iterations are replayed on W and each iterate stored to scratch; the backward
+ * steps then run on d, with the iterate each needs copied back into W. W and d are the block's
+ * dynamic shared memory when 2 T K floats fit there, else scratch in global memory. */
 __global__ void __launch_bounds__(RT)
     routing_backward_kernel(float* dS, const float* dG, const float* S, const float* G,
                             const float* beta, int mode, int T, int K, float tau, int iters,
-                            float* scratch) {
+                            float* scratch, int in_smem) {
+    extern __shared__ float smem[];
     int b = blockIdx.x;
     const size_t TK = (size_t)T * K;
     const int nit = mode == ROUTE_CAUSAL ? 0 : iters;
-    float* base = scratch + (size_t)b * TK * (2 * (size_t)iters + 4);
+    float* base = scratch + (size_t)b * TK * (2 * (size_t)iters + 5);
     float* Ls = base; /* 2 * nit + 2 iterates */
     float* pm = base + (2 * (size_t)iters + 2) * TK;
-    float* d = pm + TK;
+    float* W = in_smem ? smem : pm + TK;
+    float* d = in_smem ? smem + TK : pm + 2 * TK;
     const float* Sb = S + b * TK;
     for (size_t i = threadIdx.x; i < TK; i += blockDim.x)
-        Ls[i] = Sb[i] / tau + (mode == ROUTE_CAUSAL && beta ? beta[i % K] : 0.f);
+        W[i] = Sb[i] / tau + (mode == ROUTE_CAUSAL && beta ? beta[i % K] : 0.f);
     __syncthreads();
+    copy_dev(Ls, W, TK);
     for (int it = 0; it < nit; it++) {
-        copy_dev(Ls + (2 * it + 1) * TK, Ls + 2 * it * TK, TK);
         if (mode == ROUTE_PREFIX)
-            prefix_col_step_dev(Ls + (2 * it + 1) * TK, pm, NULL, T, K);
+            prefix_col_step_dev(W, pm, NULL, T, K);
         else
-            col_step_dev(Ls + (2 * it + 1) * TK, NULL, T, K);
-        copy_dev(Ls + (2 * it + 2) * TK, Ls + (2 * it + 1) * TK, TK);
-        row_step_dev(Ls + (2 * it + 2) * TK, T, K);
+            col_step_dev(W, NULL, T, K);
+        copy_dev(Ls + (2 * it + 1) * TK, W, TK);
+        row_step_dev(W, T, K);
+        copy_dev(Ls + (2 * it + 2) * TK, W, TK);
     }
     if (mode == ROUTE_CAUSAL) {
-        copy_dev(Ls + TK, Ls, TK);
-        row_step_dev(Ls + TK, T, K);
+        row_step_dev(W, T, K);
+        copy_dev(Ls + TK, W, TK);
     }
-    const float* Lfinal = Ls + (mode == ROUTE_CAUSAL ? 1 : 2 * nit) * TK;
+    /* W now holds the last iterate */
     const float* Gb = G + b * TK;
     for (size_t i = threadIdx.x; i < TK; i += blockDim.x) d[i] = dG[b * TK + i] * Gb[i];
     __syncthreads();
     if (mode == ROUTE_CAUSAL) {
-        row_step_backward_dev(d, Lfinal, T, K);
+        row_step_backward_dev(d, W, T, K);
     } else {
         for (int it = nit - 1; it >= 0; it--) {
-            row_step_backward_dev(d, Ls + (2 * it + 2) * TK, T, K);
-            if (mode == ROUTE_PREFIX)
-                prefix_col_backward_dev(d, Ls + 2 * it * TK, pm, T, K);
-            else
-                col_step_backward_dev(d, Ls + (2 * it + 1) * TK, T, K);
+            if (it < nit - 1) copy_dev(W, Ls + (2 * it + 2) * TK, TK);
+            row_step_backward_dev(d, W, T, K);
+            if (mode == ROUTE_PREFIX) {
+                copy_dev(W, Ls + 2 * it * TK, TK);
+                prefix_col_backward_dev(d, W, pm, T, K);
+            } else {
+                copy_dev(W, Ls + (2 * it + 1) * TK, TK);
+                col_step_backward_dev(d, W, T, K);
+            }
         }
     }
     for (size_t i = threadIdx.x; i < TK; i += blockDim.x) dS[b * TK + i] += d[i] / tau;
@@ -234,7 +267,10 @@ __global__ void __launch_bounds__(RT)
 extern "C" void routing_backward_cuda(float* dS, const float* dG, const float* S, const float* G,
                                       const float* beta, Routing mode, int B, int T, int K,
                                       float tau, int iters, float* scratch) {
-    routing_backward_kernel<<<B, RT>>>(dS, dG, S, G, beta, (int)mode, T, K, tau, iters, scratch);
+    const size_t bytes = 2 * sizeof(float) * T * K;
+    const int in_smem = routing_smem((const void*)routing_backward_kernel, bytes);
+    routing_backward_kernel<<<B, RT, in_smem ? bytes : 0>>>(dS, dG, S, G, beta, (int)mode, T, K,
+                                                            tau, iters, scratch, in_smem);
     LAUNCH_CHECK();
 }
 
