@@ -10,8 +10,8 @@
 #   bash scripts/device_check.sh smollm2   # join the SmolLM2 parts (second device call), then a
 #                                          # short SmolLM2 retrofit and its training throughput
 #
-# Environment: LENGTHS= (empty) skips the attention benchmark; FOCUS_ATTN_MMA=1 makes the SmolLM2
-# retrofit train on the tensor-core attention; MMA_TOO=1 runs the SmolLM2 retrofit both ways.
+# Environment: LENGTHS= (empty) skips the attention benchmark; FP32_TOO=1 runs the SmolLM2 retrofit
+# a second time with training on the fp32 attention kernels (FOCUS_ATTN_MMA=0).
 #
 # Each step has its own time limit, so one failure cannot eat the rest of the run.
 set -u
@@ -65,10 +65,10 @@ if [ -f "$MODEL" ] && ! echo "$MODEL_SHA  $MODEL" | sha256sum -c --quiet 2>/dev/
     rm -f "$MODEL"
 fi
 
-# run_smollm2 [mma]: the retrofit, on the tensor-core training attention when asked
+# run_smollm2 [fp32]: the retrofit (training attention on tensor cores, or fp32 when asked)
 run_smollm2() {
     local tag=smollm2 envset=""
-    [ "${1:-}" = mma ] && tag=smollm2_mma && envset="FOCUS_ATTN_MMA=1"
+    [ "${1:-}" = fp32 ] && tag=smollm2_fp32 && envset="FOCUS_ATTN_MMA=0"
     log "SmolLM2 retrofit on the GPU, $tag (PG-19 slice; its tokens/s is the real-weights throughput)"
     rm -rf /tmp/run_smollm2
     env $envset timeout 420 "$FOCUS" retrofit --config configs/smollm2_pg19.conf --device cuda \
@@ -96,8 +96,8 @@ run_tests() {
 
 # ---- where a training step's time goes (FOCUS_PROFILE=1: CUDA events between phases) ----
 run_profile() {
-    log "phase profile of router training, B = 8, tensor-core attention"
-    FOCUS_PROFILE=1 FOCUS_ATTN_MMA=1 timeout 100 "$FOCUS" bench forward --config smollm2-135m \
+    log "phase profile of router training, B = 8"
+    FOCUS_PROFILE=1 timeout 100 "$FOCUS" bench forward --config smollm2-135m \
         --device cuda --B 8 --T 1024 --iters 3 > "$OUT/profile.txt" 2>&1
     cat "$OUT/profile.txt"
 }
@@ -133,12 +133,11 @@ if [ "$MODE" = all ]; then
         timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda --B $B --T 1024 \
             --iters 3 --json "$OUT/train_B$B.json" 2>&1 | tail -4
     done
-    log "the same with the tensor-core training attention (FOCUS_ATTN_MMA=1)"
-    for B in 8 16; do
-        FOCUS_ATTN_MMA=1 timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda \
-            --B $B --T 1024 --iters 3 --json "$OUT/train_mma_B$B.json" 2>&1 | tail -4
+    log "the same with training attention on the fp32 kernels (FOCUS_ATTN_MMA=0)"
+    for B in 8; do
+        FOCUS_ATTN_MMA=0 timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda \
+            --B $B --T 1024 --iters 3 --json "$OUT/train_fp32_B$B.json" 2>&1 | tail -4
     done
-
     run_profile
 
     # ---- a short retrofit of a model trained from scratch here (no download needed) ----
@@ -159,10 +158,8 @@ elif [ "$MODE" = profile ]; then
 elif [ "$MODE" = smollm2 ]; then
     if [ ! -f "$MODEL" ]; then
         echo "device_check: no SmolLM2 model"
-    elif [ "${MMA_TOO:-0}" = 1 ]; then
-        run_smollm2 && run_smollm2 mma
-    elif [ "${FOCUS_ATTN_MMA:-0}" = 1 ]; then
-        run_smollm2 mma
+    elif [ "${FP32_TOO:-0}" = 1 ]; then
+        run_smollm2 && run_smollm2 fp32
     else
         run_smollm2
     fi
@@ -205,9 +202,9 @@ if att:
         x["focus_speedup_vs_dense"] = round(r["dense_ms"] / r["focus_ms"], 3)
         rows.append(x)
     s["attention"] = rows
-for f in sorted(glob.glob(os.path.join(out, "train_B*.json")) + glob.glob(os.path.join(out, "train_mma_B*.json"))):
+for f in sorted(glob.glob(os.path.join(out, "train_B*.json")) + glob.glob(os.path.join(out, "train_fp32_B*.json"))):
     s.setdefault("throughput", []).append(dict(load(os.path.basename(f)), file=os.path.basename(f)))
-for run in ("tiny", "smollm2", "smollm2_mma"):
+for run in ("tiny", "smollm2", "smollm2_fp32"):
     p = os.path.join(out, f"retrofit_{run}_metrics.jsonl")
     if os.path.exists(p):
         recs = [json.loads(l) for l in open(p) if l.strip()]

@@ -437,6 +437,7 @@ int main(int argc, char** argv) {
         test_model("tiny-llama", ROUTE_SINKHORN, 0);
         test_model("tiny-gpt2", ROUTE_PREFIX, 0);
         test_model("tiny-llama", ROUTE_CAUSAL, 0);
+        cuda_set_attention_mma(0);
         test_model("tiny-llama", ROUTE_SINKHORN, 1); /* head size 64 on the fp32 kernels */
         cuda_sync();
     }

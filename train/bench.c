@@ -351,8 +351,8 @@ int cmd_bench(int argc, char** argv) {
         AttnGate probe = {GATE_SOFT, fc.K, fc.w, NULL, NULL, 0, 0};
         printf("training attention: %s\n",
                attention_mma_applies(&probe, cfg.C / cfg.NH)
-                   ? "bf16 tensor cores (FOCUS_ATTN_MMA=1)"
-                   : "fp32 flash kernels (FOCUS_ATTN_MMA=1 for the tensor-core ones)");
+                   ? "bf16 tensor cores (FOCUS_ATTN_MMA=0 for the fp32 kernels)"
+                   : "fp32 flash kernels");
     }
 #endif
     /* Approximate forward FLOPs: 2 per weight per token in matrix products, plus causal attention.

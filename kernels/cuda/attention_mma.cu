@@ -4,8 +4,8 @@
  * for dK, dV and the column half). Operands are rounded to bf16 as tiles are staged in shared
  * memory; products accumulate in fp32; scores, the gate, softmax statistics and gradients of the
  * gate stay in fp32. Each of the 4 warps of a block owns 16 rows of a 64-row tile (mma.cuh has
- * the fragment layouts). With FOCUS_ATTN_MMA=1 the model's training steps use these kernels for
- * head size 64 and K <= MMA_MAXK groups; tests/test_cuda.c compares them with the CPU. */
+ * the fragment layouts). The model's training steps use these kernels for head size 64 and
+ * K <= MMA_MAXK groups unless FOCUS_ATTN_MMA=0; tests/test_cuda.c compares them with the CPU. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -463,8 +463,8 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-/* Off by default: these kernels have not run on a GPU yet (see docs/RESULTS.md, section GPU);
- * FOCUS_ATTN_MMA=1 in the environment, or cuda_set_attention_mma(1), turns them on. */
+/* On by default; FOCUS_ATTN_MMA=0 in the environment, or cuda_set_attention_mma(0), turns them
+ * off (training then runs on the fp32 kernels of attention.cu). */
 static int g_use_mma = -1;
 
 extern "C" void cuda_set_attention_mma(int on) { g_use_mma = on; }
@@ -472,7 +472,7 @@ extern "C" void cuda_set_attention_mma(int on) { g_use_mma = on; }
 extern "C" int attention_mma_applies(const AttnGate* gate, int hs) {
     if (g_use_mma < 0) {
         const char* e = getenv("FOCUS_ATTN_MMA");
-        g_use_mma = e && !strcmp(e, "1");
+        g_use_mma = !(e && !strcmp(e, "0"));
     }
     return g_use_mma && hs == 64 && (!gate || gate->mode == GATE_NONE || gate->K <= MMA_MAXK);
 }
@@ -492,10 +492,24 @@ extern "C" void attention_backward_mma_cuda(float* dqkv, float* dG, float* dgate
     size_t warps = (size_t)B * T * NH;
     attn_rowdot_kernel<<<cdiv(warps * 32, 256), 256>>>(scratch, dout, out, B, T, NH);
     LAUNCH_CHECK();
-    unsigned gq = (unsigned)B * NH * ((T + 63) / 64), gk = gq;
-    attn_mma_bwd_dq_kernel<<<gq, 128>>>(dqkv, dG, dgate, scratch, dout, qkv, lse, g, T, NH, NKV,
-                                        0.125f);
+    /* The two kernels are independent (dQ and dK/dV are disjoint columns of dqkv; dG takes
+     * atomics from both): dK/dV runs on a second stream, so that each fills the other's tail. */
+    static cudaStream_t side;
+    static cudaEvent_t fork, join;
+    if (!side) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    }
+    const unsigned grid = (unsigned)B * NH * ((T + 63) / 64);
+    CUDA_CHECK(cudaEventRecord(fork, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    attn_mma_bwd_dkv_kernel<<<grid, 128, 0, side>>>(dqkv, dG, scratch, dout, qkv, lse, g, T, NH,
+                                                    NKV, 0.125f);
     LAUNCH_CHECK();
-    attn_mma_bwd_dkv_kernel<<<gk, 128>>>(dqkv, dG, scratch, dout, qkv, lse, g, T, NH, NKV, 0.125f);
+    attn_mma_bwd_dq_kernel<<<grid, 128>>>(dqkv, dG, dgate, scratch, dout, qkv, lse, g, T, NH, NKV,
+                                          0.125f);
     LAUNCH_CHECK();
+    CUDA_CHECK(cudaEventRecord(join, side));
+    CUDA_CHECK(cudaStreamWaitEvent(0, join, 0));
 }

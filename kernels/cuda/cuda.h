@@ -104,8 +104,9 @@ void attention_backward_cuda(float* dqkv, float* dG, float* dgate, const float* 
 
 /* The same attention on bf16 tensor cores (attention_mma.cu: operands rounded to bf16, fp32
  * accumulation), for head size 64 and K <= 8 groups (attention_mma_applies). The model trains
- * with them when FOCUS_ATTN_MMA=1 or cuda_set_attention_mma(1) (off by default: not yet run on a
- * GPU); evaluation keeps the fp32 kernels. */
+ * with them by default (FOCUS_ATTN_MMA=0 in the environment, or cuda_set_attention_mma(0), keeps
+ * the fp32 kernels); evaluation always uses the fp32 kernels, so that perplexities match the CPU.
+ */
 void cuda_set_attention_mma(int on);
 int attention_mma_applies(const AttnGate* gate, int hs);
 void attention_forward_mma_cuda(float* out, float* lse, const float* qkv, const AttnGate* gate,

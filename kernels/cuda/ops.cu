@@ -360,8 +360,8 @@ __global__ void rope_kernel(float* qkv, const float2* tab, int BT, int T, int nh
     }
 }
 
-static void rope_apply_cuda(float* qkv, int B, int T, int NH, int NKV, int hs, float theta, int pos0,
-                            float sign) {
+static void rope_apply_cuda(float* qkv, int B, int T, int NH, int NKV, int hs, float theta,
+                            int pos0, float sign) {
     const float2* tab = rope_table(pos0 + T, hs, theta);
     const int nh = NH + NKV;
     dim3 grid(cdiv((size_t)nh * (hs / 2), 128), rows_grid((size_t)B * T));

@@ -1,9 +1,9 @@
 /* router.cu: router scores, the three routing modes and their backward passes on the GPU,
  * mirroring model/router.c step for step. One thread block handles one sequence: row steps run
- * a thread per token, column steps a warp per group (log-sum-exp over the sequence), the prefix
- * column step a warp-wide running log-sum-exp. The backward pass replays the iterates, stored in
- * caller-provided scratch, exactly as the CPU code does. Project choice: sums are in float where
- * the CPU accumulates in double (test_cuda: within 2e-6 relative at T = 200). */
+ * a thread per token, column steps all warps over the groups (log-sum-exp over the sequence), the
+ * prefix column step a warp-wide running log-sum-exp. The backward pass replays the iterates,
+ * stored in caller-provided scratch, exactly as the CPU code does. Project choice: sums are in
+ * float where the CPU accumulates in double (test_cuda: within 2e-6 relative at T = 200). */
 #include "common.cuh"
 #include "cuda.h"
 
@@ -38,22 +38,58 @@ __device__ void row_step_dev(float* L, int T, int K) {
     __syncthreads();
 }
 
+/* The column steps share the K groups among all the block's warps: wpg warps per group (each
+ * takes every wpg-th stretch of 32 tokens), their partial results combined through shared
+ * memory in a fixed order; groups beyond one round (K > warps) take further rounds. */
+struct ColSplit {
+    int lane, wid, wpg, gpr, part, slot0; /* slot0: the group's first warp */
+};
+
+__device__ __forceinline__ ColSplit col_split(int K) {
+    ColSplit c;
+    const int nw = blockDim.x >> 5;
+    c.lane = threadIdx.x & 31;
+    c.wid = threadIdx.x >> 5;
+    c.wpg = K <= nw ? nw / K : 1;
+    c.gpr = nw / c.wpg; /* groups per round */
+    c.part = c.wid % c.wpg;
+    c.slot0 = c.wid - c.part;
+    return c;
+}
+
 /* Column step: group k's entries minus their log-sum-exp over t, plus log(T/K); cum[k] (shared,
- * may be NULL) collects the subtracted offsets. A warp per group. */
+ * may be NULL) collects the subtracted offsets. */
 __device__ void col_step_dev(float* L, double* cum, int T, int K) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float target = logf((float)T / K);
-    for (int k = wid; k < K; k += nw) {
-        float m = -INFINITY, s = 0;
-        for (int t = lane; t < T; t += 32) m = fmaxf(m, L[(size_t)t * K + k]);
+    __shared__ float red[32];
+    const ColSplit c = col_split(K);
+    const float target = logf((float)T / K);
+    for (int kb = 0; kb < K; kb += c.gpr) {
+        const int k = kb + c.wid / c.wpg, on = c.wid / c.wpg < c.gpr && k < K;
+        float m = -INFINITY, s = 0.f;
+        if (on)
+            for (int t = c.part * 32 + c.lane; t < T; t += 32 * c.wpg)
+                m = fmaxf(m, L[(size_t)t * K + k]);
         m = warp_max(m);
-        for (int t = lane; t < T; t += 32) s += expf(L[(size_t)t * K + k] - m);
+        if (c.lane == 0) red[c.wid] = m;
+        __syncthreads();
+        if (on) {
+            for (int q = 0; q < c.wpg; q++) m = fmaxf(m, red[c.slot0 + q]);
+            for (int t = c.part * 32 + c.lane; t < T; t += 32 * c.wpg)
+                s += expf(L[(size_t)t * K + k] - m);
+        }
         s = warp_sum(s);
-        float c = m + logf(s) - target;
-        for (int t = lane; t < T; t += 32) L[(size_t)t * K + k] -= c;
-        if (cum && lane == 0) cum[k] += c;
+        __syncthreads();
+        if (c.lane == 0) red[c.wid] = s;
+        __syncthreads();
+        if (on) {
+            s = 0.f;
+            for (int q = 0; q < c.wpg; q++) s += red[c.slot0 + q];
+            const float off = m + logf(s) - target;
+            for (int t = c.part * 32 + c.lane; t < T; t += 32 * c.wpg) L[(size_t)t * K + k] -= off;
+            if (cum && c.lane == 0 && c.part == 0) cum[k] += off;
+        }
+        __syncthreads();
     }
-    __syncthreads();
 }
 
 /* pm[t,k] = log sum_{t' <= t} exp(L[t',k]): a warp per group, 32 tokens at a time, with a
@@ -140,8 +176,8 @@ static int routing_smem(const void* kernel, size_t bytes) {
     }
     if (bytes > (size_t)optin) return 0;
     if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return 1;
 }
 
@@ -177,15 +213,24 @@ __device__ void row_step_backward_dev(float* d, const float* Lpost, int T, int K
 }
 
 __device__ void col_step_backward_dev(float* d, const float* Lpost, int T, int K) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int k = wid; k < K; k += nw) {
-        float s = 0;
-        for (int t = lane; t < T; t += 32) s += d[(size_t)t * K + k];
+    __shared__ float red[32];
+    const ColSplit c = col_split(K);
+    for (int kb = 0; kb < K; kb += c.gpr) {
+        const int k = kb + c.wid / c.wpg, on = c.wid / c.wpg < c.gpr && k < K;
+        float s = 0.f;
+        if (on)
+            for (int t = c.part * 32 + c.lane; t < T; t += 32 * c.wpg) s += d[(size_t)t * K + k];
         s = warp_sum(s);
-        for (int t = lane; t < T; t += 32)
-            d[(size_t)t * K + k] -= expf(Lpost[(size_t)t * K + k]) * K / T * s;
+        if (c.lane == 0) red[c.wid] = s;
+        __syncthreads();
+        if (on) {
+            s = 0.f;
+            for (int q = 0; q < c.wpg; q++) s += red[c.slot0 + q];
+            for (int t = c.part * 32 + c.lane; t < T; t += 32 * c.wpg)
+                d[(size_t)t * K + k] -= expf(Lpost[(size_t)t * K + k]) * K / T * s;
+        }
+        __syncthreads();
     }
-    __syncthreads();
 }
 
 /* The suffix recurrence of prefix_col_backward (model/router.c): a thread per group. */
