@@ -356,24 +356,30 @@ void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int 
     s[20] = BT * c->V;
 }
 
-static void ensure_acts(Model* m, int B, int T, int keep) {
-    if (m->acts_mem && m->B == B && m->T == T && m->keep == keep) return;
+void model_host_buffers(Model* m, int B, int T, int keep) {
     free(m->acts_mem);
     free(m->rmask);
     free(m->inputs);
     free(m->targets);
     free(m->losses);
-    size_t s[NUM_ACT_TENSORS];
-    model_act_sizes(s, &m->cfg, &m->fc, B, T, keep);
-    m->acts_mem = mallocCheck(sum_sizes(s, NUM_ACT_TENSORS) * sizeof(real));
-    carve((real**)&m->acts, m->acts_mem, s, NUM_ACT_TENSORS);
-    m->rmask = mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
+    m->acts_mem = NULL;
+    m->rmask = NULL;
     m->inputs = mallocCheck(sizeof(int) * B * T);
     m->targets = mallocCheck(sizeof(int) * B * T);
     m->losses = mallocCheck(sizeof(real) * B * T);
     m->B = B;
     m->T = T;
     m->keep = keep;
+}
+
+static void ensure_acts(Model* m, int B, int T, int keep) {
+    if (m->acts_mem && m->B == B && m->T == T && m->keep == keep) return;
+    model_host_buffers(m, B, T, keep);
+    size_t s[NUM_ACT_TENSORS];
+    model_act_sizes(s, &m->cfg, &m->fc, B, T, keep);
+    m->acts_mem = mallocCheck(sum_sizes(s, NUM_ACT_TENSORS) * sizeof(real));
+    carve((real**)&m->acts, m->acts_mem, s, NUM_ACT_TENSORS);
+    m->rmask = mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
 }
 
 const real* model_groups(const Model* m, int l) {

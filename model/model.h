@@ -174,6 +174,9 @@ const real* model_groups(const Model* m, int l);
 /* ---- shared with the GPU path (model/model_cuda.c); not for other callers ---- */
 int model_qkv_width(const ModelConfig* c);
 int model_fc_width(const ModelConfig* c);
+/* (Re)allocates a model's per-call host buffers for (B, T, keep): inputs, targets, losses; frees
+ * acts_mem and rmask (NULL afterwards) for the caller to allocate as it needs. */
+void model_host_buffers(Model* m, int B, int T, int keep);
 /* Sizes of the NUM_ACT_TENSORS activation tensors for (B, T, keep). */
 void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T, int keep);
 /* Pointers to layer l's slice of activations a (slot 0 when not keeping). */

@@ -120,23 +120,13 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
     g->B = B;
     g->T = T;
     g->keep = keep;
-    /* host side */
-    free(m->acts_mem);
-    free(m->rmask);
-    free(m->inputs);
-    free(m->targets);
-    free(m->losses);
+    /* host side: only the groups and column offsets that callers read */
+    model_host_buffers(m, B, T, keep);
     memset(&m->acts, 0, sizeof m->acts);
-    m->acts_mem = mallocCheck(sizeof(real) * (s[16] + s[17] + 1));
-    m->acts.rG = s[16] ? m->acts_mem : NULL;
-    m->acts.colofs = s[17] ? m->acts_mem + s[16] : NULL;
-    m->rmask = NULL;
-    m->inputs = mallocCheck(sizeof(int) * B * T);
-    m->targets = mallocCheck(sizeof(int) * B * T);
-    m->losses = mallocCheck(sizeof(real) * B * T);
-    m->B = B;
-    m->T = T;
-    m->keep = keep;
+    const size_t nG = s[16], nofs = s[17]; /* acts.rG, acts.colofs */
+    m->acts_mem = mallocCheck(sizeof(real) * (nG + nofs + 1));
+    m->acts.rG = nG ? m->acts_mem : NULL;
+    m->acts.colofs = nofs ? m->acts_mem + nG : NULL;
 }
 
 static void norm_forward(const Model* m, float* out, float* mean, float* rstd, const float* inp,

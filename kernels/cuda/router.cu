@@ -164,9 +164,10 @@ __global__ void __launch_bounds__(RT)
     for (size_t i = threadIdx.x; i < TK; i += blockDim.x) Gb[i] = expf(L[i]);
 }
 
-/* Dynamic shared memory for `bytes` of routing work if the device allows it (set once per
- * kernel and size), else 0: the kernels then work in global memory. */
-static int routing_smem(const void* kernel, size_t bytes) {
+/* Dynamic shared memory for `bytes` of routing work if the device allows it, else 0: the kernels
+ * then work in global memory. *granted: the kernel's limit as last raised (raised only when a
+ * call needs more than that and the default 48 KiB, not on every layer of every step). */
+static int routing_smem(const void* kernel, size_t bytes, size_t* granted) {
     static int optin = -1;
     if (optin < 0) {
         int dev = 0;
@@ -175,9 +176,11 @@ static int routing_smem(const void* kernel, size_t bytes) {
         optin -= 1024; /* the kernels' static shared memory */
     }
     if (bytes > (size_t)optin) return 0;
-    if (bytes > 48 * 1024)
+    if (bytes > 48 * 1024 && bytes > *granted) {
         CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        *granted = bytes;
+    }
     return 1;
 }
 
@@ -196,8 +199,9 @@ extern "C" void routing_forward_cuda(float* G, float* colofs, const float* S, co
         pm = (float*)cuda_malloc(sizeof(float) * need);
         cap = need;
     }
+    static size_t granted;
     const size_t bytes = sizeof(float) * T * K;
-    const int in_smem = routing_smem((const void*)routing_forward_kernel, bytes);
+    const int in_smem = routing_smem((const void*)routing_forward_kernel, bytes, &granted);
     routing_forward_kernel<<<B, RT, in_smem ? bytes : 0>>>(
         G, colofs, S, beta, (int)mode, T, K, tau, iters, mode == ROUTE_PREFIX ? pm : NULL, in_smem);
     LAUNCH_CHECK();
@@ -312,8 +316,9 @@ __global__ void __launch_bounds__(RT)
 extern "C" void routing_backward_cuda(float* dS, const float* dG, const float* S, const float* G,
                                       const float* beta, Routing mode, int B, int T, int K,
                                       float tau, int iters, float* scratch) {
+    static size_t granted;
     const size_t bytes = 2 * sizeof(float) * T * K;
-    const int in_smem = routing_smem((const void*)routing_backward_kernel, bytes);
+    const int in_smem = routing_smem((const void*)routing_backward_kernel, bytes, &granted);
     routing_backward_kernel<<<B, RT, in_smem ? bytes : 0>>>(dS, dG, S, G, beta, (int)mode, T, K,
                                                             tau, iters, scratch, in_smem);
     LAUNCH_CHECK();
