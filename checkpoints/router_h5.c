@@ -86,6 +86,8 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
     write_attr(f, "rng_state", H5T_NATIVE_UINT64, &st->rng_state, tmp);
     write_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &st->fingerprint, tmp);
     write_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, tmp);
+    int64_t sinks = fc->sinks;
+    write_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, tmp);
     if (H5Fclose(f) < 0) fatal("%s: closing the checkpoint failed (disk full?)", tmp);
     int fd = open(tmp, O_RDONLY);
     if (fd < 0 || fsync(fd)) fatal("%s: fsync failed: %s", tmp, strerror(errno));
@@ -155,6 +157,12 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     read_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &st->fingerprint, path);
     read_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, path);
     st->step = step, st->adam_t = at, st->beta_updates = bu;
+    /* routers written before sinks existed have none (the paper's behaviour) */
+    int64_t sinks = 0;
+    if (H5Aexists(f, "sinks") > 0) read_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, path);
+    if (sinks != m->fc.sinks)
+        fatal("%s: this router was trained with sinks = %lld, the run asks for sinks = %d", path,
+              (long long)sinks, m->fc.sinks);
     if (st->fingerprint != fingerprint)
         fatal(
             "%s: this router was trained on a different base model (fingerprint %016llx, the "

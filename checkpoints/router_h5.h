@@ -6,7 +6,8 @@
  *   /router/gate  (L, 2) float32 lambda, b
  *   /config       uint8 text of the resolved run configuration (INI)
  *   attributes on /: format_version, step, adam_t, beta_updates, data_pos, rng_state,
- *   base_fingerprint (of the backbone it was trained on), checksum (FNV-1a of all tensors).
+ *   base_fingerprint (of the backbone it was trained on), checksum (FNV-1a of all tensors),
+ *   sinks (attention sinks it was trained with; absent in older files: 0).
  * Written to a temporary file, fsynced and renamed. Loading checks shapes, the checksum and the
  * base model's fingerprint, and rejects anything else with a one-line error.
  * Tested by tests/test_retrofit.c. */
@@ -29,7 +30,8 @@ typedef struct {
 void router_save(const char* path, const Model* m, const AdamW* opt, const RouterState* st,
                  const char* config_text);
 /* Load the router (and, if opt is non-NULL, its moments) onto m. fingerprint is the loaded base
- * model's; a mismatch is refused. st may be NULL. */
+ * model's; a mismatch is refused, and so is m->fc.sinks other than the stored one. st may be
+ * NULL. */
 void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64_t fingerprint);
 /* The stored configuration text (malloc'd). */
 char* router_read_config(const char* path);

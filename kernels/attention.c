@@ -25,10 +25,11 @@ static void gate_block(real* gt, real* aff, const AttnGate* g, int b, int T, int
         real* a = aff ? aff : gt;
         gemm(0, 1, nq, n, g->K, 1, Gb + (size_t)i0 * g->K, g->K, Gb, g->K, 0, a, n);
         for (int r = 0; r < nq; r++) {
-            int far = i0 + r - g->w; /* j < far is a distant pair */
+            int far = i0 + r - g->w; /* sinks <= j < far is a distant pair */
             for (int j = 0; j < n; j++) {
                 size_t at = (size_t)r * n + j;
-                gt[at] = j < far ? (real)log_sigmoid(g->lambda * (a[at] - g->bias)) : 0;
+                gt[at] = j < far && j >= g->sinks ? (real)log_sigmoid(g->lambda * (a[at] - g->bias))
+                                                  : 0;
             }
         }
     } else {
@@ -37,7 +38,7 @@ static void gate_block(real* gt, real* aff, const AttnGate* g, int b, int T, int
             int far = i0 + r - g->w;
             uint32_t mi = mb[i0 + r];
             for (int j = 0; j < n; j++) {
-                gt[(size_t)r * n + j] = (j < far && !(mi & mb[j])) ? -INFINITY : 0;
+                gt[(size_t)r * n + j] = (j < far && j >= g->sinks && !(mi & mb[j])) ? -INFINITY : 0;
             }
         }
     }
@@ -171,7 +172,7 @@ void attention_backward(real* dqkv, real* dG, real* dgate, const real* dout, con
                     real* dg = dgt + (size_t)r * n;
                     const real* a = aff + (size_t)r * n;
                     for (int j = 0; j < n; j++) {
-                        if (j >= far) {
+                        if (j >= far || j < gate->sinks) {
                             dg[j] = 0;
                             continue;
                         }

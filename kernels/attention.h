@@ -5,7 +5,8 @@
  * (B, NH, T) holds each row's log-sum-exp, from which the backward pass recomputes the
  * probabilities: no T x T buffer outlives a call (METHOD.md section 6).
  *
- * The gate (METHOD.md sections 3 and 5) touches only distant pairs, i - j > w:
+ * The gate (METHOD.md sections 3 and 5) touches only distant pairs, i - j > w, whose key is not
+ * one of the first `sinks` positions (METHOD.md section 9):
  *   soft: s_ij += log sigmoid(lambda * (G_i . G_j - b))
  *   hard: the pair is dropped unless the top-k group masks of i and j intersect.
  * This is the reference implementation (masked dense attention in row blocks of BLAS
@@ -25,6 +26,7 @@ typedef struct {
     const real* G;        /* (B, T, K) soft group distributions, for GATE_SOFT */
     const uint32_t* mask; /* (B, T) bitmask of each token's top-k groups, for GATE_HARD */
     real lambda, bias;    /* gate sharpness and offset */
+    int sinks;            /* keys j < sinks are never gated (attention sinks, kept like local) */
 } AttnGate;
 
 void attention_forward(real* out, real* lse, const real* qkv, const AttnGate* gate, int B, int T,

@@ -46,10 +46,10 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K,
               rep = NH / NKV;
     const int FC = mc->arch == ARCH_LLAMA ? 2 * mc->F : mc->F, kvw = NKV * hs;
-    const int routed = f->attn == ATTN_HARD;
+    const int hard = f->attn == ATTN_HARD;
     if (f->attn == ATTN_SOFT)
         fatal("generation runs dense or hard top-k attention, not the soft gate");
-    if (routed && f->routing != ROUTE_CAUSAL)
+    if (hard && f->routing != ROUTE_CAUSAL)
         fatal("generation needs causal routing (got %s)", routing_name(f->routing));
     if (token < 0 || token >= mc->V)
         fatal("token id %d outside the vocabulary (V=%d)", token, mc->V);
@@ -84,12 +84,14 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
         int* gn = c->gn + (size_t)l * K;
         int* gpos = c->gpos + (size_t)l * K * c->cap;
         uint32_t mi = 0;
+        const int routed = hard && !focus_layer_dense(f, l);
         if (routed) {
             router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
                                   m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
             routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K, f->tau,
                             f->iters);
-            routing_topk_mask(&mi, G, 1, K, f->topk);
+            /* a sink position (n < sinks) joins every group, so every later query keeps it */
+            routing_topk_mask(&mi, G, 1, 1, K, f->topk, f->topp, f->sinks, n);
             cm[n] = mi;
             for (int g = 0; g < K; g++)
                 if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;

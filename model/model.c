@@ -99,12 +99,12 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
         {"dg", &f->dg, 0},
         {"iters", &f->iters, 0},
         {"w", &f->w, 0},
-        {"topk", &f->topk, 0},
         {"tau", 0, &f->tau},
         {"lambda", 0, &f->lambda},
         {"b", 0, &f->bias},
         {"beta_momentum", 0, &f->beta_momentum},
         {"learn_gate", &f->learn_gate, 0},
+        {"sinks", &f->sinks, 0},
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         if (strcmp(key, keys[i].name)) continue;
@@ -120,6 +120,46 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
         return 0;
     }
     if (!strcmp(key, "routing")) return routing_parse(v, &f->routing) ? -2 : 0;
+    if (!strcmp(key, "topk")) {
+        /* "2": a fixed budget; "p0.9": groups until 90 % of G_i; "p0.9:2": the same, at most 2 */
+        if (v[0] != 'p') {
+            f->topp = 0;
+            return parse_int(v, &f->topk);
+        }
+        char* end;
+        double p = strtod(v + 1, &end);
+        if (end == v + 1 || !(p > 0 && p <= 1)) return -2;
+        int cap = 0;
+        if (*end == ':') {
+            if (parse_int(end + 1, &cap) || cap < 1) return -2;
+        } else if (*end) {
+            return -2;
+        }
+        f->topp = (float)p;
+        f->topk = cap;
+        return 0;
+    }
+    if (!strcmp(key, "dense_layers")) {
+        /* "none", or layer indices and ranges: "0,1,28-29" */
+        memset(f->dense_layers, 0, sizeof f->dense_layers);
+        if (!strcmp(v, "none") || !*v) return 0;
+        const char* q = v;
+        while (*q) {
+            char* end;
+            long a = strtol(q, &end, 10), b = a;
+            if (end == q || a < 0 || a > 255) return -2;
+            if (*end == '-') {
+                q = end + 1;
+                b = strtol(q, &end, 10);
+                if (end == q || b < a || b > 255) return -2;
+            }
+            for (long l = a; l <= b; l++) f->dense_layers[l >> 6] |= 1ull << (l & 63);
+            if (*end == ',') end++;
+            else if (*end) return -2;
+            q = end;
+        }
+        return 0;
+    }
     if (!strcmp(key, "attn")) {
         if (!strcmp(v, "dense"))
             f->attn = ATTN_DENSE;
@@ -157,9 +197,35 @@ void config_validate(const ModelConfig* c, const FocusConfig* f) {
     if (f->dg < 1) fatal("focus config: dg=%d must be positive", f->dg);
     if (f->iters < 1) fatal("focus config: iters=%d must be at least 1", f->iters);
     if (f->w < 0) fatal("focus config: window w=%d must be >= 0", f->w);
-    if (f->topk < 1 || f->topk > f->K)
+    if (f->topp > 0 ? (f->topk < 0 || f->topk > f->K) : (f->topk < 1 || f->topk > f->K))
         fatal("focus config: topk=%d must be in 1..K=%d", f->topk, f->K);
+    if (!(f->topp >= 0 && f->topp <= 1))
+        fatal("focus config: topk=p%g: the share must be in (0, 1]", (double)f->topp);
+    if (f->sinks < 0) fatal("focus config: sinks=%d must be >= 0", f->sinks);
+    for (int l = c->L; l < 256; l++)
+        if (focus_layer_dense(f, l))
+            fatal("focus config: dense_layers names layer %d, but the model has %d (0..%d)", l,
+                  c->L, c->L - 1);
     if (!(f->tau > 0)) fatal("focus config: tau=%g must be positive", (double)f->tau);
+}
+
+const char* focus_topk_str(const FocusConfig* f, char* buf) {
+    if (f->topp > 0 && f->topk > 0)
+        snprintf(buf, 32, "p%g:%d", (double)f->topp, f->topk);
+    else if (f->topp > 0)
+        snprintf(buf, 32, "p%g", (double)f->topp);
+    else
+        snprintf(buf, 32, "%d", f->topk);
+    return buf;
+}
+
+const char* focus_dense_layers_str(const FocusConfig* f, char* buf, size_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int l = 0; l < 256 && at + 8 < n; l++)
+        if (focus_layer_dense(f, l)) at += (size_t)snprintf(buf + at, n - at, at ? ",%d" : "%d", l);
+    if (!at) snprintf(buf, n, "none");
+    return buf;
 }
 
 void config_print(const ModelConfig* c, const FocusConfig* f, FILE* o) {
@@ -183,7 +249,10 @@ void config_print(const ModelConfig* c, const FocusConfig* f, FILE* o) {
     ROW("dg", "d", f->dg);
     ROW("iters", "d", f->iters);
     ROW("w", "d", f->w);
-    ROW("topk", "d", f->topk);
+    char buf[1024];
+    ROW("topk", "s", focus_topk_str(f, buf));
+    ROW("sinks", "d", f->sinks);
+    ROW("dense_layers", "s", focus_dense_layers_str(f, buf, sizeof buf));
     ROW("tau", "g", (double)f->tau);
     ROW("lambda", "g", (double)f->lambda);
     ROW("b", "g", (double)f->bias);
@@ -438,9 +507,10 @@ static LayerActs layer_acts(const Model* m, int l) {
 }
 
 AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a) {
-    AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0};
-    if (m->fc.attn == ATTN_SOFT) g.mode = GATE_SOFT;
-    if (m->fc.attn == ATTN_HARD) g.mode = GATE_HARD;
+    AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0, m->fc.sinks};
+    AttnMode mode = focus_layer_attn(&m->fc, l);
+    if (mode == ATTN_SOFT) g.mode = GATE_SOFT;
+    if (mode == ATTN_HARD) g.mode = GATE_HARD;
     if (m->router.gate) {
         g.lambda = m->router.gate[2 * l];
         g.bias = m->router.gate[2 * l + 1];
@@ -480,19 +550,22 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
         matmul_forward(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
                        p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        const AttnMode mode = focus_layer_attn(f, l);
         if (f->attn != ATTN_DENSE) {
+            /* a dense layer's groups are still computed (reports and statistics read them) */
             router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
                                   m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
             routing_forward(la.rG, la.colofs, la.rS, m->beta + (size_t)l * f->K, f->routing, B, T,
                             f->K, f->tau, f->iters);
-            if (f->attn == ATTN_HARD) routing_topk_mask(la.mask, la.rG, BT, f->K, f->topk);
+            if (mode == ATTN_HARD)
+                routing_topk_mask(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
         }
         /* Hard top-k runs on the sparse executor; dense inference on the flash kernel; training
          * (keep) and the soft gate on the reference kernel, whose backward pass exists. */
-        if (f->attn == ATTN_HARD) {
+        if (mode == ATTN_HARD) {
             attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, c->NH, c->NKV,
                                    hs);
-        } else if (f->attn == ATTN_DENSE && !keep) {
+        } else if (mode == ATTN_DENSE && !keep) {
             attention_flash_forward(la.att, la.lse, la.qkv, B, T, c->NH, c->NKV, hs);
         } else {
             AttnGate gate = model_layer_gate(m, l, &la);
@@ -586,7 +659,7 @@ void model_backward(Model* m, GradMode mode) {
     const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = qkv_width(c), FC = fc_width(c);
     const size_t BT = (size_t)B * T;
     const int all = mode == GRAD_ALL;
-    const int router = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
+    const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
     const Params* p = &m->params;
     Params* g = all ? &m->grads : &(Params){0};
     Acts* a = &m->acts;
@@ -647,9 +720,11 @@ void model_backward(Model* m, GradMode mode) {
         matmul_backward(dbuf, gp(g->attprojw, (size_t)l * C * C), gp(g->attprojb, lC), dres, la.att,
                         p->attprojw + (size_t)l * C * C, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
+        const int router = router_on && !focus_layer_dense(f, l);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
-        attention_backward(dqkv, router ? dG : NULL, f->learn_gate ? m->rgrads.gate + 2 * l : NULL,
+        attention_backward(dqkv, router ? dG : NULL,
+                           router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL,
                            dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
         /* Layer 0's input gradient is needed only for the embeddings. */
         if (l == 0 && !all && !router) break;

@@ -37,7 +37,10 @@ typedef struct {
     int dg;              /* routing dimension */
     int iters;           /* Sinkhorn iterations */
     int w;               /* local window */
-    int topk;            /* groups kept per token in hard mode */
+    int topk;            /* groups kept per token in hard mode (with topp: at most; 0 = K) */
+    float topp;          /* hard mode, adaptive: keep groups until this share of G_i (0 = off) */
+    int sinks;           /* the first `sinks` positions are kept by every query, every mode */
+    uint64_t dense_layers[4]; /* bitset: layers that keep dense attention (router unused) */
     float tau;           /* Sinkhorn / softmax temperature */
     float lambda, bias;  /* gate sharpness and offset (initial values if learned) */
     float beta_momentum; /* EMA momentum of the causal per-group bias */
@@ -140,6 +143,18 @@ void focus_config_default(FocusConfig* fc);
 /* Set one key (e.g. "K", "tau", "routing", "attn", "L", "arch") from a string. 0 on success,
  * -1 unknown key, -2 bad value. */
 int config_set(ModelConfig* cfg, FocusConfig* fc, const char* key, const char* value);
+/* Layer l keeps dense attention (listed in dense_layers). */
+static inline int focus_layer_dense(const FocusConfig* f, int l) {
+    return l >= 0 && l < 256 && ((f->dense_layers[l >> 6] >> (l & 63)) & 1);
+}
+/* The attention mode layer l runs in: the model's, or dense where dense_layers says so. */
+static inline AttnMode focus_layer_attn(const FocusConfig* f, int l) {
+    return focus_layer_dense(f, l) ? ATTN_DENSE : f->attn;
+}
+/* "1", "2", or "p0.9" / "p0.9:2" for an adaptive budget (with a cap on k). buf: 32 bytes. */
+const char* focus_topk_str(const FocusConfig* f, char* buf);
+/* "0,1,29", or "none". buf: at least 1024 bytes. */
+const char* focus_dense_layers_str(const FocusConfig* f, char* buf, size_t n);
 /* Check a configuration for consistency; fatal() with a message naming the problem. */
 void config_validate(const ModelConfig* cfg, const FocusConfig* fc);
 void config_print(const ModelConfig* cfg, const FocusConfig* fc, FILE* f);

@@ -171,6 +171,7 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
         cuda_prof_mark("fwd rope");
         if (c->arch == ARCH_LLAMA)
             rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        const AttnMode mode = focus_layer_attn(f, l);
         if (f->attn != ATTN_DENSE) {
             cuda_prof_mark("fwd router scores");
             router_scores_forward_cuda(la.rproj, la.rS, la.ln1, g->router.wg + lC * f->dg,
@@ -179,10 +180,11 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
             cuda_prof_mark("fwd routing");
             routing_forward_cuda(la.rG, la.colofs, la.rS, g->beta + (size_t)l * f->K, f->routing, B,
                                  T, f->K, f->tau, f->iters);
-            if (f->attn == ATTN_HARD) routing_topk_mask_cuda(la.mask, la.rG, BT, f->K, f->topk);
+            if (mode == ATTN_HARD)
+                routing_topk_mask_cuda(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
         }
         cuda_prof_mark("fwd attention");
-        if (f->attn == ATTN_HARD) {
+        if (mode == ATTN_HARD) {
             attention_hard_forward_cuda(g->plan, la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T,
                                         c->NH, c->NKV, hs);
         } else {
@@ -269,7 +271,7 @@ void model_cuda_backward(Model* m, GradMode mode) {
     const int B = g->B, T = g->T, C = c->C, hs = C / c->NH, QKV = model_qkv_width(c),
               FC = model_fc_width(c);
     const size_t BT = (size_t)B * T;
-    const int router = f->attn == ATTN_SOFT;
+    const int router_on = f->attn == ATTN_SOFT;
     const Params* p = &g->params;
     Acts* a = &g->acts;
     /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
@@ -338,15 +340,16 @@ void model_cuda_backward(Model* m, GradMode mode) {
                              C);
         cuda_prof_mark("bwd attention");
         cuda_memset0(dqkv, sizeof(float) * BT * QKV);
+        const int router = router_on && !focus_layer_dense(f, l);
         if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
         if (attention_mma_applies(&gate, hs))
             attention_backward_mma_cuda(dqkv, router ? dG : NULL,
-                                        f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                                        router && f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
                                         la.att, la.lse, &gate, B, T, c->NH, c->NKV, attn_scr);
         else
             attention_backward_cuda(dqkv, router ? dG : NULL,
-                                    f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                                    router && f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
                                     la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
         if (l == 0 && !router) break;
         cuda_prof_mark("bwd rope");

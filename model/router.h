@@ -30,8 +30,13 @@ void routing_forward(real* G, real* colofs, const real* S, const real* beta, Rou
 void routing_backward(real* dS, const real* dG, const real* S, const real* G, const real* beta,
                       Routing mode, int B, int T, int K, real tau, int iters);
 
-/* mask[n] = bitmask of the topk largest entries of G[n, :] (ties to the lower index). */
-void routing_topk_mask(uint32_t* mask, const real* G, size_t N, int K, int topk);
+/* mask (B, T): bitmask of the groups each token keeps in hard mode, from G (B, T, K): its topk
+ * largest entries (ties to the lower index), or with topp > 0 the largest entries until their sum
+ * reaches topp (adaptive budget; at most topk groups, topk = 0: up to K). A token at position
+ * pos0 + t < sinks keeps every group: attention sinks are members of all groups, so every query
+ * keeps them and the executor computes each sink pair once, in the query's lowest group. */
+void routing_topk_mask(uint32_t* mask, const real* G, int B, int T, int K, int topk, real topp,
+                       int sinks, int pos0);
 
 /* Share of the N tokens whose most likely group is the most popular group (ideal 1/K). */
 double routing_largest_share(const real* G, size_t N, int K);

@@ -203,12 +203,19 @@ static void test_router(void) {
         if (mi == 0) {
             uint32_t *mask = mallocCheck(4 * N), *mh = mallocCheck(4 * N);
             uint32_t* dmask = cuda_malloc(4 * N);
-            routing_topk_mask(mask, G, N, K, 2);
-            routing_topk_mask_cuda(dmask, dG, N, K, 2);
+            routing_topk_mask(mask, G, B, T, K, 2, 0, 0, 0);
+            routing_topk_mask_cuda(dmask, dG, B, T, K, 2, 0, 0, 0);
             cuda_download(mh, dmask, 4 * N);
             size_t diff = 0;
             for (size_t i = 0; i < N; i++) diff += mask[i] != mh[i];
             EXPECT("routing_topk_mask (mismatches)", (double)diff, 0);
+            /* adaptive budget and attention sinks */
+            routing_topk_mask(mask, G, B, T, K, 0, 0.7f, 3, 0);
+            routing_topk_mask_cuda(dmask, dG, B, T, K, 0, 0.7f, 3, 0);
+            cuda_download(mh, dmask, 4 * N);
+            diff = 0;
+            for (size_t i = 0; i < N; i++) diff += mask[i] != mh[i];
+            EXPECT("routing_topk_mask p0.7, 3 sinks (mismatches)", (double)diff, 0);
             free(mask), free(mh), cuda_free(dmask);
         }
         free(G), free(col), free(gG), free(gS2);
@@ -239,12 +246,14 @@ static void test_attention(int hs, int mma) {
     uint32_t* dmask = cuda_malloc(4 * BT);
     cuda_upload(dmask, mask, 4 * BT);
     float* scr = devzero((size_t)B * NH * T);
-    GateMode modes[3] = {GATE_NONE, GATE_SOFT, GATE_HARD};
-    const char* names[3] = {"none", "soft", "hard"};
-    for (int mi = 0; mi < 3; mi++) {
+    /* the gated modes also with 5 attention sinks */
+    GateMode modes[5] = {GATE_NONE, GATE_SOFT, GATE_HARD, GATE_SOFT, GATE_HARD};
+    const char* names[5] = {"none", "soft", "hard", "soft, 5 sinks", "hard, 5 sinks"};
+    for (int mi = 0; mi < 5; mi++) {
         char name[96];
-        AttnGate g = {modes[mi], K, w, G, mask, 4.f, 0.3f};
-        AttnGate gd = {modes[mi], K, w, dGg, dmask, 4.f, 0.3f};
+        const int sinks = mi >= 3 ? 5 : 0;
+        AttnGate g = {modes[mi], K, w, G, mask, 4.f, 0.3f, sinks};
+        AttnGate gd = {modes[mi], K, w, dGg, dmask, 4.f, 0.3f, sinks};
         float *out = mallocCheck(4 * BT * C), *lse = mallocCheck(4 * B * NH * T);
         attention_forward(out, lse, qkv, &g, B, T, NH, NKV, hs);
         float *dO = devzero(BT * C), *dL = devzero((size_t)B * NH * T);
@@ -269,10 +278,11 @@ static void test_attention(int hs, int mma) {
         snprintf(name, sizeof name, "attention_backward%s hs=%d gate %s dqkv", kind, hs, names[mi]);
         EXPECT(name, rel_dev(dgq, gq, BT * QKV), tb);
         if (modes[mi] == GATE_SOFT) {
-            snprintf(name, sizeof name, "attention_backward%s hs=%d gate soft dG", kind, hs);
+            snprintf(name, sizeof name, "attention_backward%s hs=%d gate %s dG", kind, hs,
+                     names[mi]);
             EXPECT(name, rel_dev(dgG, gG, BT * K), tg);
-            snprintf(name, sizeof name, "attention_backward%s hs=%d gate soft dlambda, db", kind,
-                     hs);
+            snprintf(name, sizeof name, "attention_backward%s hs=%d gate %s dlambda, db", kind, hs,
+                     names[mi]);
             EXPECT(name, rel_dev(dgg, gg, 2), tg);
         }
         free(out), free(lse), free(gq), free(gG);
@@ -282,11 +292,13 @@ static void test_attention(int hs, int mma) {
     cuda_free(dqkv_), cuda_free(ddout), cuda_free(dGg), cuda_free(dmask), cuda_free(scr);
 }
 
-static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16) {
+static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16, int sinks) {
     const int NH = 4, NKV = 2;
     const size_t BT = (size_t)B * T, QKV = (size_t)(NH + 2 * NKV) * hs, C = (size_t)NH * hs;
     float* qkv = randn(BT * QKV, 1);
     uint32_t* mask = random_masks(BT, K, topk);
+    for (size_t i = 0; i < BT; i++)
+        if ((int)(i % T) < sinks) mask[i] = (1u << K) - 1; /* sinks: members of every group */
     float *out = mallocCheck(4 * BT * C), *lse = mallocCheck(4 * B * NH * T);
     attention_hard_forward(out, lse, qkv, mask, K, w, B, T, NH, NKV, hs);
     float *dq = dev(qkv, BT * QKV), *dO = devzero(BT * C), *dL = devzero((size_t)B * NH * T);
@@ -298,7 +310,8 @@ static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16) {
         uint16_t* q16 = cuda_malloc(2 * BT * QKV);
         float_to_bf16_cuda(q16, dq, BT * QKV);
         attention_hard_forward_bf16_cuda(plan, dO, dL, q16, dmask, K, w, B, T, NH, NKV, hs);
-        snprintf(name, sizeof name, "hard executor bf16 T=%d K=%d k=%d w=%d", T, K, topk, w);
+        snprintf(name, sizeof name, "hard executor bf16 T=%d K=%d k=%d w=%d sinks=%d", T, K, topk,
+                 w, sinks);
         EXPECT(name, rel_dev(dO, out, BT * C), 2e-2);
         /* the dense tensor-core kernel against the CPU's flash kernel */
         attention_flash_forward(out, lse, qkv, B, T, NH, NKV, hs);
@@ -310,8 +323,8 @@ static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16) {
         cuda_free(q16);
     } else {
         attention_hard_forward_cuda(plan, dO, dL, dq, dmask, K, w, B, T, NH, NKV, hs);
-        snprintf(name, sizeof name, "hard executor fp32 hs=%d T=%d K=%d k=%d w=%d", hs, T, K, topk,
-                 w);
+        snprintf(name, sizeof name, "hard executor fp32 hs=%d T=%d K=%d k=%d w=%d sinks=%d", hs, T,
+                 K, topk, w, sinks);
         EXPECT(name, rel_dev(dO, out, BT * C), 2e-5);
         snprintf(name, sizeof name, "hard executor fp32 hs=%d T=%d K=%d k=%d lse", hs, T, K, topk);
         EXPECT(name, rel_dev(dL, lse, (size_t)B * NH * T), 2e-5);
@@ -340,7 +353,8 @@ static void test_adamw(void) {
 /* One router training step and a hard-mode evaluation, CPU model against its GPU copy. */
 /* hs64: widen the preset to head size 64, so that attention runs on the tensor-core kernels
  * (tolerances for bf16 operands). */
-static void test_model(const char* preset, Routing routing, int hs64) {
+/* recipe: 3 attention sinks, layer 0 dense, and an adaptive budget (p0.6) in the hard check */
+static void test_model(const char* preset, Routing routing, int hs64, int recipe) {
     ModelConfig cfg;
     FocusConfig fc;
     model_config_preset(preset, &cfg);
@@ -356,6 +370,7 @@ static void test_model(const char* preset, Routing routing, int hs64) {
     fc.iters = 4;
     fc.routing = routing;
     fc.learn_gate = 1;
+    if (recipe) fc.sinks = 3, fc.dense_layers[0] = 1;
     Model a, b;
     model_build(&a, &cfg, &fc);
     model_init_backbone(&a, 11);
@@ -372,7 +387,9 @@ static void test_model(const char* preset, Routing routing, int hs64) {
     model_zero_grad(&b, GRAD_ROUTER);
     model_forward(&a, inp, tgt, B, T, 1);
     model_forward(&b, inp, tgt, B, T, 1);
-    const char* tag = !hs64 ? "" : attention_mma_applies(NULL, 64) ? " hs=64 mma" : " hs=64";
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s%s", !hs64 ? "" : attention_mma_applies(NULL, 64) ? " hs=64 mma" : " hs=64",
+             recipe ? " sinks+dense0" : "");
     snprintf(name, sizeof name, "%s%s %s: training loss", preset, tag, routing_name(routing));
     EXPECT(name, fabs(a.mean_loss - b.mean_loss) / a.mean_loss, tl);
     model_update_beta(&a);
@@ -394,11 +411,13 @@ static void test_model(const char* preset, Routing routing, int hs64) {
     EXPECT(name, rel_dev(rp, a.router_mem, a.num_router), hs64 ? 1e-2 : 1e-4);
     /* hard top-k evaluation, k = 2 */
     a.fc.attn = b.fc.attn = ATTN_HARD;
-    a.fc.topk = b.fc.topk = 2;
+    a.fc.topk = b.fc.topk = recipe ? 0 : 2;
+    a.fc.topp = b.fc.topp = recipe ? 0.6f : 0;
     a.fc.routing = b.fc.routing = ROUTE_CAUSAL;
     model_forward(&a, inp, tgt, 1, T, 0);
     model_forward(&b, inp, tgt, 1, T, 0);
-    snprintf(name, sizeof name, "%s%s: hard k=2 evaluation losses", preset, tag);
+    snprintf(name, sizeof name, "%s%s: hard %s evaluation losses", preset, tag,
+             recipe ? "p0.6" : "k=2");
     float* dl = dev(b.losses, T);
     EXPECT(name, rel_dev(dl, a.losses, T), tev);
     snprintf(name, sizeof name, "%s%s: group distributions (last layer)", preset, tag);
@@ -428,23 +447,27 @@ int main(int argc, char** argv) {
         test_router();
         test_attention(32, 0);
         test_attention(64, 0);
-        test_hard(2, 1000, 8, 1, 64, 64, 0);
-        test_hard(1, 700, 4, 2, 16, 32, 0);
-        test_hard(2, 333, 5, 3, 40, 16, 0);
-        test_hard(2, 1000, 8, 1, 64, 64, 1);
-        test_hard(1, 777, 4, 2, 16, 64, 1);
+        test_hard(2, 1000, 8, 1, 64, 64, 0, 0);
+        test_hard(1, 700, 4, 2, 16, 32, 0, 0);
+        test_hard(2, 333, 5, 3, 40, 16, 0, 0);
+        test_hard(2, 1000, 8, 1, 64, 64, 0, 4);
+        test_hard(2, 1000, 8, 1, 64, 64, 1, 0);
+        test_hard(1, 777, 4, 2, 16, 64, 1, 0);
+        test_hard(1, 777, 8, 1, 64, 64, 1, 4);
         test_adamw();
-        test_model("tiny-llama", ROUTE_SINKHORN, 0);
-        test_model("tiny-gpt2", ROUTE_PREFIX, 0);
-        test_model("tiny-llama", ROUTE_CAUSAL, 0);
+        test_model("tiny-llama", ROUTE_SINKHORN, 0, 0);
+        test_model("tiny-gpt2", ROUTE_PREFIX, 0, 0);
+        test_model("tiny-llama", ROUTE_CAUSAL, 0, 0);
+        test_model("tiny-llama", ROUTE_SINKHORN, 0, 1);
         cuda_set_attention_mma(0);
-        test_model("tiny-llama", ROUTE_SINKHORN, 1); /* head size 64 on the fp32 kernels */
+        test_model("tiny-llama", ROUTE_SINKHORN, 1, 0); /* head size 64 on the fp32 kernels */
         cuda_sync();
     }
     test_attention(64, 1);
     cuda_set_attention_mma(1); /* the model trains on the tensor-core kernels from here */
-    test_model("tiny-llama", ROUTE_SINKHORN, 1);
-    test_model("tiny-gpt2", ROUTE_SINKHORN, 1);
+    test_model("tiny-llama", ROUTE_SINKHORN, 1, 0);
+    test_model("tiny-gpt2", ROUTE_SINKHORN, 1, 0);
+    test_model("tiny-llama", ROUTE_SINKHORN, 1, 1);
     cuda_sync();
     return tu_finish("test_cuda");
 }

@@ -9,13 +9,15 @@
 
 enum { T = 70 };
 
-static void run(const char* preset, AttnMode attn, int topk) {
+static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
     FocusConfig fc;
     model_config_preset(preset, &cfg);
     cfg.maxT = T;
     focus_config_default(&fc);
     fc.K = 4, fc.dg = 8, fc.w = 6, fc.routing = ROUTE_CAUSAL, fc.attn = attn, fc.topk = topk;
+    fc.sinks = sinks, fc.topp = topp;
+    if (dense0) fc.dense_layers[0] = 1;
     Model m;
     model_build(&m, &cfg, &fc);
     model_init_backbone(&m, 31);
@@ -42,9 +44,10 @@ static void run(const char* preset, AttnMode attn, int topk) {
     }
     double dense_pairs = (double)cfg.L * cfg.NH * T * (T + 1) / 2;
     printf(
-        "  %-10s %-5s k=%d: decode vs full-sequence logits max |diff| %.2e (max |logit| %.1f), "
-        "pairs %.3f of dense\n",
-        preset, attn == ATTN_HARD ? "hard" : "dense", topk, worst, scale, c.pairs / dense_pairs);
+        "  %-10s %-5s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e (max "
+        "|logit| %.1f), pairs %.3f of dense\n",
+        preset, attn == ATTN_HARD ? "hard" : "dense", topk, (double)topp, sinks,
+        dense0 ? " layer 0 dense" : "", worst, scale, c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
           "%s: decode path differs from the full pass by %g", preset, worst);
     if (attn == ATTN_HARD)
@@ -55,10 +58,14 @@ static void run(const char* preset, AttnMode attn, int topk) {
 }
 
 int main(void) {
-    run("tiny-gpt2", ATTN_DENSE, 1);
-    run("tiny-llama", ATTN_DENSE, 1);
-    run("tiny-gpt2", ATTN_HARD, 1);
-    run("tiny-llama", ATTN_HARD, 1);
-    run("tiny-llama", ATTN_HARD, 2);
+    run("tiny-gpt2", ATTN_DENSE, 1, 0, 0, 0);
+    run("tiny-llama", ATTN_DENSE, 1, 0, 0, 0);
+    run("tiny-gpt2", ATTN_HARD, 1, 0, 0, 0);
+    run("tiny-llama", ATTN_HARD, 1, 0, 0, 0);
+    run("tiny-llama", ATTN_HARD, 2, 0, 0, 0);
+    /* attention sinks, an adaptive budget, a dense layer */
+    run("tiny-gpt2", ATTN_HARD, 1, 4, 0, 0);
+    run("tiny-llama", ATTN_HARD, 2, 1, 0, 0);
+    run("tiny-llama", ATTN_HARD, 0, 2, 0.6f, 1);
     return tu_finish("test_decode");
 }

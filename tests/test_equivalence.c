@@ -12,7 +12,7 @@
 
 /* Per-pair reference: keep (i, j) iff j <= i and (i - j <= w or masks intersect). */
 static void naive_hard_attention(real* out, const real* qkv, const uint32_t* mask, int B, int T,
-                                 int NH, int NKV, int hs, int w) {
+                                 int NH, int NKV, int hs, int w, int sinks) {
     int C = NH * hs, QKV = (NH + 2 * NKV) * hs;
     double* p = mallocCheck(sizeof(double) * T);
     for (int b = 0; b < B; b++) {
@@ -22,7 +22,7 @@ static void naive_hard_attention(real* out, const real* qkv, const uint32_t* mas
                 const real* q = qkv + ((size_t)b * T + i) * QKV + h * hs;
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j <= i; j++) {
-                    int keep = i - j <= w || (mask[b * T + i] & mask[b * T + j]);
+                    int keep = i - j <= w || j < sinks || (mask[b * T + i] & mask[b * T + j]);
                     const real* k = qkv + ((size_t)b * T + j) * QKV + C + kvh * hs;
                     double s = 0;
                     for (int e = 0; e < hs; e++) s += (double)q[e] * k[e];
@@ -42,7 +42,7 @@ static void naive_hard_attention(real* out, const real* qkv, const uint32_t* mas
     free(p);
 }
 
-static void check_hard_kernel(int K, int topk, int T) {
+static void check_hard_kernel(int K, int topk, int T, int sinks) {
     enum { B = 2, NH = 4, NKV = 2, hs = 16, w = 9 };
     Rng rng;
     rng_seed(&rng, (uint64_t)(K * 100 + topk * 10 + T));
@@ -59,12 +59,13 @@ static void check_hard_kernel(int K, int topk, int T) {
         while (__builtin_popcount(m) < topk) m |= 1u << (rng_u64(&rng) % (K > 1 ? K - 1 : 1));
         mask[i] = m;
     }
-    AttnGate g = {GATE_HARD, K, w, NULL, mask, 0, 0};
+    AttnGate g = {GATE_HARD, K, w, NULL, mask, 0, 0, sinks};
     attention_forward(out, lse, qkv, &g, B, T, NH, NKV, hs);
-    naive_hard_attention(ref, qkv, mask, B, T, NH, NKV, hs, w);
+    naive_hard_attention(ref, qkv, mask, B, T, NH, NKV, hs, w, sinks);
     double d = tu_max_abs_diff(out, ref, nout);
-    printf("  hard mask attention vs per-pair reference, K=%d k=%d T=%d: max |diff| = %.2e\n", K,
-           topk, T, d);
+    printf(
+        "  hard mask attention vs per-pair reference, K=%d k=%d T=%d sinks=%d: max |diff| = %.2e\n",
+        K, topk, T, sinks, d);
     CHECK(d < 1e-5, "hard attention differs from the reference by %g (K=%d k=%d T=%d)", d, K, topk,
           T);
     free(qkv), free(out), free(ref), free(lse), free(mask);
@@ -111,6 +112,32 @@ int main(void) {
         m.fc.topk = 1;
         model_forward(&m, tok, NULL, B, T, 0);
         double hard1 = tu_max_abs_diff(fast, model_logits(&m), n);
+        /* every position a sink: every pair kept, in every mode */
+        m.fc.sinks = T;
+        model_forward(&m, tok, NULL, B, T, 0);
+        double hard_sinks = tu_max_abs_diff(fast, model_logits(&m), n);
+        m.fc.attn = ATTN_SOFT;
+        model_forward(&m, tok, tgt, B, T, 1);
+        double soft_sinks = tu_max_abs_diff(dense, model_logits(&m), n);
+        /* one sink changes the hard model (position 0 is kept by every query) */
+        m.fc.sinks = 1;
+        m.fc.attn = ATTN_HARD;
+        model_forward(&m, tok, NULL, B, T, 0);
+        double hard_sink1 = tu_max_abs_diff(fast, model_logits(&m), n);
+        /* every layer dense: the router is off everywhere */
+        m.fc.sinks = 0;
+        m.fc.dense_layers[0] = (1u << cfg.L) - 1;
+        model_forward(&m, tok, NULL, B, T, 0);
+        double all_dense = tu_max_abs_diff(fast, model_logits(&m), n);
+        m.fc.dense_layers[0] = 0;
+        printf("%s: sinks = T: hard %.2e, soft %.2e; one sink, hard k=1: %.2e; every layer in "
+               "dense_layers: %.2e\n",
+               preset, hard_sinks, soft_sinks, hard_sink1, all_dense);
+        CHECK(hard_sinks < 1e-5, "%s: hard with sinks = T must equal dense (%g)", preset,
+              hard_sinks);
+        CHECK(soft_sinks == 0, "%s: soft with sinks = T must equal dense (%g)", preset, soft_sinks);
+        CHECK(fabs(hard_sink1 - hard1) > 1e-7, "%s: a sink must change the hard model", preset);
+        CHECK(all_dense == 0, "%s: all layers dense must equal dense (%g)", preset, all_dense);
         printf(
             "%s: max |logit - dense| soft w=5: %.2e, soft w>=T: %.2e, hard k=K: %.2e, hard k=1: "
             "%.2e; "
@@ -145,8 +172,9 @@ int main(void) {
         model_free(&m);
     }
     for (int K = 4; K <= 8; K += 4) {
-        for (int k = 1; k <= 3; k++) check_hard_kernel(K, k, 150);
+        for (int k = 1; k <= 3; k++) check_hard_kernel(K, k, 150, 0);
     }
-    check_hard_kernel(4, 1, 64);
+    check_hard_kernel(4, 1, 64, 0);
+    check_hard_kernel(8, 1, 150, 4);
     return tu_finish("test_equivalence");
 }

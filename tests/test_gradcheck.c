@@ -181,7 +181,7 @@ static double attn_loss(void* p) {
     attention_forward(c->out, c->lse, c->qkv, &c->gate, c->B, c->T, c->NH, c->NKV, c->hs);
     return dot_r(c->out, c->R, (size_t)c->B * c->T * c->NH * c->hs);
 }
-static void check_attention(GateMode mode) {
+static void check_attention(GateMode mode, int sinks) {
     /* T = 70 spans two row blocks of 64; GQA with 2 query heads per key/value head. */
     enum { B = 2, T = 70, NH = 4, NKV = 2, hs = 8, K = 3 };
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * hs, nout = (size_t)B * T * NH * hs;
@@ -192,20 +192,22 @@ static void check_attention(GateMode mode) {
     tu_randn(qkv, nqkv, 1, &rng);
     tu_randn(R, nout, 1, &rng);
     for (int i = 0; i < B * T * K; i++) G[i] = (real)rng_uniform(&rng);
-    AttnCtx c = {qkv, G, gatep, out, lse, R, {mode, K, 5, G, NULL, 0, 0}, B, T, NH, NKV, hs};
+    AttnCtx c = {qkv, G, gatep, out, lse, R, {mode, K, 5, G, NULL, 0, 0, sinks}, B, T, NH, NKV, hs};
     attn_loss(&c);
     real* dqkv = callocCheck(nqkv, sizeof(real));
     real dG[B * T * K], dgate[2] = {0, 0};
     memset(dG, 0, sizeof dG);
     attention_backward(dqkv, dG, dgate, R, qkv, out, lse, &c.gate, B, T, NH, NKV, hs);
-    const char* nm = mode == GATE_SOFT ? "attention (soft gate, GQA)" : "attention (no gate, GQA)";
-    char what[80];
+    char nm[64], what[96];
+    snprintf(nm, sizeof nm, "attention (%s, GQA%s)", mode == GATE_SOFT ? "soft gate" : "no gate",
+             sinks ? ", 3 sinks" : "");
     snprintf(what, sizeof what, "%s dqkv", nm);
     report(what, fd_check(attn_loss, &c, qkv, dqkv, nqkv, 600, 1e-6), TOL);
     if (mode == GATE_SOFT) {
-        report("attention gate dG", fd_check(attn_loss, &c, G, dG, B * T * K, 420, 1e-6), TOL);
-        report("attention gate dlambda, db", fd_check(attn_loss, &c, gatep, dgate, 2, 2, 1e-6),
-               TOL);
+        snprintf(what, sizeof what, "%s dG", nm);
+        report(what, fd_check(attn_loss, &c, G, dG, B * T * K, 420, 1e-6), TOL);
+        snprintf(what, sizeof what, "%s dlambda, db", nm);
+        report(what, fd_check(attn_loss, &c, gatep, dgate, 2, 2, 1e-6), TOL);
     }
     free(qkv);
     free(out);
@@ -276,14 +278,16 @@ static double model_loss(void* p) {
     return c->m->mean_loss;
 }
 
-static void check_model(const char* preset, Routing routing, int qkv_bias) {
+/* sinks: attention sinks; dense1: layer 1 keeps dense attention (router gradient zero there). */
+static void check_model(const char* preset, Routing routing, int qkv_bias, int sinks, int dense1) {
     ModelConfig cfg;
     FocusConfig fc;
     model_config_preset(preset, &cfg);
     cfg.qkv_bias = qkv_bias;
     focus_config_default(&fc);
     fc.K = 4, fc.dg = 4, fc.w = 8, fc.iters = 10, fc.routing = routing, fc.learn_gate = 1;
-    fc.lambda = 4, fc.bias = 0.4f;
+    fc.lambda = 4, fc.bias = 0.4f, fc.sinks = sinks;
+    if (dense1) fc.dense_layers[0] = 2;
     Model m;
     model_build(&m, &cfg, &fc);
     /* Larger weights than a trained model's init so attention and routing are far from
@@ -301,21 +305,23 @@ static void check_model(const char* preset, Routing routing, int qkv_bias) {
     }
     tgt[3] = -1; /* an ignored position */
     ModelCtx c = {&m, inp, tgt, B, T};
-    char what[96];
+    char what[96], name[64];
+    snprintf(name, sizeof name, "%s%s%s", routing_name(routing), sinks ? " +sinks" : "",
+             dense1 ? " +dense layer 1" : "");
 
     model_loss(&c);
     model_zero_grad(&m, GRAD_ROUTER);
     model_backward(&m, GRAD_ROUTER);
     real* rg = mallocCheck(sizeof(real) * m.num_router);
     memcpy(rg, m.rgrads_mem, sizeof(real) * m.num_router);
-    snprintf(what, sizeof what, "%s %s router-only: W_g", preset, routing_name(routing));
+    snprintf(what, sizeof what, "%s %s router-only: W_g", preset, name);
     report(what, fd_check(model_loss, &c, m.router.wg, rg, m.router_sizes[0], 300, 1e-6), 2e-6);
-    snprintf(what, sizeof what, "%s %s router-only: C", preset, routing_name(routing));
+    snprintf(what, sizeof what, "%s %s router-only: C", preset, name);
     report(what,
            fd_check(model_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1], 300,
                     1e-6),
            2e-6);
-    snprintf(what, sizeof what, "%s %s router-only: lambda, b", preset, routing_name(routing));
+    snprintf(what, sizeof what, "%s %s router-only: lambda, b", preset, name);
     report(what,
            fd_check(model_loss, &c, m.router.gate, rg + m.router_sizes[0] + m.router_sizes[1],
                     m.router_sizes[2], 100, 1e-6),
@@ -337,8 +343,7 @@ static void check_model(const char* preset, Routing routing, int qkv_bias) {
         "ln2b", "fcw", "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb",     "lmhead"};
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (!pt[t]) continue;
-        snprintf(what, sizeof what, "%s %s all-params: %s", preset, routing_name(routing),
-                 names[t]);
+        snprintf(what, sizeof what, "%s %s all-params: %s", preset, name, names[t]);
         report(
             what,
             fd_check(model_loss, &c, pt[t], g + (gt[t] - m.grads_mem), m.param_sizes[t], 60, 1e-6),
@@ -358,17 +363,19 @@ int main(void) {
     check_pointwise(0);
     check_pointwise(1);
     check_rope();
-    check_attention(GATE_NONE);
-    check_attention(GATE_SOFT);
+    check_attention(GATE_NONE, 0);
+    check_attention(GATE_SOFT, 0);
+    check_attention(GATE_SOFT, 3);
     check_scores();
     check_routing(ROUTE_SINKHORN);
     check_routing(ROUTE_CAUSAL);
     check_routing(ROUTE_PREFIX);
     printf(
         "whole-model gradients (L = 2, C = 32, T = 40, K = 4, w = 8, 10 Sinkhorn iterations):\n");
-    check_model("tiny-gpt2", ROUTE_SINKHORN, 0);
-    check_model("tiny-llama", ROUTE_SINKHORN, 1);
-    check_model("tiny-llama", ROUTE_PREFIX, 0);
+    check_model("tiny-gpt2", ROUTE_SINKHORN, 0, 0, 0);
+    check_model("tiny-llama", ROUTE_SINKHORN, 1, 0, 0);
+    check_model("tiny-llama", ROUTE_PREFIX, 0, 0, 0);
+    check_model("tiny-llama", ROUTE_SINKHORN, 0, 2, 1);
     printf("worst relative error over all checks: %.3e\n", worst_overall);
     return tu_finish("test_gradcheck");
 }

@@ -99,7 +99,7 @@ int main(void) {
     /* Top-k masks. */
     uint32_t mask[B * T];
     for (int k = 1; k <= 3; k++) {
-        routing_topk_mask(mask, G, (size_t)B * T, K, k);
+        routing_topk_mask(mask, G, B, T, K, k, 0, 0, 0);
         int ok = 1;
         for (int i = 0; i < B * T; i++) {
             int best = 0;
@@ -108,6 +108,37 @@ int main(void) {
             if (__builtin_popcount(mask[i]) != k || !(mask[i] & (1u << best))) ok = 0;
         }
         CHECK(ok, "top-%d masks must have %d bits including the argmax", k, k);
+    }
+    /* Adaptive budget: the fewest groups (largest first) whose mass reaches p; sinks keep all. */
+    {
+        const real p = 0.6;
+        const int sinks = 2;
+        routing_topk_mask(mask, G, B, T, K, 0, p, sinks, 0);
+        int ok = 1;
+        for (int i = 0; i < B * T; i++) {
+            const real* g = G + (size_t)i * K;
+            if (i % T < sinks) {
+                ok &= mask[i] == (1u << K) - 1;
+                continue;
+            }
+            double in = 0, out_max = 0, in_min = 1;
+            for (int j = 0; j < K; j++) {
+                if (mask[i] >> j & 1) {
+                    in += g[j];
+                    in_min = g[j] < in_min ? g[j] : in_min;
+                } else {
+                    out_max = g[j] > out_max ? g[j] : out_max;
+                }
+            }
+            /* covers p, holds the largest groups, and is minimal */
+            ok &= in >= p - 1e-6 && in_min >= out_max && in - in_min < p;
+        }
+        CHECK(ok, "p=%.1f masks must be the smallest top set covering p; sink rows all groups",
+              (double)p);
+        routing_topk_mask(mask, G, B, T, K, 1, p, 0, 0);
+        ok = 1;
+        for (int i = 0; i < B * T; i++) ok &= __builtin_popcount(mask[i]) == 1;
+        CHECK(ok, "p=%.1f with a cap of 1 group must keep exactly one", (double)p);
     }
     double share = routing_largest_share(G, (size_t)B * T, K);
     printf("largest group share after sinkhorn: %.3f (1/K = %.3f)\n", share, 1.0 / K);

@@ -16,7 +16,7 @@ static double rel_err(const real* a, const real* b, size_t n) {
     return d / (s > 0 ? s : 1);
 }
 
-static void run(int B, int T, int K, int topk, int w, int empty_group, Rng* rng) {
+static void run(int B, int T, int K, int topk, int w, int empty_group, int sinks, Rng* rng) {
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
            nl = (size_t)B * NH * T;
     real* qkv = mallocCheck(sizeof(real) * nqkv);
@@ -29,14 +29,14 @@ static void run(int B, int T, int K, int topk, int w, int empty_group, Rng* rng)
         uint32_t m = 0;
         while (__builtin_popcount(m) < (topk < avail ? topk : avail))
             m |= 1u << (rng_u64(rng) % (uint64_t)avail);
-        mask[i] = m;
+        mask[i] = i % T < sinks ? (1u << K) - 1 : m; /* sinks: members of every group */
     }
-    AttnGate g = {GATE_HARD, K, w, NULL, mask, 0, 0};
+    AttnGate g = {GATE_HARD, K, w, NULL, mask, 0, 0, sinks};
     attention_forward(ref, lref, qkv, &g, B, T, NH, NKV, HS);
     attention_hard_forward(got, lgot, qkv, mask, K, w, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
-    printf("  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d%s  out %.1e  lse %.1e\n", B, T,
-           K, topk, w, empty_group ? " (empty group)" : "", eo, el);
+    printf("  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d sinks=%d%s  out %.1e  lse %.1e\n",
+           B, T, K, topk, w, sinks, empty_group ? " (empty group)" : "", eo, el);
     CHECK(eo < 2e-5 && el < 2e-5, "executor differs (out %g, lse %g) at T=%d K=%d k=%d", eo, el, T,
           K, topk);
     free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);
@@ -63,10 +63,14 @@ int main(void) {
         free(qkv), free(ref), free(got), free(lref), free(lgot);
     }
     for (int K = 4; K <= 8; K += 4)
-        for (int k = 1; k <= 3; k++) run(2, 700, K, k, 40, 0, &rng);
-    run(1, 1031, 8, 1, 128, 1, &rng);
-    run(1, 1031, 4, 2, 128, 1, &rng);
-    run(2, 517, 4, 4, 16, 0, &rng); /* k = K: every pair kept */
-    run(1, 50, 8, 1, 0, 0, &rng);   /* no window at all */
+        for (int k = 1; k <= 3; k++) run(2, 700, K, k, 40, 0, 0, &rng);
+    run(1, 1031, 8, 1, 128, 1, 0, &rng);
+    run(1, 1031, 4, 2, 128, 1, 0, &rng);
+    run(2, 517, 4, 4, 16, 0, 0, &rng); /* k = K: every pair kept */
+    run(1, 50, 8, 1, 0, 0, 0, &rng);   /* no window at all */
+    /* attention sinks: each sink pair computed once (in the query's lowest group) */
+    run(2, 700, 8, 1, 40, 0, 4, &rng);
+    run(1, 1031, 4, 2, 128, 1, 1, &rng);
+    run(1, 300, 8, 1, 0, 0, 300, &rng); /* every token a sink: dense */
     return tu_finish("test_sparse");
 }

@@ -348,7 +348,7 @@ int cmd_bench(int argc, char** argv) {
     model_use_device(&m, device);
 #ifdef FOCUS_CUDA
     if (device) {
-        AttnGate probe = {GATE_SOFT, fc.K, fc.w, NULL, NULL, 0, 0};
+        AttnGate probe = {GATE_SOFT, fc.K, fc.w, NULL, NULL, 0, 0, 0};
         printf("training attention: %s\n",
                attention_mma_applies(&probe, cfg.C / cfg.NH)
                    ? "bf16 tensor cores (FOCUS_ATTN_MMA=0 for the fp32 kernels)"

@@ -24,7 +24,7 @@ typedef struct {
 
 /* --router/--attn/--topk/--routing of `eval` and `groups` applied to a loaded model (NULL/0:
  * leave as is). */
-void apply_router_options(Model* m, const char* router, const char* attn, int topk,
+void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
                           const char* routing);
 /* Fraction of causal pairs the hard top-k mask keeps in the last forward pass, all layers. */
 double hard_pairs_kept(const Model* m);

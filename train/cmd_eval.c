@@ -14,17 +14,21 @@
 
 /* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
  * config.conf next to router.h5 when there is one (the router's shape). */
-void apply_router_options(Model* m, const char* router, const char* attn, int topk,
+void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
                           const char* routing) {
     FocusConfig* f = &m->fc;
     if (router) {
         char* text = router_read_config(router);
-        /* take the router shape and gate settings from the stored configuration */
+        /* take the router shape and gate settings from the stored configuration; a router
+         * stored without these keys was trained before they existed: no sinks, no dense layers */
+        f->sinks = 0;
+        memset(f->dense_layers, 0, sizeof f->dense_layers);
         for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
             char key[64], val[256];
             if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
             if (!strcmp(key, "K") || !strcmp(key, "dg") || !strcmp(key, "tau") ||
-                !strcmp(key, "iters") || !strcmp(key, "w") || !strcmp(key, "learn_gate"))
+                !strcmp(key, "iters") || !strcmp(key, "w") || !strcmp(key, "learn_gate") ||
+                !strcmp(key, "sinks") || !strcmp(key, "dense_layers"))
                 config_set(&m->cfg, f, key, val);
         }
         free(text);
@@ -37,9 +41,12 @@ void apply_router_options(Model* m, const char* router, const char* attn, int to
             fatal("--attn must be dense, soft or hard, got '%s'", attn);
         if (f->attn != ATTN_DENSE && !router) fatal("--attn %s needs --router router.h5", attn);
     }
-    if (topk > 0) {
-        if (topk > f->K) fatal("--topk %d exceeds the router's K = %d", topk, f->K);
-        f->topk = topk;
+    if (topk) {
+        if (config_set(&m->cfg, f, "topk", topk))
+            fatal("--topk must be a group count (1..K) or pP / pP:k (a share of the group mass), "
+                  "got '%s'",
+                  topk);
+        if (f->topk > f->K) fatal("--topk %s exceeds the router's K = %d", topk, f->K);
     }
     if (routing && routing_parse(routing, &f->routing))
         fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
@@ -50,14 +57,18 @@ static void eval_help(void) {
         "usage: focus eval ppl --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
         "[--stride s]\n"
         "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] "
-        "[--topk k]\n"
-        "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--device cpu|cuda]\n"
+        "[--topk k|pP]\n"
+        "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
+        "                      [--device cpu|cuda]\n"
         "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
         "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
         "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
         "With --router the trained router is loaded onto the model (which must be the one it was\n"
         "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
-        "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n");
+        "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n"
+        "--topk p0.9 keeps each token's groups until 90 %% of its group mass is covered (p0.9:2:\n"
+        "at most 2). The router's sinks and dense_layers apply; --set sinks=N, --set\n"
+        "dense_layers=0,1 or --set w=N override them for this evaluation.\n");
 }
 
 int cmd_eval(int argc, char** argv) {
@@ -69,8 +80,9 @@ int cmd_eval(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
     size_t max_tokens = 0;
-    const char *router = NULL, *attn = NULL, *routing = NULL;
-    int topk = 0, device = 0;
+    const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL;
+    const char* sets[64];
+    int nsets = 0, device = 0;
     FocusConfig fc;
     focus_config_default(&fc);
     fc.attn = ATTN_DENSE;
@@ -97,15 +109,14 @@ int cmd_eval(int argc, char** argv) {
         else if (!strcmp(a, "--attn"))
             attn = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--topk"))
-            topk = cli_int(a, cli_value(argc, argv, i++));
+            topk = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--routing"))
             routing = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--device"))
             device = cli_device(cli_value(argc, argv, i++));
         else if (!strcmp(a, "--set")) {
-            /* the model's own settings come from its file: only Focus keys take effect here */
-            ModelConfig from_file;
-            cli_apply_set(&from_file, &fc, cli_value(argc, argv, i++));
+            if (nsets == 64) fatal("eval: too many --set options");
+            sets[nsets++] = cli_value(argc, argv, i++);
         } else
             fatal("eval: unknown option '%s' (see focus eval --help)", a);
     }
@@ -117,6 +128,21 @@ int cmd_eval(int argc, char** argv) {
     ModelInfo info;
     model_load(&m, model, &fc, &info);
     apply_router_options(&m, router, attn, topk, routing);
+    /* the model's own settings come from its file and the router's shape from router.h5: only
+     * the other Focus keys take effect here */
+    for (int i = 0; i < nsets; i++) {
+        ModelConfig from_file = m.cfg;
+        FocusConfig want = m.fc;
+        cli_apply_set(&from_file, &want, sets[i]);
+        if (want.K != m.fc.K || want.dg != m.fc.dg)
+            fatal("eval: --set %s: K and dg are the router's shape, fixed by %s", sets[i],
+                  router ? router : "the model");
+        config_validate(&m.cfg, &want);
+        if (router && want.sinks != m.fc.sinks)
+            fprintf(stderr, "note: sinks = %d for this evaluation (the router was trained with %d)\n",
+                    want.sinks, m.fc.sinks);
+        m.fc = want;
+    }
     model_use_device(&m, device);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
@@ -130,13 +156,17 @@ int cmd_eval(int argc, char** argv) {
     PplResult r = eval_perplexity(&m, ids, n, ctx, stride, 0);
     static const char* attn_names[] = {"dense", "soft", "hard"};
     printf("model %s (%s)  data %s  ctx %d stride %d\n", info.name, info.format, data, ctx, stride);
-    char mode[128] = "dense (router off)";
-    if (m.fc.attn != ATTN_DENSE)
-        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d", attn_names[m.fc.attn],
-                 m.fc.attn == ATTN_HARD ? " top-k" : "", routing_name(m.fc.routing), m.fc.K,
-                 m.fc.w);
-    if (m.fc.attn == ATTN_HARD)
-        snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%d", m.fc.topk);
+    char mode[1400] = "dense (router off)";
+    if (m.fc.attn != ATTN_DENSE) {
+        char tk[32], dl[1024];
+        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s",
+                 attn_names[m.fc.attn], m.fc.attn == ATTN_HARD ? " top-k" : "",
+                 routing_name(m.fc.routing), m.fc.K, m.fc.w, m.fc.sinks,
+                 focus_dense_layers_str(&m.fc, dl, sizeof dl));
+        if (m.fc.attn == ATTN_HARD)
+            snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%s",
+                     focus_topk_str(&m.fc, tk));
+    }
     const char* mark =
         m.fc.attn != ATTN_DENSE && m.fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
     printf("attention %s\n", mode);
@@ -190,7 +220,8 @@ static int sample(const real* logits, int V, double temperature, double top_p, R
 
 int cmd_generate(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL;
-    int n = 64, topk = 0;
+    int n = 64;
+    const char* topk = NULL;
     double temperature = 0, top_p = 1;
     uint64_t seed = 1;
     FocusConfig fc;
@@ -227,7 +258,7 @@ int cmd_generate(int argc, char** argv) {
         else if (!strcmp(a, "--router"))
             router = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--topk"))
-            topk = cli_int(a, cli_value(argc, argv, i++));
+            topk = cli_value(argc, argv, i++);
         else if (!strcmp(a, "--attn"))
             attn = cli_value(argc, argv, i++);
         else

@@ -110,7 +110,7 @@ int cmd_groups(int argc, char** argv) {
     focus_config_default(&fc);
     Model m;
     model_load(&m, model, &fc, NULL);
-    apply_router_options(&m, router, "soft", 0, "causal");
+    apply_router_options(&m, router, "soft", NULL, "causal");
     Tokenizer* t = tokenizer_load(tok ? tok : model);
     size_t n;
     int* ids = load_tokens(data, "val_", tok ? tok : model, 1, &n);

@@ -114,17 +114,22 @@ int* load_eval_tokens(const char* data, const char* model_path, const char* tok_
 }
 
 double hard_pairs_kept(const Model* m) {
-    const int B = m->B, T = m->T, K = m->fc.K, w = m->fc.w;
+    const FocusConfig* f = &m->fc;
+    const int B = m->B, T = m->T, K = f->K, w = f->w;
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * (size_t)B * T);
     double kept = 0, total = 0;
     for (int l = 0; l < m->cfg.L; l++) {
-        routing_topk_mask(mask, model_groups(m, l), (size_t)B * T, K, m->fc.topk);
+        const int dense = focus_layer_dense(f, l);
+        routing_topk_mask(mask, model_groups(m, l), B, T, K, f->topk, f->topp, f->sinks, 0);
         for (int b = 0; b < B; b++) {
             const uint32_t* mb = mask + (size_t)b * T;
             for (int i = 0; i < T; i++) {
                 int local = i < w ? i + 1 : w + 1;
                 double far = 0;
-                for (int j = 0; j < i - w; j++) far += (mb[i] & mb[j]) != 0;
+                if (dense)
+                    far = i - w > 0 ? i - w : 0;
+                else
+                    for (int j = 0; j < i - w; j++) far += (mb[i] & mb[j]) != 0;
                 kept += local + far;
                 total += i + 1;
             }

@@ -115,6 +115,7 @@ char* runconfig_text(const RunConfig* rc) {
     char* s = mallocCheck(cap);
     const ModelConfig* m = &rc->mcfg;
     const FocusConfig* f = &rc->fc;
+    char topk[32], dense[1024];
     snprintf(s, cap,
              "[model]\nmodel = %s\ntokenizer = %s\narch = %s\nL = %d\nC = %d\nNH = %d\nNKV = %d\nF "
              "= %d\nV = %d\n"
@@ -128,7 +129,8 @@ char* runconfig_text(const RunConfig* rc) {
              "= %.9g\n"
              "[focus]\nK = %d\ndg = %d\ntau = %.9g\niters = %d\nw = %d\nlambda = %.9g\nb = "
              "%.9g\nrouting = %s\n"
-             "topk = %d\nlearn_gate = %d\nbeta_momentum = %.9g\nseed = %llu\n",
+             "topk = %s\nsinks = %d\ndense_layers = %s\nlearn_gate = %d\nbeta_momentum = "
+             "%.9g\nseed = %llu\n",
              rc->model, rc->tokenizer, m->arch == ARCH_GPT2 ? "gpt2" : "llama", m->L, m->C, m->NH,
              m->NKV, m->F, m->V, m->maxT, (double)m->eps, (double)m->rope_theta, m->qkv_bias,
              m->tied, rc->train, rc->val, (double)rc->val_fraction, rc->B, rc->T, rc->grad_accum,
@@ -136,7 +138,8 @@ char* runconfig_text(const RunConfig* rc) {
              (double)rc->beta2, (double)rc->adam_eps, (double)rc->weight_decay, (double)rc->clip,
              rc->eval_every, rc->eval_tokens, rc->ckpt_every, rc->pretrain_steps, rc->pretrain_B,
              (double)rc->pretrain_lr, f->K, f->dg, (double)f->tau, f->iters, f->w,
-             (double)f->lambda, (double)f->bias, routing_name(f->routing), f->topk, f->learn_gate,
+             (double)f->lambda, (double)f->bias, routing_name(f->routing), focus_topk_str(f, topk),
+             f->sinks, focus_dense_layers_str(f, dense, sizeof dense), f->learn_gate,
              (double)f->beta_momentum, (unsigned long long)f->seed);
     return s;
 }

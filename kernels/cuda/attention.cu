@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(2 * ROWS)
             float p = __expf(s - L);
             float ds = p * (dp - D);
             axpy_half<HD>(dq, ds * scale, Ks + jl * HD, part);
-            if (soft && i - j > g.w) {
+            if (soft && gate_far(g, i, j)) {
                 float x = g.lambda * (aff - g.bias);
                 float dx = ds / (1.f + __expf(x));
                 if (part == 0) dlam += dx * (aff - g.bias), db -= dx * g.lambda;
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(2 * ROWS)
                 float ds = p * (dp - Ds[il]);
                 axpy_half<HD>(dv, p, dOs + il * HD, part);
                 axpy_half<HD>(dk, ds * scale, Qs + il * HD, part);
-                if (soft && i - j > g.w) {
+                if (soft && gate_far(g, i, j)) {
                     float x = g.lambda * (aff - g.bias);
                     float dx = ds / (1.f + __expf(x));
                     for (int k = part; k < K; k += 2)

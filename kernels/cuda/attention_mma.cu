@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(128)
                     if (interior || (key < kn && i < T && j <= i)) {
                         float aff, sneg;
                         const float gate =
-                            pair_gate(g, gated && i - j > g.w, gi[hf], gj, mi[hf], mj, aff, sneg);
+                            pair_gate(g, gated && gate_far(g, i, j), gi[hf], gj, mi[hf], mj, aff, sneg);
                         x = (s[nt][e] * scale + gate) * LOG2EF;
                     }
                     s[nt][e] = x;
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(128)
                     const int e = 2 * hf + e2, i = hf ? i1r : i0r;
                     float ds = 0.f;
                     if (interior || (key < kn && i < T && j <= i)) {
-                        const int far = gated && i - j > g.w;
+                        const int far = gated && gate_far(g, i, j);
                         float aff, sneg;
                         const float gate = pair_gate(g, far, gi[hf], gj, mi[hf], mj, aff, sneg);
                         const float p = __expf(s[nt][e] * scale + gate - (hf ? L1 : L0));
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(128)
                     const int e = 2 * hf + e2, j = hf ? j1r : j0r;
                     float p = 0.f, ds = 0.f;
                     if (interior || (q < n && j < T && j <= i)) {
-                        const int far = gated && i - j > g.w;
+                        const int far = gated && gate_far(g, i, j);
                         float aff, sneg;
                         const float gate = pair_gate(g, far, gq, gk[hf], mqq, mkr[hf], aff, sneg);
                         p = __expf(st[nt][e] * scale + gate - Lq);

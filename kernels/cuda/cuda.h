@@ -91,7 +91,8 @@ void routing_forward_cuda(float* G, float* colofs, const float* S, const float* 
 void routing_backward_cuda(float* dS, const float* dG, const float* S, const float* G,
                            const float* beta, Routing mode, int B, int T, int K, float tau,
                            int iters, float* scratch);
-void routing_topk_mask_cuda(uint32_t* mask, const float* G, size_t N, int K, int topk);
+void routing_topk_mask_cuda(uint32_t* mask, const float* G, int B, int T, int K, int topk,
+                            float topp, int sinks, int pos0);
 
 /* ---- attention (kernels/attention.h); gate->G and gate->mask are device pointers ---- */
 void attention_forward_cuda(float* out, float* lse, const float* qkv, const AttnGate* gate, int B,

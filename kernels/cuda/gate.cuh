@@ -13,10 +13,11 @@ struct GateArgs {
     const float* G;
     const uint32_t* mask;
     float lambda, bias;
+    int sinks;
 };
 
 static inline GateArgs gate_args(const AttnGate* g) {
-    GateArgs a = {GATE_NONE, 1, 0, NULL, NULL, 0.f, 0.f};
+    GateArgs a = {GATE_NONE, 1, 0, NULL, NULL, 0.f, 0.f, 0};
     if (g && g->mode != GATE_NONE) {
         a.mode = g->mode;
         a.K = g->K;
@@ -25,16 +26,22 @@ static inline GateArgs gate_args(const AttnGate* g) {
         a.mask = g->mask;
         a.lambda = g->lambda;
         a.bias = g->bias;
+        a.sinks = g->sinks;
     }
     return a;
 }
 
+/* Pair (i, j) is gated: distant (i - j > w) and its key is not an attention sink (j >= sinks). */
+__device__ __forceinline__ bool gate_far(const GateArgs& g, int i, int j) {
+    return i - j > g.w && j >= g.sinks;
+}
+
 /* Additive gate of pair (i, j), given the two rows' group vectors / masks; *aff receives the
- * affinity G_i . G_j for the soft gate. Local pairs (i - j <= w) are never gated. */
+ * affinity G_i . G_j for the soft gate. Local pairs and sink keys are never gated. */
 __device__ __forceinline__ float gate_value(const GateArgs& g, int i, int j, const float* Gi,
                                             const float* Gj, uint32_t mi, uint32_t mj, float* aff) {
     *aff = 0.f;
-    if (g.mode == GATE_NONE || i - j <= g.w) return 0.f;
+    if (g.mode == GATE_NONE || !gate_far(g, i, j)) return 0.f;
     if (g.mode == GATE_HARD) return (mi & mj) ? 0.f : -INFINITY;
     float a = 0;
     for (int k = 0; k < g.K; k++) a += Gi[k] * Gj[k];
