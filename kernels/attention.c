@@ -94,6 +94,42 @@ void attention_forward(real* out, real* lse, const real* qkv, const AttnGate* ga
     }
 }
 
+void attention_group_mass(real* mass, const real* qkv, const real* lse, const real* G, int K,
+                          int w, int sinks, int B, int T, int NH, int NKV, int hs) {
+    const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV;
+    const int nblk = (T + BQ - 1) / BQ;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    memset(mass, 0, sizeof(real) * B * T * K);
+#pragma omp parallel
+    {
+        real* S = mallocCheck(sizeof(real) * BQ * T);
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < B * nblk; task++) {
+            int b = task / nblk, blk = nblk - 1 - task % nblk;
+            int i0 = blk * BQ, nq = (T - i0 < BQ) ? T - i0 : BQ;
+            int n = i0 + nq - w - 1; /* keys that are distant for some row of the block */
+            if (n <= sinks) continue;
+            const real* base = qkv + (size_t)b * T * QKV;
+            for (int h = 0; h < NH; h++) {
+                int kvh = h / rep;
+                const real* q = base + (size_t)i0 * QKV + h * hs;
+                const real* k = base + C + kvh * hs;
+                const real* l = lse + ((size_t)b * NH + h) * T + i0;
+                gemm(0, 1, nq, n, hs, scale, q, QKV, k, QKV, 0, S, n);
+                for (int r = 0; r < nq; r++) {
+                    real* p = S + (size_t)r * n;
+                    int far = i0 + r - w; /* sinks <= j < far */
+                    for (int j = 0; j < n; j++)
+                        p[j] = j >= sinks && j < far ? (real)exp((double)(p[j] - l[r])) : 0;
+                }
+                gemm(0, 0, nq, K, n, 1, S, n, G + (size_t)b * T * K, K, 1,
+                     mass + ((size_t)b * T + i0) * K, K);
+            }
+        }
+        free(S);
+    }
+}
+
 void attention_backward(real* dqkv, real* dG, real* dgate, const real* dout, const real* qkv,
                         const real* out, const real* lse, const AttnGate* gate, int B, int T,
                         int NH, int NKV, int hs) {

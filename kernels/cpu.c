@@ -247,6 +247,50 @@ void encoder_backward(real* dwte, real* dwpe, const real* dout, const int* token
     }
 }
 
+void teacher_probs_forward(real* x, real* negent, size_t N, int V) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        real* r = x + n * V;
+        double m = -INFINITY, s = 0, e = 0;
+        for (int v = 0; v < V; v++) m = r[v] > m ? r[v] : m;
+        for (int v = 0; v < V; v++) s += exp(r[v] - m);
+        double lse = m + log(s);
+        for (int v = 0; v < V; v++) {
+            double lp = r[v] - lse, p = exp(lp);
+            if (p > 0) e += p * lp;
+            r[v] = (real)p;
+        }
+        negent[n] = (real)e;
+    }
+}
+
+void kl_forward(real* losses, real* dlogits, const real* logits, const real* p,
+                const real* negent, const int* targets, size_t N, int V, real dscale) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* x = logits + n * V;
+        const real* pr = p + n * V;
+        if (targets[n] < 0) {
+            losses[n] = 0;
+            if (dlogits)
+                for (int v = 0; v < V; v++) dlogits[n * V + v] = 0;
+            continue;
+        }
+        double m = -INFINITY, s = 0, px = 0;
+        for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
+        for (int v = 0; v < V; v++) {
+            s += exp(x[v] - m);
+            px += (double)pr[v] * x[v];
+        }
+        double lse = m + log(s);
+        losses[n] = (real)(negent[n] - px + lse); /* sum p (log p - x + lse) */
+        if (dlogits) {
+            real* d = dlogits + n * V;
+            for (int v = 0; v < V; v++) d[v] = (real)(dscale * (exp(x[v] - lse) - pr[v]));
+        }
+    }
+}
+
 void crossentropy_forward(real* losses, real* dlogits, const real* logits, const int* targets,
                           size_t N, int V, real dscale) {
 #pragma omp parallel for

@@ -62,6 +62,16 @@ void encoder_backward(real* dwte, real* dwpe, const real* dout, const int* token
 void crossentropy_forward(real* losses, real* dlogits, const real* logits, const int* targets,
                           size_t N, int V, real dscale);
 
+/* The teacher of the `kl` objective: logits (N, V) become softmax probabilities p in place, and
+ * negent[n] = sum_v p log p (minus the row's entropy). */
+void teacher_probs_forward(real* x, real* negent, size_t N, int V);
+/* The `kl` training objective: losses[n] = KL(p_n || q_n) = negent_n - sum_v p log q, with p
+ * (and negent) the teacher's (the frozen dense model's) next-token distribution and q =
+ * softmax(logits) the model's; rows whose target is < 0 are ignored (loss 0). If dlogits is
+ * non-NULL it receives dscale * (q - p) (it may alias logits). */
+void kl_forward(real* losses, real* dlogits, const real* logits, const real* p,
+                const real* negent, const int* targets, size_t N, int V, real dscale);
+
 /* log(sigmoid(x)) = -softplus(-x), computed without overflow. */
 static inline double log_sigmoid(double x) { return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x)); }
 

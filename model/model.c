@@ -354,6 +354,10 @@ void model_free(Model* m) {
     free(m->targets);
     free(m->losses);
     free(m->scratch_mem);
+    free(m->tprob);
+    free(m->tnegent);
+    free(m->kl_losses);
+    free(m->atarget);
     memset(m, 0, sizeof(*m));
 }
 
@@ -528,6 +532,7 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
             fatal("token id %d at position %d is outside the vocabulary (V=%d)", inputs[i], i,
                   c->V);
     }
+    if (m->kl_active && (B != m->B || T != m->T)) m->kl_active = 0; /* not this batch's teacher */
 #ifdef FOCUS_CUDA
     if (m->gpu) {
         model_cuda_forward(m, inputs, targets, B, T, keep);
@@ -551,7 +556,7 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
                        p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
-        if (f->attn != ATTN_DENSE) {
+        if (f->attn != ATTN_DENSE || m->routed_dense) {
             /* a dense layer's groups are still computed (reports and statistics read them) */
             router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
                                   m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
@@ -599,7 +604,102 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;
+        if (m->kl_active) {
+            kl_forward(m->kl_losses, NULL, a->logits, m->tprob, m->tnegent, targets, BT, c->V, 0);
+            s = 0;
+            for (size_t i = 0; i < BT; i++) s += m->kl_losses[i];
+            m->mean_kl = valid ? (real)(s / valid) : 0;
+        }
     }
+}
+
+void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_logp,
+                           int want_mass) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const size_t BT = (size_t)B * T;
+    AttnMode attn = m->fc.attn;
+    m->fc.attn = ATTN_DENSE;
+    m->routed_dense = want_mass;
+    m->kl_active = 0;
+    model_forward(m, inputs, NULL, B, T, 1);
+    m->fc.attn = attn;
+    m->routed_dense = 0;
+#ifdef FOCUS_CUDA
+    if (m->gpu) {
+        model_cuda_teacher(m, want_logp, want_mass);
+        return;
+    }
+#endif
+    if (want_logp) {
+        if (m->teacher_bt != BT) { /* kept between steps: reallocated only when (B, T) changes */
+            free(m->tprob);
+            free(m->tnegent);
+            free(m->kl_losses);
+            m->tprob = mallocCheck(sizeof(real) * BT * c->V);
+            m->tnegent = mallocCheck(sizeof(real) * BT);
+            m->kl_losses = mallocCheck(sizeof(real) * BT);
+            m->teacher_bt = BT;
+        }
+        memcpy(m->tprob, m->acts.logits, sizeof(real) * BT * c->V);
+        teacher_probs_forward(m->tprob, m->tnegent, BT, c->V);
+        m->kl_active = 1;
+    }
+    if (want_mass) {
+        if (m->atarget_n != (size_t)c->L * BT * f->K) {
+            free(m->atarget);
+            m->atarget_n = (size_t)c->L * BT * f->K;
+            m->atarget = mallocCheck(sizeof(real) * m->atarget_n);
+        }
+        const int hs = c->C / c->NH;
+        for (int l = 0; l < c->L; l++) {
+            LayerActs la = layer_acts(m, l);
+            attention_group_mass(m->atarget + (size_t)l * BT * f->K, la.qkv, la.lse, la.rG, f->K,
+                                 f->w, f->sinks, B, T, c->NH, c->NKV, hs);
+        }
+    }
+}
+
+double model_attn_objective(Model* m, real weight, int backward) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const size_t BT = (size_t)m->B * m->T, K = f->K;
+    if (!m->atarget) fatal("internal: model_attn_objective needs a teacher pass with want_mass");
+#ifdef FOCUS_CUDA
+    if (m->gpu) return model_cuda_attn_objective(m, weight, backward);
+#endif
+    int routed = 0;
+    for (int l = 0; l < c->L; l++) routed += !focus_layer_dense(f, l);
+    if (!routed) return 0;
+    const double norm = 1.0 / ((double)routed * BT * c->NH);
+    real* dG = mallocCheck(sizeof(real) * BT * K);
+    real* dS = mallocCheck(sizeof(real) * BT * K);
+    real* dproj = mallocCheck(sizeof(real) * BT * f->dg);
+    double loss = 0;
+    for (int l = 0; l < c->L; l++) {
+        if (focus_layer_dense(f, l)) continue;
+        LayerActs la = layer_acts(m, l);
+        const real* t = m->atarget + (size_t)l * BT * K;
+        for (size_t i = 0; i < BT * K; i++) {
+            /* G > 0 in exact arithmetic; a float underflow to 0 must not give 0 * inf */
+            double g = la.rG[i] > 1e-30 ? la.rG[i] : 1e-30;
+            loss -= norm * t[i] * log(g);
+            dG[i] = (real)(-weight * norm * t[i] / g);
+        }
+        if (!backward) continue;
+        size_t lC = (size_t)l * c->C;
+        memset(dS, 0, sizeof(real) * BT * K);
+        routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * K, f->routing, m->B, m->T,
+                         f->K, f->tau, f->iters);
+        router_scores_backward(NULL, m->rgrads.wg + lC * f->dg,
+                               m->rgrads.cent + (size_t)l * K * f->dg, dproj, dS, la.ln1, la.rproj,
+                               m->router.wg + lC * f->dg, m->router.cent + (size_t)l * K * f->dg,
+                               BT, c->C, f->dg, f->K);
+    }
+    free(dG);
+    free(dS);
+    free(dproj);
+    return loss;
 }
 
 void model_update_beta(Model* m) {
@@ -684,8 +784,12 @@ void model_backward(Model* m, GradMode mode) {
     /* d loss / d logits, in place over the logits */
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
-    crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V,
-                         (real)(1.0 / (valid ? valid : 1)));
+    if (m->kl_active)
+        kl_forward(m->kl_losses, a->logits, a->logits, m->tprob, m->tnegent, m->targets, BT, c->V,
+                   (real)(1.0 / (valid ? valid : 1)));
+    else
+        crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V,
+                             (real)(1.0 / (valid ? valid : 1)));
     m->have_dlogits = 1;
 
     const real* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
@@ -748,4 +852,5 @@ void model_backward(Model* m, GradMode mode) {
                       la.ln1_rstd, BT);
     }
     if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);
+    m->kl_active = 0; /* the teacher's distributions served this backward pass */
 }

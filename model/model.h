@@ -129,6 +129,15 @@ typedef struct {
     int* targets;   /* (B, T) */
     real* losses;   /* (B, T) */
     real mean_loss; /* -1 when no targets were given */
+    /* teacher signals of the kl and attn objectives (model_teacher_forward) */
+    real* tprob;      /* (B, T, V) the dense model's next-token probabilities */
+    real* tnegent;    /* (B, T) sum_v p log p of each row of tprob */
+    real* kl_losses;  /* (B, T) KL(teacher || model) per token */
+    real mean_kl;     /* with kl_active and targets: the mean KL of the last forward */
+    int kl_active;    /* tprob holds the teacher of the current (B, T): backward follows the KL */
+    real* atarget;    /* (L, B, T, K) dense attention mass beyond the window, by group */
+    size_t teacher_bt, atarget_n; /* sizes of the teacher buffers */
+    int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
     int have_dlogits;
     /* backward scratch */
     real* scratch_mem;
@@ -178,6 +187,23 @@ void model_zero_grad(Model* m, GradMode mode);
  * GRAD_ROUTER: W_g and C (and lambda, b if learn_gate) only, input gradients through every
  * frozen layer. GRAD_ALL: every parameter too. Gradients accumulate. */
 void model_backward(Model* m, GradMode mode);
+/* Teacher pass of the kl and attn objectives (METHOD.md section 9): the same frozen model with
+ * the router off (dense attention, keep = 1) on inputs (B, T). want_logp keeps its next-token
+ * log-probabilities: the next forward with targets also sets mean_kl, and the next backward
+ * follows KL(teacher || model) instead of the LM loss. want_mass also runs the router on the dense
+ * hidden states and keeps, per routed layer, where each token's dense attention beyond its window
+ * goes, by group (attention_group_mass): call model_attn_objective before the next forward. */
+void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_logp,
+                           int want_mass);
+/* The attn objective after a want_mass teacher pass: each routed layer's group distribution G_i
+ * should put its mass where token i's dense attention beyond the window goes:
+ *   loss = -1/(L' N NH) sum_l sum_i sum_k t_lik log G_lik,  t = attention_group_mass
+ * (N = B T tokens, L' routed layers; t carries each token's distant mass, so tokens whose
+ * attention stays local weigh little). t is a constant (the teacher's), so the gradient flows
+ * only through G_i into W_g and C of the same layer: no backward through the backbone. With
+ * backward, weight * dloss accumulates into the router gradients. Returns the loss. */
+double model_attn_objective(Model* m, real weight, int backward);
+
 /* Fold the last forward's Sinkhorn offsets into beta (EMA). */
 void model_update_beta(Model* m);
 

@@ -26,6 +26,10 @@ struct CudaModel {
     HardPlan* plan;
     float *adam_m, *adam_v;
     size_t adam_n;
+    float *tprob, *tnegent, *kl_losses; /* (B, T, V), (B, T), (B, T): objective kl */
+    float* atarget;           /* (L, B, T, K): objective attn */
+    float* obj_scratch;       /* group mass per head, then dG, dS, dproj */
+    size_t tprob_n, tnegent_n, atarget_n, obj_n;
     int groups_fresh; /* host rG matches the device */
 };
 
@@ -97,6 +101,11 @@ void model_cuda_free(Model* m) {
     cuda_free(g->scratch);
     cuda_free(g->adam_m);
     cuda_free(g->adam_v);
+    cuda_free(g->tprob);
+    cuda_free(g->tnegent);
+    cuda_free(g->kl_losses);
+    cuda_free(g->atarget);
+    cuda_free(g->obj_scratch);
     hard_plan_free(g->plan);
     free(g);
     m->gpu = NULL;
@@ -172,7 +181,7 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
         if (c->arch == ARCH_LLAMA)
             rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
-        if (f->attn != ATTN_DENSE) {
+        if (f->attn != ATTN_DENSE || m->routed_dense) {
             cuda_prof_mark("fwd router scores");
             router_scores_forward_cuda(la.rproj, la.rS, la.ln1, g->router.wg + lC * f->dg,
                                        g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
@@ -237,6 +246,14 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;
+        if (m->kl_active) {
+            kl_forward_cuda(g->kl_losses, NULL, a->logits, g->tprob, g->tnegent, g->targets, BT,
+                            c->V, 0);
+            cuda_download(m->kl_losses, g->kl_losses, sizeof(float) * BT);
+            s = 0;
+            for (size_t i = 0; i < BT; i++) s += m->kl_losses[i];
+            m->mean_kl = valid ? (real)(s / valid) : 0;
+        }
     } else {
         cuda_sync();
     }
@@ -300,8 +317,12 @@ void model_cuda_backward(Model* m, GradMode mode) {
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
     cuda_prof_mark("bwd cross-entropy");
-    crossentropy_forward_cuda(g->losses, a->logits, a->logits, g->targets, BT, c->V,
-                              (float)(1.0 / (valid ? valid : 1)));
+    if (m->kl_active)
+        kl_forward_cuda(g->kl_losses, a->logits, a->logits, g->tprob, g->tnegent, g->targets, BT, c->V,
+                        (float)(1.0 / (valid ? valid : 1)));
+    else
+        crossentropy_forward_cuda(g->losses, a->logits, a->logits, g->targets, BT, c->V,
+                                  (float)(1.0 / (valid ? valid : 1)));
     m->have_dlogits = 1;
 
     const float* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
@@ -375,10 +396,93 @@ void model_cuda_backward(Model* m, GradMode mode) {
         cuda_prof_mark("bwd norm");
         norm_backward(m, dres, dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
     }
+    m->kl_active = 0; /* the teacher's distributions served this backward pass */
     /* the host copy of the router gradients (what clipping and tests read) */
     cuda_prof_mark("bwd gradient download");
     cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
     cuda_prof_mark(NULL);
+}
+
+/* Grow a device buffer to n floats. */
+static float* grow(float* p, size_t* have, size_t n) {
+    if (*have >= n && p) return p;
+    cuda_free(p);
+    *have = n;
+    return cuda_malloc(sizeof(float) * n);
+}
+
+void model_cuda_teacher(Model* m, int want_logp, int want_mass) {
+    struct CudaModel* g = m->gpu;
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const size_t BT = (size_t)g->B * g->T;
+    if (want_logp) {
+        g->tprob = grow(g->tprob, &g->tprob_n, BT * c->V);
+        g->tnegent = grow(g->tnegent, &g->tnegent_n, BT);
+        if (m->teacher_bt != BT) {
+            cuda_free(g->kl_losses);
+            g->kl_losses = cuda_malloc(sizeof(float) * BT);
+            free(m->kl_losses);
+            m->kl_losses = mallocCheck(sizeof(real) * BT);
+            m->teacher_bt = BT;
+        }
+        cuda_copy(g->tprob, g->acts.logits, sizeof(float) * BT * c->V);
+        teacher_probs_forward_cuda(g->tprob, g->tnegent, BT, c->V);
+        m->kl_active = 1;
+    }
+    if (want_mass) {
+        g->atarget = grow(g->atarget, &g->atarget_n, (size_t)c->L * BT * f->K);
+        g->obj_scratch = grow(g->obj_scratch, &g->obj_n, BT * (c->NH * (size_t)f->K + 2 * f->K + f->dg));
+        const int hs = c->C / c->NH;
+        for (int l = 0; l < c->L; l++) {
+            LayerActs la = model_layer_acts(m, &g->acts, g->rmask, l);
+            attention_group_mass_cuda(g->atarget + (size_t)l * BT * f->K, la.qkv, la.lse, la.rG,
+                                      f->K, f->w, f->sinks, g->B, g->T, c->NH, c->NKV, hs,
+                                      g->obj_scratch);
+        }
+        /* model_attn_objective checks that a target exists on the host side */
+        free(m->atarget);
+        m->atarget = mallocCheck(sizeof(real));
+    }
+}
+
+double model_cuda_attn_objective(Model* m, float weight, int backward) {
+    struct CudaModel* g = m->gpu;
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const size_t BT = (size_t)g->B * g->T, K = f->K;
+    int routed = 0;
+    for (int l = 0; l < c->L; l++) routed += !focus_layer_dense(f, l);
+    if (!routed) return 0;
+    const double norm = 1.0 / ((double)routed * BT * c->NH);
+    float* dG = g->obj_scratch;
+    float* dS = dG + BT * K;
+    float* dproj = dS + BT * K;
+    float* route_scr = NULL;
+    size_t nscr = routing_scratch_floats(g->B, g->T, f->K, f->iters);
+    if (backward) route_scr = cuda_malloc(sizeof(float) * (nscr + 1));
+    double loss = 0;
+    for (int l = 0; l < c->L; l++) {
+        if (focus_layer_dense(f, l)) continue;
+        LayerActs la = model_layer_acts(m, &g->acts, g->rmask, l);
+        loss += attn_objective_cuda(dG, g->atarget + (size_t)l * BT * K, la.rG, BT * K, norm,
+                                    weight);
+        if (!backward) continue;
+        size_t lC = (size_t)l * c->C;
+        cuda_memset0(dS, sizeof(float) * BT * K);
+        routing_backward_cuda(dS, dG, la.rS, la.rG, g->beta + (size_t)l * K, f->routing, g->B,
+                              g->T, f->K, f->tau, f->iters, route_scr);
+        router_scores_backward_cuda(NULL, g->rgrads.wg + lC * f->dg,
+                                    g->rgrads.cent + (size_t)l * K * f->dg, dproj, dS, la.ln1,
+                                    la.rproj, g->router.wg + lC * f->dg,
+                                    g->router.cent + (size_t)l * K * f->dg, BT, c->C, f->dg,
+                                    f->K);
+    }
+    if (backward) {
+        cuda_free(route_scr);
+        cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
+    }
+    return loss;
 }
 
 double model_cuda_grad_sumsq(Model* m, size_t n) { return sumsq_cuda(m->gpu->rgrads_mem, n); }

@@ -30,6 +30,10 @@ double model_cuda_grad_sumsq(Model* m, size_t n);
  * moments live on the device (uploaded from opt on first use) and the updated parameters are
  * copied back to m->router_mem. */
 void model_cuda_adamw(Model* m, AdamW* opt, float lr, float grad_scale);
+/* After a dense teacher pass on the device (model_teacher_forward): the teacher's log-probabilities
+ * (want_logp) and the per-layer group mass (want_mass) on the device. */
+void model_cuda_teacher(Model* m, int want_logp, int want_mass);
+double model_cuda_attn_objective(Model* m, float weight, int backward);
 /* Copy the device moments into opt (before a checkpoint is written). */
 void model_cuda_adamw_download(Model* m, AdamW* opt);
 

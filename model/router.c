@@ -26,7 +26,7 @@ void router_scores_backward(real* dh, real* dwg, real* dcent, real* dproj, const
     gemm(0, 0, (int)N, dg, K, 1, dS, K, cent, dg, 0, dproj, dg);
     if (dcent) gemm(1, 0, K, dg, (int)N, 1, dS, K, proj, dg, 1, dcent, dg);
     if (dwg) gemm(1, 0, C, dg, (int)N, 1, h, C, dproj, dg, 1, dwg, dg);
-    gemm(0, 1, (int)N, C, dg, 1, dproj, dg, wg, dg, 1, dh, C);
+    if (dh) gemm(0, 1, (int)N, C, dg, 1, dproj, dg, wg, dg, 1, dh, C);
 }
 
 static void row_step(real* L, int T, int K) {

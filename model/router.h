@@ -15,8 +15,8 @@ typedef enum { ROUTE_SINKHORN = 0, ROUTE_CAUSAL = 1, ROUTE_PREFIX = 2 } Routing;
 /* proj (N, dg) = h @ wg (C, dg); S (N, K) = proj @ cent (K, dg)^T. */
 void router_scores_forward(real* proj, real* S, const real* h, const real* wg, const real* cent,
                            size_t N, int C, int dg, int K);
-/* dh += dS cent wg^T; dwg += h^T dproj and dcent += dS^T proj unless NULL. dproj: (N, dg) scratch.
- */
+/* dh += dS cent wg^T unless NULL; dwg += h^T dproj and dcent += dS^T proj unless NULL. dproj:
+ * (N, dg) scratch. */
 void router_scores_backward(real* dh, real* dwg, real* dcent, real* dproj, const real* dS,
                             const real* h, const real* proj, const real* wg, const real* cent,
                             size_t N, int C, int dg, int K);

@@ -334,6 +334,46 @@ static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16, in
     cuda_free(dq), cuda_free(dO), cuda_free(dL), cuda_free(dmask);
 }
 
+/* The objectives that target the dense model: teacher probabilities, KL and its gradient, and
+ * the dense attention mass by group. */
+static void test_objectives(void) {
+    const size_t N = 70;
+    const int V = 1000;
+    float *x = randn(N * V, 3), *p = randn(N * V, 3), *ne = mallocCheck(4 * N);
+    int* tg = mallocCheck(sizeof(int) * N);
+    for (size_t i = 0; i < N; i++) tg[i] = i % 9 == 4 ? -1 : (int)(i % V);
+    float *dp = dev(p, N * V), *dne = devzero(N), *dx = dev(x, N * V);
+    teacher_probs_forward(p, ne, N, V);
+    teacher_probs_forward_cuda(dp, dne, N, V);
+    EXPECT("teacher_probs_forward", rel_dev(dp, p, N * V), 1e-5);
+    EXPECT("teacher_probs_forward negent", rel_dev(dne, ne, N), 1e-5);
+    float *loss = mallocCheck(4 * N), *dl = mallocCheck(4 * N * V);
+    kl_forward(loss, dl, x, p, ne, tg, N, V, 0.5f);
+    int* dtg = cuda_malloc(sizeof(int) * N);
+    cuda_upload(dtg, tg, sizeof(int) * N);
+    float *dloss = devzero(N), *ddl = devzero(N * V);
+    kl_forward_cuda(dloss, ddl, dx, dp, dne, dtg, N, V, 0.5f);
+    EXPECT("kl_forward", rel_dev(dloss, loss, N), 1e-4);
+    EXPECT("kl_forward dlogits", rel_dev(ddl, dl, N * V), 1e-5);
+    free(x), free(p), free(ne), free(tg), free(loss), free(dl);
+    cuda_free(dp), cuda_free(dne), cuda_free(dx), cuda_free(dtg), cuda_free(dloss), cuda_free(ddl);
+
+    const int B = 2, T = 300, NH = 4, NKV = 2, hs = 64, K = 8, w = 20;
+    const size_t BT = (size_t)B * T, QKV = (size_t)(NH + 2 * NKV) * hs, C = (size_t)NH * hs;
+    float *qkv = randn(BT * QKV, 1), *G = mallocCheck(4 * BT * K), *S = randn(BT * K, 1);
+    routing_forward(G, NULL, S, NULL, ROUTE_CAUSAL, B, T, K, 0.3f, 0);
+    float *out = mallocCheck(4 * BT * C), *lse = mallocCheck(4 * B * NH * T);
+    attention_forward(out, lse, qkv, NULL, B, T, NH, NKV, hs);
+    float* mass = mallocCheck(4 * BT * K);
+    attention_group_mass(mass, qkv, lse, G, K, w, 3, B, T, NH, NKV, hs);
+    float *dq = dev(qkv, BT * QKV), *dL = dev(lse, (size_t)B * NH * T), *dG = dev(G, BT * K);
+    float *dm = devzero(BT * K), *scr = devzero(BT * NH * K);
+    attention_group_mass_cuda(dm, dq, dL, dG, K, w, 3, B, T, NH, NKV, hs, scr);
+    EXPECT("attention_group_mass (3 sinks)", rel_dev(dm, mass, BT * K), 1e-5);
+    free(qkv), free(G), free(S), free(out), free(lse), free(mass);
+    cuda_free(dq), cuda_free(dL), cuda_free(dG), cuda_free(dm), cuda_free(scr);
+}
+
 static void test_adamw(void) {
     const size_t n = 1000;
     float *p = randn(n, 1), *g = randn(n, 1);
@@ -423,6 +463,35 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
     snprintf(name, sizeof name, "%s%s: group distributions (last layer)", preset, tag);
     float* dgr = dev(model_groups(&b, cfg.L - 1), (size_t)T * fc.K);
     EXPECT(name, rel_dev(dgr, model_groups(&a, cfg.L - 1), (size_t)T * fc.K), tev);
+    if (recipe) {
+        /* the objectives that target the dense model, on the same batch */
+        a.fc.attn = b.fc.attn = ATTN_SOFT;
+        a.fc.routing = b.fc.routing = routing;
+        model_zero_grad(&a, GRAD_ROUTER);
+        model_zero_grad(&b, GRAD_ROUTER);
+        model_teacher_forward(&a, inp, B, T, 1, 0);
+        model_teacher_forward(&b, inp, B, T, 1, 0);
+        model_forward(&a, inp, tgt, B, T, 1);
+        model_forward(&b, inp, tgt, B, T, 1);
+        snprintf(name, sizeof name, "%s%s: kl objective", preset, tag);
+        EXPECT(name, fabs(a.mean_kl - b.mean_kl) / fmax(a.mean_kl, 1e-3), tl * 10);
+        model_backward(&a, GRAD_ROUTER);
+        model_backward(&b, GRAD_ROUTER);
+        float* kg = dev(b.rgrads_mem, b.num_router);
+        snprintf(name, sizeof name, "%s%s: kl router gradients", preset, tag);
+        EXPECT(name, rel_dev(kg, a.rgrads_mem, a.num_router), tgr);
+        model_zero_grad(&a, GRAD_ROUTER);
+        model_zero_grad(&b, GRAD_ROUTER);
+        model_teacher_forward(&a, inp, B, T, 0, 1);
+        model_teacher_forward(&b, inp, B, T, 0, 1);
+        double la = model_attn_objective(&a, 1, 1), lb = model_attn_objective(&b, 1, 1);
+        snprintf(name, sizeof name, "%s%s: attn objective", preset, tag);
+        EXPECT(name, fabs(la - lb) / fmax(la, 1e-3), tl * 10);
+        float* ag = dev(b.rgrads_mem, b.num_router);
+        snprintf(name, sizeof name, "%s%s: attn router gradients", preset, tag);
+        EXPECT(name, rel_dev(ag, a.rgrads_mem, a.num_router), tgr);
+        cuda_free(kg), cuda_free(ag);
+    }
     cuda_free(dref), cuda_free(dgot), cuda_free(rp), cuda_free(dl), cuda_free(dgr);
     adamw_free(&oa), adamw_free(&ob);
     free(inp), free(tgt);
@@ -455,6 +524,7 @@ int main(int argc, char** argv) {
         test_hard(1, 777, 4, 2, 16, 64, 1, 0);
         test_hard(1, 777, 8, 1, 64, 64, 1, 4);
         test_adamw();
+        test_objectives();
         test_model("tiny-llama", ROUTE_SINKHORN, 0, 0);
         test_model("tiny-gpt2", ROUTE_PREFIX, 0, 0);
         test_model("tiny-llama", ROUTE_CAUSAL, 0, 0);

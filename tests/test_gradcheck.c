@@ -354,6 +354,80 @@ static void check_model(const char* preset, Routing routing, int qkv_bias, int s
     model_free(&m);
 }
 
+/* ---------------------------------------------------------------- objectives */
+static double model_kl_loss(void* p) {
+    ModelCtx* c = p;
+    model_forward(c->m, c->inp, c->tgt, c->B, c->T, 1);
+    return c->m->mean_kl;
+}
+/* The attn objective with its targets held fixed (they are the teacher's, a constant). */
+static double model_attn_loss(void* p) {
+    ModelCtx* c = p;
+    AttnMode keep = c->m->fc.attn;
+    c->m->fc.attn = ATTN_DENSE;
+    c->m->routed_dense = 1;
+    model_forward(c->m, c->inp, NULL, c->B, c->T, 1);
+    c->m->routed_dense = 0;
+    c->m->fc.attn = keep;
+    return model_attn_objective(c->m, 1, 0);
+}
+
+/* The kl and attn objectives' router gradients (METHOD.md section 9) by finite differences. */
+static void check_objectives(void) {
+    ModelConfig cfg;
+    FocusConfig fc;
+    model_config_preset("tiny-llama", &cfg);
+    focus_config_default(&fc);
+    fc.K = 4, fc.dg = 4, fc.w = 8, fc.iters = 10, fc.lambda = 4, fc.bias = 0.4f, fc.sinks = 2;
+    Model m;
+    model_build(&m, &cfg, &fc);
+    model_init_backbone(&m, 9);
+    for (size_t i = 0; i < m.num_params; i++)
+        if (m.params_mem[i] != 1 && m.params_mem[i] != 0) m.params_mem[i] *= 12;
+    for (size_t i = 0; i < m.router_sizes[0] + m.router_sizes[1]; i++) m.router_mem[i] *= 0.2;
+    enum { B = 2, T = 40 };
+    int inp[B * T], tgt[B * T];
+    for (int i = 0; i < B * T; i++) {
+        inp[i] = (int)(rng_u64(&rng) % cfg.V);
+        tgt[i] = (int)(rng_u64(&rng) % cfg.V);
+    }
+    tgt[5] = -1;
+    ModelCtx c = {&m, inp, tgt, B, T};
+    real* rg = mallocCheck(sizeof(real) * m.num_router);
+
+    /* kl: KL(dense || soft-gated model) on next-token distributions */
+    model_teacher_forward(&m, inp, B, T, 1, 0);
+    model_forward(&m, inp, tgt, B, T, 1);
+    CHECK(m.mean_kl > 0, "kl objective: the gated model must differ from its teacher (%g)",
+          (double)m.mean_kl);
+    model_zero_grad(&m, GRAD_ROUTER);
+    model_backward(&m, GRAD_ROUTER);
+    memcpy(rg, m.rgrads_mem, sizeof(real) * m.num_router);
+    model_teacher_forward(&m, inp, B, T, 1, 0);
+    report("objective kl (2 sinks): W_g",
+           fd_check(model_kl_loss, &c, m.router.wg, rg, m.router_sizes[0], 200, 1e-6), 2e-6);
+    report("objective kl (2 sinks): C",
+           fd_check(model_kl_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1],
+                    200, 1e-6),
+           2e-6);
+    m.kl_active = 0;
+
+    /* attn: dense attention mass by group as each layer's routing target */
+    model_teacher_forward(&m, inp, B, T, 0, 1);
+    model_zero_grad(&m, GRAD_ROUTER);
+    double a = model_attn_objective(&m, 1, 1);
+    CHECK(a > 0 && isfinite(a), "attn objective: expected a positive loss, got %g", a);
+    memcpy(rg, m.rgrads_mem, sizeof(real) * m.num_router);
+    report("objective attn (2 sinks): W_g",
+           fd_check(model_attn_loss, &c, m.router.wg, rg, m.router_sizes[0], 200, 1e-6), 2e-6);
+    report("objective attn (2 sinks): C",
+           fd_check(model_attn_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1],
+                    200, 1e-6),
+           2e-6);
+    free(rg);
+    model_free(&m);
+}
+
 int main(void) {
     rng_seed(&rng, 42);
     printf("per-kernel gradients (double precision, central differences, h = 1e-6):\n");
@@ -376,6 +450,7 @@ int main(void) {
     check_model("tiny-llama", ROUTE_SINKHORN, 1, 0, 0);
     check_model("tiny-llama", ROUTE_PREFIX, 0, 0, 0);
     check_model("tiny-llama", ROUTE_SINKHORN, 0, 2, 1);
+    check_objectives();
     printf("worst relative error over all checks: %.3e\n", worst_overall);
     return tu_finish("test_gradcheck");
 }

@@ -3,7 +3,12 @@
  *
  * A step: grad_accum micro-batches of B x T tokens, windows at random offsets of the training
  * tokens (a seeded sampler), each a forward pass with the training routing (Sinkhorn by default), a
- * beta EMA update and a router-only backward pass; then clipping and AdamW. Everything the next
+ * beta EMA update and a router-only backward pass; then clipping and AdamW. The objective is the
+ * LM loss (the paper's), or targets the frozen dense model (METHOD.md section 9): `kl` runs a
+ * teacher pass with the router off first (one forward, no backward: about a third more work per
+ * step) and trains on KL(dense || focus) of the next-token distributions; `attn` needs only the
+ * teacher pass: each layer's router is trained so that a token's groups hold its dense attention
+ * mass beyond the window, a per-layer loss with no backward pass through the backbone. Everything the next
  * step depends on (router, moments, beta, data sampler and RNG states) is in router.h5, so --resume
  * continues bit-identically on the same machine and thread count. */
 #define _GNU_SOURCE
@@ -375,6 +380,8 @@ int cmd_retrofit(int argc, char** argv) {
     }
 
     int B = rc.B, T = rc.T;
+    int use_kl, use_attn;
+    runconfig_objective(&rc, &use_kl, &use_attn);
     int* inp = mallocCheck(sizeof(int) * B * T);
     int* tgt = mallocCheck(sizeof(int) * B * T);
     m.fc = rc.fc;
@@ -384,18 +391,28 @@ int cmd_retrofit(int argc, char** argv) {
         double t0 = now_seconds();
         float lr = lr_schedule(step, rc.warmup, rc.steps, rc.lr, rc.min_lr_frac);
         model_zero_grad(&m, GRAD_ROUTER);
-        double loss = 0;
+        double loss = 0, lm_loss = 0;
         for (int micro = 0; micro < rc.grad_accum; micro++) {
             next_batch(train, ntrain, &sampler, B, T, inp, tgt);
-            model_forward(&m, inp, tgt, B, T, 1);
-            if (!isfinite(m.mean_loss))
+            double obj = 0;
+            if (use_kl || use_attn) model_teacher_forward(&m, inp, B, T, use_kl, use_attn);
+            if (use_attn) {
+                obj += rc.attn_weight * model_attn_objective(&m, rc.attn_weight, 1);
+                if (!use_kl) model_update_beta(&m); /* the teacher pass ran the training routing */
+            }
+            if (!use_attn || use_kl) {
+                model_forward(&m, inp, tgt, B, T, 1);
+                model_update_beta(&m);
+                model_backward(&m, GRAD_ROUTER);
+                obj += use_kl ? m.mean_kl : m.mean_loss;
+                lm_loss += m.mean_loss / rc.grad_accum;
+            }
+            if (!isfinite(obj))
                 fatal(
                     "retrofit: the loss became %g at step %ld; the last checkpoint (%s) is intact; "
                     "try a lower lr",
-                    (double)m.mean_loss, step + 1, ckpt);
-            model_update_beta(&m);
-            model_backward(&m, GRAD_ROUTER);
-            loss += m.mean_loss / rc.grad_accum;
+                    obj, step + 1, ckpt);
+            loss += obj / rc.grad_accum;
         }
         double gnorm;
         if (device) {
@@ -423,15 +440,15 @@ int cmd_retrofit(int argc, char** argv) {
         double share = focus_largest_share(&m), gate = focus_gate_far_mean(&m, &rng);
         double tps = (double)B * T * rc.grad_accum / dt;
         printf(
-            "step %5ld/%d | loss %.4f | lr %.2e | %8.0f tok/s | %7.0f ms | largest group %.3f | "
+            "step %5ld/%d | %s %.4f | lr %.2e | %8.0f tok/s | %7.0f ms | largest group %.3f | "
             "gate(far) %.3f | |g| %.3f\n",
-            step + 1, rc.steps, loss, (double)lr, tps, dt * 1e3, share, gate, gnorm);
+            step + 1, rc.steps, rc.objective, loss, (double)lr, tps, dt * 1e3, share, gate, gnorm);
         fflush(stdout);
         fprintf(mf,
-                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, "
+                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lm_loss\": %.9g, \"lr\": %.9g, "
                 "\"tokens_per_s\": %.1f, \"ms\": %.1f, "
                 "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
-                step + 1, loss, (double)lr, tps, dt * 1e3, share, isfinite(gate) ? gate : -1.0,
+                step + 1, loss, use_attn && !use_kl ? -1.0 : lm_loss, (double)lr, tps, dt * 1e3, share, isfinite(gate) ? gate : -1.0,
                 gnorm);
         fflush(mf);
         st.step = step + 1;

@@ -15,6 +15,8 @@ void runconfig_default(RunConfig* rc) {
     rc->weight_decay = 0, rc->clip = 1.0f;
     rc->eval_every = 50, rc->eval_tokens = 8192, rc->ckpt_every = 50;
     rc->pretrain_steps = 0, rc->pretrain_B = 8, rc->pretrain_lr = 3e-3f;
+    strcpy(rc->objective, "lm");
+    rc->attn_weight = 1.0f;
     model_config_preset("tiny-llama", &rc->mcfg);
     focus_config_default(&rc->fc);
     rc->fc.routing = ROUTE_SINKHORN;
@@ -53,7 +55,15 @@ static int set_key(RunConfig* rc, const char* name, const char* value) {
         {"pretrain_steps", &rc->pretrain_steps, 0, 0},
         {"pretrain_B", &rc->pretrain_B, 0, 0},
         {"pretrain_lr", 0, &rc->pretrain_lr, 0},
+        {"attn_weight", 0, &rc->attn_weight, 0},
     };
+    if (!strcmp(name, "objective")) {
+        if (strcmp(value, "lm") && strcmp(value, "kl") && strcmp(value, "attn") &&
+            strcmp(value, "kl+attn"))
+            return -2;
+        strcpy(rc->objective, value);
+        return 0;
+    }
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
         if (strcmp(keys[k].name, name)) continue;
         char* end;
@@ -126,7 +136,7 @@ char* runconfig_text(const RunConfig* rc) {
              "beta1 = %.9g\nbeta2 = %.9g\nadam_eps = %.9g\nweight_decay = %.9g\nclip = "
              "%.9g\neval_every = %d\n"
              "eval_tokens = %d\nckpt_every = %d\npretrain_steps = %d\npretrain_B = %d\npretrain_lr "
-             "= %.9g\n"
+             "= %.9g\nobjective = %s\nattn_weight = %.9g\n"
              "[focus]\nK = %d\ndg = %d\ntau = %.9g\niters = %d\nw = %d\nlambda = %.9g\nb = "
              "%.9g\nrouting = %s\n"
              "topk = %s\nsinks = %d\ndense_layers = %s\nlearn_gate = %d\nbeta_momentum = "
@@ -137,11 +147,16 @@ char* runconfig_text(const RunConfig* rc) {
              rc->steps, rc->warmup, (double)rc->lr, (double)rc->min_lr_frac, (double)rc->beta1,
              (double)rc->beta2, (double)rc->adam_eps, (double)rc->weight_decay, (double)rc->clip,
              rc->eval_every, rc->eval_tokens, rc->ckpt_every, rc->pretrain_steps, rc->pretrain_B,
-             (double)rc->pretrain_lr, f->K, f->dg, (double)f->tau, f->iters, f->w,
+             (double)rc->pretrain_lr, rc->objective, (double)rc->attn_weight, f->K, f->dg, (double)f->tau, f->iters, f->w,
              (double)f->lambda, (double)f->bias, routing_name(f->routing), focus_topk_str(f, topk),
              f->sinks, focus_dense_layers_str(f, dense, sizeof dense), f->learn_gate,
              (double)f->beta_momentum, (unsigned long long)f->seed);
     return s;
+}
+
+void runconfig_objective(const RunConfig* rc, int* kl, int* attn) {
+    *kl = !strcmp(rc->objective, "kl") || !strcmp(rc->objective, "kl+attn");
+    *attn = !strcmp(rc->objective, "attn") || !strcmp(rc->objective, "kl+attn");
 }
 
 void runconfig_print(const RunConfig* rc, FILE* f) {

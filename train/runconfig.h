@@ -16,6 +16,11 @@ typedef struct {
     int eval_every, eval_tokens, ckpt_every;
     int pretrain_steps, pretrain_B; /* scratch models only */
     float pretrain_lr;
+    /* what the router is trained against (METHOD.md section 9): lm (the paper's next-token loss),
+     * kl (KL divergence from the frozen dense model's next-token distribution), attn (each
+     * token's groups follow its dense attention mass beyond the window), or kl+attn */
+    char objective[16];
+    float attn_weight; /* weight of the attn term in kl+attn */
     ModelConfig mcfg; /* scratch models only */
     FocusConfig fc;   /* routing = the training routing; evaluation is always causal */
 } RunConfig;
@@ -30,5 +35,7 @@ void runconfig_set(RunConfig* rc, const char* kv);
 /* Resolved settings as INI text (malloc'd). */
 char* runconfig_text(const RunConfig* rc);
 void runconfig_print(const RunConfig* rc, FILE* f);
+/* The objective's parts: *kl and *attn set for kl, attn or kl+attn (both 0 for lm). */
+void runconfig_objective(const RunConfig* rc, int* kl, int* attn);
 
 #endif

@@ -34,6 +34,7 @@ void cuda_free(void* p);
 void cuda_upload(void* dst, const void* src, size_t bytes);
 void cuda_download(void* dst, const void* src, size_t bytes);
 void cuda_memset0(void* p, size_t bytes);
+void cuda_copy(void* dst, const void* src, size_t bytes); /* device to device, queued */
 void cuda_sync(void); /* waits for the device; fatal() if a kernel failed */
 const char* cuda_device_name(void);
 /* Phase timing (FOCUS_PROFILE=1 in the environment, else every call returns at once): a mark
@@ -70,6 +71,19 @@ void encoder_forward_cuda(float* out, const int* tokens, const float* wte, const
                           int T, int C);
 void crossentropy_forward_cuda(float* losses, float* dlogits, const float* logits,
                                const int* targets, size_t N, int V, float dscale);
+/* ---- objectives that target the dense model (kernels/cpu.h, kernels/attention.h) ---- */
+void teacher_probs_forward_cuda(float* x, float* negent, size_t N, int V);
+void kl_forward_cuda(float* losses, float* dlogits, const float* logits, const float* p,
+                     const float* negent, const int* targets, size_t N, int V, float dscale);
+/* scratch: B * T * NH * K floats (per-head sums, added in head order). */
+void attention_group_mass_cuda(float* mass, const float* qkv, const float* lse, const float* G,
+                               int K, int w, int sinks, int B, int T, int NH, int NKV, int hs,
+                               float* scratch);
+/* model_attn_objective's arithmetic for one layer (n = B T K entries): dG = -weight * norm * t / G,
+ * returns -norm * sum t log G (waits for the device). */
+double attn_objective_cuda(float* dG, const float* t, const float* G, size_t n, double norm,
+                           float weight);
+
 /* y += x (n elements) */
 void residual_add_cuda(float* y, const float* x, size_t n);
 /* x *= s (n elements) */

@@ -22,7 +22,7 @@ extern "C" void router_scores_backward_cuda(float* dh, float* dwg, float* dcent,
     gemm_cuda(0, 0, (int)N, dg, K, 1.f, dS, K, cent, dg, 0.f, dproj, dg);
     if (dcent) gemm_cuda(1, 0, K, dg, (int)N, 1.f, dS, K, proj, dg, 1.f, dcent, dg);
     if (dwg) gemm_cuda(1, 0, C, dg, (int)N, 1.f, h, C, dproj, dg, 1.f, dwg, dg);
-    gemm_cuda(0, 1, (int)N, C, dg, 1.f, dproj, dg, wg, dg, 1.f, dh, C);
+    if (dh) gemm_cuda(0, 1, (int)N, C, dg, 1.f, dproj, dg, wg, dg, 1.f, dh, C);
 }
 
 /* Every token's K entries minus their log-sum-exp. */
