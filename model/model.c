@@ -59,6 +59,10 @@ void focus_config_default(FocusConfig* fc) {
                         .bias = 0.5f,
                         .beta_momentum = 0.99f,
                         .learn_gate = 0,
+                        /* project choice (METHOD.md section 9): 4 sinks, as StreamingLLM; on
+                         * SmolLM2 one sink took hard k=1 from 35.3 to 21.0 (dense 20.3), 4 to
+                         * 20.96 (docs/RESULTS.md) */
+                        .sinks = 4,
                         .seed = 1234};
 }
 
@@ -103,6 +107,7 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
         {"lambda", 0, &f->lambda},
         {"b", 0, &f->bias},
         {"beta_momentum", 0, &f->beta_momentum},
+        {"beta_balance", &f->beta_balance, 0},
         {"learn_gate", &f->learn_gate, 0},
         {"sinks", &f->sinks, 0},
     };
@@ -257,6 +262,7 @@ void config_print(const ModelConfig* c, const FocusConfig* f, FILE* o) {
     ROW("lambda", "g", (double)f->lambda);
     ROW("b", "g", (double)f->bias);
     ROW("learn_gate", "d", f->learn_gate);
+    ROW("beta_balance", "d", f->beta_balance);
     ROW("seed", "llu", (unsigned long long)f->seed);
 #undef ROW
     fprintf(o, "+-----------------+----------------------+\n");
@@ -702,8 +708,61 @@ double model_attn_objective(Model* m, real weight, int backward) {
     return loss;
 }
 
+/* The beta under which causal routing gives every group 1/K of the routing mass on the N score
+ * rows S (every `step`-th row): fixed-point steps beta_k -= log(K mean_t G_tk), G = softmax(S/tau
+ * + beta) (Sinkhorn's column step, applied to beta instead of to each sequence), from the
+ * current beta; centred. */
+static void balanced_beta(real* out, const real* beta, const real* S, size_t N, size_t step, int K,
+                          real tau) {
+    double b[32], col[32];
+    for (int k = 0; k < K; k++) b[k] = beta[k];
+    for (int it = 0; it < 8; it++) {
+        for (int k = 0; k < K; k++) col[k] = 0;
+        size_t n = 0;
+        for (size_t t = 0; t < N; t += step, n++) {
+            const real* s = S + t * K;
+            double x[32], mx = -INFINITY, z = 0;
+            for (int k = 0; k < K; k++) {
+                x[k] = s[k] / tau + b[k];
+                mx = x[k] > mx ? x[k] : mx;
+            }
+            for (int k = 0; k < K; k++) z += x[k] = exp(x[k] - mx);
+            for (int k = 0; k < K; k++) col[k] += x[k] / z;
+        }
+        double mean = 0;
+        for (int k = 0; k < K; k++) {
+            /* an empty group moves by at most log(K) a step */
+            double share = col[k] / n * K;
+            b[k] -= log(share > 1.0 / K ? share : 1.0 / K);
+            mean += b[k] / K;
+        }
+        for (int k = 0; k < K; k++) b[k] -= mean;
+    }
+    for (int k = 0; k < K; k++) out[k] = (real)b[k];
+}
+
 void model_update_beta(Model* m) {
     const FocusConfig* f = &m->fc;
+    if (f->beta_balance) {
+        /* from the score rows of every layer (a keep = 1 forward pass with the router on) */
+        if (!m->keep || !m->acts.rS) return;
+#ifdef FOCUS_CUDA
+        if (m->gpu) model_cuda_sync_scores(m);
+#endif
+        const size_t BT = (size_t)m->B * m->T, step = BT > 4096 ? BT / 4096 : 1;
+        real mom = m->beta_updates ? f->beta_momentum : 0;
+        for (int l = 0; l < m->cfg.L; l++) {
+            real target[32];
+            real* beta = m->beta + (size_t)l * f->K;
+            balanced_beta(target, beta, m->acts.rS + (size_t)l * BT * f->K, BT, step, f->K, f->tau);
+            for (int k = 0; k < f->K; k++) beta[k] = mom * beta[k] + (1 - mom) * target[k];
+        }
+        m->beta_updates++;
+#ifdef FOCUS_CUDA
+        if (m->gpu) model_cuda_upload_router(m);
+#endif
+        return;
+    }
     if (f->attn == ATTN_DENSE || f->routing == ROUTE_CAUSAL || !m->acts.colofs) return;
         /* Average of the batch's offsets; the first update takes it as is. */
 #ifdef FOCUS_CUDA

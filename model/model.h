@@ -44,6 +44,7 @@ typedef struct {
     float tau;           /* Sinkhorn / softmax temperature */
     float lambda, bias;  /* gate sharpness and offset (initial values if learned) */
     float beta_momentum; /* EMA momentum of the causal per-group bias */
+    int beta_balance;    /* beta balances causal routing itself (else: EMA of Sinkhorn's offsets) */
     int learn_gate;      /* lambda and b receive gradients */
     uint64_t seed;       /* router initialisation */
 } FocusConfig;
@@ -204,7 +205,9 @@ void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_l
  * backward, weight * dloss accumulates into the router gradients. Returns the loss. */
 double model_attn_objective(Model* m, real weight, int backward);
 
-/* Fold the last forward's Sinkhorn offsets into beta (EMA). */
+/* Fold the last forward pass (keep = 1, router on) into beta, the causal routing bias, as an EMA:
+ * with beta_balance, the beta under which causal routing gives each group 1/K of the mass on this
+ * batch's scores (project choice, METHOD.md section 9); else Sinkhorn's per-group offsets. */
 void model_update_beta(Model* m);
 
 /* Logits of the last forward: (B, T, V), valid until the next backward. */

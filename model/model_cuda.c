@@ -132,10 +132,11 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
     /* host side: only the groups and column offsets that callers read */
     model_host_buffers(m, B, T, keep);
     memset(&m->acts, 0, sizeof m->acts);
-    const size_t nG = s[16], nofs = s[17]; /* acts.rG, acts.colofs */
-    m->acts_mem = mallocCheck(sizeof(real) * (nG + nofs + 1));
+    const size_t nS = s[15], nG = s[16], nofs = s[17]; /* acts.rS, acts.rG, acts.colofs */
+    m->acts_mem = mallocCheck(sizeof(real) * (nS + nG + nofs + 1));
     m->acts.rG = nG ? m->acts_mem : NULL;
     m->acts.colofs = nofs ? m->acts_mem + nG : NULL;
+    m->acts.rS = nS ? m->acts_mem + nG + nofs : NULL;
 }
 
 static void norm_forward(const Model* m, float* out, float* mean, float* rstd, const float* inp,
@@ -271,6 +272,14 @@ void model_cuda_sync_colofs(Model* m) {
     struct CudaModel* g = m->gpu;
     if (!g || !g->acts.colofs || !m->acts.colofs) return;
     cuda_download(m->acts.colofs, g->acts.colofs, sizeof(float) * m->cfg.L * g->B * m->fc.K);
+}
+
+void model_cuda_sync_scores(Model* m) {
+    struct CudaModel* g = m->gpu;
+    if (!g || !g->acts.rS || !m->acts.rS) return;
+    size_t s[NUM_ACT_TENSORS];
+    model_act_sizes(s, &m->cfg, &m->fc, g->B, g->T, g->keep);
+    cuda_download(m->acts.rS, g->acts.rS, sizeof(float) * s[15]);
 }
 
 void model_cuda_zero_grad(Model* m, GradMode mode) {

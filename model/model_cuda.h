@@ -24,6 +24,7 @@ void model_cuda_upload_router(Model* m);
 /* Device -> host copies of the last forward pass's group distributions / Sinkhorn offsets. */
 void model_cuda_sync_groups(const Model* m);
 void model_cuda_sync_colofs(Model* m);
+void model_cuda_sync_scores(Model* m); /* router scores of every kept layer */
 /* Sum of squares of the router gradients on the device (for the global-norm clip). */
 double model_cuda_grad_sumsq(Model* m, size_t n);
 /* AdamW on the first opt->n router parameters with the device gradients times grad_scale; the

@@ -9,6 +9,10 @@
 #   bash scripts/device_check.sh profile   # GPU tests and the phase profile of a training step
 #   bash scripts/device_check.sh smollm2   # join the SmolLM2 parts (second device call), then a
 #                                          # short SmolLM2 retrofit and its training throughput
+#   bash scripts/device_check.sh quality1  # (device_pack.sh quality) compile check and GPU tests;
+#                                          # stashes the build and the first part of the GGUF
+#   bash scripts/device_check.sh quality2  # second call: join the GGUF, run the quality
+#                                          # experiment (scripts/quality_experiment.sh) on the GPU
 #
 # Environment: LENGTHS= (empty) skips the attention benchmark; FP32_TOO=1 runs the SmolLM2 retrofit
 # a second time with training on the fp32 attention kernels (FOCUS_ATTN_MMA=0).
@@ -38,6 +42,9 @@ log "environment"
 cat "$OUT/env.txt"
 CARRIED=.devcarry
 [ "$MODE" = smollm2 ] && CARRIED=.devcarry2
+if [ "$MODE" = quality2 ]; then
+    CARRIED=$STASH  # the build stashed by quality1
+fi
 if [ ! -f $CARRIED/pkg.tar.xz ]; then
     echo "device_check: $CARRIED/pkg.tar.xz is missing; run scripts/device_pack.sh and carry $CARRIED"
     exit 1
@@ -55,7 +62,7 @@ export LD_LIBRARY_PATH=$LIBS:${LD_LIBRARY_PATH:-}
 FOCUS=$PKG/pkg/bin/focus
 ldd "$FOCUS" | grep -i "not found" && echo "device_check: a library is missing (above)"
 
-if [ "$MODE" = smollm2 ]; then
+if [ "$MODE" = smollm2 ] || [ "$MODE" = quality2 ]; then
     log "joining the SmolLM2 parts"
     mkdir -p cache/models
     cat "$STASH/model.part1" .devcarry2/model.part2 > "$MODEL" 2>/dev/null
@@ -152,6 +159,33 @@ if [ "$MODE" = all ]; then
 
     if [ -f .devcarry/model.part1 ]; then mkdir -p "$STASH" && cp .devcarry/model.part1 "$STASH/"; fi
     [ -f "$MODEL" ] && [ -d .devcarry2/data ] && run_smollm2
+elif [ "$MODE" = quality1 ]; then
+    log "nvcc compile check (sm_90, warnings are errors)"
+    ok=1
+    for f in ops router attention attention_mma sparse objective; do
+        nvcc -arch=sm_90 -std=c++17 -O3 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter \
+            -c kernels/cuda/$f.cu -o /tmp/$f.o > "/tmp/nvcc_$f.log" 2>&1 &
+    done
+    wait
+    for f in ops router attention attention_mma sparse objective; do [ -f /tmp/$f.o ] || ok=0; done
+    cat /tmp/nvcc_*.log | grep -E "error" | head -20
+    echo "nvcc compile check: $([ $ok = 1 ] && echo passed || echo FAILED)" | tee "$OUT/nvcc.txt"
+    mkdir -p "$STASH" && cp .devcarry/model.part1 .devcarry/pkg.tar.xz "$STASH/"
+    run_tests
+elif [ "$MODE" = quality2 ]; then
+    if [ ! -f "$MODEL" ]; then
+        echo "device_check: no SmolLM2 model (was quality1 run on this machine?)"
+    else
+        log "quality experiment on the GPU"
+        mkdir -p cache && tar -C cache -xJf .devcarry2/shards.tar.xz
+        FOCUS=$FOCUS FOCUS_DATA=/nonexistent timeout "${QUALITY_LIMIT:-480}" \
+            bash scripts/quality_experiment.sh /tmp/quality cuda > "$OUT/quality.txt" 2>&1
+        echo "exit $?" >> "$OUT/quality.txt"
+        tail -60 "$OUT/quality.txt"
+        cp /tmp/quality/results.tsv "$OUT/" 2>/dev/null
+        cp /tmp/quality/layers.txt "$OUT/" 2>/dev/null
+        (cd /tmp/quality && tar czf "$OUT/quality_logs.tar.gz" train_*.log run_*/metrics.jsonl run_*/config.conf 2>/dev/null)
+    fi
 elif [ "$MODE" = profile ]; then
     run_tests
     run_profile
@@ -219,6 +253,7 @@ with open(os.path.join(out, name), "w") as f:
 print(json.dumps(s, indent=1)[:6000])
 EOF
 # The device tool returns at most 8 files: keep the summary, pack the rest.
+[ "$MODE" = quality2 ] && exit 0  # its few files come back as they are
 (cd "$OUT" && tar czf "results_$MODE.tar.gz" --exclude='summary*.json' --exclude='results_*.tar.gz' \
     --exclude='*.log' . ; find . -maxdepth 1 -type f ! -name 'summary*.json' ! -name 'results_*.tar.gz' \
     ! -name '*.log' -delete)

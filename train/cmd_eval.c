@@ -52,9 +52,59 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
         fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
 }
 
+/* `focus eval layers`: how much each layer's sparse attention costs on its own (every other
+ * layer dense), so a user can choose dense_layers. */
+static void eval_layer_sensitivity(Model* m, const int* ids, size_t n, int ctx, int stride) {
+    const int L = m->cfg.L;
+    FocusConfig keep = m->fc;
+    m->fc.attn = ATTN_DENSE;
+    PplResult d = eval_perplexity(m, ids, n, ctx, stride, 1);
+    m->fc = keep;
+    memset(m->fc.dense_layers, 0, sizeof m->fc.dense_layers);
+    PplResult all = eval_perplexity(m, ids, n, ctx, stride, 1);
+    const double pd = exp(d.nll / d.count), pa = exp(all.nll / all.count);
+    char tk[32];
+    printf("layer sensitivity: %s attention, k=%s, sinks=%d, w=%d, ctx %d, %zu tokens\n",
+           m->fc.attn == ATTN_HARD ? "hard" : "soft", focus_topk_str(&m->fc, tk), m->fc.sinks,
+           m->fc.w, ctx, d.count);
+    printf("dense (router off) %.4f; every layer sparse %.4f (%+.2f %%)\n", pd, pa,
+           100 * (pa / pd - 1));
+    printf("%5s  %10s  %8s   (only this layer sparse, every other layer dense)\n", "layer",
+           "perplexity", "vs dense");
+    double* cost = mallocCheck(sizeof(double) * L);
+    for (int l = 0; l < L; l++) {
+        memset(m->fc.dense_layers, 0, sizeof m->fc.dense_layers);
+        for (int j = 0; j < L; j++)
+            if (j != l) m->fc.dense_layers[j >> 6] |= 1ull << (j & 63);
+        PplResult r = eval_perplexity(m, ids, n, ctx, stride, 1);
+        double p = exp(r.nll / r.count);
+        cost[l] = p / pd - 1;
+        printf("%5d  %10.4f  %+7.2f %%\n", l, p, 100 * cost[l]);
+        fflush(stdout);
+    }
+    /* the most sensitive layers first: a dense_layers line for the 1, 2, 4 and 8 worst */
+    int* order = mallocCheck(sizeof(int) * L);
+    for (int l = 0; l < L; l++) order[l] = l;
+    for (int i = 0; i < L; i++)
+        for (int j = i + 1; j < L; j++)
+            if (cost[order[j]] > cost[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    for (int c = 1; c <= 8 && c <= L; c *= 2) {
+        printf("the %d most sensitive: dense_layers = ", c);
+        for (int i = 0; i < c; i++) printf(i ? ",%d" : "%d", order[i]);
+        printf("\n");
+    }
+    free(cost);
+    free(order);
+    m->fc = keep;
+}
+
 static void eval_help(void) {
     printf(
-        "usage: focus eval ppl --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
+        "usage: focus eval ppl|layers --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
         "[--stride s]\n"
         "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] "
         "[--topk k|pP]\n"
@@ -68,7 +118,34 @@ static void eval_help(void) {
         "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n"
         "--topk p0.9 keeps each token's groups until 90 %% of its group mass is covered (p0.9:2:\n"
         "at most 2). The router's sinks and dense_layers apply; --set sinks=N, --set\n"
-        "dense_layers=0,1 or --set w=N override them for this evaluation.\n");
+        "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
+        "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
+        "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n");
+}
+
+static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n,
+                        const char* data, int ctx, int stride) {
+    PplResult r = eval_perplexity(m, ids, n, ctx, stride, 0);
+    static const char* attn_names[] = {"dense", "soft", "hard"};
+    printf("model %s (%s)  data %s  ctx %d stride %d\n", info->name, info->format, data, ctx, stride);
+    char mode[1400] = "dense (router off)";
+    if (m->fc.attn != ATTN_DENSE) {
+        char tk[32], dl[1024];
+        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s",
+                 attn_names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "",
+                 routing_name(m->fc.routing), m->fc.K, m->fc.w, m->fc.sinks,
+                 focus_dense_layers_str(&m->fc, dl, sizeof dl));
+        if (m->fc.attn == ATTN_HARD)
+            snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%s",
+                     focus_topk_str(&m->fc, tk));
+    }
+    const char* mark =
+        m->fc.attn != ATTN_DENSE && m->fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
+    printf("attention %s\n", mode);
+    printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n",
+           exp(r.nll / r.count), mark, r.count, r.nll / r.count, (double)r.count / r.seconds,
+           r.seconds);
+    if (m->fc.attn == ATTN_HARD) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
 }
 
 int cmd_eval(int argc, char** argv) {
@@ -76,7 +153,9 @@ int cmd_eval(int argc, char** argv) {
         eval_help();
         return argc < 2 ? 1 : 0;
     }
-    if (strcmp(argv[1], "ppl")) fatal("eval: unknown evaluation '%s' (ppl)", argv[1]);
+    const int layers = !strcmp(argv[1], "layers");
+    if (strcmp(argv[1], "ppl") && !layers)
+        fatal("eval: unknown evaluation '%s' (ppl or layers)", argv[1]);
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
     size_t max_tokens = 0;
@@ -127,7 +206,7 @@ int cmd_eval(int argc, char** argv) {
     Model m;
     ModelInfo info;
     model_load(&m, model, &fc, &info);
-    apply_router_options(&m, router, attn, topk, routing);
+    apply_router_options(&m, router, attn, topk && !strchr(topk, ',') ? topk : NULL, routing);
     /* the model's own settings come from its file and the router's shape from router.h5: only
      * the other Focus keys take effect here */
     for (int i = 0; i < nsets; i++) {
@@ -153,27 +232,26 @@ int cmd_eval(int argc, char** argv) {
                   data, ids[i], m.cfg.V);
     if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2)
         fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);
-    PplResult r = eval_perplexity(&m, ids, n, ctx, stride, 0);
-    static const char* attn_names[] = {"dense", "soft", "hard"};
-    printf("model %s (%s)  data %s  ctx %d stride %d\n", info.name, info.format, data, ctx, stride);
-    char mode[1400] = "dense (router off)";
-    if (m.fc.attn != ATTN_DENSE) {
-        char tk[32], dl[1024];
-        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s",
-                 attn_names[m.fc.attn], m.fc.attn == ATTN_HARD ? " top-k" : "",
-                 routing_name(m.fc.routing), m.fc.K, m.fc.w, m.fc.sinks,
-                 focus_dense_layers_str(&m.fc, dl, sizeof dl));
-        if (m.fc.attn == ATTN_HARD)
-            snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%s",
-                     focus_topk_str(&m.fc, tk));
+    if (layers) {
+        if (!router || m.fc.attn == ATTN_DENSE) fatal("eval layers: needs --router (and hard or soft attention)");
+        eval_layer_sensitivity(&m, ids, n, ctx, stride);
+        free(ids);
+        model_free(&m);
+        return 0;
     }
-    const char* mark =
-        m.fc.attn != ATTN_DENSE && m.fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
-    printf("attention %s\n", mode);
-    printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n",
-           exp(r.nll / r.count), mark, r.count, r.nll / r.count, (double)r.count / r.seconds,
-           r.seconds);
-    if (m.fc.attn == ATTN_HARD) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
+    /* --topk 1,2,p0.9: one evaluation per budget, the model loaded once */
+    char budgets[256];
+    snprintf(budgets, sizeof budgets, "%s", topk && strchr(topk, ',') ? topk : "");
+    char* next_budget = budgets[0] ? budgets : NULL;
+    do {
+        if (next_budget) {
+            char* comma = strchr(next_budget, ',');
+            if (comma) *comma = 0;
+            apply_router_options(&m, NULL, NULL, next_budget, NULL);
+            next_budget = comma ? comma + 1 : NULL;
+        }
+        eval_report(&m, &info, ids, n, data, ctx, stride);
+    } while (next_budget);
     free(ids);
     model_free(&m);
     return 0;

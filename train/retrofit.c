@@ -251,6 +251,8 @@ int cmd_retrofit(int argc, char** argv) {
     runconfig_default(&rc);
     if (resume) {
         char* text = router_read_config(ckpt);
+        /* a run stored before these keys existed had no sinks and the lm objective */
+        rc.fc.sinks = 0;
         runconfig_load_text(&rc, text, ckpt);
         free(text);
     } else {

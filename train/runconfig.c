@@ -140,7 +140,7 @@ char* runconfig_text(const RunConfig* rc) {
              "[focus]\nK = %d\ndg = %d\ntau = %.9g\niters = %d\nw = %d\nlambda = %.9g\nb = "
              "%.9g\nrouting = %s\n"
              "topk = %s\nsinks = %d\ndense_layers = %s\nlearn_gate = %d\nbeta_momentum = "
-             "%.9g\nseed = %llu\n",
+             "%.9g\nbeta_balance = %d\nseed = %llu\n",
              rc->model, rc->tokenizer, m->arch == ARCH_GPT2 ? "gpt2" : "llama", m->L, m->C, m->NH,
              m->NKV, m->F, m->V, m->maxT, (double)m->eps, (double)m->rope_theta, m->qkv_bias,
              m->tied, rc->train, rc->val, (double)rc->val_fraction, rc->B, rc->T, rc->grad_accum,
@@ -150,7 +150,7 @@ char* runconfig_text(const RunConfig* rc) {
              (double)rc->pretrain_lr, rc->objective, (double)rc->attn_weight, f->K, f->dg, (double)f->tau, f->iters, f->w,
              (double)f->lambda, (double)f->bias, routing_name(f->routing), focus_topk_str(f, topk),
              f->sinks, focus_dense_layers_str(f, dense, sizeof dense), f->learn_gate,
-             (double)f->beta_momentum, (unsigned long long)f->seed);
+             (double)f->beta_momentum, f->beta_balance, (unsigned long long)f->seed);
     return s;
 }
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""plot_quality.py: perplexity against the fraction of causal pairs kept, one curve per recipe
+(its hard budgets), the dense model as a horizontal line; one panel per (data, ctx).
+
+    python3 scripts/plot_quality.py OUT_DIR     # reads OUT_DIR/results.tsv (quality_experiment.sh)
+                                                # writes OUT_DIR/quality.png
+Needs matplotlib (pip install matplotlib, or Debian's python3-matplotlib with /usr/bin/python3)."""
+import csv
+import os
+import sys
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "."
+    rows = list(csv.DictReader(open(os.path.join(out, "results.tsv")), delimiter="\t"))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["data"], int(r["ctx"])) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, (data, ctx) in zip(axes[0], panels):
+        here = [r for r in rows if r["data"] == data and int(r["ctx"]) == ctx]
+        dense = [float(r["ppl"]) for r in here if r["recipe"] == "dense"]
+        curves = {}
+        for r in here:
+            if r["pairs_kept"] in ("-", ""):
+                continue
+            curves.setdefault(r["recipe"], []).append((float(r["pairs_kept"]), float(r["ppl"])))
+        for name, pts in sorted(curves.items()):
+            pts.sort()
+            ax.plot([p for p, _ in pts], [q for _, q in pts], "o-", label=name, ms=4)
+        if dense:
+            ax.axhline(dense[0], color="k", ls="--", lw=1, label="dense %.2f" % dense[0])
+            ax.set_ylim(dense[0] * 0.98, dense[0] * 1.6)
+        ax.set_xlabel("fraction of causal pairs kept")
+        ax.set_ylabel("perplexity")
+        ax.set_title("%s, ctx %d" % (data, ctx))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out, "quality.png")
+    fig.savefig(path, dpi=110)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
