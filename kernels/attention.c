@@ -28,8 +28,8 @@ static void gate_block(real* gt, real* aff, const AttnGate* g, int b, int T, int
             int far = i0 + r - g->w; /* sinks <= j < far is a distant pair */
             for (int j = 0; j < n; j++) {
                 size_t at = (size_t)r * n + j;
-                gt[at] = j < far && j >= g->sinks ? (real)log_sigmoid(g->lambda * (a[at] - g->bias))
-                                                  : 0;
+                gt[at] =
+                    j < far && j >= g->sinks ? (real)log_sigmoid(g->lambda * (a[at] - g->bias)) : 0;
             }
         }
     } else {
@@ -94,8 +94,8 @@ void attention_forward(real* out, real* lse, const real* qkv, const AttnGate* ga
     }
 }
 
-void attention_group_mass(real* mass, const real* qkv, const real* lse, const real* G, int K,
-                          int w, int sinks, int B, int T, int NH, int NKV, int hs) {
+void attention_group_mass(real* mass, const real* qkv, const real* lse, const real* G, int K, int w,
+                          int sinks, int B, int T, int NH, int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV;
     const int nblk = (T + BQ - 1) / BQ;
     const real scale = (real)(1.0 / sqrt((double)hs));

@@ -42,7 +42,7 @@ void attention_backward(real* dqkv, real* dG, real* dgate, const real* dout, con
  * groups and summed over heads: mass (B, T, K) = sum_h sum_j P^h_ij G_j, with P recomputed from
  * the dense forward pass's lse. The target of the `attn` training objective (METHOD.md section 9):
  * where a token's attention beyond its window actually goes. */
-void attention_group_mass(real* mass, const real* qkv, const real* lse, const real* G, int K,
-                          int w, int sinks, int B, int T, int NH, int NKV, int hs);
+void attention_group_mass(real* mass, const real* qkv, const real* lse, const real* G, int K, int w,
+                          int sinks, int B, int T, int NH, int NKV, int hs);
 
 #endif

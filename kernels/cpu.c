@@ -264,8 +264,8 @@ void teacher_probs_forward(real* x, real* negent, size_t N, int V) {
     }
 }
 
-void kl_forward(real* losses, real* dlogits, const real* logits, const real* p,
-                const real* negent, const int* targets, size_t N, int V, real dscale) {
+void kl_forward(real* losses, real* dlogits, const real* logits, const real* p, const real* negent,
+                const int* targets, size_t N, int V, real dscale) {
 #pragma omp parallel for
     for (size_t n = 0; n < N; n++) {
         const real* x = logits + n * V;

@@ -69,8 +69,8 @@ void teacher_probs_forward(real* x, real* negent, size_t N, int V);
  * (and negent) the teacher's (the frozen dense model's) next-token distribution and q =
  * softmax(logits) the model's; rows whose target is < 0 are ignored (loss 0). If dlogits is
  * non-NULL it receives dscale * (q - p) (it may alias logits). */
-void kl_forward(real* losses, real* dlogits, const real* logits, const real* p,
-                const real* negent, const int* targets, size_t N, int V, real dscale);
+void kl_forward(real* losses, real* dlogits, const real* logits, const real* p, const real* negent,
+                const int* targets, size_t N, int V, real dscale);
 
 /* log(sigmoid(x)) = -softplus(-x), computed without overflow. */
 static inline double log_sigmoid(double x) { return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x)); }

@@ -57,8 +57,12 @@ void focus_config_default(FocusConfig* fc) {
                         .tau = 0.1f,
                         .lambda = 10.0f,
                         .bias = 0.5f,
-                        .beta_momentum = 0.99f,
+                        .beta_momentum = 0.9f,
                         .learn_gate = 0,
+                        /* project choice (METHOD.md section 9): beta balances causal routing
+                         * itself; the paper's EMA of Sinkhorn offsets (beta_balance = 0,
+                         * beta_momentum = 0.99) left one group with 40 % of a layer's tokens */
+                        .beta_balance = 1,
                         /* project choice (METHOD.md section 9): 4 sinks, as StreamingLLM; on
                          * SmolLM2 one sink took hard k=1 from 35.3 to 21.0 (dense 20.3), 4 to
                          * 20.96 (docs/RESULTS.md) */
@@ -159,8 +163,10 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
                 if (end == q || b < a || b > 255) return -2;
             }
             for (long l = a; l <= b; l++) f->dense_layers[l >> 6] |= 1ull << (l & 63);
-            if (*end == ',') end++;
-            else if (*end) return -2;
+            if (*end == ',')
+                end++;
+            else if (*end)
+                return -2;
             q = end;
         }
         return 0;
@@ -887,8 +893,8 @@ void model_backward(Model* m, GradMode mode) {
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
         attention_backward(dqkv, router ? dG : NULL,
-                           router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL,
-                           dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
+                           router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                           la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
         /* Layer 0's input gradient is needed only for the embeddings. */
         if (l == 0 && !all && !router) break;
         if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);

@@ -31,22 +31,22 @@ typedef struct {
 typedef enum { ATTN_DENSE = 0, ATTN_SOFT = 1, ATTN_HARD = 2 } AttnMode;
 
 typedef struct {
-    AttnMode attn;       /* dense: router off; soft: gated (training); hard: top-k groups */
-    Routing routing;     /* sinkhorn | causal | prefix_sinkhorn */
-    int K;               /* groups, at most 32 */
-    int dg;              /* routing dimension */
-    int iters;           /* Sinkhorn iterations */
-    int w;               /* local window */
-    int topk;            /* groups kept per token in hard mode (with topp: at most; 0 = K) */
-    float topp;          /* hard mode, adaptive: keep groups until this share of G_i (0 = off) */
-    int sinks;           /* the first `sinks` positions are kept by every query, every mode */
+    AttnMode attn;   /* dense: router off; soft: gated (training); hard: top-k groups */
+    Routing routing; /* sinkhorn | causal | prefix_sinkhorn */
+    int K;           /* groups, at most 32 */
+    int dg;          /* routing dimension */
+    int iters;       /* Sinkhorn iterations */
+    int w;           /* local window */
+    int topk;        /* groups kept per token in hard mode (with topp: at most; 0 = K) */
+    float topp;      /* hard mode, adaptive: keep groups until this share of G_i (0 = off) */
+    int sinks;       /* the first `sinks` positions are kept by every query, every mode */
     uint64_t dense_layers[4]; /* bitset: layers that keep dense attention (router unused) */
-    float tau;           /* Sinkhorn / softmax temperature */
-    float lambda, bias;  /* gate sharpness and offset (initial values if learned) */
-    float beta_momentum; /* EMA momentum of the causal per-group bias */
-    int beta_balance;    /* beta balances causal routing itself (else: EMA of Sinkhorn's offsets) */
-    int learn_gate;      /* lambda and b receive gradients */
-    uint64_t seed;       /* router initialisation */
+    float tau;                /* Sinkhorn / softmax temperature */
+    float lambda, bias;       /* gate sharpness and offset (initial values if learned) */
+    float beta_momentum;      /* EMA momentum of the causal per-group bias */
+    int beta_balance; /* beta balances causal routing itself (else: EMA of Sinkhorn's offsets) */
+    int learn_gate;   /* lambda and b receive gradients */
+    uint64_t seed;    /* router initialisation */
 } FocusConfig;
 
 #define NUM_PARAM_TENSORS 17
@@ -131,12 +131,12 @@ typedef struct {
     real* losses;   /* (B, T) */
     real mean_loss; /* -1 when no targets were given */
     /* teacher signals of the kl and attn objectives (model_teacher_forward) */
-    real* tprob;      /* (B, T, V) the dense model's next-token probabilities */
-    real* tnegent;    /* (B, T) sum_v p log p of each row of tprob */
-    real* kl_losses;  /* (B, T) KL(teacher || model) per token */
-    real mean_kl;     /* with kl_active and targets: the mean KL of the last forward */
-    int kl_active;    /* tprob holds the teacher of the current (B, T): backward follows the KL */
-    real* atarget;    /* (L, B, T, K) dense attention mass beyond the window, by group */
+    real* tprob;     /* (B, T, V) the dense model's next-token probabilities */
+    real* tnegent;   /* (B, T) sum_v p log p of each row of tprob */
+    real* kl_losses; /* (B, T) KL(teacher || model) per token */
+    real mean_kl;    /* with kl_active and targets: the mean KL of the last forward */
+    int kl_active;   /* tprob holds the teacher of the current (B, T): backward follows the KL */
+    real* atarget;   /* (L, B, T, K) dense attention mass beyond the window, by group */
     size_t teacher_bt, atarget_n; /* sizes of the teacher buffers */
     int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
     int have_dlogits;
@@ -194,8 +194,7 @@ void model_backward(Model* m, GradMode mode);
  * follows KL(teacher || model) instead of the LM loss. want_mass also runs the router on the dense
  * hidden states and keeps, per routed layer, where each token's dense attention beyond its window
  * goes, by group (attention_group_mass): call model_attn_objective before the next forward. */
-void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_logp,
-                           int want_mass);
+void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_logp, int want_mass);
 /* The attn objective after a want_mass teacher pass: each routed layer's group distribution G_i
  * should put its mass where token i's dense attention beyond the window goes:
  *   loss = -1/(L' N NH) sum_l sum_i sum_k t_lik log G_lik,  t = attention_group_mass

@@ -27,8 +27,8 @@ struct CudaModel {
     float *adam_m, *adam_v;
     size_t adam_n;
     float *tprob, *tnegent, *kl_losses; /* (B, T, V), (B, T), (B, T): objective kl */
-    float* atarget;           /* (L, B, T, K): objective attn */
-    float* obj_scratch;       /* group mass per head, then dG, dS, dproj */
+    float* atarget;                     /* (L, B, T, K): objective attn */
+    float* obj_scratch;                 /* group mass per head, then dG, dS, dproj */
     size_t tprob_n, tnegent_n, atarget_n, obj_n;
     int groups_fresh; /* host rG matches the device */
 };
@@ -327,8 +327,8 @@ void model_cuda_backward(Model* m, GradMode mode) {
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
     cuda_prof_mark("bwd cross-entropy");
     if (m->kl_active)
-        kl_forward_cuda(g->kl_losses, a->logits, a->logits, g->tprob, g->tnegent, g->targets, BT, c->V,
-                        (float)(1.0 / (valid ? valid : 1)));
+        kl_forward_cuda(g->kl_losses, a->logits, a->logits, g->tprob, g->tnegent, g->targets, BT,
+                        c->V, (float)(1.0 / (valid ? valid : 1)));
     else
         crossentropy_forward_cuda(g->losses, a->logits, a->logits, g->targets, BT, c->V,
                                   (float)(1.0 / (valid ? valid : 1)));
@@ -374,13 +374,13 @@ void model_cuda_backward(Model* m, GradMode mode) {
         if (router) cuda_memset0(dG, sizeof(float) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
         if (attention_mma_applies(&gate, hs))
-            attention_backward_mma_cuda(dqkv, router ? dG : NULL,
-                                        router && f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
-                                        la.att, la.lse, &gate, B, T, c->NH, c->NKV, attn_scr);
+            attention_backward_mma_cuda(
+                dqkv, router ? dG : NULL, router && f->learn_gate ? g->rgrads.gate + 2 * l : NULL,
+                dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, attn_scr);
         else
-            attention_backward_cuda(dqkv, router ? dG : NULL,
-                                    router && f->learn_gate ? g->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
-                                    la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
+            attention_backward_cuda(
+                dqkv, router ? dG : NULL, router && f->learn_gate ? g->rgrads.gate + 2 * l : NULL,
+                dbuf, la.qkv, la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs, attn_scr);
         if (l == 0 && !router) break;
         cuda_prof_mark("bwd rope");
         if (c->arch == ARCH_LLAMA)
@@ -441,7 +441,8 @@ void model_cuda_teacher(Model* m, int want_logp, int want_mass) {
     }
     if (want_mass) {
         g->atarget = grow(g->atarget, &g->atarget_n, (size_t)c->L * BT * f->K);
-        g->obj_scratch = grow(g->obj_scratch, &g->obj_n, BT * (c->NH * (size_t)f->K + 2 * f->K + f->dg));
+        g->obj_scratch =
+            grow(g->obj_scratch, &g->obj_n, BT * (c->NH * (size_t)f->K + 2 * f->K + f->dg));
         const int hs = c->C / c->NH;
         for (int l = 0; l < c->L; l++) {
             LayerActs la = model_layer_acts(m, &g->acts, g->rmask, l);
@@ -474,18 +475,17 @@ double model_cuda_attn_objective(Model* m, float weight, int backward) {
     for (int l = 0; l < c->L; l++) {
         if (focus_layer_dense(f, l)) continue;
         LayerActs la = model_layer_acts(m, &g->acts, g->rmask, l);
-        loss += attn_objective_cuda(dG, g->atarget + (size_t)l * BT * K, la.rG, BT * K, norm,
-                                    weight);
+        loss +=
+            attn_objective_cuda(dG, g->atarget + (size_t)l * BT * K, la.rG, BT * K, norm, weight);
         if (!backward) continue;
         size_t lC = (size_t)l * c->C;
         cuda_memset0(dS, sizeof(float) * BT * K);
-        routing_backward_cuda(dS, dG, la.rS, la.rG, g->beta + (size_t)l * K, f->routing, g->B,
-                              g->T, f->K, f->tau, f->iters, route_scr);
+        routing_backward_cuda(dS, dG, la.rS, la.rG, g->beta + (size_t)l * K, f->routing, g->B, g->T,
+                              f->K, f->tau, f->iters, route_scr);
         router_scores_backward_cuda(NULL, g->rgrads.wg + lC * f->dg,
                                     g->rgrads.cent + (size_t)l * K * f->dg, dproj, dS, la.ln1,
                                     la.rproj, g->router.wg + lC * f->dg,
-                                    g->router.cent + (size_t)l * K * f->dg, BT, c->C, f->dg,
-                                    f->K);
+                                    g->router.cent + (size_t)l * K * f->dg, BT, c->C, f->dg, f->K);
     }
     if (backward) {
         cuda_free(route_scr);

@@ -17,4 +17,4 @@ rm -rf "$run"
 python3 scripts/plot_run.py "$run" >/dev/null 2>&1 || true
 echo
 echo "run files: $run/ (router.h5, metrics.jsonl, config.conf, groups/groups.txt, groups/groups.svg$( [ -f "$run/run.png" ] && echo ", run.png"))"
-echo "evaluate: ./build/focus eval ppl --model $model --data $text/val.txt --ctx 512 --router $run/router.h5 --attn hard --topk 1"
+echo "evaluate: ./build/focus eval ppl --model $model --data $text/val.txt --ctx 512 --router $run/router.h5 --attn hard --topk 1,2"

@@ -2,7 +2,8 @@
 # focus retrofit through the command line on configs/tiny.conf, shrunk to seconds:
 # an interrupted run resumed with --resume reproduces the uninterrupted run's losses bit for
 # bit; eval with the router works; a truncated router.h5 and a router on another base model are
-# refused. Needs ../shared/data (skips with 77 without it).
+# refused, and so is a resume with other attention sinks; eval with several budgets and eval
+# layers work; the kl, attn and kl+attn objectives run. Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -31,5 +32,23 @@ err=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/dat
 "$focus" retrofit --config configs/tiny.conf "${small[@]}" --set seed=7 --stop-after 1 --out "$work/other" > /dev/null 2>&1
 err=$("$focus" eval ppl --model "$work/other/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --router "$work/full/router.h5" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "different base model" && ok "router on another base model refused" || bad "other base: rc=$rc $err"
+# attention sinks are part of the router: a resume that asks for other sinks is refused
+err=$("$focus" retrofit --resume "$work/part" --set sinks=0 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "trained with sinks = 4" && ok "resume with other sinks refused: $err" || bad "sinks mismatch: rc=$rc $err"
+# several budgets in one evaluation, an adaptive one among them
+data=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64)
+out=$("$focus" eval ppl "${data[@]}" --router "$work/full/router.h5" --attn hard --topk 1,p0.8 2>/dev/null)
+[ "$(echo "$out" | grep -c "pairs kept")" -eq 2 ] && echo "$out" | grep -q "k=p0.8" && ok "eval --topk 1,p0.8: two budgets" || bad "topk list: $out"
+out=$("$focus" eval layers "${data[@]}" --router "$work/full/router.h5" --attn hard --topk 1 2>/dev/null)
+echo "$out" | grep -q "the 2 most sensitive: dense_layers = " && ok "eval layers suggests dense_layers" || bad "eval layers: $out"
+l=$(echo "$out" | sed -n 's/^the 1 most sensitive: dense_layers = //p')
+out=$("$focus" eval ppl "${data[@]}" --router "$work/full/router.h5" --attn hard --set dense_layers="$l" 2>/dev/null)
+echo "$out" | grep -q "dense layers $l," && ok "eval --set dense_layers=$l" || bad "dense_layers: $out"
+# the objectives that target the dense model run end to end
+for obj in kl attn kl+attn; do
+    "$focus" retrofit --config configs/tiny.conf "${small[@]}" --set steps=2 --set eval_every=2 --set objective=$obj --out "$work/obj" > "$work/obj.log" 2>&1
+    grep -q "^step     2/2 | $obj " "$work/obj.log" && grep -q "after:" "$work/obj.log" && ok "objective $obj" || { bad "objective $obj"; tail -3 "$work/obj.log"; }
+    rm -rf "$work/obj"
+done
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -59,10 +59,8 @@ static void run(const char* preset) {
         {ROUTE_CAUSAL, ATTN_SOFT, 1, 0, 0, 0},   {ROUTE_CAUSAL, ATTN_HARD, 1, 0, 0, 0},
         {ROUTE_CAUSAL, ATTN_HARD, 2, 0, 0, 0},   {ROUTE_PREFIX, ATTN_SOFT, 1, 0, 0, 0},
         {ROUTE_PREFIX, ATTN_HARD, 2, 0, 0, 0},   {ROUTE_SINKHORN, ATTN_SOFT, 1, 1, 0, 0},
-        {ROUTE_SINKHORN, ATTN_HARD, 1, 1, 0, 0},
-        {ROUTE_CAUSAL, ATTN_SOFT, 1, 0, 3, 0},
-        {ROUTE_CAUSAL, ATTN_HARD, 1, 0, 3, 0},
-        {ROUTE_CAUSAL, ATTN_HARD, 0, 0, 2, 0.7f},
+        {ROUTE_SINKHORN, ATTN_HARD, 1, 1, 0, 0}, {ROUTE_CAUSAL, ATTN_SOFT, 1, 0, 3, 0},
+        {ROUTE_CAUSAL, ATTN_HARD, 1, 0, 3, 0},   {ROUTE_CAUSAL, ATTN_HARD, 0, 0, 2, 0.7f},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         m.fc.routing = cases[c].r;
@@ -72,10 +70,11 @@ static void run(const char* preset) {
         m.fc.topp = cases[c].topp;
         int at;
         double d = leak(&m, &rng, &at);
-        printf("  %-10s %-15s %-4s k=%d p=%.1f sinks=%d: max change of logits at or before i = %.3e "
-               "(at i = %d)\n",
-               preset, routing_name(cases[c].r), cases[c].a == ATTN_SOFT ? "soft" : "hard",
-               cases[c].topk, (double)cases[c].topp, cases[c].sinks, d, at);
+        printf(
+            "  %-10s %-15s %-4s k=%d p=%.1f sinks=%d: max change of logits at or before i = %.3e "
+            "(at i = %d)\n",
+            preset, routing_name(cases[c].r), cases[c].a == ATTN_SOFT ? "soft" : "hard",
+            cases[c].topk, (double)cases[c].topp, cases[c].sinks, d, at);
         if (cases[c].expect_leak) {
             CHECK(d > 1e-3, "%s: sinkhorn routing was expected to leak future tokens (%g)", preset,
                   d);

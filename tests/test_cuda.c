@@ -18,25 +18,25 @@
 
 static Rng rng;
 
-static float* dev(const float* h, size_t n) {
-    float* d = cuda_malloc(sizeof(float) * (n ? n : 1));
+static float *dev(const float *h, size_t n) {
+    float *d = cuda_malloc(sizeof(float) * (n ? n : 1));
     cuda_upload(d, h, sizeof(float) * n);
     return d;
 }
-static float* devzero(size_t n) {
-    float* d = cuda_malloc(sizeof(float) * (n ? n : 1));
+static float *devzero(size_t n) {
+    float *d = cuda_malloc(sizeof(float) * (n ? n : 1));
     cuda_memset0(d, sizeof(float) * (n ? n : 1));
     return d;
 }
-static float* randn(size_t n, double scale) {
-    float* h = mallocCheck(sizeof(float) * (n ? n : 1));
+static float *randn(size_t n, double scale) {
+    float *h = mallocCheck(sizeof(float) * (n ? n : 1));
     tu_randn(h, n, scale, &rng);
     return h;
 }
 
 /* max |gpu - cpu| / max(|cpu|, floor) */
-static double rel_dev(const float* d, const float* ref, size_t n) {
-    float* h = mallocCheck(sizeof(float) * (n ? n : 1));
+static double rel_dev(const float *d, const float *ref, size_t n) {
+    float *h = mallocCheck(sizeof(float) * (n ? n : 1));
     cuda_download(h, d, sizeof(float) * n);
     double e = 0, s = 0;
     for (size_t i = 0; i < n; i++) {
@@ -63,7 +63,7 @@ static void test_dense_layers(void) {
     const int C = 96, OC = 40, F = 48;
     float *x = randn(N * C, 1), *w = randn(OC * C, 0.5), *bias = randn(OC, 1),
           *dy = randn(N * OC, 1);
-    float* out = mallocCheck(sizeof(float) * N * OC);
+    float *out = mallocCheck(sizeof(float) * N * OC);
     matmul_forward(out, x, w, bias, N, C, OC);
     float *dx_ = dev(x, N * C), *dw_ = dev(w, OC * C), *db_ = dev(bias, OC),
           *dout = devzero(N * OC);
@@ -105,8 +105,8 @@ static void test_dense_layers(void) {
     EXPECT("rmsnorm_backward dweight", rel_dev(dgwn, gwn, C), 1e-5);
 
     /* rope: B=1, T=N, NH=2, NKV=1, hs=32 -> QKV = 128 */
-    float* qkv = randn(N * 128, 1);
-    float* dq = dev(qkv, N * 128);
+    float *qkv = randn(N * 128, 1);
+    float *dq = dev(qkv, N * 128);
     rope_forward(qkv, 1, (int)N, 2, 1, 32, 10000.f, 3);
     rope_forward_cuda(dq, 1, (int)N, 2, 1, 32, 10000.f, 3);
     EXPECT("rope_forward", rel_dev(dq, qkv, N * 128), 1e-5);
@@ -139,10 +139,10 @@ static void test_dense_layers(void) {
         tok[i] = (int)(rng_u64(&rng) % V), tgt[i] = (int)(rng_u64(&rng) % V);
     tgt[5] = -1;
     float *wte = randn((size_t)V * C, 1), *wpe = randn(N * C, 1);
-    float* enc = mallocCheck(4 * N * C);
+    float *enc = mallocCheck(4 * N * C);
     encoder_forward(enc, tok, wte, wpe, B, T, C);
-    int* dtok = cuda_malloc(sizeof(int) * N);
-    int* dtgt = cuda_malloc(sizeof(int) * N);
+    int *dtok = cuda_malloc(sizeof(int) * N);
+    int *dtgt = cuda_malloc(sizeof(int) * N);
     cuda_upload(dtok, tok, sizeof(int) * N);
     cuda_upload(dtgt, tgt, sizeof(int) * N);
     float *dwte = dev(wte, (size_t)V * C), *dwpe = dev(wpe, N * C), *denc = devzero(N * C);
@@ -178,9 +178,9 @@ static void test_router(void) {
     EXPECT("router_scores_backward dwg", rel_dev(dgwg, gwg, C * dg), 1e-5);
     EXPECT("router_scores_backward dcent", rel_dev(dgcent, gcent, K * dg), 1e-5);
 
-    float* beta = randn(K, 0.3);
-    float* dbeta = dev(beta, K);
-    float* scr = devzero(routing_scratch_floats(B, T, K, iters));
+    float *beta = randn(K, 0.3);
+    float *dbeta = dev(beta, K);
+    float *scr = devzero(routing_scratch_floats(B, T, K, iters));
     Routing modes[3] = {ROUTE_SINKHORN, ROUTE_CAUSAL, ROUTE_PREFIX};
     for (int mi = 0; mi < 3; mi++) {
         char name[96];
@@ -202,7 +202,7 @@ static void test_router(void) {
         EXPECT(name, rel_dev(dgS2, gS2, N * K), 1e-4);
         if (mi == 0) {
             uint32_t *mask = mallocCheck(4 * N), *mh = mallocCheck(4 * N);
-            uint32_t* dmask = cuda_malloc(4 * N);
+            uint32_t *dmask = cuda_malloc(4 * N);
             routing_topk_mask(mask, G, B, T, K, 2, 0, 0, 0);
             routing_topk_mask_cuda(dmask, dG, B, T, K, 2, 0, 0, 0);
             cuda_download(mh, dmask, 4 * N);
@@ -223,8 +223,8 @@ static void test_router(void) {
     }
 }
 
-static uint32_t* random_masks(size_t n, int K, int topk) {
-    uint32_t* m = mallocCheck(sizeof(uint32_t) * n);
+static uint32_t *random_masks(size_t n, int K, int topk) {
+    uint32_t *m = mallocCheck(sizeof(uint32_t) * n);
     for (size_t i = 0; i < n; i++) {
         uint32_t x = 0;
         while (__builtin_popcount(x) < topk) x |= 1u << (rng_u64(&rng) % (uint64_t)K);
@@ -241,14 +241,14 @@ static void test_attention(int hs, int mma) {
     float *qkv = randn(BT * QKV, 1), *dout = randn(BT * C, 1);
     float *G = mallocCheck(4 * BT * K), *S = randn(BT * K, 1);
     routing_forward(G, NULL, S, NULL, ROUTE_CAUSAL, B, T, K, 0.3f, 0);
-    uint32_t* mask = random_masks(BT, K, 2);
+    uint32_t *mask = random_masks(BT, K, 2);
     float *dqkv_ = dev(qkv, BT * QKV), *ddout = dev(dout, BT * C), *dGg = dev(G, BT * K);
-    uint32_t* dmask = cuda_malloc(4 * BT);
+    uint32_t *dmask = cuda_malloc(4 * BT);
     cuda_upload(dmask, mask, 4 * BT);
-    float* scr = devzero((size_t)B * NH * T);
+    float *scr = devzero((size_t)B * NH * T);
     /* the gated modes also with 5 attention sinks */
     GateMode modes[5] = {GATE_NONE, GATE_SOFT, GATE_HARD, GATE_SOFT, GATE_HARD};
-    const char* names[5] = {"none", "soft", "hard", "soft, 5 sinks", "hard, 5 sinks"};
+    const char *names[5] = {"none", "soft", "hard", "soft, 5 sinks", "hard, 5 sinks"};
     for (int mi = 0; mi < 5; mi++) {
         char name[96];
         const int sinks = mi >= 3 ? 5 : 0;
@@ -261,7 +261,7 @@ static void test_attention(int hs, int mma) {
             attention_forward_mma_cuda(dO, dL, dqkv_, &gd, B, T, NH, NKV);
         else
             attention_forward_cuda(dO, dL, dqkv_, &gd, B, T, NH, NKV, hs);
-        const char* kind = mma ? " bf16 mma" : "";
+        const char *kind = mma ? " bf16 mma" : "";
         snprintf(name, sizeof name, "attention_forward%s hs=%d gate %s", kind, hs, names[mi]);
         EXPECT(name, rel_dev(dO, out, BT * C), tf);
         snprintf(name, sizeof name, "attention_forward%s hs=%d gate %s lse", kind, hs, names[mi]);
@@ -295,19 +295,19 @@ static void test_attention(int hs, int mma) {
 static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16, int sinks) {
     const int NH = 4, NKV = 2;
     const size_t BT = (size_t)B * T, QKV = (size_t)(NH + 2 * NKV) * hs, C = (size_t)NH * hs;
-    float* qkv = randn(BT * QKV, 1);
-    uint32_t* mask = random_masks(BT, K, topk);
+    float *qkv = randn(BT * QKV, 1);
+    uint32_t *mask = random_masks(BT, K, topk);
     for (size_t i = 0; i < BT; i++)
         if ((int)(i % T) < sinks) mask[i] = (1u << K) - 1; /* sinks: members of every group */
     float *out = mallocCheck(4 * BT * C), *lse = mallocCheck(4 * B * NH * T);
     attention_hard_forward(out, lse, qkv, mask, K, w, B, T, NH, NKV, hs);
     float *dq = dev(qkv, BT * QKV), *dO = devzero(BT * C), *dL = devzero((size_t)B * NH * T);
-    uint32_t* dmask = cuda_malloc(4 * BT);
+    uint32_t *dmask = cuda_malloc(4 * BT);
     cuda_upload(dmask, mask, 4 * BT);
-    HardPlan* plan = hard_plan_create();
+    HardPlan *plan = hard_plan_create();
     char name[128];
     if (bf16) {
-        uint16_t* q16 = cuda_malloc(2 * BT * QKV);
+        uint16_t *q16 = cuda_malloc(2 * BT * QKV);
         float_to_bf16_cuda(q16, dq, BT * QKV);
         attention_hard_forward_bf16_cuda(plan, dO, dL, q16, dmask, K, w, B, T, NH, NKV, hs);
         snprintf(name, sizeof name, "hard executor bf16 T=%d K=%d k=%d w=%d sinks=%d", T, K, topk,
@@ -340,7 +340,7 @@ static void test_objectives(void) {
     const size_t N = 70;
     const int V = 1000;
     float *x = randn(N * V, 3), *p = randn(N * V, 3), *ne = mallocCheck(4 * N);
-    int* tg = mallocCheck(sizeof(int) * N);
+    int *tg = mallocCheck(sizeof(int) * N);
     for (size_t i = 0; i < N; i++) tg[i] = i % 9 == 4 ? -1 : (int)(i % V);
     float *dp = dev(p, N * V), *dne = devzero(N), *dx = dev(x, N * V);
     teacher_probs_forward(p, ne, N, V);
@@ -349,7 +349,7 @@ static void test_objectives(void) {
     EXPECT("teacher_probs_forward negent", rel_dev(dne, ne, N), 1e-5);
     float *loss = mallocCheck(4 * N), *dl = mallocCheck(4 * N * V);
     kl_forward(loss, dl, x, p, ne, tg, N, V, 0.5f);
-    int* dtg = cuda_malloc(sizeof(int) * N);
+    int *dtg = cuda_malloc(sizeof(int) * N);
     cuda_upload(dtg, tg, sizeof(int) * N);
     float *dloss = devzero(N), *ddl = devzero(N * V);
     kl_forward_cuda(dloss, ddl, dx, dp, dne, dtg, N, V, 0.5f);
@@ -364,7 +364,7 @@ static void test_objectives(void) {
     routing_forward(G, NULL, S, NULL, ROUTE_CAUSAL, B, T, K, 0.3f, 0);
     float *out = mallocCheck(4 * BT * C), *lse = mallocCheck(4 * B * NH * T);
     attention_forward(out, lse, qkv, NULL, B, T, NH, NKV, hs);
-    float* mass = mallocCheck(4 * BT * K);
+    float *mass = mallocCheck(4 * BT * K);
     attention_group_mass(mass, qkv, lse, G, K, w, 3, B, T, NH, NKV, hs);
     float *dq = dev(qkv, BT * QKV), *dL = dev(lse, (size_t)B * NH * T), *dG = dev(G, BT * K);
     float *dm = devzero(BT * K), *scr = devzero(BT * NH * K);
@@ -377,8 +377,8 @@ static void test_objectives(void) {
 static void test_adamw(void) {
     const size_t n = 1000;
     float *p = randn(n, 1), *g = randn(n, 1);
-    float* dp = dev(p, n);
-    float* dg = dev(g, n);
+    float *dp = dev(p, n);
+    float *dg = dev(g, n);
     float *dm = devzero(n), *dv = devzero(n);
     AdamW o;
     adamw_init(&o, n, 0.9f, 0.95f, 1e-8f, 0.01f);
@@ -394,7 +394,7 @@ static void test_adamw(void) {
 /* hs64: widen the preset to head size 64, so that attention runs on the tensor-core kernels
  * (tolerances for bf16 operands). */
 /* recipe: 3 attention sinks, layer 0 dense, and an adaptive budget (p0.6) in the hard check */
-static void test_model(const char* preset, Routing routing, int hs64, int recipe) {
+static void test_model(const char *preset, Routing routing, int hs64, int recipe) {
     ModelConfig cfg;
     FocusConfig fc;
     model_config_preset(preset, &cfg);
@@ -428,7 +428,10 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
     model_forward(&a, inp, tgt, B, T, 1);
     model_forward(&b, inp, tgt, B, T, 1);
     char tag[64];
-    snprintf(tag, sizeof tag, "%s%s", !hs64 ? "" : attention_mma_applies(NULL, 64) ? " hs=64 mma" : " hs=64",
+    snprintf(tag, sizeof tag, "%s%s",
+             !hs64                             ? ""
+             : attention_mma_applies(NULL, 64) ? " hs=64 mma"
+                                               : " hs=64",
              recipe ? " sinks+dense0" : "");
     snprintf(name, sizeof name, "%s%s %s: training loss", preset, tag, routing_name(routing));
     EXPECT(name, fabs(a.mean_loss - b.mean_loss) / a.mean_loss, tl);
@@ -436,17 +439,17 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
     model_update_beta(&b);
     model_backward(&a, GRAD_ROUTER);
     model_backward(&b, GRAD_ROUTER);
-    float* dref = dev(a.rgrads_mem, a.num_router);
+    float *dref = dev(a.rgrads_mem, a.num_router);
     snprintf(name, sizeof name, "%s%s %s: router gradients", preset, tag, routing_name(routing));
     /* compare the GPU gradients (downloaded to b.rgrads_mem) with the CPU's */
-    float* dgot = dev(b.rgrads_mem, b.num_router);
+    float *dgot = dev(b.rgrads_mem, b.num_router);
     EXPECT(name, rel_dev(dgot, a.rgrads_mem, a.num_router), tgr);
     AdamW oa, ob;
     adamw_init(&oa, a.num_router, 0.9f, 0.95f, 1e-8f, 0);
     adamw_init(&ob, b.num_router, 0.9f, 0.95f, 1e-8f, 0);
     adamw_step(&oa, a.router_mem, a.rgrads_mem, 1e-3f);
     model_cuda_adamw(&b, &ob, 1e-3f, 1.f);
-    float* rp = dev(b.router_mem, b.num_router);
+    float *rp = dev(b.router_mem, b.num_router);
     snprintf(name, sizeof name, "%s%s %s: router after AdamW", preset, tag, routing_name(routing));
     EXPECT(name, rel_dev(rp, a.router_mem, a.num_router), hs64 ? 1e-2 : 1e-4);
     /* hard top-k evaluation, k = 2 */
@@ -458,10 +461,10 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
     model_forward(&b, inp, tgt, 1, T, 0);
     snprintf(name, sizeof name, "%s%s: hard %s evaluation losses", preset, tag,
              recipe ? "p0.6" : "k=2");
-    float* dl = dev(b.losses, T);
+    float *dl = dev(b.losses, T);
     EXPECT(name, rel_dev(dl, a.losses, T), tev);
     snprintf(name, sizeof name, "%s%s: group distributions (last layer)", preset, tag);
-    float* dgr = dev(model_groups(&b, cfg.L - 1), (size_t)T * fc.K);
+    float *dgr = dev(model_groups(&b, cfg.L - 1), (size_t)T * fc.K);
     EXPECT(name, rel_dev(dgr, model_groups(&a, cfg.L - 1), (size_t)T * fc.K), tev);
     if (recipe) {
         /* the objectives that target the dense model, on the same batch */
@@ -477,7 +480,7 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
         EXPECT(name, fabs(a.mean_kl - b.mean_kl) / fmax(a.mean_kl, 1e-3), tl * 10);
         model_backward(&a, GRAD_ROUTER);
         model_backward(&b, GRAD_ROUTER);
-        float* kg = dev(b.rgrads_mem, b.num_router);
+        float *kg = dev(b.rgrads_mem, b.num_router);
         snprintf(name, sizeof name, "%s%s: kl router gradients", preset, tag);
         EXPECT(name, rel_dev(kg, a.rgrads_mem, a.num_router), tgr);
         model_zero_grad(&a, GRAD_ROUTER);
@@ -487,7 +490,7 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
         double la = model_attn_objective(&a, 1, 1), lb = model_attn_objective(&b, 1, 1);
         snprintf(name, sizeof name, "%s%s: attn objective", preset, tag);
         EXPECT(name, fabs(la - lb) / fmax(la, 1e-3), tl * 10);
-        float* ag = dev(b.rgrads_mem, b.num_router);
+        float *ag = dev(b.rgrads_mem, b.num_router);
         snprintf(name, sizeof name, "%s%s: attn router gradients", preset, tag);
         EXPECT(name, rel_dev(ag, a.rgrads_mem, a.num_router), tgr);
         cuda_free(kg), cuda_free(ag);
@@ -502,7 +505,7 @@ static void test_model(const char* preset, Routing routing, int hs64, int recipe
 /* test_cuda [mma]: every check, or only the tensor-core training attention's (to run those alone,
  * for example under compute-sanitizer). The tensor-core checks run last, so that a fault there
  * cannot hide the results of the others. */
-int main(int argc, char** argv) {
+int main(int argc, char **argv) {
     if (!cuda_available()) {
         printf("test_cuda: no CUDA device; skipped\n");
         return 77;

@@ -130,9 +130,10 @@ int main(void) {
         model_forward(&m, tok, NULL, B, T, 0);
         double all_dense = tu_max_abs_diff(fast, model_logits(&m), n);
         m.fc.dense_layers[0] = 0;
-        printf("%s: sinks = T: hard %.2e, soft %.2e; one sink, hard k=1: %.2e; every layer in "
-               "dense_layers: %.2e\n",
-               preset, hard_sinks, soft_sinks, hard_sink1, all_dense);
+        printf(
+            "%s: sinks = T: hard %.2e, soft %.2e; one sink, hard k=1: %.2e; every layer in "
+            "dense_layers: %.2e\n",
+            preset, hard_sinks, soft_sinks, hard_sink1, all_dense);
         CHECK(hard_sinks < 1e-5, "%s: hard with sinks = T must equal dense (%g)", preset,
               hard_sinks);
         CHECK(soft_sinks == 0, "%s: soft with sinks = T must equal dense (%g)", preset, soft_sinks);

@@ -35,8 +35,9 @@ static void run(int B, int T, int K, int topk, int w, int empty_group, int sinks
     attention_forward(ref, lref, qkv, &g, B, T, NH, NKV, HS);
     attention_hard_forward(got, lgot, qkv, mask, K, w, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
-    printf("  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d sinks=%d%s  out %.1e  lse %.1e\n",
-           B, T, K, topk, w, sinks, empty_group ? " (empty group)" : "", eo, el);
+    printf(
+        "  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d sinks=%d%s  out %.1e  lse %.1e\n",
+        B, T, K, topk, w, sinks, empty_group ? " (empty group)" : "", eo, el);
     CHECK(eo < 2e-5 && el < 2e-5, "executor differs (out %g, lse %g) at T=%d K=%d k=%d", eo, el, T,
           K, topk);
     free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);

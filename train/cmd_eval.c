@@ -43,9 +43,10 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
     }
     if (topk) {
         if (config_set(&m->cfg, f, "topk", topk))
-            fatal("--topk must be a group count (1..K) or pP / pP:k (a share of the group mass), "
-                  "got '%s'",
-                  topk);
+            fatal(
+                "--topk must be a group count (1..K) or pP / pP:k (a share of the group mass), "
+                "got '%s'",
+                topk);
         if (f->topk > f->K) fatal("--topk %s exceeds the router's K = %d", topk, f->K);
     }
     if (routing && routing_parse(routing, &f->routing))
@@ -120,14 +121,16 @@ static void eval_help(void) {
         "at most 2). The router's sinks and dense_layers apply; --set sinks=N, --set\n"
         "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
         "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
-        "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n");
+        "that layer sparse, every other dense; it prints dense_layers lines for the worst "
+        "layers.\n");
 }
 
-static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n,
-                        const char* data, int ctx, int stride) {
+static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n, const char* data,
+                        int ctx, int stride) {
     PplResult r = eval_perplexity(m, ids, n, ctx, stride, 0);
     static const char* attn_names[] = {"dense", "soft", "hard"};
-    printf("model %s (%s)  data %s  ctx %d stride %d\n", info->name, info->format, data, ctx, stride);
+    printf("model %s (%s)  data %s  ctx %d stride %d\n", info->name, info->format, data, ctx,
+           stride);
     char mode[1400] = "dense (router off)";
     if (m->fc.attn != ATTN_DENSE) {
         char tk[32], dl[1024];
@@ -218,7 +221,8 @@ int cmd_eval(int argc, char** argv) {
                   router ? router : "the model");
         config_validate(&m.cfg, &want);
         if (router && want.sinks != m.fc.sinks)
-            fprintf(stderr, "note: sinks = %d for this evaluation (the router was trained with %d)\n",
+            fprintf(stderr,
+                    "note: sinks = %d for this evaluation (the router was trained with %d)\n",
                     want.sinks, m.fc.sinks);
         m.fc = want;
     }
@@ -233,7 +237,8 @@ int cmd_eval(int argc, char** argv) {
     if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2)
         fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);
     if (layers) {
-        if (!router || m.fc.attn == ATTN_DENSE) fatal("eval layers: needs --router (and hard or soft attention)");
+        if (!router || m.fc.attn == ATTN_DENSE)
+            fatal("eval layers: needs --router (and hard or soft attention)");
         eval_layer_sensitivity(&m, ids, n, ctx, stride);
         free(ids);
         model_free(&m);

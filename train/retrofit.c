@@ -8,9 +8,9 @@
  * teacher pass with the router off first (one forward, no backward: about a third more work per
  * step) and trains on KL(dense || focus) of the next-token distributions; `attn` needs only the
  * teacher pass: each layer's router is trained so that a token's groups hold its dense attention
- * mass beyond the window, a per-layer loss with no backward pass through the backbone. Everything the next
- * step depends on (router, moments, beta, data sampler and RNG states) is in router.h5, so --resume
- * continues bit-identically on the same machine and thread count. */
+ * mass beyond the window, a per-layer loss with no backward pass through the backbone. Everything
+ * the next step depends on (router, moments, beta, data sampler and RNG states) is in router.h5, so
+ * --resume continues bit-identically on the same machine and thread count. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -253,6 +253,8 @@ int cmd_retrofit(int argc, char** argv) {
         char* text = router_read_config(ckpt);
         /* a run stored before these keys existed had no sinks and the lm objective */
         rc.fc.sinks = 0;
+        rc.fc.beta_balance = 0;
+        rc.fc.beta_momentum = 0.99f;
         runconfig_load_text(&rc, text, ckpt);
         free(text);
     } else {
@@ -446,12 +448,13 @@ int cmd_retrofit(int argc, char** argv) {
             "gate(far) %.3f | |g| %.3f\n",
             step + 1, rc.steps, rc.objective, loss, (double)lr, tps, dt * 1e3, share, gate, gnorm);
         fflush(stdout);
-        fprintf(mf,
-                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lm_loss\": %.9g, \"lr\": %.9g, "
-                "\"tokens_per_s\": %.1f, \"ms\": %.1f, "
-                "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
-                step + 1, loss, use_attn && !use_kl ? -1.0 : lm_loss, (double)lr, tps, dt * 1e3, share, isfinite(gate) ? gate : -1.0,
-                gnorm);
+        fprintf(
+            mf,
+            "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lm_loss\": %.9g, \"lr\": %.9g, "
+            "\"tokens_per_s\": %.1f, \"ms\": %.1f, "
+            "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
+            step + 1, loss, use_attn && !use_kl ? -1.0 : lm_loss, (double)lr, tps, dt * 1e3, share,
+            isfinite(gate) ? gate : -1.0, gnorm);
         fflush(mf);
         st.step = step + 1;
         int last = st.step == rc.steps || st.step == stop_after;

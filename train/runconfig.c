@@ -147,9 +147,10 @@ char* runconfig_text(const RunConfig* rc) {
              rc->steps, rc->warmup, (double)rc->lr, (double)rc->min_lr_frac, (double)rc->beta1,
              (double)rc->beta2, (double)rc->adam_eps, (double)rc->weight_decay, (double)rc->clip,
              rc->eval_every, rc->eval_tokens, rc->ckpt_every, rc->pretrain_steps, rc->pretrain_B,
-             (double)rc->pretrain_lr, rc->objective, (double)rc->attn_weight, f->K, f->dg, (double)f->tau, f->iters, f->w,
-             (double)f->lambda, (double)f->bias, routing_name(f->routing), focus_topk_str(f, topk),
-             f->sinks, focus_dense_layers_str(f, dense, sizeof dense), f->learn_gate,
+             (double)rc->pretrain_lr, rc->objective, (double)rc->attn_weight, f->K, f->dg,
+             (double)f->tau, f->iters, f->w, (double)f->lambda, (double)f->bias,
+             routing_name(f->routing), focus_topk_str(f, topk), f->sinks,
+             focus_dense_layers_str(f, dense, sizeof dense), f->learn_gate,
              (double)f->beta_momentum, f->beta_balance, (unsigned long long)f->seed);
     return s;
 }

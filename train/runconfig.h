@@ -21,8 +21,8 @@ typedef struct {
      * token's groups follow its dense attention mass beyond the window), or kl+attn */
     char objective[16];
     float attn_weight; /* weight of the attn term in kl+attn */
-    ModelConfig mcfg; /* scratch models only */
-    FocusConfig fc;   /* routing = the training routing; evaluation is always causal */
+    ModelConfig mcfg;  /* scratch models only */
+    FocusConfig fc;    /* routing = the training routing; evaluation is always causal */
 } RunConfig;
 
 void runconfig_default(RunConfig* rc);

@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(128)
                     float x = -INFINITY;
                     if (interior || (key < kn && i < T && j <= i)) {
                         float aff, sneg;
-                        const float gate =
-                            pair_gate(g, gated && gate_far(g, i, j), gi[hf], gj, mi[hf], mj, aff, sneg);
+                        const float gate = pair_gate(g, gated && gate_far(g, i, j), gi[hf], gj,
+                                                     mi[hf], mj, aff, sneg);
                         x = (s[nt][e] * scale + gate) * LOG2EF;
                     }
                     s[nt][e] = x;

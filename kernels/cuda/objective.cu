@@ -64,7 +64,8 @@ __global__ void kl_kernel(float* losses, float* dlogits, const float* logits, co
     if (threadIdx.x == 0) losses[n] = negent[n] - px + lse;
     if (dlogits) {
         float* d = dlogits + n * V;
-        for (int v = threadIdx.x; v < V; v += blockDim.x) d[v] = dscale * (expf(x[v] - lse) - pr[v]);
+        for (int v = threadIdx.x; v < V; v += blockDim.x)
+            d[v] = dscale * (expf(x[v] - lse) - pr[v]);
     }
 }
 
@@ -125,31 +126,36 @@ extern "C" void attention_group_mass_cuda(float* mass, const float* qkv, const f
     const size_t n = (size_t)B * NH * T;
     const float scale = 1.f / sqrtf((float)hs);
     switch (hs) {
+        case 8:
+            group_mass_kernel<8>
+                <<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T, NH, NKV, scale);
+            break;
         case 16:
-            group_mass_kernel<16><<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T,
-                                                         NH, NKV, scale);
+            group_mass_kernel<16>
+                <<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T, NH, NKV, scale);
             break;
         case 32:
-            group_mass_kernel<32><<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T,
-                                                         NH, NKV, scale);
+            group_mass_kernel<32>
+                <<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T, NH, NKV, scale);
             break;
         case 64:
-            group_mass_kernel<64><<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T,
-                                                         NH, NKV, scale);
+            group_mass_kernel<64>
+                <<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T, NH, NKV, scale);
             break;
         case 128:
-            group_mass_kernel<128><<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T,
-                                                          NH, NKV, scale);
+            group_mass_kernel<128>
+                <<<cdiv(n, 128), 128>>>(scratch, qkv, lse, G, K, w, sinks, B, T, NH, NKV, scale);
             break;
         default:
-            fatal("attention_group_mass_cuda: head size %d (16, 32, 64 or 128)", hs);
+            fatal("attention_group_mass_cuda: head size %d (8, 16, 32, 64 or 128)", hs);
     }
     LAUNCH_CHECK();
     sum_heads_kernel<<<cdiv((size_t)B * T * K, 256), 256>>>(mass, scratch, (size_t)B * T, NH, K);
     LAUNCH_CHECK();
 }
 
-/* dG = -weight * norm * t / max(G, 1e-30); per-block partial sums of -norm * t * log(max(G, 1e-30)). */
+/* dG = -weight * norm * t / max(G, 1e-30); per-block partial sums of -norm * t * log(max(G,
+ * 1e-30)). */
 __global__ void attn_objective_kernel(double* partial, float* dG, const float* t, const float* G,
                                       size_t n, double norm, float weight) {
     __shared__ double sh[256];
