@@ -4,6 +4,7 @@
 
     python3 scripts/plot_quality.py OUT_DIR     # reads OUT_DIR/results.tsv (quality_experiment.sh)
                                                 # writes OUT_DIR/quality.png
+    python3 scripts/plot_quality.py FILE.tsv    # the same table in another file -> FILE.png
 Needs matplotlib (pip install matplotlib, or Debian's python3-matplotlib with /usr/bin/python3)."""
 import csv
 import os
@@ -11,8 +12,12 @@ import sys
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "."
-    rows = list(csv.DictReader(open(os.path.join(out, "results.tsv")), delimiter="\t"))
+    arg = sys.argv[1] if len(sys.argv) > 1 else "."
+    if os.path.isfile(arg):
+        table, path = arg, os.path.splitext(arg)[0] + ".png"
+    else:
+        table, path = os.path.join(arg, "results.tsv"), os.path.join(arg, "quality.png")
+    rows = list(csv.DictReader(open(table), delimiter="\t"))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,7 +45,6 @@ def main():
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = os.path.join(out, "quality.png")
     fig.savefig(path, dpi=110)
     print("wrote", path)
 
