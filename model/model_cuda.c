@@ -29,7 +29,8 @@ struct CudaModel {
     float *tprob, *tnegent, *kl_losses; /* (B, T, V), (B, T), (B, T): objective kl */
     float* atarget;                     /* (L, B, T, K): objective attn */
     float* obj_scratch;                 /* group mass per head, then dG, dS, dproj */
-    size_t tprob_n, tnegent_n, atarget_n, obj_n;
+    float* route_scratch;               /* the Sinkhorn replay of the attn objective's backward */
+    size_t tprob_n, tnegent_n, atarget_n, obj_n, route_n;
     int groups_fresh; /* host rG matches the device */
 };
 
@@ -106,6 +107,7 @@ void model_cuda_free(Model* m) {
     cuda_free(g->kl_losses);
     cuda_free(g->atarget);
     cuda_free(g->obj_scratch);
+    cuda_free(g->route_scratch);
     hard_plan_free(g->plan);
     free(g);
     m->gpu = NULL;
@@ -469,8 +471,9 @@ double model_cuda_attn_objective(Model* m, float weight, int backward) {
     float* dS = dG + BT * K;
     float* dproj = dS + BT * K;
     float* route_scr = NULL;
-    size_t nscr = routing_scratch_floats(g->B, g->T, f->K, f->iters);
-    if (backward) route_scr = cuda_malloc(sizeof(float) * (nscr + 1));
+    if (backward)
+        route_scr = g->route_scratch = grow(g->route_scratch, &g->route_n,
+                                            routing_scratch_floats(g->B, g->T, f->K, f->iters) + 1);
     double loss = 0;
     for (int l = 0; l < c->L; l++) {
         if (focus_layer_dense(f, l)) continue;
@@ -487,10 +490,7 @@ double model_cuda_attn_objective(Model* m, float weight, int backward) {
                                     la.rproj, g->router.wg + lC * f->dg,
                                     g->router.cent + (size_t)l * K * f->dg, BT, c->C, f->dg, f->K);
     }
-    if (backward) {
-        cuda_free(route_scr);
-        cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
-    }
+    if (backward) cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
     return loss;
 }
 
