@@ -363,7 +363,9 @@ int cmd_retrofit(int argc, char** argv) {
     if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
 
     /* perplexity before training */
-    double ppl_dense = 0, ppl_soft0 = 0, ppl_hard0 = 0;
+    double ppl_dense = 0, ppl_soft0 = 0, ppl_hard0 = 0, kept0 = 0;
+    char tk[32];
+    focus_topk_str(&rc.fc, tk);
     if (neval > 1) {
         PplResult d = eval_mode(&m, val, neval, rc.T, ATTN_DENSE, rc.fc.topk, ROUTE_CAUSAL);
         ppl_dense = exp(d.nll / d.count);
@@ -371,14 +373,15 @@ int cmd_retrofit(int argc, char** argv) {
             PplResult s0 = eval_mode(&m, val, neval, rc.T, ATTN_SOFT, rc.fc.topk, ROUTE_CAUSAL);
             PplResult h0 = eval_mode(&m, val, neval, rc.T, ATTN_HARD, rc.fc.topk, ROUTE_CAUSAL);
             ppl_soft0 = exp(s0.nll / s0.count), ppl_hard0 = exp(h0.nll / h0.count);
+            kept0 = h0.kept;
             printf(
-                "before training (causal routing, %zu tokens): dense %.3f | soft %.3f | hard k=%d "
-                "%.3f\n",
-                d.count, ppl_dense, ppl_soft0, rc.fc.topk, ppl_hard0);
+                "before training (causal routing, %zu tokens): dense %.3f | soft %.3f | hard k=%s "
+                "%.3f (%.3f of the pairs)\n",
+                d.count, ppl_dense, ppl_soft0, tk, ppl_hard0, kept0);
             fprintf(mf,
                     "{\"type\": \"eval\", \"step\": 0, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, "
-                    "\"ppl_hard\": %.6f, \"topk\": %d}\n",
-                    ppl_dense, ppl_soft0, ppl_hard0, rc.fc.topk);
+                    "\"ppl_hard\": %.6f, \"pairs_kept\": %.6f, \"topk\": %d}\n",
+                    ppl_dense, ppl_soft0, ppl_hard0, kept0, rc.fc.topk);
             fflush(mf);
         }
     }
@@ -461,12 +464,16 @@ int cmd_retrofit(int argc, char** argv) {
         if (neval > 1 && (st.step % rc.eval_every == 0 || st.step == rc.steps)) {
             PplResult s = eval_mode(&m, val, neval, T, ATTN_SOFT, rc.fc.topk, ROUTE_CAUSAL);
             PplResult h = eval_mode(&m, val, neval, T, ATTN_HARD, rc.fc.topk, ROUTE_CAUSAL);
-            printf("  eval step %ld (causal routing): dense %.3f | soft %.3f | hard k=%d %.3f\n",
-                   st.step, ppl_dense, exp(s.nll / s.count), rc.fc.topk, exp(h.nll / h.count));
+            printf(
+                "  eval step %ld (causal routing): dense %.3f | soft %.3f | hard k=%s %.3f (%.3f "
+                "of "
+                "the pairs)\n",
+                st.step, ppl_dense, exp(s.nll / s.count), tk, exp(h.nll / h.count), h.kept);
             fprintf(mf,
                     "{\"type\": \"eval\", \"step\": %ld, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, "
-                    "\"ppl_hard\": %.6f, \"topk\": %d}\n",
-                    st.step, ppl_dense, exp(s.nll / s.count), exp(h.nll / h.count), rc.fc.topk);
+                    "\"ppl_hard\": %.6f, \"pairs_kept\": %.6f, \"topk\": %d}\n",
+                    st.step, ppl_dense, exp(s.nll / s.count), exp(h.nll / h.count), h.kept,
+                    rc.fc.topk);
             fflush(mf);
         }
         if (st.step % rc.ckpt_every == 0 || last) {
@@ -492,10 +499,10 @@ int cmd_retrofit(int argc, char** argv) {
         PplResult h = eval_mode(&m, val, neval, T, ATTN_HARD, rc.fc.topk, ROUTE_CAUSAL);
         printf("\nperplexity on %zu validation tokens (causal routing, T=%d):\n", s.count, T);
         if (ppl_soft0 > 0)
-            printf("  before: dense %.3f | soft %.3f | hard k=%d %.3f\n", ppl_dense, ppl_soft0,
-                   rc.fc.topk, ppl_hard0);
-        printf("  after:  dense %.3f | soft %.3f | hard k=%d %.3f\n", ppl_dense,
-               exp(s.nll / s.count), rc.fc.topk, exp(h.nll / h.count));
+            printf("  before: dense %.3f | soft %.3f | hard k=%s %.3f (%.3f of the pairs)\n",
+                   ppl_dense, ppl_soft0, tk, ppl_hard0, kept0);
+        printf("  after:  dense %.3f | soft %.3f | hard k=%s %.3f (%.3f of the pairs)\n", ppl_dense,
+               exp(s.nll / s.count), tk, exp(h.nll / h.count), h.kept);
         printf(
             "router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
             "config.conf)\n",
