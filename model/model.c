@@ -545,6 +545,8 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
                   c->V);
     }
     if (m->kl_active && (B != m->B || T != m->T)) m->kl_active = 0; /* not this batch's teacher */
+    if (!m->routed_dense)
+        m->mass_ready = 0; /* the attn objective reads the teacher's activations */
 #ifdef FOCUS_CUDA
     if (m->gpu) {
         model_cuda_forward(m, inputs, targets, B, T, keep);
@@ -634,6 +636,7 @@ void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_l
     m->fc.attn = ATTN_DENSE;
     m->routed_dense = want_mass;
     m->kl_active = 0;
+    m->mass_ready = want_mass;
     model_forward(m, inputs, NULL, B, T, 1);
     m->fc.attn = attn;
     m->routed_dense = 0;
@@ -676,7 +679,7 @@ double model_attn_objective(Model* m, real weight, int backward) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     const size_t BT = (size_t)m->B * m->T, K = f->K;
-    if (!m->atarget) fatal("internal: model_attn_objective needs a teacher pass with want_mass");
+    if (!m->mass_ready) fatal("internal: model_attn_objective needs a teacher pass with want_mass");
 #ifdef FOCUS_CUDA
     if (m->gpu) return model_cuda_attn_objective(m, weight, backward);
 #endif

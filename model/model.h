@@ -138,6 +138,7 @@ typedef struct {
     int kl_active;   /* tprob holds the teacher of the current (B, T): backward follows the KL */
     real* atarget;   /* (L, B, T, K) dense attention mass beyond the window, by group */
     size_t teacher_bt, atarget_n; /* sizes of the teacher buffers */
+    int mass_ready;   /* the group mass of the last teacher pass is there (host or device) */
     int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
     int have_dlogits;
     /* backward scratch */

@@ -452,9 +452,6 @@ void model_cuda_teacher(Model* m, int want_logp, int want_mass) {
                                       f->K, f->w, f->sinks, g->B, g->T, c->NH, c->NKV, hs,
                                       g->obj_scratch);
         }
-        /* model_attn_objective checks that a target exists on the host side */
-        free(m->atarget);
-        m->atarget = mallocCheck(sizeof(real));
     }
 }
 

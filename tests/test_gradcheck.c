@@ -278,6 +278,22 @@ static double model_loss(void* p) {
     return c->m->mean_loss;
 }
 
+/* A model whose gradients carry signal everywhere: larger weights than a trained model's init, so
+ * attention and routing are far from uniform; random tokens and targets (B, T), one ignored. */
+static void build_checked_model(Model* m, const ModelConfig* cfg, const FocusConfig* fc,
+                                uint64_t seed, int* inp, int* tgt, int n, int ignored) {
+    model_build(m, cfg, fc);
+    model_init_backbone(m, seed);
+    for (size_t i = 0; i < m->num_params; i++)
+        if (m->params_mem[i] != 1 && m->params_mem[i] != 0) m->params_mem[i] *= 12;
+    for (size_t i = 0; i < m->router_sizes[0] + m->router_sizes[1]; i++) m->router_mem[i] *= 0.2;
+    for (int i = 0; i < n; i++) {
+        inp[i] = (int)(rng_u64(&rng) % cfg->V);
+        tgt[i] = (int)(rng_u64(&rng) % cfg->V);
+    }
+    tgt[ignored] = -1;
+}
+
 /* sinks: attention sinks; dense1: layer 1 keeps dense attention (router gradient zero there). */
 static void check_model(const char* preset, Routing routing, int qkv_bias, int sinks, int dense1) {
     ModelConfig cfg;
@@ -288,22 +304,10 @@ static void check_model(const char* preset, Routing routing, int qkv_bias, int s
     fc.K = 4, fc.dg = 4, fc.w = 8, fc.iters = 10, fc.routing = routing, fc.learn_gate = 1;
     fc.lambda = 4, fc.bias = 0.4f, fc.sinks = sinks;
     if (dense1) fc.dense_layers[0] = 2;
-    Model m;
-    model_build(&m, &cfg, &fc);
-    /* Larger weights than a trained model's init so attention and routing are far from
-     * uniform and every gradient path carries signal. */
-    model_init_backbone(&m, 7);
-    for (size_t i = 0; i < m.num_params; i++) {
-        if (m.params_mem[i] != 1 && m.params_mem[i] != 0) m.params_mem[i] *= 12;
-    }
-    for (size_t i = 0; i < m.router_sizes[0] + m.router_sizes[1]; i++) m.router_mem[i] *= 0.2;
     enum { B = 2, T = 40 };
     int inp[B * T], tgt[B * T];
-    for (int i = 0; i < B * T; i++) {
-        inp[i] = (int)(rng_u64(&rng) % cfg.V);
-        tgt[i] = (int)(rng_u64(&rng) % cfg.V);
-    }
-    tgt[3] = -1; /* an ignored position */
+    Model m;
+    build_checked_model(&m, &cfg, &fc, 7, inp, tgt, B * T, 3);
     ModelCtx c = {&m, inp, tgt, B, T};
     char what[96], name[64];
     snprintf(name, sizeof name, "%s%s%s", routing_name(routing), sinks ? " +sinks" : "",
@@ -379,19 +383,10 @@ static void check_objectives(void) {
     model_config_preset("tiny-llama", &cfg);
     focus_config_default(&fc);
     fc.K = 4, fc.dg = 4, fc.w = 8, fc.iters = 10, fc.lambda = 4, fc.bias = 0.4f, fc.sinks = 2;
-    Model m;
-    model_build(&m, &cfg, &fc);
-    model_init_backbone(&m, 9);
-    for (size_t i = 0; i < m.num_params; i++)
-        if (m.params_mem[i] != 1 && m.params_mem[i] != 0) m.params_mem[i] *= 12;
-    for (size_t i = 0; i < m.router_sizes[0] + m.router_sizes[1]; i++) m.router_mem[i] *= 0.2;
     enum { B = 2, T = 40 };
     int inp[B * T], tgt[B * T];
-    for (int i = 0; i < B * T; i++) {
-        inp[i] = (int)(rng_u64(&rng) % cfg.V);
-        tgt[i] = (int)(rng_u64(&rng) % cfg.V);
-    }
-    tgt[5] = -1;
+    Model m;
+    build_checked_model(&m, &cfg, &fc, 9, inp, tgt, B * T, 5);
     ModelCtx c = {&m, inp, tgt, B, T};
     real* rg = mallocCheck(sizeof(real) * m.num_router);
 
