@@ -5,11 +5,12 @@
  * tokens (a seeded sampler), each a forward pass with the training routing (Sinkhorn by default), a
  * beta EMA update and a router-only backward pass; then clipping and AdamW. The objective is the
  * LM loss (the paper's), or targets the frozen dense model (METHOD.md section 9): `kl` runs a
- * teacher pass with the router off first (one forward, no backward: about a third more work per
- * step) and trains on KL(dense || focus) of the next-token distributions; `attn` needs only the
- * teacher pass: each layer's router is trained so that a token's groups hold its dense attention
- * mass beyond the window, a per-layer loss with no backward pass through the backbone. Everything
- * the next step depends on (router, moments, beta, data sampler and RNG states) is in router.h5, so
+ * teacher pass with the router off first (one forward, no backward; on the H200 43K tokens/s
+ * against 48K for lm, docs/RESULTS.md) and trains on KL(dense || focus) of the next-token
+ * distributions; `attn` needs only the teacher pass: each layer's router is trained so that a
+ * token's groups hold its dense attention mass beyond the window, a per-layer loss with no backward
+ * pass through the backbone. Everything the next step depends on (router, moments, beta, data
+ * sampler and RNG states) is in router.h5, so
  * --resume continues bit-identically on the same machine and thread count. */
 #define _GNU_SOURCE
 #include <errno.h>
