@@ -3,8 +3,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../data/shard.h"
-#include "gguf.h"
+#include "../io/io.h"
+#include "../io/gguf.h"
 #include "load.h"
 
 typedef struct {

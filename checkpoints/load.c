@@ -12,8 +12,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "../data/text.h"
-#include "gguf.h"
+#include "../io/io.h"
+#include "../io/gguf.h"
 
 _Static_assert(sizeof(real) == 4, "model import writes float parameters");
 

@@ -9,7 +9,7 @@
 
 #include <hdf5.h>
 
-#include "../data/shard.h"
+#include "../io/io.h"
 
 #define FORMAT_VERSION 1
 

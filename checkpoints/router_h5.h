@@ -15,7 +15,7 @@
 #define FOCUS_ROUTER_H5_H
 
 #include "../model/model.h"
-#include "../train/optim.h"
+#include "../kernels/adamw.h"
 
 typedef struct {
     long step; /* optimizer steps completed */

@@ -12,58 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../model/common.h"
-
-void fsync_parent_dir(const char* path) {
-    char* copy = strdup(path);
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(copy);
-}
-
-void write_file_atomic(const char* path, const void* const* parts, const size_t* sizes,
-                       int nparts) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) fatal("%s: cannot create: %s", tmp, strerror(errno));
-    for (int i = 0; i < nparts; i++) {
-        const char* p = parts[i];
-        size_t left = sizes[i];
-        while (left) {
-            ssize_t w = write(fd, p, left);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                int e = errno;
-                close(fd);
-                unlink(tmp);
-                fatal("%s: write failed: %s (nothing was replaced)", path,
-                      w < 0 ? strerror(e) : "no space written");
-            }
-            p += w;
-            left -= (size_t)w;
-        }
-    }
-    if (fsync(fd)) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        fatal("%s: fsync failed: %s (nothing was replaced)", path, strerror(e));
-    }
-    if (close(fd)) {
-        unlink(tmp);
-        fatal("%s: close failed: %s", path, strerror(errno));
-    }
-    if (rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        fatal("%s: rename failed: %s", path, strerror(e));
-    }
-    fsync_parent_dir(path);
-}
+#include "../io/io.h"
+#include "../kernels/common.h"
 
 void shard_write(const char* path, const int* ids, size_t n, int V) {
     uint32_t width = V <= 65536 ? 2 : 4;

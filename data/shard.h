@@ -23,10 +23,4 @@ int shard_is_shard(const char* path);
  * count and a malloc'd array of malloc'd paths. */
 int shard_list(const char* dir, const char* prefix, char*** paths);
 
-/* Write a file atomically: temporary file in the same folder, fsync, rename, fsync the folder.
- * Fatal with the path and the reason on any failure (a full disk included). */
-void write_file_atomic(const char* path, const void* const* parts, const size_t* sizes, int nparts);
-/* fsync the folder that holds path (after a rename). */
-void fsync_parent_dir(const char* path);
-
 #endif

@@ -6,41 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../model/common.h"
-
-char* read_file(const char* path, size_t* len) {
-    FILE* fp = fopen(path, "rb");
-    if (!fp) fatal("%s: cannot open: %s", path, strerror(errno));
-    if (fseek(fp, 0, SEEK_END)) fatal("%s: cannot seek: %s", path, strerror(errno));
-    long n = ftell(fp);
-    if (n < 0) fatal("%s: cannot determine the size (not a regular file?)", path);
-    fseek(fp, 0, SEEK_SET);
-    char* s = mallocCheck((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, fp) != (size_t)n) fatal("%s: read failed", path);
-    fclose(fp);
-    s[n] = 0;
-    *len = (size_t)n;
-    return s;
-}
-
-char* read_file_opt(const char* path, size_t* len) {
-    FILE* fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    char* s = NULL;
-    long n = -1;
-    if (!fseek(fp, 0, SEEK_END) && (n = ftell(fp)) >= 0 && !fseek(fp, 0, SEEK_SET)) {
-        s = mallocCheck((size_t)n + 1);
-        if (fread(s, 1, (size_t)n, fp) != (size_t)n) {
-            free(s);
-            s = NULL;
-        } else {
-            s[n] = 0;
-            if (len) *len = (size_t)n;
-        }
-    }
-    fclose(fp);
-    return s;
-}
+#include "../kernels/common.h"
 
 /* Start of the line after the first line that begins with one of the markers, or NULL. */
 static char* find_marker_line(char* s, const char* const* marks, int after) {

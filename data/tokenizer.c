@@ -10,8 +10,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "../checkpoints/gguf.h"
-#include "../model/common.h"
+#include "../io/gguf.h"
+#include "../kernels/common.h"
+#include "../io/io.h"
 #include "text.h"
 
 /* The GPT-2 pre-tokenizer pattern: contractions, letters, numbers, other symbols, each

@@ -15,7 +15,7 @@
 #ifndef FOCUS_ATTENTION_H
 #define FOCUS_ATTENTION_H
 
-#include "../model/common.h"
+#include "common.h"
 
 typedef enum { GATE_NONE = 0, GATE_SOFT = 1, GATE_HARD = 2 } GateMode;
 

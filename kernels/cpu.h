@@ -11,7 +11,7 @@
 
 #include <math.h>
 
-#include "../model/common.h"
+#include "common.h"
 
 /* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */
 void gemm(int ta, int tb, int M, int N, int K, real alpha, const real* A, int lda, const real* B,

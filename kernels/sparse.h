@@ -12,7 +12,7 @@
 #ifndef FOCUS_SPARSE_H
 #define FOCUS_SPARSE_H
 
-#include "../model/common.h"
+#include "common.h"
 
 void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
                              int hs);

@@ -9,8 +9,8 @@
 #define FOCUS_MODEL_H
 
 #include "../kernels/attention.h"
-#include "common.h"
-#include "router.h"
+#include "../kernels/common.h"
+#include "../kernels/router.h"
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
 

@@ -10,7 +10,7 @@
 #ifndef FOCUS_MODEL_CUDA_H
 #define FOCUS_MODEL_CUDA_H
 
-#include "../train/optim.h"
+#include "../kernels/adamw.h"
 #include "model.h"
 
 /* Move m to the GPU (cuda_init first). Host weights stay as they are. */

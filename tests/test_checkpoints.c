@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../checkpoints/gguf.h"
+#include "../io/gguf.h"
 #include "../checkpoints/load.h"
 #include "testutil.h"
 

@@ -12,8 +12,8 @@
 #include "../kernels/sparse.h"
 #include "../model/model.h"
 #include "../model/model_cuda.h"
-#include "../model/router.h"
-#include "../train/optim.h"
+#include "../kernels/router.h"
+#include "../kernels/adamw.h"
 #include "testutil.h"
 
 static Rng rng;

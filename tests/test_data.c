@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../io/io.h"
 #include "../data/shard.h"
 #include "../data/text.h"
 #include "testutil.h"

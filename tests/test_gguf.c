@@ -10,7 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../checkpoints/gguf.h"
+#include "../io/io.h"
+#include "../io/gguf.h"
 #include "../checkpoints/load.h"
 #include "../data/text.h"
 #include "testutil.h"

@@ -12,7 +12,7 @@
 #include "../kernels/attention.h"
 #include "../kernels/cpu.h"
 #include "../model/model.h"
-#include "../model/router.h"
+#include "../kernels/router.h"
 #include "testutil.h"
 
 #ifndef FOCUS_DOUBLE

@@ -13,7 +13,7 @@
 
 #include "../checkpoints/load.h"
 #include "../checkpoints/router_h5.h"
-#include "../train/optim.h"
+#include "../kernels/adamw.h"
 #include "testutil.h"
 
 enum { B = 4, T = 96 };

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../model/router.h"
+#include "../kernels/router.h"
 #include "testutil.h"
 
 enum { B = 3, T = 512, C = 64, DG = 16, K = 8 };

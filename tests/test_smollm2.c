@@ -5,6 +5,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../io/io.h"
 #include "../checkpoints/load.h"
 #include "../data/text.h"
 #include "testutil.h"

@@ -6,6 +6,7 @@
  * (../shared/data, the fetched model) are skipped; with neither, the test exits 77. */
 #include <string.h>
 
+#include "../io/io.h"
 #include "../data/text.h"
 #include "../data/tokenizer.h"
 #include "testutil.h"

@@ -3,7 +3,7 @@
 #ifndef FOCUS_TESTUTIL_H
 #define FOCUS_TESTUTIL_H
 
-#include "../model/common.h"
+#include "../kernels/common.h"
 
 extern int tu_passed, tu_failed;
 

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../io/io.h"
 #include "../data/shard.h"
 #include "../data/text.h"
 #include "../data/tokenizer.h"

@@ -22,12 +22,13 @@
 
 #include <omp.h>
 
+#include "../io/io.h"
 #include "../checkpoints/load.h"
 #include "../checkpoints/router_h5.h"
 #include "../data/shard.h"
 #include "../data/tokenizer.h"
 #include "cli.h"
-#include "optim.h"
+#include "../kernels/adamw.h"
 #include "runconfig.h"
 
 #ifdef FOCUS_CUDA

@@ -7,7 +7,7 @@
 #include <math.h>
 
 extern "C" {
-#include "../../model/common.h"
+#include "../common.h"
 }
 
 #define CUDA_CHECK(call)                                                                    \

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "../attention.h"
-#include "../../model/router.h"
+#include "../router.h"
 
 #ifdef __cplusplus
 extern "C" {

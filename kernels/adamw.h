@@ -1,8 +1,8 @@
-/* optim.h: AdamW with warmup + cosine learning-rate schedule and global-norm clipping. */
-#ifndef FOCUS_OPTIM_H
-#define FOCUS_OPTIM_H
+/* adamw.h: AdamW with warmup + cosine learning-rate schedule and global-norm clipping. */
+#ifndef FOCUS_ADAMW_H
+#define FOCUS_ADAMW_H
 
-#include "../model/common.h"
+#include "common.h"
 
 typedef struct {
     size_t n;

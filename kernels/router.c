@@ -12,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../kernels/cpu.h"
+#include "cpu.h"
 
 void router_scores_forward(real* proj, real* S, const real* h, const real* wg, const real* cent,
                            size_t N, int C, int dg, int K) {

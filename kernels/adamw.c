@@ -1,5 +1,5 @@
-/* optim.c: AdamW, the learning-rate schedule and gradient clipping (see optim.h). */
-#include "optim.h"
+/* adamw.c: AdamW, the learning-rate schedule and gradient clipping (see adamw.h). */
+#include "adamw.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,0 +1,98 @@
+/* io.c: whole-file reads and atomic writes (see io.h). */
+#define _GNU_SOURCE
+#include "io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../kernels/common.h"
+
+char* read_file(const char* path, size_t* len) {
+    FILE* fp = fopen(path, "rb");
+    if (!fp) fatal("%s: cannot open: %s", path, strerror(errno));
+    if (fseek(fp, 0, SEEK_END)) fatal("%s: cannot seek: %s", path, strerror(errno));
+    long n = ftell(fp);
+    if (n < 0) fatal("%s: cannot determine the size (not a regular file?)", path);
+    fseek(fp, 0, SEEK_SET);
+    char* s = mallocCheck((size_t)n + 1);
+    if (fread(s, 1, (size_t)n, fp) != (size_t)n) fatal("%s: read failed", path);
+    fclose(fp);
+    s[n] = 0;
+    *len = (size_t)n;
+    return s;
+}
+
+char* read_file_opt(const char* path, size_t* len) {
+    FILE* fp = fopen(path, "rb");
+    if (!fp) return NULL;
+    char* s = NULL;
+    long n = -1;
+    if (!fseek(fp, 0, SEEK_END) && (n = ftell(fp)) >= 0 && !fseek(fp, 0, SEEK_SET)) {
+        s = mallocCheck((size_t)n + 1);
+        if (fread(s, 1, (size_t)n, fp) != (size_t)n) {
+            free(s);
+            s = NULL;
+        } else {
+            s[n] = 0;
+            if (len) *len = (size_t)n;
+        }
+    }
+    fclose(fp);
+    return s;
+}
+
+void fsync_parent_dir(const char* path) {
+    char* copy = strdup(path);
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(copy);
+}
+
+void write_file_atomic(const char* path, const void* const* parts, const size_t* sizes,
+                       int nparts) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) fatal("%s: cannot create: %s", tmp, strerror(errno));
+    for (int i = 0; i < nparts; i++) {
+        const char* p = parts[i];
+        size_t left = sizes[i];
+        while (left) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                int e = errno;
+                close(fd);
+                unlink(tmp);
+                fatal("%s: write failed: %s (nothing was replaced)", path,
+                      w < 0 ? strerror(e) : "no space written");
+            }
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    if (fsync(fd)) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        fatal("%s: fsync failed: %s (nothing was replaced)", path, strerror(e));
+    }
+    if (close(fd)) {
+        unlink(tmp);
+        fatal("%s: close failed: %s", path, strerror(errno));
+    }
+    if (rename(tmp, path)) {
+        int e = errno;
+        unlink(tmp);
+        fatal("%s: rename failed: %s", path, strerror(e));
+    }
+    fsync_parent_dir(path);
+}
