@@ -15,7 +15,7 @@ typedef struct {
 static void put(Buf* b, const void* p, size_t n) {
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2;
-        b->b = realloc(b->b, b->cap);
+        b->b = reallocCheck(b->b, b->cap);
     }
     memcpy(b->b + b->n, p, n);
     b->n += n;

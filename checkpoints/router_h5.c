@@ -32,7 +32,11 @@ static uint64_t state_checksum(const Model* m, const float* mom_m, const float* 
 static void write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank,
                      const hsize_t* dims, const char* path) {
     hid_t sp = H5Screate_simple(rank, dims, NULL);
-    hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    /* no modification times: the same training run writes the same bytes */
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_obj_track_times(dcpl, 0);
+    hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Pclose(dcpl);
     if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
         fatal("%s: writing dataset '%s' failed (disk full?)", path, name);
     H5Dclose(ds);

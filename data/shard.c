@@ -113,7 +113,7 @@ int shard_list(const char* dir, const char* prefix, char*** paths) {
     while ((e = readdir(d))) {
         size_t l = strlen(e->d_name);
         if (strncmp(e->d_name, prefix, pl) || l < 4 || strcmp(e->d_name + l - 4, ".bin")) continue;
-        if (n == cap) out = realloc(out, sizeof(char*) * (cap *= 2));
+        if (n == cap) out = reallocCheck(out, sizeof(char*) * (cap *= 2));
         size_t need = strlen(dir) + l + 2;
         out[n] = mallocCheck(need);
         snprintf(out[n++], need, "%s/%s", dir, e->d_name);

@@ -356,8 +356,7 @@ typedef struct {
 static void push(Out* o, int id) {
     if (o->n == o->cap) {
         o->cap = o->cap ? 2 * o->cap : 1024;
-        o->ids = realloc(o->ids, o->cap * sizeof(int));
-        if (!o->ids) fatal("out of memory while tokenizing");
+        o->ids = reallocCheck(o->ids, o->cap * sizeof(int));
     }
     o->ids[o->n++] = id;
 }
@@ -368,8 +367,7 @@ static void bpe_piece(const Tokenizer* t, const unsigned char* s, size_t n, Out*
     if (n == 0) return;
     if (o->work_cap < n) {
         o->work_cap = n * 2;
-        o->work = realloc(o->work, o->work_cap * sizeof(int));
-        if (!o->work) fatal("out of memory while tokenizing");
+        o->work = reallocCheck(o->work, o->work_cap * sizeof(int));
     }
     int* w = o->work;
     size_t m = 0;

@@ -42,13 +42,21 @@ float lr_schedule(long step, long warmup, long total, float lr, float min_frac) 
     return (float)(lr * (min_frac + (1 - min_frac) * c));
 }
 
-double clip_grad_norm(real* grads, size_t n, double max_norm) {
+double grad_norm(const real* grads, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
-    double norm = sqrt(s);
+    return sqrt(s);
+}
+
+void grad_clip(real* grads, size_t n, double norm, double max_norm) {
     if (max_norm > 0 && norm > max_norm) {
         real k = (real)(max_norm / (norm + 1e-12));
         for (size_t i = 0; i < n; i++) grads[i] *= k;
     }
+}
+
+double clip_grad_norm(real* grads, size_t n, double max_norm) {
+    double norm = grad_norm(grads, n);
+    grad_clip(grads, n, norm, max_norm);
     return norm;
 }

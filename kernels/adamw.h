@@ -20,6 +20,9 @@ void adamw_step(AdamW* o, real* params, const real* grads, float lr);
 /* Linear warmup over `warmup` steps, then cosine decay to min_frac * lr at `total`. */
 float lr_schedule(long step, long warmup, long total, float lr, float min_frac);
 
+/* Global L2 norm of grads; grad_clip scales them by max_norm / norm when norm > max_norm > 0. */
+double grad_norm(const real* grads, size_t n);
+void grad_clip(real* grads, size_t n, double norm, double max_norm);
 /* Scale grads so their global L2 norm is at most max_norm (if > 0); returns the norm before. */
 double clip_grad_norm(real* grads, size_t n, double max_norm);
 

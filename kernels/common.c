@@ -29,6 +29,12 @@ void* calloc_check(size_t n, size_t size, const char* file, int line) {
     return p;
 }
 
+void* realloc_check(void* p, size_t size, const char* file, int line) {
+    void* q = realloc(p, size ? size : 1);
+    if (!q) fatal("out of memory: could not grow a buffer to %zu bytes (%s:%d)", size, file, line);
+    return q;
+}
+
 double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

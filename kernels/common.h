@@ -25,8 +25,10 @@ void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2), noreturn))
 
 void* malloc_check(size_t size, const char* file, int line);
 void* calloc_check(size_t n, size_t size, const char* file, int line);
+void* realloc_check(void* p, size_t size, const char* file, int line);
 #define mallocCheck(size) malloc_check((size), __FILE__, __LINE__)
 #define callocCheck(n, size) calloc_check((n), (size), __FILE__, __LINE__)
+#define reallocCheck(p, size) realloc_check((p), (size), __FILE__, __LINE__)
 
 /* Wall-clock seconds from a monotonic clock. */
 double now_seconds(void);

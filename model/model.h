@@ -8,9 +8,11 @@
 #ifndef FOCUS_MODEL_H
 #define FOCUS_MODEL_H
 
+#include "../kernels/adamw.h"
 #include "../kernels/attention.h"
 #include "../kernels/common.h"
 #include "../kernels/router.h"
+#include "settings.h"
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
 
@@ -144,15 +146,16 @@ typedef struct {
     /* backward scratch */
     real* scratch_mem;
     size_t scratch_size;
-    /* the GPU copy (model/model_cuda.c) when the model runs with --device cuda, else NULL */
-    struct CudaModel* gpu;
+    /* where the passes run (model_place; backend.h): the CPU after model_build */
+    const struct ModelBackend* backend;
+    void* device; /* the backend's own state (device copies), NULL on the CPU */
 } Model;
 
 /* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama. 0 on success. */
 int model_config_preset(const char* name, ModelConfig* cfg);
 void focus_config_default(FocusConfig* fc);
-/* Set one key (e.g. "K", "tau", "routing", "attn", "L", "arch") from a string. 0 on success,
- * -1 unknown key, -2 bad value. */
+/* Set one key of MODEL_SETTINGS or FOCUS_SETTINGS (settings.h; e.g. "K", "tau", "routing",
+ * "attn", "L", "arch") from a string. 0 on success, -1 unknown key, -2 bad value. */
 int config_set(ModelConfig* cfg, FocusConfig* fc, const char* key, const char* value);
 /* Layer l keeps dense attention (listed in dense_layers). */
 static inline int focus_layer_dense(const FocusConfig* f, int l) {
@@ -210,28 +213,28 @@ double model_attn_objective(Model* m, real weight, int backward);
  * batch's scores (project choice, METHOD.md section 9); else Sinkhorn's per-group offsets. */
 void model_update_beta(Model* m);
 
+/* Run m on a device from now on: "cpu" (where model_build leaves it) or "cuda" (one GPU; the
+ * host weights, router and beta are copied there). Call after the host model is fully set up.
+ * What callers read on the host stays valid: losses and mean_loss after a forward pass, router
+ * gradients after a backward pass, group distributions through model_groups; logits stay on the
+ * device. Only router training (GRAD_ROUTER) runs on a GPU. Fatal with a one-line message when
+ * the device was not built in or cannot be used here. */
+void model_place(Model* m, const char* device);
+/* 1 when model_place(m, device) would work on this machine, else 0 and *why says why not. */
+int model_device_usable(const char* device, const char** why);
+
+/* The router update, where the model runs, after the backward passes of accum micro-batches:
+ * model_router_grad_norm divides the first n router gradients by accum and returns their global
+ * L2 norm; model_router_adamw scales them to norm clip when above it (clip > 0) and takes one
+ * AdamW step on the first opt->n router parameters (the host copy is updated);
+ * model_router_adamw_sync brings the moments into opt (before a checkpoint is written). */
+double model_router_grad_norm(Model* m, size_t n, int accum);
+void model_router_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip, int accum);
+void model_router_adamw_sync(Model* m, AdamW* opt);
+
 /* Logits of the last forward: (B, T, V), valid until the next backward. */
 static inline const real* model_logits(const Model* m) { return m->acts.logits; }
 /* Group distributions of layer l from the last forward: (B, T, K). */
 const real* model_groups(const Model* m, int l);
-
-/* ---- shared with the GPU path (model/model_cuda.c); not for other callers ---- */
-int model_qkv_width(const ModelConfig* c);
-int model_fc_width(const ModelConfig* c);
-/* (Re)allocates a model's per-call host buffers for (B, T, keep): inputs, targets, losses; frees
- * acts_mem and rmask (NULL afterwards) for the caller to allocate as it needs. */
-void model_host_buffers(Model* m, int B, int T, int keep);
-/* Sizes of the NUM_ACT_TENSORS activation tensors for (B, T, keep). */
-void model_act_sizes(size_t* s, const ModelConfig* c, const FocusConfig* f, int B, int T, int keep);
-/* Pointers to layer l's slice of activations a (slot 0 when not keeping). */
-typedef struct {
-    real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-        *fch_act, *res3, *rproj, *rS, *rG, *colofs;
-    uint32_t* mask;
-} LayerActs;
-LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l);
-/* Layer l's attention gate for the current attention mode: groups and masks from a (host or
- * device pointers, as a holds), lambda and b from the host router. */
-AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a);
 
 #endif

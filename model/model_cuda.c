@@ -1,12 +1,13 @@
-/* model_cuda.c: forward and router-only backward on the GPU, a mirror of model_forward and
- * model_backward in model.c (same layer order, same activation layout, *_cuda kernels in place
- * of the CPU ones). Host code only; the kernels live in kernels/cuda. */
-#include "model_cuda.h"
-
+/* model_cuda.c: the CUDA backend (backend.h), a mirror of model_cpu.c: the same layer order,
+ * activation layout and kernel choices, with *_cuda kernels in place of the CPU ones and device
+ * copies of the weights, router and activations. Router training only (GRAD_ROUTER); training
+ * a backbone from scratch stays on the CPU. Host code only; the kernels live in kernels/cuda.
+ * Tested against the CPU by tests/test_cuda.c. */
 #include <math.h>
 #include <string.h>
 
 #include "../kernels/cuda/cuda.h"
+#include "backend.h"
 
 struct CudaModel {
     Params params; /* device pointers into params_mem */
@@ -34,6 +35,9 @@ struct CudaModel {
     int groups_fresh; /* host rG matches the device */
 };
 
+static struct CudaModel* G(const Model* m) { return m->device; }
+static void cuda_push_router(Model* m);
+
 /* Carve with every tensor starting on a 64-float boundary (16-byte vector loads). */
 static size_t carve_aligned(real** ptrs, real* mem, const size_t* sizes, int n) {
     size_t off = 0;
@@ -44,8 +48,7 @@ static size_t carve_aligned(real** ptrs, real* mem, const size_t* sizes, int n) 
     return off;
 }
 
-void model_to_cuda(Model* m) {
-    if (m->gpu) return;
+static void cuda_attach(Model* m) {
     cuda_init(0);
     struct CudaModel* g = callocCheck(1, sizeof(*g));
     size_t np = carve_aligned(NULL, NULL, m->param_sizes, NUM_PARAM_TENSORS);
@@ -59,14 +62,14 @@ void model_to_cuda(Model* m) {
     g->router_mem = cuda_malloc(m->num_router * sizeof(float));
     g->rgrads_mem = cuda_malloc(m->num_router * sizeof(float));
     g->beta = cuda_malloc(sizeof(float) * m->cfg.L * m->fc.K);
-    m->gpu = g;
-    model_cuda_upload_router(m);
+    m->device = g;
+    cuda_push_router(m);
     cuda_memset0(g->rgrads_mem, m->num_router * sizeof(float));
     g->plan = hard_plan_create();
 }
 
-void model_cuda_upload_router(Model* m) {
-    struct CudaModel* g = m->gpu;
+static void cuda_push_router(Model* m) {
+    struct CudaModel* g = G(m);
     if (!g) return;
     cuda_upload(g->router_mem, m->router_mem, m->num_router * sizeof(float));
     real* base = g->router_mem;
@@ -91,8 +94,8 @@ static void free_acts(struct CudaModel* g) {
     g->losses = NULL;
 }
 
-void model_cuda_free(Model* m) {
-    struct CudaModel* g = m->gpu;
+static void cuda_release(Model* m) {
+    struct CudaModel* g = G(m);
     if (!g) return;
     free_acts(g);
     cuda_free(g->params_mem);
@@ -110,20 +113,19 @@ void model_cuda_free(Model* m) {
     cuda_free(g->route_scratch);
     hard_plan_free(g->plan);
     free(g);
-    m->gpu = NULL;
+    m->device = NULL;
 }
 
 /* Device activations for (B, T, keep); on the host only what callers read (groups, offsets,
  * losses, tokens). */
 static void ensure_acts(Model* m, int B, int T, int keep) {
-    struct CudaModel* g = m->gpu;
+    struct CudaModel* g = G(m);
     if (g->acts_mem && g->B == B && g->T == T && g->keep == keep) return;
     free_acts(g);
-    size_t s[NUM_ACT_TENSORS];
-    model_act_sizes(s, &m->cfg, &m->fc, B, T, keep);
-    size_t n = carve_aligned(NULL, NULL, s, NUM_ACT_TENSORS);
+    ActSizes s = model_act_sizes(&m->cfg, &m->fc, B, T, keep);
+    size_t n = carve_aligned(NULL, NULL, s.n, NUM_ACT_TENSORS);
     g->acts_mem = cuda_malloc(n * sizeof(float));
-    carve_aligned((real**)&g->acts, g->acts_mem, s, NUM_ACT_TENSORS);
+    carve_aligned((real**)&g->acts, g->acts_mem, s.n, NUM_ACT_TENSORS);
     g->rmask = cuda_malloc(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
     g->inputs = cuda_malloc(sizeof(int) * B * T);
     g->targets = cuda_malloc(sizeof(int) * B * T);
@@ -134,7 +136,7 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
     /* host side: only the groups and column offsets that callers read */
     model_host_buffers(m, B, T, keep);
     memset(&m->acts, 0, sizeof m->acts);
-    const size_t nS = s[15], nG = s[16], nofs = s[17]; /* acts.rS, acts.rG, acts.colofs */
+    const size_t nS = s.rS, nG = s.rG, nofs = s.colofs;
     m->acts_mem = mallocCheck(sizeof(real) * (nS + nG + nofs + 1));
     m->acts.rG = nG ? m->acts_mem : NULL;
     m->acts.colofs = nofs ? m->acts_mem + nG : NULL;
@@ -157,8 +159,8 @@ static void norm_backward(const Model* m, float* dinp, const float* dout, const 
         rmsnorm_backward_cuda(dinp, NULL, dout, inp, w, rstd, N, m->cfg.C);
 }
 
-void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
-    struct CudaModel* g = m->gpu;
+static void cuda_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+    struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     ensure_acts(m, B, T, keep);
@@ -196,17 +198,21 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
                 routing_topk_mask_cuda(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
         }
         cuda_prof_mark("fwd attention");
-        if (mode == ATTN_HARD) {
-            attention_hard_forward_cuda(g->plan, la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T,
-                                        c->NH, c->NKV, hs);
-        } else {
-            /* training (keep) on tensor cores where they apply; evaluation in fp32, so that
-             * perplexities match the CPU path */
-            AttnGate gate = model_layer_gate(m, l, &la);
-            if (keep && attention_mma_applies(&gate, hs))
-                attention_forward_mma_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV);
-            else
+        AttnGate gate = model_layer_gate(m, l, &la);
+        switch (model_attn_kernel(mode, keep)) {
+            case ATTN_KERNEL_SPARSE:
+                attention_hard_forward_cuda(g->plan, la.att, la.lse, la.qkv, la.mask, f->K, f->w, B,
+                                            T, c->NH, c->NKV, hs);
+                break;
+            case ATTN_KERNEL_DENSE: /* the fp32 kernel with no gate: perplexities match the CPU's */
                 attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+                break;
+            case ATTN_KERNEL_GATED: /* training on tensor cores where they apply, else fp32 */
+                if (keep && attention_mma_applies(&gate, hs))
+                    attention_forward_mma_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV);
+                else
+                    attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+                break;
         }
         cuda_prof_mark("fwd gemm");
         matmul_forward_cuda(la.res2, la.att, p->attprojw + (size_t)l * C * C,
@@ -262,36 +268,31 @@ void model_cuda_forward(Model* m, const int* inputs, const int* targets, int B, 
     }
 }
 
-void model_cuda_sync_groups(const Model* m) {
-    struct CudaModel* g = m->gpu;
-    if (!g || g->groups_fresh || !g->acts.rG || !m->acts.rG) return;
-    size_t n = (size_t)m->cfg.L * g->B * g->T * m->fc.K;
-    cuda_download(m->acts.rG, g->acts.rG, n * sizeof(float));
-    g->groups_fresh = 1;
+static void cuda_pull(const Model* m, ModelPull what) {
+    struct CudaModel* g = G(m);
+    if (what == PULL_GROUPS) {
+        if (g->groups_fresh || !g->acts.rG || !m->acts.rG) return;
+        size_t n = (size_t)m->cfg.L * g->B * g->T * m->fc.K;
+        cuda_download(m->acts.rG, g->acts.rG, n * sizeof(float));
+        g->groups_fresh = 1;
+    } else if (what == PULL_OFFSETS) {
+        if (!g->acts.colofs || !m->acts.colofs) return;
+        cuda_download(m->acts.colofs, g->acts.colofs, sizeof(float) * m->cfg.L * g->B * m->fc.K);
+    } else {
+        if (!g->acts.rS || !m->acts.rS) return;
+        ActSizes s = model_act_sizes(&m->cfg, &m->fc, g->B, g->T, g->keep);
+        cuda_download(m->acts.rS, g->acts.rS, sizeof(float) * s.rS);
+    }
 }
 
-void model_cuda_sync_colofs(Model* m) {
-    struct CudaModel* g = m->gpu;
-    if (!g || !g->acts.colofs || !m->acts.colofs) return;
-    cuda_download(m->acts.colofs, g->acts.colofs, sizeof(float) * m->cfg.L * g->B * m->fc.K);
-}
-
-void model_cuda_sync_scores(Model* m) {
-    struct CudaModel* g = m->gpu;
-    if (!g || !g->acts.rS || !m->acts.rS) return;
-    size_t s[NUM_ACT_TENSORS];
-    model_act_sizes(s, &m->cfg, &m->fc, g->B, g->T, g->keep);
-    cuda_download(m->acts.rS, g->acts.rS, sizeof(float) * s[15]);
-}
-
-void model_cuda_zero_grad(Model* m, GradMode mode) {
+static void cuda_zero_grad(Model* m, GradMode mode) {
     if (mode == GRAD_ALL)
         fatal("--device cuda trains the router only; train a backbone from scratch on the CPU");
-    cuda_memset0(m->gpu->rgrads_mem, sizeof(float) * m->num_router);
+    cuda_memset0(G(m)->rgrads_mem, sizeof(float) * m->num_router);
 }
 
-void model_cuda_backward(Model* m, GradMode mode) {
-    struct CudaModel* g = m->gpu;
+static void cuda_backward(Model* m, GradMode mode) {
+    struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     if (mode == GRAD_ALL)
@@ -422,8 +423,8 @@ static float* grow(float* p, size_t* have, size_t n) {
     return cuda_malloc(sizeof(float) * n);
 }
 
-void model_cuda_teacher(Model* m, int want_logp, int want_mass) {
-    struct CudaModel* g = m->gpu;
+static void cuda_teacher(Model* m, int want_logp, int want_mass) {
+    struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     const size_t BT = (size_t)g->B * g->T;
@@ -455,8 +456,8 @@ void model_cuda_teacher(Model* m, int want_logp, int want_mass) {
     }
 }
 
-double model_cuda_attn_objective(Model* m, float weight, int backward) {
-    struct CudaModel* g = m->gpu;
+static double cuda_attn_objective(Model* m, float weight, int backward) {
+    struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     const size_t BT = (size_t)g->B * g->T, K = f->K;
@@ -491,10 +492,14 @@ double model_cuda_attn_objective(Model* m, float weight, int backward) {
     return loss;
 }
 
-double model_cuda_grad_sumsq(Model* m, size_t n) { return sumsq_cuda(m->gpu->rgrads_mem, n); }
+static double cuda_grad_norm(Model* m, size_t n, int accum) {
+    /* the gradients stay as they are; cuda_adamw scales them by 1 / accum (and the clip) */
+    return sqrt(sumsq_cuda(G(m)->rgrads_mem, n)) / accum;
+}
 
-void model_cuda_adamw(Model* m, AdamW* opt, float lr, float grad_scale) {
-    struct CudaModel* g = m->gpu;
+static void cuda_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip, int accum) {
+    struct CudaModel* g = G(m);
+    const double k = clip > 0 && gnorm > clip ? clip / (gnorm + 1e-12) : 1.0;
     if (!g->adam_m || g->adam_n != opt->n) {
         cuda_free(g->adam_m);
         cuda_free(g->adam_v);
@@ -506,13 +511,29 @@ void model_cuda_adamw(Model* m, AdamW* opt, float lr, float grad_scale) {
     }
     opt->t++;
     adamw_step_cuda(g->router_mem, g->rgrads_mem, g->adam_m, g->adam_v, opt->n, lr, opt->beta1,
-                    opt->beta2, opt->eps, opt->weight_decay, opt->t, grad_scale);
+                    opt->beta2, opt->eps, opt->weight_decay, opt->t, (float)(k / accum));
     cuda_download(m->router_mem, g->router_mem, sizeof(float) * opt->n);
 }
 
-void model_cuda_adamw_download(Model* m, AdamW* opt) {
-    struct CudaModel* g = m->gpu;
+static void cuda_adamw_sync(Model* m, AdamW* opt) {
+    struct CudaModel* g = G(m);
     if (!g || !g->adam_m) return;
     cuda_download(opt->m, g->adam_m, sizeof(float) * opt->n);
     cuda_download(opt->v, g->adam_v, sizeof(float) * opt->n);
 }
+
+const ModelBackend model_cuda_backend = {
+    .name = "cuda",
+    .attach = cuda_attach,
+    .forward = cuda_forward,
+    .backward = cuda_backward,
+    .zero_grad = cuda_zero_grad,
+    .teacher = cuda_teacher,
+    .attn_objective = cuda_attn_objective,
+    .pull = cuda_pull,
+    .push_router = cuda_push_router,
+    .grad_norm = cuda_grad_norm,
+    .adamw = cuda_adamw,
+    .adamw_sync = cuda_adamw_sync,
+    .release = cuda_release,
+};

@@ -11,7 +11,6 @@
 #include "../kernels/cuda/cuda.h"
 #include "../kernels/sparse.h"
 #include "../model/model.h"
-#include "../model/model_cuda.h"
 #include "../kernels/router.h"
 #include "../kernels/adamw.h"
 #include "testutil.h"
@@ -417,7 +416,7 @@ static void test_model(const char *preset, Routing routing, int hs64, int recipe
     model_build(&b, &cfg, &fc);
     memcpy(b.params_mem, a.params_mem, sizeof(real) * a.num_params);
     memcpy(b.router_mem, a.router_mem, sizeof(real) * a.num_router);
-    model_to_cuda(&b);
+    model_place(&b, "cuda");
     const int B = 2, T = 60; /* tiny-gpt2 has 64 positions */
     int *inp = mallocCheck(sizeof(int) * B * T), *tgt = mallocCheck(sizeof(int) * B * T);
     for (int i = 0; i < B * T; i++)
@@ -448,7 +447,7 @@ static void test_model(const char *preset, Routing routing, int hs64, int recipe
     adamw_init(&oa, a.num_router, 0.9f, 0.95f, 1e-8f, 0);
     adamw_init(&ob, b.num_router, 0.9f, 0.95f, 1e-8f, 0);
     adamw_step(&oa, a.router_mem, a.rgrads_mem, 1e-3f);
-    model_cuda_adamw(&b, &ob, 1e-3f, 1.f);
+    model_router_adamw(&b, &ob, 1e-3f, 0, 0, 1);
     float *rp = dev(b.router_mem, b.num_router);
     snprintf(name, sizeof name, "%s%s %s: router after AdamW", preset, tag, routing_name(routing));
     EXPECT(name, rel_dev(rp, a.router_mem, a.num_router), hs64 ? 1e-2 : 1e-4);

@@ -1,4 +1,4 @@
-/* cmd_eval.c: `focus eval ppl` and `focus generate`. */
+/* cmd_eval.c: `focus eval ppl` and `focus eval layers`. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,47 +11,8 @@
 #include "../data/tokenizer.h"
 #include "../model/decode.h"
 #include "cli.h"
-
-/* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
- * config.conf next to router.h5 when there is one (the router's shape). */
-void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
-                          const char* routing) {
-    FocusConfig* f = &m->fc;
-    if (router) {
-        char* text = router_read_config(router);
-        /* take the router shape and gate settings from the stored configuration; a router
-         * stored without these keys was trained before they existed: no sinks, no dense layers */
-        f->sinks = 0;
-        memset(f->dense_layers, 0, sizeof f->dense_layers);
-        for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-            char key[64], val[256];
-            if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
-            if (!strcmp(key, "K") || !strcmp(key, "dg") || !strcmp(key, "tau") ||
-                !strcmp(key, "iters") || !strcmp(key, "w") || !strcmp(key, "learn_gate") ||
-                !strcmp(key, "sinks") || !strcmp(key, "dense_layers"))
-                config_set(&m->cfg, f, key, val);
-        }
-        free(text);
-        model_set_router_config(m, f);
-        router_load(router, m, NULL, NULL, model_fingerprint(m));
-        f->attn = ATTN_SOFT;
-    }
-    if (attn) {
-        if (config_set(&m->cfg, f, "attn", attn))
-            fatal("--attn must be dense, soft or hard, got '%s'", attn);
-        if (f->attn != ATTN_DENSE && !router) fatal("--attn %s needs --router router.h5", attn);
-    }
-    if (topk) {
-        if (config_set(&m->cfg, f, "topk", topk))
-            fatal(
-                "--topk must be a group count (1..K) or pP / pP:k (a share of the group mass), "
-                "got '%s'",
-                topk);
-        if (f->topk > f->K) fatal("--topk %s exceeds the router's K = %d", topk, f->K);
-    }
-    if (routing && routing_parse(routing, &f->routing))
-        fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
-}
+#include "commands.h"
+#include "evaluate.h"
 
 /* `focus eval layers`: how much each layer's sparse attention costs on its own (every other
  * layer dense), so a user can choose dense_layers. */
@@ -118,7 +79,8 @@ static void eval_help(void) {
         "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
         "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n"
         "--topk 1,2,p0.9 evaluates several budgets in turn; p0.9 keeps each token's groups until\n"
-        "90 %% of its group mass is covered (p0.9:2: at most 2 groups). The router's sinks and dense_layers apply; --set sinks=N, --set\n"
+        "90 %% of its group mass is covered (p0.9:2: at most 2 groups). The router's sinks and "
+        "dense_layers apply; --set sinks=N, --set\n"
         "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
         "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
         "that layer sparse, every other dense; it prints dense_layers lines for the worst "
@@ -226,7 +188,7 @@ int cmd_eval(int argc, char** argv) {
                     want.sinks, m.fc.sinks);
         m.fc = want;
     }
-    model_use_device(&m, device);
+    model_place(&m, device ? "cuda" : "cpu");
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > max_tokens) n = max_tokens;
@@ -258,144 +220,6 @@ int cmd_eval(int argc, char** argv) {
         eval_report(&m, &info, ids, n, data, ctx, stride);
     } while (next_budget);
     free(ids);
-    model_free(&m);
-    return 0;
-}
-
-/* Index of the next token from logits (V): greedy when temperature <= 0, else nucleus sampling. */
-static int sample(const real* logits, int V, double temperature, double top_p, Rng* rng) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
-    if (temperature <= 0) return best;
-    double* p = mallocCheck(sizeof(double) * V);
-    int* idx = mallocCheck(sizeof(int) * V);
-    double sum = 0;
-    for (int v = 0; v < V; v++) {
-        p[v] = exp((logits[v] - logits[best]) / temperature);
-        sum += p[v];
-        idx[v] = v;
-    }
-    /* Sort candidates by probability (partial selection until top_p mass is reached). */
-    double mass = 0;
-    int k = 0;
-    while (k < V && mass < top_p * sum) {
-        int bi = k;
-        for (int j = k + 1; j < V; j++) bi = p[idx[j]] > p[idx[bi]] ? j : bi;
-        int tmp = idx[k];
-        idx[k] = idx[bi];
-        idx[bi] = tmp;
-        mass += p[idx[k++]];
-        if (k > 1024) break; /* the tail beyond 1024 candidates carries no practical mass */
-    }
-    double r = rng_uniform(rng) * mass, acc = 0;
-    int choice = idx[k - 1];
-    for (int j = 0; j < k; j++) {
-        acc += p[idx[j]];
-        if (r < acc) {
-            choice = idx[j];
-            break;
-        }
-    }
-    free(p);
-    free(idx);
-    return choice;
-}
-
-int cmd_generate(int argc, char** argv) {
-    const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL;
-    int n = 64;
-    const char* topk = NULL;
-    double temperature = 0, top_p = 1;
-    uint64_t seed = 1;
-    FocusConfig fc;
-    focus_config_default(&fc);
-    fc.attn = ATTN_DENSE;
-    fc.routing = ROUTE_CAUSAL;
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
-                "                      [--temperature t] [--top-p p] [--seed s] [--router "
-                "router.h5 [--topk k] [--attn dense|hard]]\n"
-                "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). "
-                "Tokens are\n"
-                "generated one at a time over a KV cache; with --router, each new token attends to "
-                "its\n"
-                "window and the cached tokens of its top-k groups (causal routing).\n");
-            return 0;
-        } else if (!strcmp(a, "--model"))
-            model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--prompt"))
-            prompt = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "-n"))
-            n = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--temperature"))
-            temperature = atof(cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--top-p"))
-            top_p = atof(cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--seed"))
-            seed = (uint64_t)cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--router"))
-            router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--topk"))
-            topk = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--attn"))
-            attn = cli_value(argc, argv, i++);
-        else
-            fatal("generate: unknown option '%s'", a);
-    }
-    if (!model || !prompt) fatal("generate: needs --model and --prompt");
-    if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
-    if (n < 0) fatal("generate: -n must be >= 0");
-    Model m;
-    model_load(&m, model, &fc, NULL);
-    Tokenizer* t = tokenizer_load(tok ? tok : model);
-    apply_router_options(&m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
-    size_t np;
-    int* p = tokenizer_encode(t, prompt, strlen(prompt), &np);
-    int bos = tokenizer_bos(t);
-    size_t cap = np + (size_t)n + 2, len = 0;
-    int* ids = mallocCheck(sizeof(int) * cap);
-    if (bos >= 0) ids[len++] = bos;
-    memcpy(ids + len, p, sizeof(int) * np);
-    len += np;
-    free(p);
-    if (len == 0) ids[len++] = tokenizer_eot(t);
-    Rng rng;
-    rng_seed(&rng, seed);
-    KVCache c;
-    kvcache_init(&c, &m, (int)cap);
-    real* logits = mallocCheck(sizeof(real) * m.cfg.V);
-    double t0 = now_seconds();
-    for (size_t i = 0; i < len; i++) model_decode_step(&m, &c, ids[i], logits); /* the prompt */
-    fputs(prompt, stdout);
-    fflush(stdout);
-    int made = 0;
-    for (; made < n; made++) {
-        if (m.cfg.arch == ARCH_GPT2 && (int)len >= m.cfg.maxT) break;
-        int next = sample(logits, m.cfg.V, temperature, top_p, &rng);
-        ids[len++] = next;
-        if (next == tokenizer_eot(t) || next == tokenizer_eos(t)) break;
-        size_t sl;
-        char* s = tokenizer_decode(t, &next, 1, &sl);
-        fwrite(s, 1, sl, stdout);
-        fflush(stdout);
-        free(s);
-        model_decode_step(&m, &c, next, logits);
-    }
-    double dt = now_seconds() - t0;
-    printf("\n");
-    fprintf(
-        stderr, "[%zu prompt + %d generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
-        len - made, made, dt, (len) / dt,
-        m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
-    free(ids);
-    free(logits);
-    kvcache_free(&c);
-    tokenizer_free(t);
     model_free(&m);
     return 0;
 }

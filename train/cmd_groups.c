@@ -12,6 +12,8 @@
 #include "../checkpoints/load.h"
 #include "../data/tokenizer.h"
 #include "cli.h"
+#include "commands.h"
+#include "evaluate.h"
 
 enum { CLS_SPACE_WORD, CLS_PIECE, CLS_PUNCT, CLS_DIGIT, CLS_SPACE, CLS_OTHER, NCLS };
 static const char* CLS_NAMES[NCLS] = {"space+word", "word piece", "punctuation",

@@ -1,118 +1,10 @@
-/* evaluate.c: token loading for training and evaluation, and strided perplexity. */
-#include <dirent.h>
+/* evaluate.c: strided perplexity, pairs kept and routing statistics (see evaluate.h). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../io/io.h"
-#include "../data/shard.h"
-#include "../data/text.h"
-#include "../data/tokenizer.h"
-#include "cli.h"
-
-/* *.txt files of a folder, sorted. */
-static int list_text_files(const char* dir, char*** out) {
-    DIR* d = opendir(dir);
-    if (!d) fatal("%s: cannot open: folder not readable", dir);
-    int n = 0;
-    char** v = NULL;
-    struct dirent* e;
-    while ((e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 4, ".txt")) continue;
-        v = realloc(v, sizeof(char*) * (size_t)(n + 1));
-        size_t need = strlen(dir) + l + 2;
-        v[n] = mallocCheck(need);
-        snprintf(v[n++], need, "%s/%s", dir, e->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (strcmp(v[i], v[j]) > 0) {
-                char* t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-            }
-    *out = v;
-    return n;
-}
-
-int* load_tokens(const char* path, const char* prefix, const char* tok_path, int clean, size_t* n) {
-    struct stat st;
-    if (stat(path, &st)) fatal("%s: data not found", path);
-    if (S_ISDIR(st.st_mode)) {
-        char** paths;
-        int k = shard_list(path, prefix, &paths);
-        if (!k) {
-            free(paths);
-            k = shard_list(path, "", &paths);
-        }
-        if (k) {
-            int* all = NULL;
-            *n = 0;
-            int V0 = -1;
-            for (int i = 0; i < k; i++) {
-                size_t m;
-                int V;
-                int* ids = shard_read(paths[i], &m, &V);
-                if (V0 >= 0 && V != V0)
-                    fatal("%s: vocabulary size %d differs from the other shards' %d", paths[i], V,
-                          V0);
-                V0 = V;
-                all = realloc(all, sizeof(int) * (*n + m + 1));
-                memcpy(all + *n, ids, sizeof(int) * m);
-                *n += m;
-                free(ids);
-                free(paths[i]);
-            }
-            free(paths);
-            return all;
-        }
-        free(paths);
-        char** files;
-        int nf = list_text_files(path, &files);
-        if (!nf) fatal("%s: no token shards (*.bin) or text files (*.txt) in this folder", path);
-        if (!tok_path) fatal("%s: text data needs a tokenizer", path);
-        Tokenizer* t = tokenizer_load(tok_path);
-        int eot = tokenizer_eot(t);
-        int* all = NULL;
-        *n = 0;
-        for (int i = 0; i < nf; i++) {
-            size_t len, m;
-            char* text = read_file(files[i], &len);
-            len = text_clean(text, len); /* a folder of documents is always cleaned */
-            int* ids = tokenizer_encode(t, text, len, &m);
-            all = realloc(all, sizeof(int) * (*n + m + 2));
-            if (eot >= 0) all[(*n)++] = eot;
-            memcpy(all + *n, ids, sizeof(int) * m);
-            *n += m;
-            free(ids);
-            free(text);
-            free(files[i]);
-        }
-        free(files);
-        tokenizer_free(t);
-        return all;
-    }
-    if (shard_is_shard(path)) {
-        int V;
-        return shard_read(path, n, &V);
-    }
-    if (!tok_path) fatal("%s: text data needs a tokenizer", path);
-    Tokenizer* t = tokenizer_load(tok_path);
-    size_t len;
-    char* text = read_file(path, &len);
-    if (clean) len = text_clean(text, len);
-    int* ids = tokenizer_encode(t, text, len, n);
-    free(text);
-    tokenizer_free(t);
-    return ids;
-}
-
-int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n) {
-    return load_tokens(data, "val_", tok_path ? tok_path : model_path, 0, n);
-}
+#include "evaluate.h"
 
 double hard_pairs_kept(const Model* m) {
     const FocusConfig* f = &m->fc;
@@ -182,4 +74,43 @@ PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int strid
     if (windows) r.kept /= windows;
     free(tgt);
     return r;
+}
+
+PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, int topk, Routing r) {
+    FocusConfig keep = m->fc;
+    m->fc.attn = attn;
+    m->fc.topk = topk;
+    m->fc.routing = r;
+    PplResult res = eval_perplexity(m, ids, n, T, T, 1);
+    m->fc = keep;
+    return res;
+}
+
+double focus_largest_share(const Model* m) {
+    double s = 0;
+    for (int l = 0; l < m->cfg.L; l++)
+        s += routing_largest_share(model_groups(m, l), (size_t)m->B * m->T, m->fc.K);
+    return s / m->cfg.L;
+}
+
+double focus_gate_far_mean(const Model* m, Rng* rng) {
+    int B = m->B, T = m->T, K = m->fc.K, w = m->fc.w;
+    if (T <= w + 1) return NAN;
+    double s = 0;
+    int n = 0;
+    for (int l = 0; l < m->cfg.L; l++) {
+        const real* G = model_groups(m, l);
+        double lam = m->router.gate[2 * l], bias = m->router.gate[2 * l + 1];
+        for (int k = 0; k < 256; k++) {
+            int b = (int)(rng_u64(rng) % (uint64_t)B);
+            int i = w + 1 + (int)(rng_u64(rng) % (uint64_t)(T - w - 1));
+            int j = (int)(rng_u64(rng) % (uint64_t)(i - w));
+            double a = 0;
+            for (int g = 0; g < K; g++)
+                a += G[((size_t)b * T + i) * K + g] * G[((size_t)b * T + j) * K + g];
+            s += 1 / (1 + exp(-lam * (a - bias)));
+            n++;
+        }
+    }
+    return s / n;
 }

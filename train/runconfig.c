@@ -1,86 +1,57 @@
 /* runconfig.c: INI parsing (libinih) and serialisation of run settings (see runconfig.h). */
+#define _GNU_SOURCE /* open_memstream */
 #include "runconfig.h"
+
+#include <ini.h>
+#include <stddef.h>
+#include <string.h>
 
 #include "cli.h"
 
-#include <ini.h>
-#include <string.h>
+/* The run's own settings, in the columns of settings.h; the [model] shape and [focus] router
+ * rows come from MODEL_SETTINGS and FOCUS_SETTINGS. Written in this order, section by section. */
+#define RUN_SETTINGS(X)                                                                           \
+    X(model, model, STR, model, "", 0, "model file, or scratch (trained here first)")             \
+    X(model, tokenizer, STR, tokenizer, "", 0, "tokenizer (default: the model file)")             \
+    X(data, train, STR, train, "", 0, "training data: shard folder or file, text folder or file") \
+    X(data, val, STR, val, "", 0, "validation data (default: the end of train)")                  \
+    X(data, val_fraction, FLOAT, val_fraction, "0.05", 0, "share of train held out without val")  \
+    X(train, B, INT, B, "4", 0, "sequences per micro-batch")                                      \
+    X(train, T, INT, T, "1024", 0, "sequence length")                                             \
+    X(train, grad_accum, INT, grad_accum, "1", 0, "micro-batches per step")                       \
+    X(train, steps, INT, steps, "100", 0, "optimizer steps")                                      \
+    X(train, warmup, INT, warmup, "10", 0, "linear warmup steps")                                 \
+    X(train, lr, FLOAT, lr, "0.01", 0, "peak learning rate (cosine decay)")                       \
+    X(train, min_lr_frac, FLOAT, min_lr_frac, "0.1", 0, "final learning rate / lr")               \
+    X(train, beta1, FLOAT, beta1, "0.9", 0, "AdamW beta1")                                        \
+    X(train, beta2, FLOAT, beta2, "0.95", 0, "AdamW beta2")                                       \
+    X(train, adam_eps, FLOAT, adam_eps, "1e-8", 0, "AdamW epsilon")                               \
+    X(train, weight_decay, FLOAT, weight_decay, "0", 0, "AdamW weight decay")                     \
+    X(train, clip, FLOAT, clip, "1", 0, "global gradient-norm clip (0: off)")                     \
+    X(train, eval_every, INT, eval_every, "50", 0, "steps between validation perplexities")       \
+    X(train, eval_tokens, INT, eval_tokens, "8192", 0, "validation tokens")                       \
+    X(train, ckpt_every, INT, ckpt_every, "50", 0, "steps between checkpoints")                   \
+    X(train, pretrain_steps, INT, pretrain_steps, "0", 0, "scratch models: pretraining steps")    \
+    X(train, pretrain_B, INT, pretrain_B, "8", 0, "scratch models: pretraining batch")            \
+    X(train, pretrain_lr, FLOAT, pretrain_lr, "0.003", 0, "scratch models: pretraining lr")       \
+    X(train, objective, OBJECTIVE, objective, "lm", 0, "lm | kl | attn | kl+attn (METHOD.md 9)")  \
+    X(train, attn_weight, FLOAT, attn_weight, "1", 0, "weight of the attn term")
+
+#define RUN_ROW(sec, nm, ty, fld, def, fl, hp) \
+    {#sec, #nm, SETTING_##ty, offsetof(RunConfig, fld), sizeof(((RunConfig*)0)->fld), def, fl, hp},
+static const Setting run_settings[] = {RUN_SETTINGS(RUN_ROW)};
+static const int run_settings_count = sizeof run_settings / sizeof run_settings[0];
 
 void runconfig_default(RunConfig* rc) {
     memset(rc, 0, sizeof(*rc));
-    rc->val_fraction = 0.05f;
-    rc->B = 4, rc->T = 1024, rc->grad_accum = 1, rc->steps = 100, rc->warmup = 10;
-    rc->lr = 1e-2f, rc->min_lr_frac = 0.1f, rc->beta1 = 0.9f, rc->beta2 = 0.95f,
-    rc->adam_eps = 1e-8f;
-    rc->weight_decay = 0, rc->clip = 1.0f;
-    rc->eval_every = 50, rc->eval_tokens = 8192, rc->ckpt_every = 50;
-    rc->pretrain_steps = 0, rc->pretrain_B = 8, rc->pretrain_lr = 3e-3f;
-    strcpy(rc->objective, "lm");
-    rc->attn_weight = 1.0f;
+    settings_defaults(run_settings, run_settings_count, rc);
     model_config_preset("tiny-llama", &rc->mcfg);
     focus_config_default(&rc->fc);
-    rc->fc.routing = ROUTE_SINKHORN;
-    rc->fc.attn = ATTN_SOFT;
 }
 
-typedef struct {
-    const char* name;
-    int* i;
-    float* f;
-    char* s;
-} Key;
-
 static int set_key(RunConfig* rc, const char* name, const char* value) {
-    Key keys[] = {
-        {"model", 0, 0, rc->model},
-        {"tokenizer", 0, 0, rc->tokenizer},
-        {"train", 0, 0, rc->train},
-        {"val", 0, 0, rc->val},
-        {"val_fraction", 0, &rc->val_fraction, 0},
-        {"B", &rc->B, 0, 0},
-        {"T", &rc->T, 0, 0},
-        {"grad_accum", &rc->grad_accum, 0, 0},
-        {"steps", &rc->steps, 0, 0},
-        {"warmup", &rc->warmup, 0, 0},
-        {"lr", 0, &rc->lr, 0},
-        {"min_lr_frac", 0, &rc->min_lr_frac, 0},
-        {"beta1", 0, &rc->beta1, 0},
-        {"beta2", 0, &rc->beta2, 0},
-        {"adam_eps", 0, &rc->adam_eps, 0},
-        {"weight_decay", 0, &rc->weight_decay, 0},
-        {"clip", 0, &rc->clip, 0},
-        {"eval_every", &rc->eval_every, 0, 0},
-        {"eval_tokens", &rc->eval_tokens, 0, 0},
-        {"ckpt_every", &rc->ckpt_every, 0, 0},
-        {"pretrain_steps", &rc->pretrain_steps, 0, 0},
-        {"pretrain_B", &rc->pretrain_B, 0, 0},
-        {"pretrain_lr", 0, &rc->pretrain_lr, 0},
-        {"attn_weight", 0, &rc->attn_weight, 0},
-    };
-    if (!strcmp(name, "objective")) {
-        if (strcmp(value, "lm") && strcmp(value, "kl") && strcmp(value, "attn") &&
-            strcmp(value, "kl+attn"))
-            return -2;
-        strcpy(rc->objective, value);
-        return 0;
-    }
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-        if (strcmp(keys[k].name, name)) continue;
-        char* end;
-        if (keys[k].s) {
-            if (strlen(value) >= 1024) return -2;
-            strcpy(keys[k].s, value);
-        } else if (keys[k].i) {
-            long v = strtol(value, &end, 10);
-            if (end == value || *end) return -2;
-            *keys[k].i = (int)v;
-        } else {
-            double v = strtod(value, &end);
-            if (end == value || *end) return -2;
-            *keys[k].f = (float)v;
-        }
-        return 0;
-    }
+    const Setting* s = setting_find(run_settings, run_settings_count, name);
+    if (s) return setting_parse(s, rc, value);
     return config_set(&rc->mcfg, &rc->fc, name, value);
 }
 
@@ -121,38 +92,25 @@ void runconfig_set(RunConfig* rc, const char* kv) {
 }
 
 char* runconfig_text(const RunConfig* rc) {
-    size_t cap = 8192;
-    char* s = mallocCheck(cap);
-    const ModelConfig* m = &rc->mcfg;
-    const FocusConfig* f = &rc->fc;
-    char topk[32], dense[1024];
-    snprintf(s, cap,
-             "[model]\nmodel = %s\ntokenizer = %s\narch = %s\nL = %d\nC = %d\nNH = %d\nNKV = %d\nF "
-             "= %d\nV = %d\n"
-             "maxT = %d\neps = %.9g\nrope_theta = %.9g\nqkv_bias = %d\ntied = %d\n"
-             "[data]\ntrain = %s\nval = %s\nval_fraction = %.9g\n"
-             "[train]\nB = %d\nT = %d\ngrad_accum = %d\nsteps = %d\nwarmup = %d\nlr = "
-             "%.9g\nmin_lr_frac = %.9g\n"
-             "beta1 = %.9g\nbeta2 = %.9g\nadam_eps = %.9g\nweight_decay = %.9g\nclip = "
-             "%.9g\neval_every = %d\n"
-             "eval_tokens = %d\nckpt_every = %d\npretrain_steps = %d\npretrain_B = %d\npretrain_lr "
-             "= %.9g\nobjective = %s\nattn_weight = %.9g\n"
-             "[focus]\nK = %d\ndg = %d\ntau = %.9g\niters = %d\nw = %d\nlambda = %.9g\nb = "
-             "%.9g\nrouting = %s\n"
-             "topk = %s\nsinks = %d\ndense_layers = %s\nlearn_gate = %d\nbeta_momentum = "
-             "%.9g\nbeta_balance = %d\nseed = %llu\n",
-             rc->model, rc->tokenizer, m->arch == ARCH_GPT2 ? "gpt2" : "llama", m->L, m->C, m->NH,
-             m->NKV, m->F, m->V, m->maxT, (double)m->eps, (double)m->rope_theta, m->qkv_bias,
-             m->tied, rc->train, rc->val, (double)rc->val_fraction, rc->B, rc->T, rc->grad_accum,
-             rc->steps, rc->warmup, (double)rc->lr, (double)rc->min_lr_frac, (double)rc->beta1,
-             (double)rc->beta2, (double)rc->adam_eps, (double)rc->weight_decay, (double)rc->clip,
-             rc->eval_every, rc->eval_tokens, rc->ckpt_every, rc->pretrain_steps, rc->pretrain_B,
-             (double)rc->pretrain_lr, rc->objective, (double)rc->attn_weight, f->K, f->dg,
-             (double)f->tau, f->iters, f->w, (double)f->lambda, (double)f->bias,
-             routing_name(f->routing), focus_topk_str(f, topk), f->sinks,
-             focus_dense_layers_str(f, dense, sizeof dense), f->learn_gate,
-             (double)f->beta_momentum, f->beta_balance, (unsigned long long)f->seed);
+    char* s = NULL;
+    size_t n = 0;
+    FILE* f = open_memstream(&s, &n);
+    if (!f) fatal("out of memory writing the run configuration");
+    const char* sections[] = {"model", "data", "train", "focus"};
+    for (int i = 0; i < 4; i++) {
+        fprintf(f, "[%s]\n", sections[i]);
+        settings_write(f, run_settings, run_settings_count, rc, sections[i]);
+        settings_write(f, model_settings, model_settings_count, &rc->mcfg, sections[i]);
+        settings_write(f, focus_settings, focus_settings_count, &rc->fc, sections[i]);
+    }
+    fclose(f);
     return s;
+}
+
+void runconfig_help(FILE* f) {
+    settings_help(f, run_settings, run_settings_count);
+    settings_help(f, model_settings, model_settings_count);
+    settings_help(f, focus_settings, focus_settings_count);
 }
 
 void runconfig_objective(const RunConfig* rc, int* kl, int* attn) {

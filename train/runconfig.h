@@ -35,6 +35,8 @@ void runconfig_set(RunConfig* rc, const char* kv);
 /* Resolved settings as INI text (malloc'd). */
 char* runconfig_text(const RunConfig* rc);
 void runconfig_print(const RunConfig* rc, FILE* f);
+/* Every setting with its section, default and help (`focus settings`). */
+void runconfig_help(FILE* f);
 /* The objective's parts: *kl and *attn set for kl, attn or kl+attn (both 0 for lm). */
 void runconfig_objective(const RunConfig* rc, int* kl, int* attn);
 

@@ -1,4 +1,4 @@
-/* bench.c: `focus bench forward` and `focus bench gemm`.
+/* cmd_bench.c: `focus bench forward`, `focus bench attention` and `focus bench gemm`.
  *
  * forward: times the forward pass with the router off (dense) and on (soft gate), and a
  * router-only training step (forward + backward), on random tokens. Weights are random unless
@@ -12,6 +12,8 @@
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
 #include "cli.h"
+#include "commands.h"
+#include "evaluate.h"
 
 #ifdef FOCUS_CUDA
 #include "../kernels/cuda/cuda.h"
@@ -345,7 +347,7 @@ int cmd_bench(int argc, char** argv) {
     /* on the GPU, percentages are of the CPU's rate make no sense: report TFLOP/s only */
     double gf = device ? 0 : gemm_gflops(gemm_n, 3);
     if (!device) printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
-    model_use_device(&m, device);
+    model_place(&m, device ? "cuda" : "cpu");
 #ifdef FOCUS_CUDA
     if (device) {
         AttnGate probe = {GATE_SOFT, fc.K, fc.w, NULL, NULL, 0, 0, 0};

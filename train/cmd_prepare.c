@@ -1,77 +1,14 @@
-/* cmd_data.c: `focus tokenize` and `focus prepare`. */
+/* cmd_prepare.c: `focus prepare`, text files to token shards for training and evaluation. */
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../io/io.h"
 #include "../data/shard.h"
 #include "../data/text.h"
 #include "../data/tokenizer.h"
+#include "../io/io.h"
 #include "cli.h"
-
-int cmd_tokenize(int argc, char** argv) {
-    const char* tok = NULL;
-    const char* file = NULL;
-    int decode = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf(
-                "usage: focus tokenize --tokenizer <model.gguf | tokenizer dir> [--decode] FILE\n"
-                "Prints the token ids of FILE space-separated on one line; with --decode, FILE "
-                "holds\n"
-                "ids (space-separated) and the text is printed.\n");
-            return 0;
-        } else if (!strcmp(argv[i], "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(argv[i], "--decode"))
-            decode = 1;
-        else if (argv[i][0] == '-' && argv[i][1])
-            fatal("tokenize: unknown option '%s'", argv[i]);
-        else
-            file = argv[i];
-    }
-    if (!tok || !file) fatal("tokenize: needs --tokenizer and a FILE (see focus tokenize --help)");
-    Tokenizer* t = tokenizer_load(tok);
-    size_t len;
-    char* text = read_file(file, &len);
-    if (!decode) {
-        size_t n;
-        int* ids = tokenizer_encode(t, text, len, &n);
-        for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
-        printf("\n");
-        free(ids);
-    } else {
-        size_t n = 0, cap = 1024;
-        int* ids = mallocCheck(sizeof(int) * cap);
-        char* p = text;
-        while (*p) {
-            char* end;
-            long v = strtol(p, &end, 10);
-            if (end == p) {
-                if (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') {
-                    p++;
-                    continue;
-                }
-                fatal("%s: expected token ids, found '%c' at byte %zu", file, *p,
-                      (size_t)(p - text));
-            }
-            if (v < 0 || v >= tokenizer_vocab_size(t))
-                fatal("%s: token id %ld is outside the vocabulary (V=%d)", file, v,
-                      tokenizer_vocab_size(t));
-            if (n == cap) ids = realloc(ids, sizeof(int) * (cap *= 2));
-            ids[n++] = (int)v;
-            p = end;
-        }
-        size_t out_len;
-        char* s = tokenizer_decode(t, ids, n, &out_len);
-        fwrite(s, 1, out_len, stdout);
-        free(s);
-        free(ids);
-    }
-    free(text);
-    tokenizer_free(t);
-    return 0;
-}
+#include "commands.h"
 
 int cmd_prepare(int argc, char** argv) {
     const char* tok = NULL;
@@ -129,7 +66,7 @@ int cmd_prepare(int argc, char** argv) {
         bytes += len;
         size_t k;
         int* ids = tokenizer_encode(t, text, len, &k);
-        while (n + k + 1 > cap) all = realloc(all, sizeof(int) * (cap *= 2));
+        while (n + k + 1 > cap) all = reallocCheck(all, sizeof(int) * (cap *= 2));
         all[n++] = eot; /* every document starts after a separator */
         memcpy(all + n, ids, sizeof(int) * k);
         n += k;

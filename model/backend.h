@@ -1,0 +1,90 @@
+/* backend.h: the one seam between the model and the hardware it runs on. For model/ only.
+ *
+ * model.c owns what does not depend on the device: the host parameters and router, the calls of
+ * model.h and their argument checks, and the causal routing bias beta (fitted on the host from
+ * the router scores). A backend owns the passes over activations:
+ *   model_cpu.c   the reference: plain C over kernels/, what a reader follows with METHOD.md
+ *   model_cuda.c  the same passes over kernels/cuda with device copies of weights and activations
+ * A model starts on the CPU backend (model_build); model_place switches it once (device.c).
+ * Both backends walk the same layers in the same order over the same activation layout
+ * (ActSizes, model_layer_acts) and pick the attention kernel of each mode the same way
+ * (model_attn_kernel). */
+#ifndef FOCUS_BACKEND_H
+#define FOCUS_BACKEND_H
+
+#include "model.h"
+
+/* Host copies a backend keeps current on request (the CPU's are the activations themselves). */
+typedef enum { PULL_GROUPS = 0, PULL_SCORES = 1, PULL_OFFSETS = 2 } ModelPull;
+
+typedef struct ModelBackend {
+    const char* name;
+    /* copy a host model to the device (model_place); NULL for the CPU */
+    void (*attach)(Model* m);
+    /* the passes of model.h, after model.c checked their arguments */
+    void (*forward)(Model* m, const int* inputs, const int* targets, int B, int T, int keep);
+    void (*backward)(Model* m, GradMode mode);
+    void (*zero_grad)(Model* m, GradMode mode);
+    /* after the dense pass of model_teacher_forward: keep the teacher's signals */
+    void (*teacher)(Model* m, int want_logp, int want_mass);
+    double (*attn_objective)(Model* m, real weight, int backward);
+    /* make the host copy of acts.rG, acts.rS or acts.colofs current */
+    void (*pull)(const Model* m, ModelPull what);
+    /* the host router parameters or beta changed: copy them to the device */
+    void (*push_router)(Model* m);
+    /* the router update (model_router_grad_norm, model_router_adamw, model_router_adamw_sync) */
+    double (*grad_norm)(Model* m, size_t n, int accum);
+    void (*adamw)(Model* m, AdamW* opt, float lr, double gnorm, float clip, int accum);
+    void (*adamw_sync)(Model* m, AdamW* opt);
+    /* free the device state (model_free) */
+    void (*release)(Model* m);
+} ModelBackend;
+
+extern const ModelBackend model_cpu_backend;
+/* The backend for a device name ("cpu", "cuda"), or NULL with *why saying what is missing. */
+const ModelBackend* model_find_backend(const char* device, const char** why);
+
+int model_qkv_width(const ModelConfig* c);
+int model_fc_width(const ModelConfig* c);
+
+/* Sizes of the activation tensors for (B, T, keep), by name or as the array carve() takes. */
+typedef union {
+    size_t n[NUM_ACT_TENSORS];
+    struct {
+        size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, att, lse, res2, ln2, ln2_mean, ln2_rstd, fch,
+            fch_act, res3, rproj, rS, rG, colofs, lnf, lnf_stat, logits;
+    };
+} ActSizes;
+ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int T, int keep);
+/* Carve mem into n consecutive tensors of the given sizes; size 0 gives NULL. */
+void model_carve(real** ptrs, real* mem, const size_t* sizes, int n);
+size_t model_sum_sizes(const size_t* s, int n);
+/* (Re)allocates a model's per-call host buffers for (B, T, keep): inputs, targets, losses; frees
+ * acts_mem and rmask (NULL afterwards) for the backend to allocate as it needs. */
+void model_host_buffers(Model* m, int B, int T, int keep);
+
+/* Pointers to layer l's slice of activations a (slot 0 when not keeping). */
+typedef struct {
+    real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_act, *res3, *rproj, *rS, *rG, *colofs;
+    uint32_t* mask;
+} LayerActs;
+LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l);
+/* Layer l's attention gate for the current attention mode: groups and masks from a (host or
+ * device pointers, as a holds), lambda and b from the host router. */
+AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a);
+
+/* Which attention kernel a layer runs, the same choice on every backend:
+ *   SPARSE  hard top-k: the executor that skips dropped pairs
+ *   DENSE   dense attention with no backward to follow (evaluation): the backend's fastest
+ *           exact dense kernel (CPU: attention_flash_forward; GPU: the fp32 kernel, no gate)
+ *   GATED   the reference kernel with the layer's gate, whose backward exists (training, and
+ *           soft evaluation) */
+typedef enum { ATTN_KERNEL_SPARSE = 0, ATTN_KERNEL_DENSE = 1, ATTN_KERNEL_GATED = 2 } AttnKernel;
+static inline AttnKernel model_attn_kernel(AttnMode mode, int keep) {
+    if (mode == ATTN_HARD) return ATTN_KERNEL_SPARSE;
+    if (mode == ATTN_DENSE && !keep) return ATTN_KERNEL_DENSE;
+    return ATTN_KERNEL_GATED;
+}
+
+#endif

@@ -1,0 +1,349 @@
+/* model_cpu.c: the forward and backward passes on the CPU, the reference implementation (see
+ * model.h for the layer and backend.h for the seam). Plain C over kernels/: read this file with
+ * METHOD.md; model_cuda.c mirrors it step for step. Frozen weights get no gradient (NULL
+ * weight-gradient pointers), so in GRAD_ROUTER mode only input gradients flow. */
+#include <math.h>
+#include <string.h>
+
+#include "../kernels/cpu.h"
+#include "../kernels/sparse.h"
+#include "backend.h"
+
+static void ensure_acts(Model* m, int B, int T, int keep) {
+    if (m->acts_mem && m->B == B && m->T == T && m->keep == keep) return;
+    model_host_buffers(m, B, T, keep);
+    ActSizes s = model_act_sizes(&m->cfg, &m->fc, B, T, keep);
+    m->acts_mem = mallocCheck(model_sum_sizes(s.n, NUM_ACT_TENSORS) * sizeof(real));
+    model_carve((real**)&m->acts, m->acts_mem, s.n, NUM_ACT_TENSORS);
+    m->rmask = mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
+}
+
+static LayerActs layer_acts(const Model* m, int l) {
+    return model_layer_acts(m, &m->acts, m->rmask, l);
+}
+
+static void norm_forward(const Model* m, real* out, real* mean, real* rstd, const real* inp,
+                         const real* w, const real* b, size_t N) {
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
+    else
+        rmsnorm_forward(out, rstd, inp, w, N, m->cfg.C, m->cfg.eps);
+}
+
+static void norm_backward(const Model* m, real* dinp, real* dw, real* db, const real* dout,
+                          const real* inp, const real* w, const real* mean, const real* rstd,
+                          size_t N) {
+    if (m->cfg.arch == ARCH_GPT2)
+        layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.C);
+    else
+        rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
+}
+
+static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    ensure_acts(m, B, T, keep);
+    memcpy(m->inputs, inputs, sizeof(int) * B * T);
+    const size_t BT = (size_t)B * T;
+    const int C = c->C, hs = C / c->NH, QKV = model_qkv_width(c), FC = model_fc_width(c);
+    const Params* p = &m->params;
+    Acts* a = &m->acts;
+    encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
+    const real* x = a->encoded;
+    for (int l = 0; l < c->L; l++) {
+        LayerActs la = layer_acts(m, l);
+        size_t lC = (size_t)l * C;
+        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC,
+                     p->ln1b ? p->ln1b + lC : NULL, BT);
+        matmul_forward(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
+                       p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        const AttnMode mode = focus_layer_attn(f, l);
+        if (f->attn != ATTN_DENSE || m->routed_dense) {
+            /* a dense layer's groups are still computed (reports and statistics read them) */
+            router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
+                                  m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
+            routing_forward(la.rG, la.colofs, la.rS, m->beta + (size_t)l * f->K, f->routing, B, T,
+                            f->K, f->tau, f->iters);
+            if (mode == ATTN_HARD)
+                routing_topk_mask(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
+        }
+        /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
+         * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
+         * training and the soft gate */
+        AttnGate gate = model_layer_gate(m, l, &la);
+        switch (model_attn_kernel(mode, keep)) {
+            case ATTN_KERNEL_SPARSE:
+                attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, c->NH,
+                                       c->NKV, hs);
+                break;
+            case ATTN_KERNEL_DENSE:
+                attention_flash_forward(la.att, la.lse, la.qkv, B, T, c->NH, c->NKV, hs);
+                break;
+            case ATTN_KERNEL_GATED:
+                attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+                break;
+        }
+        matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C,
+                       p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
+        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC,
+                     p->ln2b ? p->ln2b + lC : NULL, BT);
+        matmul_forward(la.fch, la.ln2, p->fcw + (size_t)l * FC * C,
+                       p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        if (c->arch == ARCH_GPT2)
+            gelu_forward(la.fch_act, la.fch, BT * c->F);
+        else
+            swiglu_forward(la.fch_act, la.fch, BT, c->F);
+        matmul_forward(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
+                       p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
+        x = la.res3;
+    }
+    norm_forward(m, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
+    matmul_forward(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
+    m->have_dlogits = 0;
+    m->mean_loss = -1;
+    if (targets) {
+        memcpy(m->targets, targets, sizeof(int) * BT);
+        size_t valid = 0;
+        for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
+        crossentropy_forward(m->losses, NULL, a->logits, targets, BT, c->V, 0);
+        double s = 0;
+        for (size_t i = 0; i < BT; i++) s += m->losses[i];
+        m->mean_loss = valid ? (real)(s / valid) : 0;
+        if (m->kl_active) {
+            kl_forward(m->kl_losses, NULL, a->logits, m->tprob, m->tnegent, targets, BT, c->V, 0);
+            s = 0;
+            for (size_t i = 0; i < BT; i++) s += m->kl_losses[i];
+            m->mean_kl = valid ? (real)(s / valid) : 0;
+        }
+    }
+}
+
+static void cpu_teacher(Model* m, int want_logp, int want_mass) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int B = m->B, T = m->T;
+    const size_t BT = (size_t)B * T;
+    if (want_logp) {
+        if (m->teacher_bt != BT) { /* kept between steps: reallocated only when (B, T) changes */
+            free(m->tprob);
+            free(m->tnegent);
+            free(m->kl_losses);
+            m->tprob = mallocCheck(sizeof(real) * BT * c->V);
+            m->tnegent = mallocCheck(sizeof(real) * BT);
+            m->kl_losses = mallocCheck(sizeof(real) * BT);
+            m->teacher_bt = BT;
+        }
+        memcpy(m->tprob, m->acts.logits, sizeof(real) * BT * c->V);
+        teacher_probs_forward(m->tprob, m->tnegent, BT, c->V);
+        m->kl_active = 1;
+    }
+    if (want_mass) {
+        if (m->atarget_n != (size_t)c->L * BT * f->K) {
+            free(m->atarget);
+            m->atarget_n = (size_t)c->L * BT * f->K;
+            m->atarget = mallocCheck(sizeof(real) * m->atarget_n);
+        }
+        const int hs = c->C / c->NH;
+        for (int l = 0; l < c->L; l++) {
+            LayerActs la = layer_acts(m, l);
+            attention_group_mass(m->atarget + (size_t)l * BT * f->K, la.qkv, la.lse, la.rG, f->K,
+                                 f->w, f->sinks, B, T, c->NH, c->NKV, hs);
+        }
+    }
+}
+
+static double cpu_attn_objective(Model* m, real weight, int backward) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const size_t BT = (size_t)m->B * m->T, K = f->K;
+    int routed = 0;
+    for (int l = 0; l < c->L; l++) routed += !focus_layer_dense(f, l);
+    if (!routed) return 0;
+    const double norm = 1.0 / ((double)routed * BT * c->NH);
+    real* dG = mallocCheck(sizeof(real) * BT * K);
+    real* dS = mallocCheck(sizeof(real) * BT * K);
+    real* dproj = mallocCheck(sizeof(real) * BT * f->dg);
+    double loss = 0;
+    for (int l = 0; l < c->L; l++) {
+        if (focus_layer_dense(f, l)) continue;
+        LayerActs la = layer_acts(m, l);
+        const real* t = m->atarget + (size_t)l * BT * K;
+        for (size_t i = 0; i < BT * K; i++) {
+            /* G > 0 in exact arithmetic; a float underflow to 0 must not give 0 * inf */
+            double g = la.rG[i] > 1e-30 ? la.rG[i] : 1e-30;
+            loss -= norm * t[i] * log(g);
+            dG[i] = (real)(-weight * norm * t[i] / g);
+        }
+        if (!backward) continue;
+        size_t lC = (size_t)l * c->C;
+        memset(dS, 0, sizeof(real) * BT * K);
+        routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * K, f->routing, m->B, m->T,
+                         f->K, f->tau, f->iters);
+        router_scores_backward(NULL, m->rgrads.wg + lC * f->dg,
+                               m->rgrads.cent + (size_t)l * K * f->dg, dproj, dS, la.ln1, la.rproj,
+                               m->router.wg + lC * f->dg, m->router.cent + (size_t)l * K * f->dg,
+                               BT, c->C, f->dg, f->K);
+    }
+    free(dG);
+    free(dS);
+    free(dproj);
+    return loss;
+}
+
+/* The beta under which causal routing gives every group 1/K of the routing mass on the N score
+ * rows S (every `step`-th row): fixed-point steps beta_k -= log(K mean_t G_tk), G = softmax(S/tau
+ * + beta) (Sinkhorn's column step, applied to beta instead of to each sequence), from the
+ * current beta; centred. */
+static void cpu_zero_grad(Model* m, GradMode mode) {
+    if (mode == GRAD_ALL) {
+        if (!m->grads_mem) {
+            m->grads_mem = callocCheck(m->num_params, sizeof(real));
+            model_carve((real**)&m->grads, m->grads_mem, m->param_sizes, NUM_PARAM_TENSORS);
+        }
+        memset(m->grads_mem, 0, sizeof(real) * m->num_params);
+    }
+}
+
+/* Offset a gradient pointer, or NULL when that tensor is frozen. */
+static real* gp(real* base, size_t off) { return base ? base + off : NULL; }
+
+static void cpu_backward(Model* m, GradMode mode) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    if (mode == GRAD_ALL && !m->grads_mem) model_zero_grad(m, GRAD_ALL);
+    const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = model_qkv_width(c),
+              FC = model_fc_width(c);
+    const size_t BT = (size_t)B * T;
+    const int all = mode == GRAD_ALL;
+    const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
+    const Params* p = &m->params;
+    Params* g = all ? &m->grads : &(Params){0};
+    Acts* a = &m->acts;
+
+    /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
+     * dproj (BT, dg) */
+    size_t need = BT * (2 * (size_t)C + QKV + FC + c->F + 2 * (size_t)f->K + f->dg);
+    if (m->scratch_size < need) {
+        free(m->scratch_mem);
+        m->scratch_mem = mallocCheck(need * sizeof(real));
+        m->scratch_size = need;
+    }
+    real* dres = m->scratch_mem;
+    real* dbuf = dres + BT * C;
+    real* dqkv = dbuf + BT * C;
+    real* dfch = dqkv + BT * QKV;
+    real* dact = dfch + BT * FC;
+    real* dG = dact + BT * c->F;
+    real* dS = dG + BT * f->K;
+    real* dproj = dS + BT * f->K;
+
+    /* d loss / d logits, in place over the logits */
+    size_t valid = 0;
+    for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
+    if (m->kl_active)
+        kl_forward(m->kl_losses, a->logits, a->logits, m->tprob, m->tnegent, m->targets, BT, c->V,
+                   (real)(1.0 / (valid ? valid : 1)));
+    else
+        crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V,
+                             (real)(1.0 / (valid ? valid : 1)));
+    m->have_dlogits = 1;
+
+    const real* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
+    memset(dbuf, 0, sizeof(real) * BT * C);
+    memset(dres, 0, sizeof(real) * BT * C);
+    matmul_backward(dbuf, all ? (c->tied ? g->wte : g->lmhead) : NULL, NULL, a->logits, a->lnf,
+                    c->tied ? p->wte : p->lmhead, BT, C, c->V);
+    norm_backward(m, dres, g->lnfw, g->lnfb, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT,
+                  BT);
+
+    for (int l = c->L - 1; l >= 0; l--) {
+        LayerActs la = layer_acts(m, l);
+        const real* x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * BT * C;
+        size_t lC = (size_t)l * C;
+        /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. */
+        memset(dact, 0, sizeof(real) * BT * c->F);
+        matmul_backward(dact, gp(g->fcprojw, (size_t)l * C * c->F), gp(g->fcprojb, lC), dres,
+                        la.fch_act, p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
+        if (c->arch == ARCH_GPT2) {
+            memset(dfch, 0, sizeof(real) * BT * FC);
+            gelu_backward(dfch, la.fch, dact, BT * c->F);
+        } else {
+            swiglu_backward(dfch, la.fch, dact, BT, c->F);
+        }
+        memset(dbuf, 0, sizeof(real) * BT * C);
+        matmul_backward(dbuf, gp(g->fcw, (size_t)l * FC * C), gp(g->fcb, (size_t)l * FC), dfch,
+                        la.ln2, p->fcw + (size_t)l * FC * C, BT, C, FC);
+        norm_backward(m, dres, gp(g->ln2w, lC), gp(g->ln2b, lC), dbuf, la.res2, p->ln2w + lC,
+                      la.ln2_mean, la.ln2_rstd, BT);
+        /* attention */
+        memset(dbuf, 0, sizeof(real) * BT * C);
+        matmul_backward(dbuf, gp(g->attprojw, (size_t)l * C * C), gp(g->attprojb, lC), dres, la.att,
+                        p->attprojw + (size_t)l * C * C, BT, C, C);
+        memset(dqkv, 0, sizeof(real) * BT * QKV);
+        const int router = router_on && !focus_layer_dense(f, l);
+        if (router) memset(dG, 0, sizeof(real) * BT * f->K);
+        AttnGate gate = model_layer_gate(m, l, &la);
+        attention_backward(dqkv, router ? dG : NULL,
+                           router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
+                           la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
+        /* Layer 0's input gradient is needed only for the embeddings. */
+        if (l == 0 && !all && !router) break;
+        if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        memset(dbuf, 0, sizeof(real) * BT * C);
+        if (l > 0 || all) {
+            matmul_backward(dbuf, gp(g->qkvw, (size_t)l * QKV * C), gp(g->qkvb, (size_t)l * QKV),
+                            dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
+        }
+        if (router) {
+            memset(dS, 0, sizeof(real) * BT * f->K);
+            routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * f->K, f->routing, B, T,
+                             f->K, f->tau, f->iters);
+            router_scores_backward(dbuf, m->rgrads.wg + lC * f->dg,
+                                   m->rgrads.cent + (size_t)l * f->K * f->dg, dproj, dS, la.ln1,
+                                   la.rproj, m->router.wg + lC * f->dg,
+                                   m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
+        }
+        if (l == 0 && !all) break;
+        norm_backward(m, dres, gp(g->ln1w, lC), gp(g->ln1b, lC), dbuf, x, p->ln1w + lC, la.ln1_mean,
+                      la.ln1_rstd, BT);
+    }
+    if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);
+    m->kl_active = 0; /* the teacher's distributions served this backward pass */
+}
+
+/* The CPU keeps no copies: the activations and router are the host's. */
+static void cpu_pull(const Model* m, ModelPull what) { (void)m, (void)what; }
+static void cpu_push_router(Model* m) { (void)m; }
+
+static double cpu_grad_norm(Model* m, size_t n, int accum) {
+    if (accum > 1)
+        for (size_t i = 0; i < n; i++) m->rgrads_mem[i] /= (real)accum;
+    return grad_norm(m->rgrads_mem, n);
+}
+
+static void cpu_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip, int accum) {
+    (void)accum; /* cpu_grad_norm divided already */
+    grad_clip(m->rgrads_mem, opt->n, gnorm, clip);
+    adamw_step(opt, m->router_mem, m->rgrads_mem, lr);
+}
+
+static void cpu_adamw_sync(Model* m, AdamW* opt) { (void)m, (void)opt; }
+
+const ModelBackend model_cpu_backend = {
+    .name = "cpu",
+    .attach = NULL,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .zero_grad = cpu_zero_grad,
+    .teacher = cpu_teacher,
+    .attn_objective = cpu_attn_objective,
+    .pull = cpu_pull,
+    .push_router = cpu_push_router,
+    .grad_norm = cpu_grad_norm,
+    .adamw = cpu_adamw,
+    .adamw_sync = cpu_adamw_sync,
+    .release = NULL,
+};

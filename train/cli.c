@@ -1,0 +1,226 @@
+/* cli.c: what every command of the `focus` binary shares: option values, --set and --device,
+ * run-folder paths, loading a router onto a model, reading tokens (see cli.h). */
+#include "cli.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "../checkpoints/load.h"
+#include "../checkpoints/router_h5.h"
+#include "../data/shard.h"
+#include "../data/text.h"
+#include "../data/tokenizer.h"
+#include "../io/io.h"
+
+const char* cli_value(int argc, char** argv, int i) {
+    if (i + 1 >= argc) fatal("option %s needs a value", argv[i]);
+    return argv[i + 1];
+}
+
+int cli_int(const char* opt, const char* v) {
+    char* end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end) fatal("option %s expects an integer, got '%s'", opt, v);
+    return (int)x;
+}
+
+double cli_float(const char* opt, const char* v) {
+    char* end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) fatal("option %s expects a number, got '%s'", opt, v);
+    return x;
+}
+
+const char* cli_split_set(const char* kv, char* key, size_t keycap) {
+    const char* eq = strchr(kv, '=');
+    if (!eq) fatal("--set expects key=value, got '%s'", kv);
+    size_t n = (size_t)(eq - kv);
+    if (n >= keycap) fatal("--set: key too long in '%s'", kv);
+    memcpy(key, kv, n);
+    key[n] = 0;
+    return eq + 1;
+}
+
+void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
+    char key[128];
+    const char* value = cli_split_set(kv, key, sizeof key);
+    int r = config_set(cfg, fc, key, value);
+    if (r == -1) fatal("--set: unknown setting '%s'", key);
+    if (r == -2) fatal("--set: bad value '%s' for setting '%s'", value, key);
+}
+
+int cli_device(const char* v) {
+    const char* why;
+    if (!model_device_usable(v, &why)) fatal("--device %s: %s", v, why);
+    return strcmp(v, "cpu") != 0;
+}
+
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+int make_dirs(const char* path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char* p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+void path_join(char* out, size_t n, const char* dir, const char* name) {
+    snprintf(out, n, "%s/%s", dir, name);
+}
+
+/* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
+ * config.conf next to router.h5 when there is one (the router's shape). */
+void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
+                          const char* routing) {
+    FocusConfig* f = &m->fc;
+    if (router) {
+        char* text = router_read_config(router);
+        /* the router's own settings (SET_ROUTER in settings.h) from the stored configuration; a
+         * router stored without sinks or dense_layers was trained before they existed: none */
+        f->sinks = 0;
+        memset(f->dense_layers, 0, sizeof f->dense_layers);
+        for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            char key[64], val[256];
+            if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
+            const Setting* st = setting_find(focus_settings, focus_settings_count, key);
+            if (st && st->flags & SET_ROUTER && setting_parse(st, f, val))
+                fatal("%s: stored setting %s = %s is not valid", router, key, val);
+        }
+        free(text);
+        model_set_router_config(m, f);
+        router_load(router, m, NULL, NULL, model_fingerprint(m));
+        f->attn = ATTN_SOFT;
+    }
+    if (attn) {
+        if (config_set(&m->cfg, f, "attn", attn))
+            fatal("--attn must be dense, soft or hard, got '%s'", attn);
+        if (f->attn != ATTN_DENSE && !router) fatal("--attn %s needs --router router.h5", attn);
+    }
+    if (topk) {
+        if (config_set(&m->cfg, f, "topk", topk))
+            fatal(
+                "--topk must be a group count (1..K) or pP / pP:k (a share of the group mass), "
+                "got '%s'",
+                topk);
+        if (f->topk > f->K) fatal("--topk %s exceeds the router's K = %d", topk, f->K);
+    }
+    if (routing && routing_parse(routing, &f->routing))
+        fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
+}
+
+/* *.txt files of a folder, sorted. */
+static int list_text_files(const char* dir, char*** out) {
+    DIR* d = opendir(dir);
+    if (!d) fatal("%s: cannot open: folder not readable", dir);
+    int n = 0;
+    char** v = NULL;
+    struct dirent* e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".txt")) continue;
+        v = reallocCheck(v, sizeof(char*) * (size_t)(n + 1));
+        size_t need = strlen(dir) + l + 2;
+        v[n] = mallocCheck(need);
+        snprintf(v[n++], need, "%s/%s", dir, e->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(v[i], v[j]) > 0) {
+                char* t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+            }
+    *out = v;
+    return n;
+}
+
+int* load_tokens(const char* path, const char* prefix, const char* tok_path, int clean, size_t* n) {
+    struct stat st;
+    if (stat(path, &st)) fatal("%s: data not found", path);
+    if (S_ISDIR(st.st_mode)) {
+        char** paths;
+        int k = shard_list(path, prefix, &paths);
+        if (!k) {
+            free(paths);
+            k = shard_list(path, "", &paths);
+        }
+        if (k) {
+            int* all = NULL;
+            *n = 0;
+            int V0 = -1;
+            for (int i = 0; i < k; i++) {
+                size_t m;
+                int V;
+                int* ids = shard_read(paths[i], &m, &V);
+                if (V0 >= 0 && V != V0)
+                    fatal("%s: vocabulary size %d differs from the other shards' %d", paths[i], V,
+                          V0);
+                V0 = V;
+                all = reallocCheck(all, sizeof(int) * (*n + m + 1));
+                memcpy(all + *n, ids, sizeof(int) * m);
+                *n += m;
+                free(ids);
+                free(paths[i]);
+            }
+            free(paths);
+            return all;
+        }
+        free(paths);
+        char** files;
+        int nf = list_text_files(path, &files);
+        if (!nf) fatal("%s: no token shards (*.bin) or text files (*.txt) in this folder", path);
+        if (!tok_path) fatal("%s: text data needs a tokenizer", path);
+        Tokenizer* t = tokenizer_load(tok_path);
+        int eot = tokenizer_eot(t);
+        int* all = NULL;
+        *n = 0;
+        for (int i = 0; i < nf; i++) {
+            size_t len, m;
+            char* text = read_file(files[i], &len);
+            len = text_clean(text, len); /* a folder of documents is always cleaned */
+            int* ids = tokenizer_encode(t, text, len, &m);
+            all = reallocCheck(all, sizeof(int) * (*n + m + 2));
+            if (eot >= 0) all[(*n)++] = eot;
+            memcpy(all + *n, ids, sizeof(int) * m);
+            *n += m;
+            free(ids);
+            free(text);
+            free(files[i]);
+        }
+        free(files);
+        tokenizer_free(t);
+        return all;
+    }
+    if (shard_is_shard(path)) {
+        int V;
+        return shard_read(path, n, &V);
+    }
+    if (!tok_path) fatal("%s: text data needs a tokenizer", path);
+    Tokenizer* t = tokenizer_load(tok_path);
+    size_t len;
+    char* text = read_file(path, &len);
+    if (clean) len = text_clean(text, len);
+    int* ids = tokenizer_encode(t, text, len, n);
+    free(text);
+    tokenizer_free(t);
+    return ids;
+}
+
+int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n) {
+    return load_tokens(data, "val_", tok_path ? tok_path : model_path, 0, n);
+}

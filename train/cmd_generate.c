@@ -1,0 +1,148 @@
+/* cmd_generate.c: `focus generate`, continuing a prompt with the decode path (model/decode.h). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../checkpoints/load.h"
+#include "../data/tokenizer.h"
+#include "../model/decode.h"
+#include "cli.h"
+#include "commands.h"
+
+/* Index of the next token from logits (V): greedy when temperature <= 0, else nucleus sampling. */
+static int sample(const real* logits, int V, double temperature, double top_p, Rng* rng) {
+    int best = 0;
+    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
+    if (temperature <= 0) return best;
+    double* p = mallocCheck(sizeof(double) * V);
+    int* idx = mallocCheck(sizeof(int) * V);
+    double sum = 0;
+    for (int v = 0; v < V; v++) {
+        p[v] = exp((logits[v] - logits[best]) / temperature);
+        sum += p[v];
+        idx[v] = v;
+    }
+    /* Sort candidates by probability (partial selection until top_p mass is reached). */
+    double mass = 0;
+    int k = 0;
+    while (k < V && mass < top_p * sum) {
+        int bi = k;
+        for (int j = k + 1; j < V; j++) bi = p[idx[j]] > p[idx[bi]] ? j : bi;
+        int tmp = idx[k];
+        idx[k] = idx[bi];
+        idx[bi] = tmp;
+        mass += p[idx[k++]];
+        if (k > 1024) break; /* the tail beyond 1024 candidates carries no practical mass */
+    }
+    double r = rng_uniform(rng) * mass, acc = 0;
+    int choice = idx[k - 1];
+    for (int j = 0; j < k; j++) {
+        acc += p[idx[j]];
+        if (r < acc) {
+            choice = idx[j];
+            break;
+        }
+    }
+    free(p);
+    free(idx);
+    return choice;
+}
+
+int cmd_generate(int argc, char** argv) {
+    const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL;
+    int n = 64;
+    const char* topk = NULL;
+    double temperature = 0, top_p = 1;
+    uint64_t seed = 1;
+    FocusConfig fc;
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    fc.routing = ROUTE_CAUSAL;
+    for (int i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        if (!strcmp(a, "--help")) {
+            printf(
+                "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
+                "                      [--temperature t] [--top-p p] [--seed s] [--router "
+                "router.h5 [--topk k] [--attn dense|hard]]\n"
+                "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). "
+                "Tokens are\n"
+                "generated one at a time over a KV cache; with --router, each new token attends to "
+                "its\n"
+                "window and the cached tokens of its top-k groups (causal routing).\n");
+            return 0;
+        } else if (!strcmp(a, "--model"))
+            model = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--tokenizer"))
+            tok = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--prompt"))
+            prompt = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "-n"))
+            n = cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--temperature"))
+            temperature = cli_float(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--top-p"))
+            top_p = cli_float(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--seed"))
+            seed = (uint64_t)cli_int(a, cli_value(argc, argv, i++));
+        else if (!strcmp(a, "--router"))
+            router = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--topk"))
+            topk = cli_value(argc, argv, i++);
+        else if (!strcmp(a, "--attn"))
+            attn = cli_value(argc, argv, i++);
+        else
+            fatal("generate: unknown option '%s'", a);
+    }
+    if (!model || !prompt) fatal("generate: needs --model and --prompt");
+    if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
+    if (n < 0) fatal("generate: -n must be >= 0");
+    Model m;
+    model_load(&m, model, &fc, NULL);
+    Tokenizer* t = tokenizer_load(tok ? tok : model);
+    apply_router_options(&m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
+    size_t np;
+    int* p = tokenizer_encode(t, prompt, strlen(prompt), &np);
+    int bos = tokenizer_bos(t);
+    size_t cap = np + (size_t)n + 2, len = 0;
+    int* ids = mallocCheck(sizeof(int) * cap);
+    if (bos >= 0) ids[len++] = bos;
+    memcpy(ids + len, p, sizeof(int) * np);
+    len += np;
+    free(p);
+    if (len == 0) ids[len++] = tokenizer_eot(t);
+    Rng rng;
+    rng_seed(&rng, seed);
+    KVCache c;
+    kvcache_init(&c, &m, (int)cap);
+    real* logits = mallocCheck(sizeof(real) * m.cfg.V);
+    double t0 = now_seconds();
+    for (size_t i = 0; i < len; i++) model_decode_step(&m, &c, ids[i], logits); /* the prompt */
+    fputs(prompt, stdout);
+    fflush(stdout);
+    int made = 0;
+    for (; made < n; made++) {
+        if (m.cfg.arch == ARCH_GPT2 && (int)len >= m.cfg.maxT) break;
+        int next = sample(logits, m.cfg.V, temperature, top_p, &rng);
+        ids[len++] = next;
+        if (next == tokenizer_eot(t) || next == tokenizer_eos(t)) break;
+        size_t sl;
+        char* s = tokenizer_decode(t, &next, 1, &sl);
+        fwrite(s, 1, sl, stdout);
+        fflush(stdout);
+        free(s);
+        model_decode_step(&m, &c, next, logits);
+    }
+    double dt = now_seconds() - t0;
+    printf("\n");
+    fprintf(
+        stderr, "[%zu prompt + %d generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
+        len - made, made, dt, (len) / dt,
+        m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
+    free(ids);
+    free(logits);
+    kvcache_free(&c);
+    tokenizer_free(t);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,16 @@
+/* commands.h: the subcommands of `focus`, one file each (cmd_NAME.c), listed in main.c's table.
+ * Each takes the arguments after `focus` (argv[0] is the command's name) and returns the exit
+ * status. */
+#ifndef FOCUS_COMMANDS_H
+#define FOCUS_COMMANDS_H
+
+int cmd_retrofit(int argc, char** argv);
+int cmd_groups(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_prepare(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+int cmd_settings(int argc, char** argv);
+
+#endif

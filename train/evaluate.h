@@ -1,0 +1,26 @@
+/* evaluate.h: what the commands measure on a model: strided perplexity, the share of causal
+ * pairs hard top-k keeps, and statistics of the groups. */
+#ifndef FOCUS_EVALUATE_H
+#define FOCUS_EVALUATE_H
+
+#include "../model/model.h"
+
+typedef struct {
+    double nll;   /* summed negative log-likelihood */
+    size_t count; /* scored tokens */
+    double seconds;
+    double kept; /* hard attention: fraction of causal pairs kept, averaged over windows */
+} PplResult;
+
+/* Strided perplexity of m (its current attention and routing settings) on ids. */
+PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet);
+/* The same in a given mode, windows of T; the model's settings are restored afterwards. */
+PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, int topk, Routing r);
+/* Fraction of causal pairs the hard top-k mask keeps in the last forward pass, all layers. */
+double hard_pairs_kept(const Model* m);
+/* Average over layers of the largest group's share of tokens, from the last forward pass. */
+double focus_largest_share(const Model* m);
+/* Mean gate value sigmoid(lambda (G_i . G_j - b)) over 256 random distant pairs per layer. */
+double focus_gate_far_mean(const Model* m, Rng* rng);
+
+#endif
