@@ -212,8 +212,8 @@ void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, in
         for (int f = 0; f < F; f++) {
             double sig = 1.0 / (1.0 + exp(-(double)g[f]));
             double dy = dout[n * F + f];
-            du[f] = (real)(dy * g[f] * sig);
-            dg[f] = (real)(dy * u[f] * sig * (1.0 + g[f] * (1.0 - sig)));
+            du[f] += (real)(dy * g[f] * sig);
+            dg[f] += (real)(dy * u[f] * sig * (1.0 + g[f] * (1.0 - sig)));
         }
     }
 }
@@ -264,8 +264,8 @@ void teacher_probs_forward(real* x, real* negent, size_t N, int V) {
     }
 }
 
-void kl_forward(real* losses, real* dlogits, const real* logits, const real* p, const real* negent,
-                const int* targets, size_t N, int V, real dscale) {
+static void kl_rows(real* losses, real* dlogits, const real* logits, const real* p,
+                    const real* negent, const int* targets, size_t N, int V, real dscale) {
 #pragma omp parallel for
     for (size_t n = 0; n < N; n++) {
         const real* x = logits + n * V;
@@ -291,8 +291,8 @@ void kl_forward(real* losses, real* dlogits, const real* logits, const real* p, 
     }
 }
 
-void crossentropy_forward(real* losses, real* dlogits, const real* logits, const int* targets,
-                          size_t N, int V, real dscale) {
+static void crossentropy_rows(real* losses, real* dlogits, const real* logits, const int* targets,
+                              size_t N, int V, real dscale) {
 #pragma omp parallel for
     for (size_t n = 0; n < N; n++) {
         const real* x = logits + n * V;
@@ -311,4 +311,23 @@ void crossentropy_forward(real* losses, real* dlogits, const real* logits, const
             }
         }
     }
+}
+
+void crossentropy_forward(real* losses, const real* logits, const int* targets, size_t N, int V) {
+    crossentropy_rows(losses, NULL, logits, targets, N, V, 0);
+}
+
+void crossentropy_backward(real* dlogits, real* losses, const real* logits, const int* targets,
+                           size_t N, int V, real dscale) {
+    crossentropy_rows(losses, dlogits, logits, targets, N, V, dscale);
+}
+
+void kl_forward(real* losses, const real* logits, const real* p, const real* negent,
+                const int* targets, size_t N, int V) {
+    kl_rows(losses, NULL, logits, p, negent, targets, N, V, 0);
+}
+
+void kl_backward(real* dlogits, real* losses, const real* logits, const real* p, const real* negent,
+                 const int* targets, size_t N, int V, real dscale) {
+    kl_rows(losses, dlogits, logits, p, negent, targets, N, V, dscale);
 }

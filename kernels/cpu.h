@@ -47,7 +47,7 @@ void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta
 void gelu_forward(real* out, const real* inp, size_t n);
 void gelu_backward(real* dinp, const real* inp, const real* dout, size_t n);
 
-/* SwiGLU: inp (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up. dinp is written. */
+/* SwiGLU: inp (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up. dinp += d out / d inp. */
 void swiglu_forward(real* out, const real* inp, size_t N, int F);
 void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, int F);
 
@@ -57,20 +57,24 @@ void encoder_forward(real* out, const int* tokens, const real* wte, const real* 
 void encoder_backward(real* dwte, real* dwpe, const real* dout, const int* tokens, int B, int T,
                       int C);
 
-/* Softmax cross-entropy per row. losses (N); targets < 0 are ignored (loss 0). If dlogits is
- * non-NULL it receives dscale * (softmax - onehot) (it may alias logits). */
-void crossentropy_forward(real* losses, real* dlogits, const real* logits, const int* targets,
-                          size_t N, int V, real dscale);
+/* Softmax cross-entropy per row: losses (N); targets < 0 are ignored (loss 0). The backward
+ * pass computes the losses again and writes dlogits = dscale * (softmax - onehot), the gradient
+ * of the loss scaled by dscale (it may alias logits: the loss's last use of them). */
+void crossentropy_forward(real* losses, const real* logits, const int* targets, size_t N, int V);
+void crossentropy_backward(real* dlogits, real* losses, const real* logits, const int* targets,
+                           size_t N, int V, real dscale);
 
 /* The teacher of the `kl` objective: logits (N, V) become softmax probabilities p in place, and
  * negent[n] = sum_v p log p (minus the row's entropy). */
 void teacher_probs_forward(real* x, real* negent, size_t N, int V);
 /* The `kl` training objective: losses[n] = KL(p_n || q_n) = negent_n - sum_v p log q, with p
  * (and negent) the teacher's (the frozen dense model's) next-token distribution and q =
- * softmax(logits) the model's; rows whose target is < 0 are ignored (loss 0). If dlogits is
- * non-NULL it receives dscale * (q - p) (it may alias logits). */
-void kl_forward(real* losses, real* dlogits, const real* logits, const real* p, const real* negent,
-                const int* targets, size_t N, int V, real dscale);
+ * softmax(logits) the model's; rows whose target is < 0 are ignored (loss 0). The backward pass
+ * computes the losses again and writes dlogits = dscale * (q - p) (it may alias logits). */
+void kl_forward(real* losses, const real* logits, const real* p, const real* negent,
+                const int* targets, size_t N, int V);
+void kl_backward(real* dlogits, real* losses, const real* logits, const real* p, const real* negent,
+                 const int* targets, size_t N, int V, real dscale);
 
 /* log(sigmoid(x)) = -softplus(-x), computed without overflow. */
 static inline double log_sigmoid(double x) { return x < 0 ? x - log1p(exp(x)) : -log1p(exp(-x)); }

@@ -108,12 +108,12 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         memcpy(m->targets, targets, sizeof(int) * BT);
         size_t valid = 0;
         for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
-        crossentropy_forward(m->losses, NULL, a->logits, targets, BT, c->V, 0);
+        crossentropy_forward(m->losses, a->logits, targets, BT, c->V);
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;
         if (m->kl_active) {
-            kl_forward(m->kl_losses, NULL, a->logits, m->tprob, m->tnegent, targets, BT, c->V, 0);
+            kl_forward(m->kl_losses, a->logits, m->tprob, m->tnegent, targets, BT, c->V);
             s = 0;
             for (size_t i = 0; i < BT; i++) s += m->kl_losses[i];
             m->mean_kl = valid ? (real)(s / valid) : 0;
@@ -244,11 +244,11 @@ static void cpu_backward(Model* m, GradMode mode) {
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
     if (m->kl_active)
-        kl_forward(m->kl_losses, a->logits, a->logits, m->tprob, m->tnegent, m->targets, BT, c->V,
-                   (real)(1.0 / (valid ? valid : 1)));
+        kl_backward(a->logits, m->kl_losses, a->logits, m->tprob, m->tnegent, m->targets, BT, c->V,
+                    (real)(1.0 / (valid ? valid : 1)));
     else
-        crossentropy_forward(m->losses, a->logits, a->logits, m->targets, BT, c->V,
-                             (real)(1.0 / (valid ? valid : 1)));
+        crossentropy_backward(a->logits, m->losses, a->logits, m->targets, BT, c->V,
+                              (real)(1.0 / (valid ? valid : 1)));
     m->have_dlogits = 1;
 
     const real* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
@@ -267,12 +267,11 @@ static void cpu_backward(Model* m, GradMode mode) {
         memset(dact, 0, sizeof(real) * BT * c->F);
         matmul_backward(dact, gp(g->fcprojw, (size_t)l * C * c->F), gp(g->fcprojb, lC), dres,
                         la.fch_act, p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
-        if (c->arch == ARCH_GPT2) {
-            memset(dfch, 0, sizeof(real) * BT * FC);
+        memset(dfch, 0, sizeof(real) * BT * FC);
+        if (c->arch == ARCH_GPT2)
             gelu_backward(dfch, la.fch, dact, BT * c->F);
-        } else {
+        else
             swiglu_backward(dfch, la.fch, dact, BT, c->F);
-        }
         memset(dbuf, 0, sizeof(real) * BT * C);
         matmul_backward(dbuf, gp(g->fcw, (size_t)l * FC * C), gp(g->fcb, (size_t)l * FC), dfch,
                         la.ln2, p->fcw + (size_t)l * FC * C, BT, C, FC);

@@ -249,15 +249,14 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
         size_t valid = 0;
         for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
         cuda_prof_mark("fwd cross-entropy");
-        crossentropy_forward_cuda(g->losses, NULL, a->logits, g->targets, BT, c->V, 0);
+        crossentropy_forward_cuda(g->losses, a->logits, g->targets, BT, c->V);
         cuda_prof_mark(NULL);
         cuda_download(m->losses, g->losses, sizeof(float) * BT); /* waits for the device */
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;
         if (m->kl_active) {
-            kl_forward_cuda(g->kl_losses, NULL, a->logits, g->tprob, g->tnegent, g->targets, BT,
-                            c->V, 0);
+            kl_forward_cuda(g->kl_losses, a->logits, g->tprob, g->tnegent, g->targets, BT, c->V);
             cuda_download(m->kl_losses, g->kl_losses, sizeof(float) * BT);
             s = 0;
             for (size_t i = 0; i < BT; i++) s += m->kl_losses[i];
@@ -330,11 +329,11 @@ static void cuda_backward(Model* m, GradMode mode) {
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
     cuda_prof_mark("bwd cross-entropy");
     if (m->kl_active)
-        kl_forward_cuda(g->kl_losses, a->logits, a->logits, g->tprob, g->tnegent, g->targets, BT,
-                        c->V, (float)(1.0 / (valid ? valid : 1)));
+        kl_backward_cuda(a->logits, g->kl_losses, a->logits, g->tprob, g->tnegent, g->targets, BT,
+                         c->V, (float)(1.0 / (valid ? valid : 1)));
     else
-        crossentropy_forward_cuda(g->losses, a->logits, a->logits, g->targets, BT, c->V,
-                                  (float)(1.0 / (valid ? valid : 1)));
+        crossentropy_backward_cuda(a->logits, g->losses, a->logits, g->targets, BT, c->V,
+                                   (float)(1.0 / (valid ? valid : 1)));
     m->have_dlogits = 1;
 
     const float* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
@@ -355,12 +354,11 @@ static void cuda_backward(Model* m, GradMode mode) {
         matmul_backward_cuda(dact, NULL, NULL, dres, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
                              BT, c->F, C);
         cuda_prof_mark("bwd gelu/swiglu");
-        if (c->arch == ARCH_GPT2) {
-            cuda_memset0(dfch, sizeof(float) * BT * FC);
+        cuda_memset0(dfch, sizeof(float) * BT * FC);
+        if (c->arch == ARCH_GPT2)
             gelu_backward_cuda(dfch, la.fch, dact, BT * c->F);
-        } else {
+        else
             swiglu_backward_cuda(dfch, la.fch, dact, BT, c->F);
-        }
         cuda_prof_mark("bwd gemm");
         cuda_memset0(dbuf, sizeof(float) * BT * C);
         matmul_backward_cuda(dbuf, NULL, NULL, dfch, la.ln2, p->fcw + (size_t)l * FC * C, BT, C,

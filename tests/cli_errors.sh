@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Bad input through the command line: each case must exit non-zero with a one-line error that
-# names the file. Uses tiny.gguf written by test_gguf in the same folder.
+# names the file. $2: the tiny.gguf that test_gguf leaves for it. Works in a temporary folder.
 set -u
-focus=$1
+focus=$(realpath "$1")
+gguf=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
 fail=0; pass=0
 check() { # description, expected text, command...
   local what=$1 want=$2; shift 2
@@ -15,7 +19,8 @@ check() { # description, expected text, command...
     fail=$((fail + 1)); echo "  FAIL $what (exit $rc, $lines lines): $out"
   fi
 }
-[ -f tiny.gguf ] || { echo "tiny.gguf missing (run test_gguf first)"; exit 1; }
+[ -f "$gguf" ] || { echo "$gguf missing (run test_gguf first)"; exit 1; }
+cp "$gguf" tiny.gguf
 printf 'hello world\n' > text.txt
 size=$(stat -c %s tiny.gguf)
 head -c $((size / 2)) tiny.gguf > truncated.gguf

@@ -228,25 +228,26 @@ int main(void) {
     for (int i = 0; i < T; i++) tok[i] = (i * 11 + 3) % 64;
     Model g = make("tiny-gpt2", 0);
     real* ref = logits_of(&g);
-    write_llmc(&g, "tiny_gpt2_fp32.bin", 3, 80);
-    compare("GPT-2, llm.c fp32 (padded vocabulary)", "tiny_gpt2_fp32.bin", ref, g.cfg.V, 0);
-    write_llmc(&g, "tiny_gpt2_bf16.bin", 5, 64);
-    compare("GPT-2, llm.c bf16", "tiny_gpt2_bf16.bin", ref, g.cfg.V, 0.05);
-    mkdir("tiny_gpt2_hf", 0755);
-    write_hf_gpt2(&g, "tiny_gpt2_hf/model.safetensors");
-    FILE* fp = fopen("tiny_gpt2_hf/config.json", "w");
+    write_llmc(&g, tu_path("tiny_gpt2_fp32.bin"), 3, 80);
+    compare("GPT-2, llm.c fp32 (padded vocabulary)", tu_path("tiny_gpt2_fp32.bin"), ref, g.cfg.V,
+            0);
+    write_llmc(&g, tu_path("tiny_gpt2_bf16.bin"), 5, 64);
+    compare("GPT-2, llm.c bf16", tu_path("tiny_gpt2_bf16.bin"), ref, g.cfg.V, 0.05);
+    mkdir(tu_path("tiny_gpt2_hf"), 0755);
+    write_hf_gpt2(&g, tu_path("tiny_gpt2_hf/model.safetensors"));
+    FILE* fp = fopen(tu_path("tiny_gpt2_hf/config.json"), "w");
     fprintf(fp, "{\"model_type\": \"gpt2\", \"n_head\": %d, \"n_embd\": %d, \"n_layer\": %d}\n",
             g.cfg.NH, g.cfg.C, g.cfg.L);
     fclose(fp);
-    compare("GPT-2, Hugging Face safetensors file", "tiny_gpt2_hf/model.safetensors", ref, g.cfg.V,
-            0);
+    compare("GPT-2, Hugging Face safetensors file", tu_path("tiny_gpt2_hf/model.safetensors"), ref,
+            g.cfg.V, 0);
     free(ref);
     model_free(&g);
 
     Model l = make("tiny-llama", 1);
     ref = logits_of(&l);
-    write_hf_llama(&l, "tiny_llama_hf");
-    compare("LLaMA + QKV bias, HF safetensors dir", "tiny_llama_hf", ref, l.cfg.V, 1e-5);
+    write_hf_llama(&l, tu_path("tiny_llama_hf"));
+    compare("LLaMA + QKV bias, HF safetensors dir", tu_path("tiny_llama_hf"), ref, l.cfg.V, 1e-5);
     free(ref);
     model_free(&l);
     return tu_finish("test_checkpoints");

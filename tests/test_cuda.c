@@ -127,6 +127,8 @@ static void test_dense_layers(void) {
     swiglu_forward(act, h2, N, F);
     swiglu_forward_cuda(dact, dh2, N, F);
     EXPECT("swiglu_forward", rel_dev(dact, act, N * F), 1e-5);
+    memset(gin, 0, sizeof(float) * N * 2 * F); /* swiglu_backward accumulates */
+    cuda_memset0(dgin, sizeof(float) * N * 2 * F);
     swiglu_backward(gin, h2, go, N, F);
     swiglu_backward_cuda(dgin, dh2, dgo, N, F);
     EXPECT("swiglu_backward", rel_dev(dgin, gin, N * 2 * F), 1e-5);
@@ -149,10 +151,10 @@ static void test_dense_layers(void) {
     EXPECT("encoder_forward", rel_dev(denc, enc, N * C), 1e-6);
     float *logits = randn(N * V, 3), *loss = mallocCheck(4 * N);
     float *dlog = dev(logits, N * V), *dloss = devzero(N);
-    crossentropy_forward(loss, logits, logits, tgt, N, V, 0.5f);
-    crossentropy_forward_cuda(dloss, dlog, dlog, dtgt, N, V, 0.5f);
-    EXPECT("crossentropy_forward loss", rel_dev(dloss, loss, N), 1e-5);
-    EXPECT("crossentropy_forward dlogits (in place)", rel_dev(dlog, logits, N * V), 1e-5);
+    crossentropy_backward(logits, loss, logits, tgt, N, V, 0.5f);
+    crossentropy_backward_cuda(dlog, dloss, dlog, dtgt, N, V, 0.5f);
+    EXPECT("crossentropy_backward loss", rel_dev(dloss, loss, N), 1e-5);
+    EXPECT("crossentropy_backward dlogits (in place)", rel_dev(dlog, logits, N * V), 1e-5);
 }
 
 static void test_router(void) {
@@ -347,13 +349,13 @@ static void test_objectives(void) {
     EXPECT("teacher_probs_forward", rel_dev(dp, p, N * V), 1e-5);
     EXPECT("teacher_probs_forward negent", rel_dev(dne, ne, N), 1e-5);
     float *loss = mallocCheck(4 * N), *dl = mallocCheck(4 * N * V);
-    kl_forward(loss, dl, x, p, ne, tg, N, V, 0.5f);
+    kl_backward(dl, loss, x, p, ne, tg, N, V, 0.5f);
     int *dtg = cuda_malloc(sizeof(int) * N);
     cuda_upload(dtg, tg, sizeof(int) * N);
     float *dloss = devzero(N), *ddl = devzero(N * V);
-    kl_forward_cuda(dloss, ddl, dx, dp, dne, dtg, N, V, 0.5f);
-    EXPECT("kl_forward", rel_dev(dloss, loss, N), 1e-4);
-    EXPECT("kl_forward dlogits", rel_dev(ddl, dl, N * V), 1e-5);
+    kl_backward_cuda(ddl, dloss, dx, dp, dne, dtg, N, V, 0.5f);
+    EXPECT("kl_backward loss", rel_dev(dloss, loss, N), 1e-4);
+    EXPECT("kl_backward dlogits", rel_dev(ddl, dl, N * V), 1e-5);
     free(x), free(p), free(ne), free(tg), free(loss), free(dl);
     cuda_free(dp), cuda_free(dne), cuda_free(dx), cuda_free(dtg), cuda_free(dloss), cuda_free(ddl);
 

@@ -43,51 +43,56 @@ int main(void) {
     for (int vsize = 0; vsize < 2; vsize++) {
         int V = vsize ? 100000 : 50257;
         for (int i = 0; i < N; i++) ids[i] = (int)(rng_u64(&rng) % (uint64_t)V);
-        shard_write("t_shard.bin", ids, N, V);
+        shard_write(tu_path("t_shard.bin"), ids, N, V);
         size_t n;
         int V2;
-        int* back = shard_read("t_shard.bin", &n, &V2);
+        int* back = shard_read(tu_path("t_shard.bin"), &n, &V2);
         CHECK(n == N && V2 == V && !memcmp(back, ids, sizeof ids), "round trip with V=%d", V);
-        FILE* f = fopen("t_shard.bin", "rb");
+        FILE* f = fopen(tu_path("t_shard.bin"), "rb");
         fseek(f, 0, SEEK_END);
         long size = ftell(f);
         fclose(f);
-        CHECK(size == SHARD_HEADER_BYTES + (long)N * (vsize ? 4 : 2), "shard size %ld for V=%d", size, V);
+        CHECK(size == SHARD_HEADER_BYTES + (long)N * (vsize ? 4 : 2), "shard size %ld for V=%d",
+              size, V);
         free(back);
     }
-    CHECK(shard_is_shard("t_shard.bin"), "magic not recognised");
+    CHECK(shard_is_shard(tu_path("t_shard.bin")), "magic not recognised");
     size_t len;
-    char* raw = read_file("t_shard.bin", &len);
+    char* raw = read_file(tu_path("t_shard.bin"), &len);
     int bad = 0, cases = 0;
     for (size_t cut = 0; cut < len; cut += len / 9 + 1) {
-        write_bytes("t_bad.bin", raw, cut);
-        bad += refused("t_bad.bin");
+        write_bytes(tu_path("t_bad.bin"), raw, cut);
+        bad += refused(tu_path("t_bad.bin"));
         cases++;
     }
     CHECK(bad == cases, "truncated shards: %d of %d refused", bad, cases);
     raw[0] = 'X';
-    write_bytes("t_bad.bin", raw, len);
-    CHECK(refused("t_bad.bin"), "wrong magic accepted");
+    write_bytes(tu_path("t_bad.bin"), raw, len);
+    CHECK(refused(tu_path("t_bad.bin")), "wrong magic accepted");
     raw[0] = 'F';
     uint64_t more = N + 1;
     memcpy(raw + 24, &more, 8);
-    write_bytes("t_bad.bin", raw, len);
-    CHECK(refused("t_bad.bin"), "count larger than the file accepted");
+    write_bytes(tu_path("t_bad.bin"), raw, len);
+    CHECK(refused(tu_path("t_bad.bin")), "count larger than the file accepted");
     more = N;
     memcpy(raw + 24, &more, 8);
     uint32_t big = 0xffffffu;
     memcpy(raw + SHARD_HEADER_BYTES, &big, 4);
-    write_bytes("t_bad.bin", raw, len);
-    CHECK(refused("t_bad.bin"), "id outside the vocabulary accepted");
-    printf("  shards: round trips exact; %d truncations, wrong magic, bad count and bad id refused\n", cases);
+    write_bytes(tu_path("t_bad.bin"), raw, len);
+    CHECK(refused(tu_path("t_bad.bin")), "id outside the vocabulary accepted");
+    printf(
+        "  shards: round trips exact; %d truncations, wrong magic, bad count and bad id refused\n",
+        cases);
     free(raw);
-    remove("t_bad.bin");
-    remove("t_shard.bin");
 
-    char text[] = "\xEF\xBB\xBFThe Project Gutenberg eBook\r\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\r\n"
-                  "Call me Ishmael.\r\nSome years ago.\r\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\r\nLicence.\r\n";
+    char text[] =
+        "\xEF\xBB\xBFThe Project Gutenberg eBook\r\n*** START OF THE PROJECT GUTENBERG EBOOK X "
+        "***\r\n"
+        "Call me Ishmael.\r\nSome years ago.\r\n*** END OF THE PROJECT GUTENBERG EBOOK X "
+        "***\r\nLicence.\r\n";
     size_t n = text_clean(text, strlen(text));
-    CHECK(n == strlen("Call me Ishmael.\nSome years ago.\n") && !strcmp(text, "Call me Ishmael.\nSome years ago.\n"),
+    CHECK(n == strlen("Call me Ishmael.\nSome years ago.\n") &&
+              !strcmp(text, "Call me Ishmael.\nSome years ago.\n"),
           "text_clean gave '%s'", text);
     char plain[] = "no markers\r\nhere";
     text_clean(plain, strlen(plain));

@@ -6,7 +6,7 @@
  * - Thousands of mutated files (truncations, corrupted header bytes, wrong magic, bad offsets,
  *   unsupported types) are rejected with a message or read safely; run under the sanitizer
  *   build, any out-of-bounds read fails the test.
- * Leaves tiny.gguf in the working folder for tests/cli_errors.sh. */
+ * With an argument, leaves a copy of tiny.gguf at that path for tests/cli_errors.sh. */
 #include <math.h>
 #include <string.h>
 
@@ -110,7 +110,7 @@ static int try_open(const char* path, const Buf* b, char* err, size_t errlen) {
     return rc;
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     check_dequant();
 
     ModelConfig cfg;
@@ -133,8 +133,9 @@ int main(void) {
 
     for (int quant = 0; quant < 2; quant++) {
         Buf b = write_gguf(&m, quant);
-        const char* path = quant ? "tiny_q8.gguf" : "tiny.gguf";
+        const char* path = tu_path(quant ? "tiny_q8.gguf" : "tiny.gguf");
         save(path, &b);
+        if (!quant && argc > 1) save(argv[1], &b);
         Model m2;
         ModelInfo info;
         model_load(&m2, path, &fc, &info);
@@ -165,7 +166,7 @@ int main(void) {
     for (size_t cut = 0; cut < good.n; cut += cut < 2048 ? 1 : 97) {
         memcpy(mut.b, good.b, cut);
         mut.n = cut;
-        if (try_open("mutant.gguf", &mut, err, sizeof err))
+        if (try_open(tu_path("mutant.gguf"), &mut, err, sizeof err))
             rejected++, one_line &= !strchr(err, '\n');
         else
             opened++;
@@ -181,7 +182,7 @@ int main(void) {
             size_t at = rng_u64(&rng) % 1500; /* the header and tensor table */
             mut.b[at] = (uint8_t)(trial % 3 == 0 ? 0xff : rng_u64(&rng));
         }
-        if (try_open("mutant.gguf", &mut, err, sizeof err))
+        if (try_open(tu_path("mutant.gguf"), &mut, err, sizeof err))
             hdr_rejected++, one_line &= !strchr(err, '\n');
         else
             hdr_opened++;
@@ -195,12 +196,12 @@ int main(void) {
     memcpy(mut.b, good.b, good.n);
     mut.n = good.n;
     mut.b[0] = 'X';
-    CHECK(try_open("mutant.gguf", &mut, err, sizeof err) && strstr(err, "magic"), "wrong magic: %s",
-          err);
+    CHECK(try_open(tu_path("mutant.gguf"), &mut, err, sizeof err) && strstr(err, "magic"),
+          "wrong magic: %s", err);
     memcpy(mut.b, good.b, 8);
     uint32_t v9 = 9;
     memcpy(mut.b + 4, &v9, 4);
-    CHECK(try_open("mutant.gguf", &mut, err, sizeof err) && strstr(err, "version"),
+    CHECK(try_open(tu_path("mutant.gguf"), &mut, err, sizeof err) && strstr(err, "version"),
           "bad version: %s", err);
     free(mut.b);
     free(good.b);
@@ -209,6 +210,6 @@ int main(void) {
           "Q2_K must be reported as unsupported");
     free(ref);
     model_free(&m);
-    remove("mutant.gguf");
+
     return tu_finish("test_gguf");
 }

@@ -83,7 +83,7 @@ int main(void) {
 
     /* save, perturb, load: bit-exact */
     RouterState st = {40, opt.t, m.beta_updates, 1234, 99, model_fingerprint(&m)};
-    router_save("test_router.h5", &m, &opt, &st, "[focus]\nK = 4\n");
+    router_save(tu_path("test_router.h5"), &m, &opt, &st, "[focus]\nK = 4\n");
     real* saved = mallocCheck(sizeof(real) * m.num_router);
     memcpy(saved, m.router_mem, sizeof(real) * m.num_router);
     real beta0 = m.beta[0];
@@ -92,7 +92,7 @@ int main(void) {
     AdamW opt2;
     adamw_init(&opt2, nopt, 0.9f, 0.95f, 1e-8f, 0);
     RouterState st2;
-    router_load("test_router.h5", &m, &opt2, &st2, model_fingerprint(&m));
+    router_load(tu_path("test_router.h5"), &m, &opt2, &st2, model_fingerprint(&m));
     CHECK(!memcmp(saved, m.router_mem, sizeof(real) * m.num_router) && m.beta[0] == beta0,
           "router not restored exactly");
     CHECK(!memcmp(opt.m, opt2.m, sizeof(float) * nopt) &&
@@ -101,9 +101,9 @@ int main(void) {
     CHECK(st2.step == 40 && st2.data_pos == 1234 && st2.rng_state == 99, "state not restored");
 
     /* refusals */
-    CHECK(child_status(load_wrong_base, "test_router.h5") == 1,
+    CHECK(child_status(load_wrong_base, tu_path("test_router.h5")) == 1,
           "a router for another base model must be refused");
-    FILE* fp = fopen("test_router.h5", "rb");
+    FILE* fp = fopen(tu_path("test_router.h5"), "rb");
     fseek(fp, 0, SEEK_END);
     long size = ftell(fp);
     fseek(fp, 0, SEEK_SET);
@@ -112,10 +112,10 @@ int main(void) {
     fclose(fp);
     int refused = 0, cases = 0;
     for (long cut = 0; cut < size; cut += size / 12 + 1) {
-        fp = fopen("bad_router.h5", "wb");
+        fp = fopen(tu_path("bad_router.h5"), "wb");
         fwrite(bytes, 1, (size_t)cut, fp);
         fclose(fp);
-        refused += child_status(load_into_global, "bad_router.h5") == 1;
+        refused += child_status(load_into_global, tu_path("bad_router.h5")) == 1;
         cases++;
     }
     printf("  truncated router.h5: %d of %d lengths refused\n", refused, cases);
@@ -126,15 +126,13 @@ int main(void) {
     CHECK(hit != NULL, "W_g data not found in the file");
     if (hit) {
         hit[1] ^= 0x40;
-        fp = fopen("bad_router.h5", "wb");
+        fp = fopen(tu_path("bad_router.h5"), "wb");
         fwrite(bytes, 1, (size_t)size, fp);
         fclose(fp);
-        CHECK(child_status(load_into_global, "bad_router.h5") == 1,
+        CHECK(child_status(load_into_global, tu_path("bad_router.h5")) == 1,
               "a corrupted W_g value must be refused");
     }
     free(bytes);
-    remove("bad_router.h5");
-    remove("test_router.h5");
     free(saved);
     free(backbone);
     adamw_free(&opt);

@@ -1,6 +1,10 @@
+#define _GNU_SOURCE /* mkdtemp, nftw */
 #include "testutil.h"
 
+#include <ftw.h>
 #include <math.h>
+#include <string.h>
+#include <unistd.h>
 
 int tu_passed = 0, tu_failed = 0;
 
@@ -41,4 +45,36 @@ const char* tu_smollm2(void) {
     static char buf[4096];
     snprintf(buf, sizeof buf, "%s/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", FOCUS_SOURCE_DIR);
     return exists(buf) ? buf : NULL;
+}
+
+static char tmpdir[4096];
+static pid_t tmpdir_owner;
+
+static int remove_entry(const char* p, const struct stat* st, int flag, struct FTW* f) {
+    (void)st, (void)flag, (void)f;
+    return remove(p);
+}
+
+static void remove_tmpdir(void) {
+    if (tmpdir[0] && getpid() == tmpdir_owner) nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+const char* tu_tmpdir(void) {
+    if (!tmpdir[0]) {
+        const char* base = getenv("TMPDIR");
+        snprintf(tmpdir, sizeof tmpdir, "%s/focus-test-XXXXXX", base && *base ? base : "/tmp");
+        if (!mkdtemp(tmpdir)) fatal("%s: cannot create a temporary folder", tmpdir);
+        tmpdir_owner = getpid();
+        atexit(remove_tmpdir);
+    }
+    return tmpdir;
+}
+
+const char* tu_path(const char* name) {
+    static char bufs[8][4096 + 256];
+    static int next;
+    char* b = bufs[next++ % 8];
+    if (strlen(name) > 255) fatal("tu_path: name too long: %s", name);
+    snprintf(b, sizeof bufs[0], "%s/%s", tu_tmpdir(), name);
+    return b;
 }

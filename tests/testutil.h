@@ -27,6 +27,11 @@ void tu_randn(real* x, size_t n, double scale, Rng* rng);
 /* max |a - b| */
 double tu_max_abs_diff(const real* a, const real* b, size_t n);
 
+/* A fresh temporary folder for this test's files, removed with everything in it when the test
+ * exits (not when a forked child does). tu_path gives name inside it (8 rotating buffers). */
+const char* tu_tmpdir(void);
+const char* tu_path(const char* name);
+
 /* ../shared/data (or $FOCUS_DATA), or NULL when it is not there. */
 const char* tu_data_dir(void);
 /* The fetched SmolLM2 GGUF (scripts/fetch_model.sh), or NULL when it is not there. */

@@ -69,12 +69,16 @@ void swiglu_forward_cuda(float* out, const float* inp, size_t N, int F);
 void swiglu_backward_cuda(float* dinp, const float* inp, const float* dout, size_t N, int F);
 void encoder_forward_cuda(float* out, const int* tokens, const float* wte, const float* wpe, int B,
                           int T, int C);
-void crossentropy_forward_cuda(float* losses, float* dlogits, const float* logits,
-                               const int* targets, size_t N, int V, float dscale);
+void crossentropy_forward_cuda(float* losses, const float* logits, const int* targets, size_t N,
+                               int V);
+void crossentropy_backward_cuda(float* dlogits, float* losses, const float* logits,
+                                const int* targets, size_t N, int V, float dscale);
 /* ---- objectives that target the dense model (kernels/cpu.h, kernels/attention.h) ---- */
 void teacher_probs_forward_cuda(float* x, float* negent, size_t N, int V);
-void kl_forward_cuda(float* losses, float* dlogits, const float* logits, const float* p,
-                     const float* negent, const int* targets, size_t N, int V, float dscale);
+void kl_forward_cuda(float* losses, const float* logits, const float* p, const float* negent,
+                     const int* targets, size_t N, int V);
+void kl_backward_cuda(float* dlogits, float* losses, const float* logits, const float* p,
+                      const float* negent, const int* targets, size_t N, int V, float dscale);
 /* scratch: B * T * NH * K floats (per-head sums, added in head order). */
 void attention_group_mass_cuda(float* mass, const float* qkv, const float* lse, const float* G,
                                int K, int w, int sinks, int B, int T, int NH, int NKV, int hs,

@@ -1,7 +1,7 @@
 /* objective.cu: the training objectives that target the dense model (METHOD.md section 9) on the
- * GPU, mirroring teacher_probs_forward / kl_forward (kernels/cpu.c), attention_group_mass
- * (kernels/attention.c) and the arithmetic of model_attn_objective (model/model.c). Tested
- * against the CPU by tests/test_cuda.c. */
+ * GPU, mirroring teacher_probs_forward / kl_forward / kl_backward (kernels/cpu.c),
+ * attention_group_mass (kernels/attention.c) and the arithmetic of model_attn_objective
+ * (model/model.c). Tested against the CPU by tests/test_cuda.c. */
 #include "common.cuh"
 #include "cuda.h"
 
@@ -69,9 +69,16 @@ __global__ void kl_kernel(float* losses, float* dlogits, const float* logits, co
     }
 }
 
-extern "C" void kl_forward_cuda(float* losses, float* dlogits, const float* logits, const float* p,
-                                const float* negent, const int* targets, size_t N, int V,
-                                float dscale) {
+extern "C" void kl_forward_cuda(float* losses, const float* logits, const float* p,
+                                const float* negent, const int* targets, size_t N, int V) {
+    if (!N) return;
+    kl_kernel<<<(unsigned)N, 512>>>(losses, NULL, logits, p, negent, targets, V, 0.f);
+    LAUNCH_CHECK();
+}
+
+extern "C" void kl_backward_cuda(float* dlogits, float* losses, const float* logits, const float* p,
+                                 const float* negent, const int* targets, size_t N, int V,
+                                 float dscale) {
     if (!N) return;
     kl_kernel<<<(unsigned)N, 512>>>(losses, dlogits, logits, p, negent, targets, V, dscale);
     LAUNCH_CHECK();

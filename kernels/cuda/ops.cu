@@ -426,8 +426,8 @@ __global__ void swiglu_backward_kernel(float* dinp, const float* inp, const floa
     for (size_t n = blockIdx.y; n < N; n += gridDim.y) {
         const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
         const float sig = 1.f / (1.f + expf(-g)), dy = dout[n * F + f];
-        dinp[n * 2 * F + F + f] = dy * g * sig;
-        dinp[n * 2 * F + f] = dy * u * sig * (1.f + g * (1.f - sig));
+        dinp[n * 2 * F + F + f] += dy * g * sig;
+        dinp[n * 2 * F + f] += dy * u * sig * (1.f + g * (1.f - sig));
     }
 }
 
@@ -483,8 +483,14 @@ __global__ void crossentropy_kernel(float* losses, float* dlogits, const float* 
     }
 }
 
-extern "C" void crossentropy_forward_cuda(float* losses, float* dlogits, const float* logits,
-                                          const int* targets, size_t N, int V, float dscale) {
+extern "C" void crossentropy_forward_cuda(float* losses, const float* logits, const int* targets,
+                                          size_t N, int V) {
+    crossentropy_kernel<<<(unsigned)N, 512>>>(losses, NULL, logits, targets, V, 0.f);
+    LAUNCH_CHECK();
+}
+
+extern "C" void crossentropy_backward_cuda(float* dlogits, float* losses, const float* logits,
+                                           const int* targets, size_t N, int V, float dscale) {
     crossentropy_kernel<<<(unsigned)N, 512>>>(losses, dlogits, logits, targets, V, dscale);
     LAUNCH_CHECK();
 }
