@@ -43,6 +43,13 @@ static void write_ds(hid_t loc, const char* name, hid_t type, const void* data, 
     H5Sclose(sp);
 }
 
+/* The training state's attributes on /, in the order they are written: three signed counters
+ * (RouterState's step, adam_t, beta_updates), then unsigned 64-bit values. */
+#define NUM_STATE_ATTRS 7
+static const char* const state_attrs[NUM_STATE_ATTRS] = {
+    "step", "adam_t", "beta_updates", "data_pos", "rng_state", "base_fingerprint", "checksum"};
+static hid_t state_attr_type(int i) { return i < 3 ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64; }
+
 static void write_attr(hid_t loc, const char* name, hid_t type, const void* v, const char* path) {
     hid_t sp = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
@@ -80,16 +87,18 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
     const char* text = config_text ? config_text : "";
     hsize_t dt[1] = {(hsize_t)strlen(text) + 1};
     write_ds(f, "config", H5T_NATIVE_UCHAR, text, 1, dt, tmp);
-    int64_t version = FORMAT_VERSION, step = st->step, at = st->adam_t, bu = st->beta_updates;
-    uint64_t csum = state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL, opt ? opt->n : 0);
+    int64_t version = FORMAT_VERSION;
     write_attr(f, "format_version", H5T_NATIVE_INT64, &version, tmp);
-    write_attr(f, "step", H5T_NATIVE_INT64, &step, tmp);
-    write_attr(f, "adam_t", H5T_NATIVE_INT64, &at, tmp);
-    write_attr(f, "beta_updates", H5T_NATIVE_INT64, &bu, tmp);
-    write_attr(f, "data_pos", H5T_NATIVE_UINT64, &st->data_pos, tmp);
-    write_attr(f, "rng_state", H5T_NATIVE_UINT64, &st->rng_state, tmp);
-    write_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &st->fingerprint, tmp);
-    write_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, tmp);
+    uint64_t v[NUM_STATE_ATTRS] = {
+        (uint64_t)st->step,
+        (uint64_t)st->adam_t,
+        (uint64_t)st->beta_updates,
+        st->data_pos,
+        st->rng_state,
+        st->fingerprint,
+        state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL, opt ? opt->n : 0)};
+    for (int i = 0; i < NUM_STATE_ATTRS; i++)
+        write_attr(f, state_attrs[i], state_attr_type(i), &v[i], tmp);
     int64_t sinks = fc->sinks;
     write_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, tmp);
     if (H5Fclose(f) < 0) fatal("%s: closing the checkpoint failed (disk full?)", tmp);
@@ -151,16 +160,12 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     hid_t f = open_checked(path);
     RouterState local;
     if (!st) st = &local;
-    int64_t step, at, bu;
-    uint64_t csum;
-    read_attr(f, "step", H5T_NATIVE_INT64, &step, path);
-    read_attr(f, "adam_t", H5T_NATIVE_INT64, &at, path);
-    read_attr(f, "beta_updates", H5T_NATIVE_INT64, &bu, path);
-    read_attr(f, "data_pos", H5T_NATIVE_UINT64, &st->data_pos, path);
-    read_attr(f, "rng_state", H5T_NATIVE_UINT64, &st->rng_state, path);
-    read_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &st->fingerprint, path);
-    read_attr(f, "checksum", H5T_NATIVE_UINT64, &csum, path);
-    st->step = step, st->adam_t = at, st->beta_updates = bu;
+    uint64_t v[NUM_STATE_ATTRS];
+    for (int i = 0; i < NUM_STATE_ATTRS; i++)
+        read_attr(f, state_attrs[i], state_attr_type(i), &v[i], path);
+    st->step = (long)v[0], st->adam_t = (long)v[1], st->beta_updates = (long)v[2];
+    st->data_pos = v[3], st->rng_state = v[4], st->fingerprint = v[5];
+    const uint64_t csum = v[6];
     /* routers written before sinks existed have none (the paper's behaviour) */
     int64_t sinks = 0;
     if (H5Aexists(f, "sinks") > 0) read_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, path);
@@ -183,7 +188,7 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     read_ds(f, "router/cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, path);
     read_ds(f, "router/gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, path);
     read_ds(f, "router/beta", H5T_NATIVE_FLOAT, m->beta, 2, db, path);
-    m->beta_updates = bu;
+    m->beta_updates = st->beta_updates;
     float *mm = NULL, *vv = NULL;
     size_t nmom = 0;
     htri_t has_optim = H5Lexists(f, "optim", H5P_DEFAULT);
@@ -214,7 +219,7 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
             fatal("%s: optimizer state has %zu values, this run optimises %zu", path, nmom, opt->n);
         memcpy(opt->m, mm, sizeof(float) * nmom);
         memcpy(opt->v, vv, sizeof(float) * nmom);
-        opt->t = at;
+        opt->t = st->adam_t;
     }
     free(mm);
     free(vv);

@@ -157,38 +157,27 @@ static void scale_min_k4(int j, const uint8_t* q, int* sc, int* mn) {
 
 /* Q4_K, 256 weights in 144 bytes: f16 d | f16 dmin | 12 scale bytes | 128 bytes of nibbles.
  * Eight sub-blocks of 32, each w = d sc q - dmin mn; each 32 bytes hold two sub-blocks
- * (low nibbles first). */
-static void deq_q4_k(float* y, const uint8_t* b) {
+ * (low nibbles first).
+ * Q5_K, 256 weights in 176 bytes: f16 d | f16 dmin | 12 scale bytes | 32 bytes qh | 128 bytes
+ * of nibbles. As Q4_K, with a fifth bit: sub-block pair p uses bits 2p and 2p+1 of qh[l].
+ * deq_k4_k5 does both; qh is NULL for Q4_K. */
+static void deq_k4_k5(float* y, const uint8_t* b, const uint8_t* qh, const uint8_t* q) {
     float d = f16_to_f32(rd16(b)), dmin = f16_to_f32(rd16(b + 2));
     const uint8_t* sc = b + 4;
-    const uint8_t* q = b + 16;
-    for (int j = 0; j < 8; j += 2, q += 32) {
-        int s0, m0, s1, m1;
-        scale_min_k4(j, sc, &s0, &m0);
-        scale_min_k4(j + 1, sc, &s1, &m1);
-        for (int l = 0; l < 32; l++) *y++ = d * s0 * (q[l] & 0xf) - dmin * m0;
-        for (int l = 0; l < 32; l++) *y++ = d * s1 * (q[l] >> 4) - dmin * m1;
-    }
-}
-
-/* Q5_K, 256 weights in 176 bytes: f16 d | f16 dmin | 12 scale bytes | 32 bytes qh | 128 bytes
- * of nibbles. As Q4_K, with a fifth bit: sub-block pair p uses bits 2p and 2p+1 of qh[l]. */
-static void deq_q5_k(float* y, const uint8_t* b) {
-    float d = f16_to_f32(rd16(b)), dmin = f16_to_f32(rd16(b + 2));
-    const uint8_t* sc = b + 4;
-    const uint8_t* qh = b + 16;
-    const uint8_t* q = b + 48;
     for (int j = 0; j < 8; j += 2, q += 32) {
         int s0, m0, s1, m1;
         scale_min_k4(j, sc, &s0, &m0);
         scale_min_k4(j + 1, sc, &s1, &m1);
         uint8_t u0 = (uint8_t)(1u << j), u1 = (uint8_t)(2u << j);
         for (int l = 0; l < 32; l++)
-            *y++ = d * s0 * ((q[l] & 0xf) + (qh[l] & u0 ? 16 : 0)) - dmin * m0;
+            *y++ = d * s0 * ((q[l] & 0xf) + (qh && qh[l] & u0 ? 16 : 0)) - dmin * m0;
         for (int l = 0; l < 32; l++)
-            *y++ = d * s1 * ((q[l] >> 4) + (qh[l] & u1 ? 16 : 0)) - dmin * m1;
+            *y++ = d * s1 * ((q[l] >> 4) + (qh && qh[l] & u1 ? 16 : 0)) - dmin * m1;
     }
 }
+
+static void deq_q4_k(float* y, const uint8_t* b) { deq_k4_k5(y, b, NULL, b + 16); }
+static void deq_q5_k(float* y, const uint8_t* b) { deq_k4_k5(y, b, b + 16, b + 48); }
 
 /* Q6_K, 256 weights in 210 bytes: 128 bytes ql (low 4 bits) | 64 bytes qh (high 2 bits) |
  * 16 x int8 scales | f16 d. Two halves of 128; in each, element l + 32 i (i = 0..3) takes

@@ -199,28 +199,8 @@ void routing_backward(real* dS, const real* dG, const real* S, const real* G, co
 
 void routing_topk_mask(uint32_t* mask, const real* G, int B, int T, int K, int topk, real topp,
                        int sinks, int pos0) {
-    const uint32_t all = K >= 32 ? 0xffffffffu : (1u << K) - 1;
-    const int cap = topk > 0 && topk < K ? topk : K;
-    for (size_t n = 0; n < (size_t)B * T; n++) {
-        if (pos0 + (int)(n % (size_t)T) < sinks) {
-            mask[n] = all;
-            continue;
-        }
-        const real* g = G + n * K;
-        uint32_t m = 0;
-        double mass = 0;
-        for (int r = 0; r < cap; r++) {
-            int best = -1;
-            for (int k = 0; k < K; k++) {
-                if (m & (1u << k)) continue;
-                if (best < 0 || g[k] > g[best]) best = k;
-            }
-            m |= 1u << best;
-            mass += g[best];
-            if (topp > 0 && mass >= topp) break;
-        }
-        mask[n] = m;
-    }
+    for (size_t n = 0; n < (size_t)B * T; n++)
+        mask[n] = topk_mask_row(G + n * K, K, topk, topp, pos0 + (int)(n % (size_t)T), sinks);
 }
 
 double routing_largest_share(const real* G, size_t N, int K) {

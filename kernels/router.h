@@ -37,6 +37,31 @@ void routing_backward(real* dS, const real* dG, const real* S, const real* G, co
  * keeps them and the executor computes each sink pair once, in the query's lowest group. */
 void routing_topk_mask(uint32_t* mask, const real* G, int B, int T, int K, int topk, real topp,
                        int sinks, int pos0);
+/* One token of routing_topk_mask (position p = pos0 + t, group distribution g): shared by the CPU
+ * loop and the GPU kernel (kernels/cuda/router.cu), which compile it for their own side. */
+#ifdef __CUDACC__
+#define FOCUS_HOST_DEVICE __host__ __device__
+#else
+#define FOCUS_HOST_DEVICE
+#endif
+static inline FOCUS_HOST_DEVICE uint32_t topk_mask_row(const real* g, int K, int topk, real topp,
+                                                       int p, int sinks) {
+    if (p < sinks) return K >= 32 ? 0xffffffffu : (1u << K) - 1u;
+    const int cap = topk > 0 && topk < K ? topk : K;
+    uint32_t m = 0;
+    double mass = 0;
+    for (int r = 0; r < cap; r++) {
+        int best = -1;
+        for (int k = 0; k < K; k++) {
+            if (m & (1u << k)) continue;
+            if (best < 0 || g[k] > g[best]) best = k;
+        }
+        m |= 1u << best;
+        mass += g[best];
+        if (topp > 0 && mass >= topp) break;
+    }
+    return m;
+}
 
 /* Share of the N tokens whose most likely group is the most popular group (ideal 1/K). */
 double routing_largest_share(const real* G, size_t N, int K);

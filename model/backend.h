@@ -74,6 +74,12 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
  * device pointers, as a holds), lambda and b from the host router. */
 AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a);
 
+/* Layer l's slice of a tensor stacked over layers of n elements, or NULL for an absent tensor
+ * (a bias the architecture does not have, a frozen weight's gradient). */
+static inline real* model_slice(const real* t, int l, size_t n) {
+    return t ? (real*)t + (size_t)l * n : NULL;
+}
+
 /* Which attention kernel a layer runs, the same choice on every backend:
  *   SPARSE  hard top-k: the executor that skips dropped pairs
  *   DENSE   dense attention with no backward to follow (evaluation): the backend's fastest

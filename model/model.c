@@ -13,6 +13,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "backend.h"
@@ -212,29 +213,27 @@ const real* model_groups(const Model* m, int l) {
     return m->acts.rG + (size_t)l * m->B * m->T * m->fc.K;
 }
 
+/* LayerActs starts with the per-layer tensors of Acts, ln1 .. rS, in the same order */
+_Static_assert(offsetof(LayerActs, rS) / sizeof(real*) == 14 &&
+                   (offsetof(Acts, rS) - offsetof(Acts, ln1)) / sizeof(real*) == 14,
+               "LayerActs and Acts list ln1 .. rS alike");
+
 LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
-    size_t BT = (size_t)m->B * m->T, s = m->keep ? (size_t)l : 0;
+    const size_t BT = (size_t)m->B * m->T, slot = m->keep ? (size_t)l : 0;
+    /* ln1 .. rS: a slice of BT rows of these widths in slot l (slot 0 when not keeping) */
+    const size_t width[15] = {c->C, 1, 1, model_qkv_width(c), c->C, c->NH, c->C,
+                              c->C, 1, 1, model_fc_width(c),  c->F, c->C,  f->dg,
+                              f->K};
     LayerActs r;
-    r.ln1 = a->ln1 + s * BT * c->C;
-    r.ln1_mean = a->ln1_mean + s * BT;
-    r.ln1_rstd = a->ln1_rstd + s * BT;
-    r.qkv = a->qkv + s * BT * model_qkv_width(c);
-    r.att = a->att + s * BT * c->C;
-    r.lse = a->lse + s * BT * c->NH;
-    r.res2 = a->res2 + s * BT * c->C;
-    r.ln2 = a->ln2 + s * BT * c->C;
-    r.ln2_mean = a->ln2_mean + s * BT;
-    r.ln2_rstd = a->ln2_rstd + s * BT;
-    r.fch = a->fch + s * BT * model_fc_width(c);
-    r.fch_act = a->fch_act + s * BT * c->F;
-    r.res3 = a->res3 + s * BT * c->C;
-    r.rproj = a->rproj + s * BT * f->dg;
-    r.rS = a->rS + s * BT * f->K;
+    real** out = &r.ln1;
+    real* const* in = &a->ln1;
+    for (int i = 0; i < 15; i++) out[i] = in[i] + slot * BT * width[i];
+    /* the groups and Sinkhorn offsets keep every layer's (reports read them after the pass) */
     r.rG = a->rG + (size_t)l * BT * f->K;
     r.colofs = a->colofs + (size_t)l * m->B * f->K;
-    r.mask = rmask + s * BT;
+    r.mask = rmask + slot * BT;
     return r;
 }
 

@@ -53,10 +53,10 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
         size_t lC = (size_t)l * C;
-        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC,
-                     p->ln1b ? p->ln1b + lC : NULL, BT);
-        matmul_forward(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
-                       p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
+                     model_slice(p->ln1b, l, C), BT);
+        matmul_forward(la.qkv, la.ln1, model_slice(p->qkvw, l, (size_t)QKV * C),
+                       model_slice(p->qkvb, l, QKV), BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
         if (f->attn != ATTN_DENSE || m->routed_dense) {
@@ -84,19 +84,19 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
                 break;
         }
-        matmul_forward(la.res2, la.att, p->attprojw + (size_t)l * C * C,
-                       p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        matmul_forward(la.res2, la.att, model_slice(p->attprojw, l, (size_t)C * C),
+                       model_slice(p->attprojb, l, C), BT, C, C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
-        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC,
-                     p->ln2b ? p->ln2b + lC : NULL, BT);
-        matmul_forward(la.fch, la.ln2, p->fcw + (size_t)l * FC * C,
-                       p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
+                     model_slice(p->ln2b, l, C), BT);
+        matmul_forward(la.fch, la.ln2, model_slice(p->fcw, l, (size_t)FC * C),
+                       model_slice(p->fcb, l, FC), BT, C, FC);
         if (c->arch == ARCH_GPT2)
             gelu_forward(la.fch_act, la.fch, BT * c->F);
         else
             swiglu_forward(la.fch_act, la.fch, BT, c->F);
-        matmul_forward(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
-                       p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        matmul_forward(la.res3, la.fch_act, model_slice(p->fcprojw, l, (size_t)C * c->F),
+                       model_slice(p->fcprojb, l, C), BT, c->F, C);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
         x = la.res3;
     }
@@ -128,13 +128,10 @@ static void cpu_teacher(Model* m, int want_logp, int want_mass) {
     const size_t BT = (size_t)B * T;
     if (want_logp) {
         if (m->teacher_bt != BT) { /* kept between steps: reallocated only when (B, T) changes */
-            free(m->tprob);
-            free(m->tnegent);
-            free(m->kl_losses);
-            m->tprob = mallocCheck(sizeof(real) * BT * c->V);
-            m->tnegent = mallocCheck(sizeof(real) * BT);
-            m->kl_losses = mallocCheck(sizeof(real) * BT);
             m->teacher_bt = BT;
+            m->tprob = reallocCheck(m->tprob, sizeof(real) * BT * c->V);
+            m->tnegent = reallocCheck(m->tnegent, sizeof(real) * BT);
+            m->kl_losses = reallocCheck(m->kl_losses, sizeof(real) * BT);
         }
         memcpy(m->tprob, m->acts.logits, sizeof(real) * BT * c->V);
         teacher_probs_forward(m->tprob, m->tnegent, BT, c->V);
@@ -142,9 +139,8 @@ static void cpu_teacher(Model* m, int want_logp, int want_mass) {
     }
     if (want_mass) {
         if (m->atarget_n != (size_t)c->L * BT * f->K) {
-            free(m->atarget);
             m->atarget_n = (size_t)c->L * BT * f->K;
-            m->atarget = mallocCheck(sizeof(real) * m->atarget_n);
+            m->atarget = reallocCheck(m->atarget, sizeof(real) * m->atarget_n);
         }
         const int hs = c->C / c->NH;
         for (int l = 0; l < c->L; l++) {
@@ -207,9 +203,6 @@ static void cpu_zero_grad(Model* m, GradMode mode) {
     }
 }
 
-/* Offset a gradient pointer, or NULL when that tensor is frozen. */
-static real* gp(real* base, size_t off) { return base ? base + off : NULL; }
-
 static void cpu_backward(Model* m, GradMode mode) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
@@ -265,21 +258,24 @@ static void cpu_backward(Model* m, GradMode mode) {
         size_t lC = (size_t)l * C;
         /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. */
         memset(dact, 0, sizeof(real) * BT * c->F);
-        matmul_backward(dact, gp(g->fcprojw, (size_t)l * C * c->F), gp(g->fcprojb, lC), dres,
-                        la.fch_act, p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
+        matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * c->F),
+                        model_slice(g->fcprojb, l, C), dres, la.fch_act,
+                        p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
         if (c->arch == ARCH_GPT2)
             gelu_backward(dfch, la.fch, dact, BT * c->F);
         else
             swiglu_backward(dfch, la.fch, dact, BT, c->F);
         memset(dbuf, 0, sizeof(real) * BT * C);
-        matmul_backward(dbuf, gp(g->fcw, (size_t)l * FC * C), gp(g->fcb, (size_t)l * FC), dfch,
-                        la.ln2, p->fcw + (size_t)l * FC * C, BT, C, FC);
-        norm_backward(m, dres, gp(g->ln2w, lC), gp(g->ln2b, lC), dbuf, la.res2, p->ln2w + lC,
-                      la.ln2_mean, la.ln2_rstd, BT);
+        matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
+                        model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
+                        p->fcw + (size_t)l * FC * C, BT, C, FC);
+        norm_backward(m, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
+                      la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
         /* attention */
         memset(dbuf, 0, sizeof(real) * BT * C);
-        matmul_backward(dbuf, gp(g->attprojw, (size_t)l * C * C), gp(g->attprojb, lC), dres, la.att,
+        matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * C),
+                        model_slice(g->attprojb, l, C), dres, la.att,
                         p->attprojw + (size_t)l * C * C, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         const int router = router_on && !focus_layer_dense(f, l);
@@ -293,8 +289,9 @@ static void cpu_backward(Model* m, GradMode mode) {
         if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         memset(dbuf, 0, sizeof(real) * BT * C);
         if (l > 0 || all) {
-            matmul_backward(dbuf, gp(g->qkvw, (size_t)l * QKV * C), gp(g->qkvb, (size_t)l * QKV),
-                            dqkv, la.ln1, p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
+            matmul_backward(dbuf, model_slice(g->qkvw, l, (size_t)QKV * C),
+                            model_slice(g->qkvb, l, (size_t)QKV), dqkv, la.ln1,
+                            p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
         }
         if (router) {
             memset(dS, 0, sizeof(real) * BT * f->K);
@@ -306,8 +303,8 @@ static void cpu_backward(Model* m, GradMode mode) {
                                    m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
         }
         if (l == 0 && !all) break;
-        norm_backward(m, dres, gp(g->ln1w, lC), gp(g->ln1b, lC), dbuf, x, p->ln1w + lC, la.ln1_mean,
-                      la.ln1_rstd, BT);
+        norm_backward(m, dres, model_slice(g->ln1w, l, C), model_slice(g->ln1b, l, C), dbuf, x,
+                      p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
     }
     if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);
     m->kl_active = 0; /* the teacher's distributions served this backward pass */

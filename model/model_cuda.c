@@ -177,11 +177,11 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
         LayerActs la = model_layer_acts(m, a, g->rmask, l);
         size_t lC = (size_t)l * C;
         cuda_prof_mark("fwd norm");
-        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, p->ln1w + lC,
-                     p->ln1b ? p->ln1b + lC : NULL, BT);
+        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
+                     model_slice(p->ln1b, l, C), BT);
         cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.qkv, la.ln1, p->qkvw + (size_t)l * QKV * C,
-                            p->qkvb ? p->qkvb + (size_t)l * QKV : NULL, BT, C, QKV);
+        matmul_forward_cuda(la.qkv, la.ln1, model_slice(p->qkvw, l, (size_t)QKV * C),
+                            model_slice(p->qkvb, l, QKV), BT, C, QKV);
         cuda_prof_mark("fwd rope");
         if (c->arch == ARCH_LLAMA)
             rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
@@ -215,23 +215,23 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
                 break;
         }
         cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.res2, la.att, p->attprojw + (size_t)l * C * C,
-                            p->attprojb ? p->attprojb + lC : NULL, BT, C, C);
+        matmul_forward_cuda(la.res2, la.att, model_slice(p->attprojw, l, (size_t)C * C),
+                            model_slice(p->attprojb, l, C), BT, C, C);
         cuda_prof_mark("fwd residual+norm");
         residual_add_cuda(la.res2, x, BT * C);
-        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, p->ln2w + lC,
-                     p->ln2b ? p->ln2b + lC : NULL, BT);
+        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
+                     model_slice(p->ln2b, l, C), BT);
         cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.fch, la.ln2, p->fcw + (size_t)l * FC * C,
-                            p->fcb ? p->fcb + (size_t)l * FC : NULL, BT, C, FC);
+        matmul_forward_cuda(la.fch, la.ln2, model_slice(p->fcw, l, (size_t)FC * C),
+                            model_slice(p->fcb, l, FC), BT, C, FC);
         cuda_prof_mark("fwd gelu/swiglu");
         if (c->arch == ARCH_GPT2)
             gelu_forward_cuda(la.fch_act, la.fch, BT * c->F);
         else
             swiglu_forward_cuda(la.fch_act, la.fch, BT, c->F);
         cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.res3, la.fch_act, p->fcprojw + (size_t)l * C * c->F,
-                            p->fcprojb ? p->fcprojb + lC : NULL, BT, c->F, C);
+        matmul_forward_cuda(la.res3, la.fch_act, model_slice(p->fcprojw, l, (size_t)C * c->F),
+                            model_slice(p->fcprojb, l, C), BT, c->F, C);
         cuda_prof_mark("fwd residual");
         residual_add_cuda(la.res3, la.res2, BT * C);
         x = la.res3;

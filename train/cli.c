@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -52,6 +53,14 @@ void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
     int r = config_set(cfg, fc, key, value);
     if (r == -1) fatal("--set: unknown setting '%s'", key);
     if (r == -2) fatal("--set: bad value '%s' for setting '%s'", value, key);
+}
+
+FocusConfig cli_serving_focus(void) {
+    FocusConfig fc;
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    fc.routing = ROUTE_CAUSAL;
+    return fc;
 }
 
 int cli_device(const char* v) {
@@ -223,4 +232,63 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
 
 int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n) {
     return load_tokens(data, "val_", tok_path ? tok_path : model_path, 0, n);
+}
+
+int cli_parse(const char* cmd, int argc, char** argv, int first, const char* help, const char* spec,
+              ...) {
+    /* the spec's options and their destinations, in order */
+    enum { MAXOPT = 32 };
+    char names[MAXOPT][32], kinds[MAXOPT];
+    void* dst[MAXOPT];
+    int n = 0;
+    va_list ap;
+    va_start(ap, spec);
+    for (const char* p = spec; *p;) {
+        while (*p == ' ') p++;
+        if (!*p) break;
+        const char* colon = strchr(p, ':');
+        if (!colon || colon - p >= 32 || n == MAXOPT) fatal("internal: bad option spec '%s'", p);
+        memcpy(names[n], p, (size_t)(colon - p));
+        names[n][colon - p] = 0;
+        kinds[n] = colon[1];
+        dst[n++] = va_arg(ap, void*);
+        p = colon + 2;
+    }
+    va_end(ap);
+    for (int i = first; i < argc; i++) {
+        const char* a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help, stdout);
+            return 1;
+        }
+        const int positional = a[0] != '-' || !a[1];
+        int k = 0;
+        while (k < n && strcmp(names[k], positional ? "" : a)) k++;
+        if (k == n) {
+            if (positional)
+                fatal("%s: unexpected argument '%s' (see focus %s --help)", cmd, a, cmd);
+            fatal("%s: unknown option '%s' (see focus %s --help)", cmd, a, cmd);
+        }
+        if (kinds[k] == 'f') {
+            *(int*)dst[k] = 1;
+            continue;
+        }
+        const char* v = positional ? a : cli_value(argc, argv, i++);
+        if (kinds[k] == 's') {
+            *(const char**)dst[k] = v;
+        } else if (kinds[k] == 'i') {
+            *(int*)dst[k] = cli_int(a, v);
+        } else if (kinds[k] == 'x') {
+            *(double*)dst[k] = cli_float(a, v);
+        } else if (kinds[k] == 'd') {
+            *(int*)dst[k] = cli_device(v);
+        } else if (kinds[k] == '*') {
+            CliList* l = dst[k];
+            l->v = reallocCheck(l->v, sizeof(char*) * (size_t)(l->n + 1));
+            l->v[l->n++] = v;
+        } else {
+            fatal("internal: unknown option kind '%c' in '%s'", kinds[k], spec);
+        }
+    }
+    return 0;
 }

@@ -5,6 +5,19 @@
 
 #include "../model/model.h"
 
+/* Parse argv[first..argc) of command cmd. spec lists the options as "--name:K" separated by
+ * spaces, and a destination follows for each, in order, by kind K: s const char*, i int,
+ * x double, f int set to 1 (a flag), d int (--device: 0 cpu, 1 cuda), * CliList (each use adds
+ * an entry). The name "" takes the positional arguments (":s" or ":*" alone). --help prints
+ * help and returns 1 (the command then exits with 0); anything unknown or a bad value is fatal,
+ * naming the command. */
+typedef struct {
+    const char** v; /* malloc'd; the strings are argv's */
+    int n;
+} CliList;
+int cli_parse(const char* cmd, int argc, char** argv, int first, const char* help, const char* spec,
+              ...);
+
 /* Returns argv[i+1] for option argv[i] or exits with a message naming the option. */
 const char* cli_value(int argc, char** argv, int i);
 /* The value of option opt as an integer / a finite number, or exit naming the option. */
@@ -15,6 +28,9 @@ double cli_float(const char* opt, const char* v);
 const char* cli_split_set(const char* kv, char* key, size_t keycap);
 /* Apply one --set key=value to cfg and fc. */
 void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv);
+/* The Focus settings a model is loaded with to be evaluated or served: the defaults with the
+ * router off (dense attention) and causal routing; --router, --attn and --set change them. */
+FocusConfig cli_serving_focus(void);
 /* --device: "cpu" (0) or "cuda" (1); fatal() when CUDA was not built in or no GPU is usable. */
 int cli_device(const char* v);
 /* Peak resident memory of this process in MiB. */

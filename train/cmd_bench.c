@@ -216,32 +216,27 @@ static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, in
 }
 #endif
 
-static void bench_help(void) {
-    printf(
-        "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters "
-        "n]\n"
-        "       focus bench gemm [--n size]\n"
-        "\n"
-        "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
-        "router-only training step (forward + backward), at batch B x T on random tokens.\n"
-        "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default "
-        "smollm2-135m)\n"
-        "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
-        "  --iters n       timed repetitions of each measurement (default 2)\n"
-        "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
-        "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
-        "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] "
-        "[--kv-heads 1]\n"
-        "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same "
-        "random\n"
-        "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n"
-        "           --device cuda: bf16 tensor-core kernels on the GPU, --K may list several\n"
-        "           values (8,4); --json FILE writes one record per (T, K).\n");
-}
+static const char bench_usage[] =
+    "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
+    "       focus bench gemm [--n size]\n"
+    "\n"
+    "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
+    "router-only training step (forward + backward), at batch B x T on random tokens.\n"
+    "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m)\n"
+    "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
+    "  --iters n       timed repetitions of each measurement (default 2)\n"
+    "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
+    "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
+    "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] "
+    "[--kv-heads 1]\n"
+    "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same random\n"
+    "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n"
+    "           --device cuda: bf16 tensor-core kernels on the GPU, --K may list several\n"
+    "           values (8,4); --json FILE writes one record per (T, K).\n";
 
 int cmd_bench(int argc, char** argv) {
     if (argc < 2 || !strcmp(argv[1], "--help")) {
-        bench_help();
+        fputs(bench_usage, stdout);
         return argc < 2 ? 1 : 0;
     }
     const char* what = argv[1];
@@ -252,51 +247,27 @@ int cmd_bench(int argc, char** argv) {
     ModelConfig cfg;
     FocusConfig fc;
     focus_config_default(&fc);
-    const char* sets[64];
-    int nsets = 0, device = 0, Ks[16] = {8}, nK = 1;
+    CliList sets = {0};
+    int device = 0, Ks[16] = {8}, nK = 1;
     const char* json = NULL;
-    for (int i = 2; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--help")) {
-            bench_help();
-            return 0;
-        } else if (!strcmp(a, "--config")) {
-            preset = cli_value(argc, argv, i++);
-        } else if (!strcmp(a, "--set")) {
-            if (nsets == 64) fatal("too many --set options");
-            sets[nsets++] = cli_value(argc, argv, i++);
-        } else if (!strcmp(a, "--B")) {
-            B = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--T") && !strcmp(what, "attention")) {
-            nT = parse_list(cli_value(argc, argv, i++), Ts);
-        } else if (!strcmp(a, "--T")) {
-            T = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--iters")) {
-            iters = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--n")) {
-            gemm_n = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--K")) {
-            nK = parse_list(cli_value(argc, argv, i++), Ks);
-            K = Ks[0];
-        } else if (!strcmp(a, "--device")) {
-            device = cli_device(cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--json")) {
-            json = cli_value(argc, argv, i++);
-        } else if (!strcmp(a, "--topk")) {
-            topk = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--heads")) {
-            heads = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--kv-heads")) {
-            kv_heads = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--dhead")) {
-            dhead = cli_int(a, cli_value(argc, argv, i++));
-        } else if (!strcmp(a, "--w")) {
-            w = cli_int(a, cli_value(argc, argv, i++));
-        } else {
-            fatal("bench: unknown option '%s' (see focus bench --help)", a);
-        }
+    const char *Tlist = NULL, *Klist = NULL;
+    if (cli_parse("bench", argc, argv, 2, bench_usage,
+                  "--config:s --set:* --B:i --T:s --iters:i --n:i --K:s --device:d "
+                  "--json:s --topk:i --heads:i --kv-heads:i --dhead:i --w:i",
+                  &preset, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk,
+                  &heads, &kv_heads, &dhead, &w))
+        return 0;
+    /* attention takes lists of lengths and group counts; forward one length */
+    if (Tlist && !strcmp(what, "attention"))
+        nT = parse_list(Tlist, Ts);
+    else if (Tlist)
+        T = cli_int("--T", Tlist);
+    if (Klist) {
+        nK = parse_list(Klist, Ks);
+        K = Ks[0];
     }
     if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
+    if (strcmp(what, "forward") && sets.n) fatal("bench: --set applies to bench forward only");
     if (!strcmp(what, "attention")) {
         if (K < 1 || K > 32 || topk < 1 || topk > K)
             fatal("bench attention: need 1 <= topk <= K <= 32");
@@ -323,7 +294,8 @@ int cmd_bench(int argc, char** argv) {
     if (model_config_preset(preset, &cfg))
         fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)",
               preset);
-    for (int i = 0; i < nsets; i++) cli_apply_set(&cfg, &fc, sets[i]);
+    for (int i = 0; i < sets.n; i++) cli_apply_set(&cfg, &fc, sets.v[i]);
+    free(sets.v);
     if (cfg.maxT < T) cfg.maxT = T;
     fc.attn = ATTN_SOFT;
     config_validate(&cfg, &fc);

@@ -64,28 +64,25 @@ static void eval_layer_sensitivity(Model* m, const int* ids, size_t n, int ctx, 
     m->fc = keep;
 }
 
-static void eval_help(void) {
-    printf(
-        "usage: focus eval ppl|layers --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
-        "[--stride s]\n"
-        "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] "
-        "[--topk k|pP]\n"
-        "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
-        "                      [--device cpu|cuda]\n"
-        "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
-        "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
-        "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
-        "With --router the trained router is loaded onto the model (which must be the one it was\n"
-        "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
-        "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n"
-        "--topk 1,2,p0.9 evaluates several budgets in turn; p0.9 keeps each token's groups until\n"
-        "90 %% of its group mass is covered (p0.9:2: at most 2 groups). The router's sinks and "
-        "dense_layers apply; --set sinks=N, --set\n"
-        "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
-        "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
-        "that layer sparse, every other dense; it prints dense_layers lines for the worst "
-        "layers.\n");
-}
+static const char eval_usage[] =
+    "usage: focus eval ppl|layers --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
+    "[--stride s]\n"
+    "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk "
+    "k|pP]\n"
+    "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
+    "                      [--device cpu|cuda]\n"
+    "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
+    "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
+    "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
+    "With --router the trained router is loaded onto the model (which must be the one it was\n"
+    "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
+    "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n"
+    "--topk 1,2,p0.9 evaluates several budgets in turn; p0.9 keeps each token's groups until\n"
+    "90 % of its group mass is covered (p0.9:2: at most 2 groups). The router's sinks and "
+    "dense_layers apply; --set sinks=N, --set\n"
+    "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
+    "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
+    "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n";
 
 static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n, const char* data,
                         int ctx, int stride) {
@@ -115,7 +112,7 @@ static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t 
 
 int cmd_eval(int argc, char** argv) {
     if (argc < 2 || !strcmp(argv[1], "--help")) {
-        eval_help();
+        fputs(eval_usage, stdout);
         return argc < 2 ? 1 : 0;
     }
     const int layers = !strcmp(argv[1], "layers");
@@ -123,47 +120,17 @@ int cmd_eval(int argc, char** argv) {
         fatal("eval: unknown evaluation '%s' (ppl or layers)", argv[1]);
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
-    size_t max_tokens = 0;
+    int max_tokens = 0, device = 0;
     const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL;
-    const char* sets[64];
-    int nsets = 0, device = 0;
-    FocusConfig fc;
-    focus_config_default(&fc);
-    fc.attn = ATTN_DENSE;
-    fc.routing = ROUTE_CAUSAL;
-    for (int i = 2; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--help")) {
-            eval_help();
-            return 0;
-        } else if (!strcmp(a, "--model"))
-            model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--data"))
-            data = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--ctx"))
-            ctx = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--stride"))
-            stride = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--max-tokens"))
-            max_tokens = (size_t)cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--router"))
-            router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--attn"))
-            attn = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--topk"))
-            topk = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--routing"))
-            routing = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--device"))
-            device = cli_device(cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--set")) {
-            if (nsets == 64) fatal("eval: too many --set options");
-            sets[nsets++] = cli_value(argc, argv, i++);
-        } else
-            fatal("eval: unknown option '%s' (see focus eval --help)", a);
-    }
+    CliList sets = {0};
+    FocusConfig fc = cli_serving_focus();
+    if (cli_parse("eval", argc, argv, 2, eval_usage,
+                  "--model:s --tokenizer:s --data:s --ctx:i --stride:i --max-tokens:i "
+                  "--router:s --attn:s --topk:s --routing:s --device:d --set:*",
+                  &model, &tok, &data, &ctx, &stride, &max_tokens, &router, &attn, &topk, &routing,
+                  &device, &sets))
+        return 0;
+    if (max_tokens < 0) fatal("eval: --max-tokens must be >= 0");
     if (!model || !data) fatal("eval ppl: needs --model and --data");
     if (ctx < 2) fatal("eval ppl: --ctx must be at least 2");
     if (!stride) stride = ctx;
@@ -174,12 +141,12 @@ int cmd_eval(int argc, char** argv) {
     apply_router_options(&m, router, attn, topk && !strchr(topk, ',') ? topk : NULL, routing);
     /* the model's own settings come from its file and the router's shape from router.h5: only
      * the other Focus keys take effect here */
-    for (int i = 0; i < nsets; i++) {
+    for (int i = 0; i < sets.n; i++) {
         ModelConfig from_file = m.cfg;
         FocusConfig want = m.fc;
-        cli_apply_set(&from_file, &want, sets[i]);
+        cli_apply_set(&from_file, &want, sets.v[i]);
         if (want.K != m.fc.K || want.dg != m.fc.dg)
-            fatal("eval: --set %s: K and dg are the router's shape, fixed by %s", sets[i],
+            fatal("eval: --set %s: K and dg are the router's shape, fixed by %s", sets.v[i],
                   router ? router : "the model");
         config_validate(&m.cfg, &want);
         if (router && want.sinks != m.fc.sinks)
@@ -191,7 +158,8 @@ int cmd_eval(int argc, char** argv) {
     model_place(&m, device ? "cuda" : "cpu");
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
-    if (max_tokens && n > max_tokens) n = max_tokens;
+    if (max_tokens && n > (size_t)max_tokens) n = (size_t)max_tokens;
+    free(sets.v);
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= m.cfg.V)
             fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?",

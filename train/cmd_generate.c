@@ -48,52 +48,26 @@ static int sample(const real* logits, int V, double temperature, double top_p, R
     return choice;
 }
 
+static const char generate_usage[] =
+    "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
+    "                      [--temperature t] [--top-p p] [--seed s] [--router router.h5 [--topk k] "
+    "[--attn dense|hard]]\n"
+    "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). Tokens are\n"
+    "generated one at a time over a KV cache; with --router, each new token attends to its\n"
+    "window and the cached tokens of its top-k groups (causal routing).\n";
+
 int cmd_generate(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL;
     int n = 64;
     const char* topk = NULL;
     double temperature = 0, top_p = 1;
-    uint64_t seed = 1;
-    FocusConfig fc;
-    focus_config_default(&fc);
-    fc.attn = ATTN_DENSE;
-    fc.routing = ROUTE_CAUSAL;
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
-                "                      [--temperature t] [--top-p p] [--seed s] [--router "
-                "router.h5 [--topk k] [--attn dense|hard]]\n"
-                "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). "
-                "Tokens are\n"
-                "generated one at a time over a KV cache; with --router, each new token attends to "
-                "its\n"
-                "window and the cached tokens of its top-k groups (causal routing).\n");
-            return 0;
-        } else if (!strcmp(a, "--model"))
-            model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--prompt"))
-            prompt = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "-n"))
-            n = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--temperature"))
-            temperature = cli_float(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--top-p"))
-            top_p = cli_float(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--seed"))
-            seed = (uint64_t)cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--router"))
-            router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--topk"))
-            topk = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--attn"))
-            attn = cli_value(argc, argv, i++);
-        else
-            fatal("generate: unknown option '%s'", a);
-    }
+    int seed = 1;
+    FocusConfig fc = cli_serving_focus();
+    if (cli_parse("generate", argc, argv, 1, generate_usage,
+                  "--model:s --tokenizer:s --prompt:s -n:i --temperature:x --top-p:x "
+                  "--seed:i --router:s --topk:s --attn:s",
+                  &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn))
+        return 0;
     if (!model || !prompt) fatal("generate: needs --model and --prompt");
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
     if (n < 0) fatal("generate: -n must be >= 0");

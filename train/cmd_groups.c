@@ -74,39 +74,19 @@ static void printable(char* out, size_t cap, const char* s, size_t n) {
     out[o] = 0;
 }
 
+static const char groups_usage[] =
+    "usage: focus groups --model M --router router.h5 --data DATA [--tokenizer T] [--ctx 1024]\n"
+    "                    [--tokens 16384] [--top 12] [--out DIR]\n"
+    "Per layer and group: share of tokens, most frequent tokens, token classes; written to\n"
+    "DIR/groups.txt and DIR/groups.svg.\n";
+
 int cmd_groups(int argc, char** argv) {
     const char *model = NULL, *router = NULL, *data = NULL, *tok = NULL, *out = "groups";
     int ctx = 1024, max_tokens = 16384, top = 12;
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--help")) {
-            printf(
-                "usage: focus groups --model M --router router.h5 --data DATA [--tokenizer T] "
-                "[--ctx 1024]\n"
-                "                    [--tokens 16384] [--top 12] [--out DIR]\n"
-                "Per layer and group: share of tokens, most frequent tokens, token classes; "
-                "written to\n"
-                "DIR/groups.txt and DIR/groups.svg.\n");
-            return 0;
-        } else if (!strcmp(a, "--model"))
-            model = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--router"))
-            router = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--data"))
-            data = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--ctx"))
-            ctx = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--tokens"))
-            max_tokens = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--top"))
-            top = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--out"))
-            out = cli_value(argc, argv, i++);
-        else
-            fatal("groups: unknown option '%s'", a);
-    }
+    if (cli_parse("groups", argc, argv, 1, groups_usage,
+                  "--model:s --router:s --data:s --tokenizer:s --ctx:i --tokens:i --top:i --out:s",
+                  &model, &router, &data, &tok, &ctx, &max_tokens, &top, &out))
+        return 0;
     if (!model || !router || !data) fatal("groups: needs --model, --router and --data");
     FocusConfig fc;
     focus_config_default(&fc);

@@ -10,44 +10,26 @@
 #include "cli.h"
 #include "commands.h"
 
+static const char prepare_usage[] =
+    "usage: focus prepare --tokenizer T --out DIR [--val-fraction f] [--raw] FILES...\n"
+    "Tokenizes each file as one document and writes token shards DIR/train_000.bin (and\n"
+    "DIR/val_000.bin with the last fraction f of the tokens). Documents are separated by the\n"
+    "end-of-text token. Unless --raw, text is cleaned first: byte-order mark removed, Project\n"
+    "Gutenberg header and licence dropped when present, CRLF turned into LF.\n";
+
 int cmd_prepare(int argc, char** argv) {
     const char* tok = NULL;
     const char* out = NULL;
     double val_fraction = 0;
-    int clean = 1;
-    const char* files[4096];
-    int nfiles = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf(
-                "usage: focus prepare --tokenizer T --out DIR [--val-fraction f] [--raw] FILES...\n"
-                "Tokenizes each file as one document and writes token shards DIR/train_000.bin "
-                "(and\n"
-                "DIR/val_000.bin with the last fraction f of the tokens). Documents are separated "
-                "by the\n"
-                "end-of-text token. Unless --raw, text is cleaned first: byte-order mark removed, "
-                "Project\n"
-                "Gutenberg header and licence dropped when present, CRLF turned into LF.\n");
-            return 0;
-        } else if (!strcmp(argv[i], "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(argv[i], "--out"))
-            out = cli_value(argc, argv, i++);
-        else if (!strcmp(argv[i], "--val-fraction")) {
-            char* end;
-            const char* v = cli_value(argc, argv, i++);
-            val_fraction = strtod(v, &end);
-            if (*end || val_fraction < 0 || val_fraction >= 1)
-                fatal("prepare: --val-fraction must be in [0, 1), got '%s'", v);
-        } else if (!strcmp(argv[i], "--raw"))
-            clean = 0;
-        else if (argv[i][0] == '-')
-            fatal("prepare: unknown option '%s'", argv[i]);
-        else if (nfiles < 4096)
-            files[nfiles++] = argv[i];
-        else
-            fatal("prepare: too many files (at most 4096)");
-    }
+    int raw = 0;
+    CliList files = {0};
+    if (cli_parse("prepare", argc, argv, 1, prepare_usage,
+                  "--tokenizer:s --out:s --val-fraction:x --raw:f :*", &tok, &out, &val_fraction,
+                  &raw, &files))
+        return 0;
+    if (val_fraction < 0 || val_fraction >= 1)
+        fatal("prepare: --val-fraction must be in [0, 1), got %g", val_fraction);
+    const int clean = !raw, nfiles = files.n;
     if (!tok || !out || !nfiles) fatal("prepare: needs --tokenizer, --out and at least one file");
     Tokenizer* t = tokenizer_load(tok);
     int eot = tokenizer_eot(t);
@@ -61,7 +43,7 @@ int cmd_prepare(int argc, char** argv) {
     size_t bytes = 0;
     for (int f = 0; f < nfiles; f++) {
         size_t len;
-        char* text = read_file(files[f], &len);
+        char* text = read_file(files.v[f], &len);
         if (clean) len = text_clean(text, len);
         bytes += len;
         size_t k;
@@ -85,6 +67,7 @@ int cmd_prepare(int argc, char** argv) {
     }
     printf("%d files, %zu bytes, %zu tokens in %.1f s\n", nfiles, bytes, n, now_seconds() - t0);
     free(all);
+    free(files.v);
     tokenizer_free(t);
     return 0;
 }

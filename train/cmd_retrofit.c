@@ -17,48 +17,26 @@
 #include "commands.h"
 #include "loop.h"
 
-static void retrofit_help(void) {
-    printf(
-        "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
-        "                      [--device cpu|cuda]\n"
-        "       focus retrofit --resume RUN_DIR [--stop-after N] [--device cpu|cuda]\n"
-        "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 "
-        "(checkpoint),\n"
-        "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
-        "--stop-after N stops after step N (the schedule still spans all steps); --resume "
-        "continues.\n"
-        "Settings: see configs/*.conf; any of them can be overridden with --set.\n"
-        "--device cuda trains on the GPU (a scratch base is pretrained on the CPU first); a run\n"
-        "can be resumed on either device.\n");
-}
+static const char retrofit_usage[] =
+    "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
+    "                      [--device cpu|cuda]\n"
+    "       focus retrofit --resume RUN_DIR [--stop-after N] [--device cpu|cuda]\n"
+    "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 (checkpoint),\n"
+    "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
+    "--stop-after N stops after step N (the schedule still spans all steps); --resume continues.\n"
+    "Settings: see configs/*.conf; any of them can be overridden with --set.\n"
+    "--device cuda trains on the GPU (a scratch base is pretrained on the CPU first); a run\n"
+    "can be resumed on either device.\n";
 
 int cmd_retrofit(int argc, char** argv) {
     const char *cfg_path = NULL, *out = NULL, *resume = NULL;
-    const char* sets[64];
-    int nsets = 0;
-    long stop_after = 0;
-    const char* device = "cpu";
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--help")) {
-            retrofit_help();
-            return 0;
-        } else if (!strcmp(a, "--config"))
-            cfg_path = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--out"))
-            out = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--resume"))
-            resume = cli_value(argc, argv, i++);
-        else if (!strcmp(a, "--stop-after"))
-            stop_after = cli_int(a, cli_value(argc, argv, i++));
-        else if (!strcmp(a, "--device"))
-            device = cli_device(cli_value(argc, argv, i++)) ? "cuda" : "cpu";
-        else if (!strcmp(a, "--set")) {
-            if (nsets == 64) fatal("too many --set options");
-            sets[nsets++] = cli_value(argc, argv, i++);
-        } else
-            fatal("retrofit: unknown option '%s' (see focus retrofit --help)", a);
-    }
+    CliList sets = {0};
+    int stop_after = 0, on_gpu = 0;
+    if (cli_parse("retrofit", argc, argv, 1, retrofit_usage,
+                  "--config:s --out:s --resume:s --stop-after:i --device:d --set:*", &cfg_path,
+                  &out, &resume, &stop_after, &on_gpu, &sets))
+        return 0;
+    const char* device = on_gpu ? "cuda" : "cpu";
     if (!resume && (!cfg_path || !out))
         fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
     if (resume) out = resume;
@@ -79,7 +57,8 @@ int cmd_retrofit(int argc, char** argv) {
     } else {
         runconfig_load(&rc, cfg_path);
     }
-    for (int i = 0; i < nsets; i++) runconfig_set(&rc, sets[i]);
+    for (int i = 0; i < sets.n; i++) runconfig_set(&rc, sets.v[i]);
+    free(sets.v);
     if (rc.B < 1 || rc.T < 2 || rc.steps < 1 || rc.grad_accum < 1)
         fatal("retrofit: B, T (>= 2), steps and grad_accum must be positive");
     if (!rc.model[0]) fatal("retrofit: no base model (set model = PATH or model = scratch)");

@@ -7,27 +7,18 @@
 #include "cli.h"
 #include "commands.h"
 
+static const char tokenize_usage[] =
+    "usage: focus tokenize --tokenizer <model.gguf | tokenizer dir> [--decode] FILE\n"
+    "Prints the token ids of FILE space-separated on one line; with --decode, FILE holds\n"
+    "ids (space-separated) and the text is printed.\n";
+
 int cmd_tokenize(int argc, char** argv) {
     const char* tok = NULL;
     const char* file = NULL;
     int decode = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
-            printf(
-                "usage: focus tokenize --tokenizer <model.gguf | tokenizer dir> [--decode] FILE\n"
-                "Prints the token ids of FILE space-separated on one line; with --decode, FILE "
-                "holds\n"
-                "ids (space-separated) and the text is printed.\n");
-            return 0;
-        } else if (!strcmp(argv[i], "--tokenizer"))
-            tok = cli_value(argc, argv, i++);
-        else if (!strcmp(argv[i], "--decode"))
-            decode = 1;
-        else if (argv[i][0] == '-' && argv[i][1])
-            fatal("tokenize: unknown option '%s'", argv[i]);
-        else
-            file = argv[i];
-    }
+    if (cli_parse("tokenize", argc, argv, 1, tokenize_usage, "--tokenizer:s --decode:f :s", &tok,
+                  &decode, &file))
+        return 0;
     if (!tok || !file) fatal("tokenize: needs --tokenizer and a FILE (see focus tokenize --help)");
     Tokenizer* t = tokenizer_load(tok);
     size_t len;

@@ -324,30 +324,12 @@ extern "C" void routing_backward_cuda(float* dS, const float* dG, const float* S
     LAUNCH_CHECK();
 }
 
-/* A thread per token: routing_topk_mask of model/router.c. */
+/* A thread per token: routing_topk_mask of kernels/router.c. */
 __global__ void topk_mask_kernel(uint32_t* mask, const float* G, int B, int T, int K, int topk,
                                  float topp, int sinks, int pos0) {
     size_t n = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (n >= (size_t)B * T) return;
-    if (pos0 + (int)(n % (size_t)T) < sinks) {
-        mask[n] = K >= 32 ? 0xffffffffu : (1u << K) - 1u;
-        return;
-    }
-    const float* g = G + n * K;
-    const int cap = topk > 0 && topk < K ? topk : K;
-    uint32_t m = 0;
-    double mass = 0;
-    for (int r = 0; r < cap; r++) {
-        int best = -1;
-        for (int k = 0; k < K; k++) {
-            if (m & (1u << k)) continue;
-            if (best < 0 || g[k] > g[best]) best = k;
-        }
-        m |= 1u << best;
-        mass += g[best];
-        if (topp > 0 && mass >= topp) break;
-    }
-    mask[n] = m;
+    mask[n] = topk_mask_row(G + n * K, K, topk, topp, pos0 + (int)(n % (size_t)T), sinks);
 }
 
 extern "C" void routing_topk_mask_cuda(uint32_t* mask, const float* G, int B, int T, int K,
