@@ -281,19 +281,22 @@ static int need(Cursor* c, uint64_t n, const char* what) {
     return 0;
 }
 
+/* n bytes into v (left as it is when the file ends first: the cursor records the error) */
+static void rd_bytes(Cursor* c, void* v, size_t n, const char* what) {
+    if (need(c, n, what)) return;
+    memcpy(v, c->p, n);
+    c->p += n;
+}
+
 static uint32_t rd_u32(Cursor* c, const char* what) {
-    if (need(c, 4, what)) return 0;
-    uint32_t v;
-    memcpy(&v, c->p, 4);
-    c->p += 4;
+    uint32_t v = 0;
+    rd_bytes(c, &v, 4, what);
     return v;
 }
 
 static uint64_t rd_u64(Cursor* c, const char* what) {
-    if (need(c, 8, what)) return 0;
-    uint64_t v;
-    memcpy(&v, c->p, 8);
-    c->p += 8;
+    uint64_t v = 0;
+    rd_bytes(c, &v, 8, what);
     return v;
 }
 

@@ -74,6 +74,10 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
  * device pointers, as a holds), lambda and b from the host router. */
 AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a);
 
+/* The attn objective's normalisation 1 / (L' B T NH) over the L' routed layers (model.h), 0 when
+ * every layer is dense. */
+double model_attn_objective_norm(const Model* m);
+
 /* Layer l's slice of a tensor stacked over layers of n elements, or NULL for an absent tensor
  * (a bias the architecture does not have, a frozen weight's gradient). */
 static inline real* model_slice(const real* t, int l, size_t n) {

@@ -194,14 +194,11 @@ ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int 
 void model_host_buffers(Model* m, int B, int T, int keep) {
     free(m->acts_mem);
     free(m->rmask);
-    free(m->inputs);
-    free(m->targets);
-    free(m->losses);
     m->acts_mem = NULL;
     m->rmask = NULL;
-    m->inputs = mallocCheck(sizeof(int) * B * T);
-    m->targets = mallocCheck(sizeof(int) * B * T);
-    m->losses = mallocCheck(sizeof(real) * B * T);
+    m->inputs = reallocCheck(m->inputs, sizeof(int) * B * T);
+    m->targets = reallocCheck(m->targets, sizeof(int) * B * T);
+    m->losses = reallocCheck(m->losses, sizeof(real) * B * T);
     m->B = B;
     m->T = T;
     m->keep = keep;
@@ -275,6 +272,12 @@ void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_l
     m->fc.attn = attn;
     m->routed_dense = 0;
     m->backend->teacher(m, want_logp, want_mass);
+}
+
+double model_attn_objective_norm(const Model* m) {
+    int routed = 0;
+    for (int l = 0; l < m->cfg.L; l++) routed += !focus_layer_dense(&m->fc, l);
+    return routed ? 1.0 / ((double)routed * m->B * m->T * m->cfg.NH) : 0;
 }
 
 double model_attn_objective(Model* m, real weight, int backward) {

@@ -22,6 +22,13 @@ static LayerActs layer_acts(const Model* m, int l) {
     return model_layer_acts(m, &m->acts, m->rmask, l);
 }
 
+/* out (BT, rows) = in (BT, cols) W^T + b with layer l's W (rows, cols) and b (rows, or none) */
+static void linear(real* out, const real* in, const real* W, const real* b, int l, size_t BT,
+                   int cols, int rows) {
+    matmul_forward(out, in, model_slice(W, l, (size_t)rows * cols), model_slice(b, l, rows), BT,
+                   cols, rows);
+}
+
 static void norm_forward(const Model* m, real* out, real* mean, real* rstd, const real* inp,
                          const real* w, const real* b, size_t N) {
     if (m->cfg.arch == ARCH_GPT2)
@@ -55,8 +62,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         size_t lC = (size_t)l * C;
         norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
                      model_slice(p->ln1b, l, C), BT);
-        matmul_forward(la.qkv, la.ln1, model_slice(p->qkvw, l, (size_t)QKV * C),
-                       model_slice(p->qkvb, l, QKV), BT, C, QKV);
+        linear(la.qkv, la.ln1, p->qkvw, p->qkvb, l, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
         if (f->attn != ATTN_DENSE || m->routed_dense) {
@@ -84,19 +90,16 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
                 break;
         }
-        matmul_forward(la.res2, la.att, model_slice(p->attprojw, l, (size_t)C * C),
-                       model_slice(p->attprojb, l, C), BT, C, C);
+        linear(la.res2, la.att, p->attprojw, p->attprojb, l, BT, C, C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
-        matmul_forward(la.fch, la.ln2, model_slice(p->fcw, l, (size_t)FC * C),
-                       model_slice(p->fcb, l, FC), BT, C, FC);
+        linear(la.fch, la.ln2, p->fcw, p->fcb, l, BT, C, FC);
         if (c->arch == ARCH_GPT2)
             gelu_forward(la.fch_act, la.fch, BT * c->F);
         else
             swiglu_forward(la.fch_act, la.fch, BT, c->F);
-        matmul_forward(la.res3, la.fch_act, model_slice(p->fcprojw, l, (size_t)C * c->F),
-                       model_slice(p->fcprojb, l, C), BT, c->F, C);
+        linear(la.res3, la.fch_act, p->fcprojw, p->fcprojb, l, BT, c->F, C);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
         x = la.res3;
     }
@@ -155,10 +158,8 @@ static double cpu_attn_objective(Model* m, real weight, int backward) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     const size_t BT = (size_t)m->B * m->T, K = f->K;
-    int routed = 0;
-    for (int l = 0; l < c->L; l++) routed += !focus_layer_dense(f, l);
-    if (!routed) return 0;
-    const double norm = 1.0 / ((double)routed * BT * c->NH);
+    const double norm = model_attn_objective_norm(m);
+    if (!norm) return 0;
     real* dG = mallocCheck(sizeof(real) * BT * K);
     real* dS = mallocCheck(sizeof(real) * BT * K);
     real* dproj = mallocCheck(sizeof(real) * BT * f->dg);
@@ -328,18 +329,16 @@ static void cpu_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip, 
 
 static void cpu_adamw_sync(Model* m, AdamW* opt) { (void)m, (void)opt; }
 
-const ModelBackend model_cpu_backend = {
-    .name = "cpu",
-    .attach = NULL,
-    .forward = cpu_forward,
-    .backward = cpu_backward,
-    .zero_grad = cpu_zero_grad,
-    .teacher = cpu_teacher,
-    .attn_objective = cpu_attn_objective,
-    .pull = cpu_pull,
-    .push_router = cpu_push_router,
-    .grad_norm = cpu_grad_norm,
-    .adamw = cpu_adamw,
-    .adamw_sync = cpu_adamw_sync,
-    .release = NULL,
-};
+const ModelBackend model_cpu_backend = {.name = "cpu",
+                                        .attach = NULL,
+                                        .forward = cpu_forward,
+                                        .backward = cpu_backward,
+                                        .zero_grad = cpu_zero_grad,
+                                        .teacher = cpu_teacher,
+                                        .attn_objective = cpu_attn_objective,
+                                        .pull = cpu_pull,
+                                        .push_router = cpu_push_router,
+                                        .grad_norm = cpu_grad_norm,
+                                        .adamw = cpu_adamw,
+                                        .adamw_sync = cpu_adamw_sync,
+                                        .release = NULL};

@@ -82,35 +82,30 @@ static void cuda_push_router(Model* m) {
     cuda_upload(g->beta, m->beta, sizeof(float) * m->cfg.L * m->fc.K);
 }
 
+/* Free the device buffers at the given addresses and clear them. */
+static void free_all(void** bufs[], int n) {
+    for (int i = 0; i < n; i++) {
+        cuda_free(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+}
+
 static void free_acts(struct CudaModel* g) {
-    cuda_free(g->acts_mem);
-    cuda_free(g->rmask);
-    cuda_free(g->inputs);
-    cuda_free(g->targets);
-    cuda_free(g->losses);
-    g->acts_mem = NULL;
-    g->rmask = NULL;
-    g->inputs = g->targets = NULL;
-    g->losses = NULL;
+    void** acts[] = {(void**)&g->acts_mem, (void**)&g->rmask, (void**)&g->inputs,
+                     (void**)&g->targets, (void**)&g->losses};
+    free_all(acts, 5);
 }
 
 static void cuda_release(Model* m) {
     struct CudaModel* g = G(m);
     if (!g) return;
     free_acts(g);
-    cuda_free(g->params_mem);
-    cuda_free(g->router_mem);
-    cuda_free(g->rgrads_mem);
-    cuda_free(g->beta);
-    cuda_free(g->scratch);
-    cuda_free(g->adam_m);
-    cuda_free(g->adam_v);
-    cuda_free(g->tprob);
-    cuda_free(g->tnegent);
-    cuda_free(g->kl_losses);
-    cuda_free(g->atarget);
-    cuda_free(g->obj_scratch);
-    cuda_free(g->route_scratch);
+    void** rest[] = {(void**)&g->params_mem,   (void**)&g->router_mem, (void**)&g->rgrads_mem,
+                     (void**)&g->beta,         (void**)&g->scratch,    (void**)&g->adam_m,
+                     (void**)&g->adam_v,       (void**)&g->tprob,      (void**)&g->tnegent,
+                     (void**)&g->kl_losses,    (void**)&g->atarget,    (void**)&g->obj_scratch,
+                     (void**)&g->route_scratch};
+    free_all(rest, (int)(sizeof rest / sizeof rest[0]));
     hard_plan_free(g->plan);
     free(g);
     m->device = NULL;
@@ -141,6 +136,14 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
     m->acts.rG = nG ? m->acts_mem : NULL;
     m->acts.colofs = nofs ? m->acts_mem + nG : NULL;
     m->acts.rS = nS ? m->acts_mem + nG + nofs : NULL;
+}
+
+/* out (BT, rows) = in (BT, cols) W^T + b with layer l's W (rows, cols) and b (rows, or none) */
+static void linear(float* out, const float* in, const float* W, const float* b, int l, size_t BT,
+                   int cols, int rows) {
+    cuda_prof_mark("fwd gemm");
+    matmul_forward_cuda(out, in, model_slice(W, l, (size_t)rows * cols), model_slice(b, l, rows),
+                        BT, cols, rows);
 }
 
 static void norm_forward(const Model* m, float* out, float* mean, float* rstd, const float* inp,
@@ -179,9 +182,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
         cuda_prof_mark("fwd norm");
         norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
                      model_slice(p->ln1b, l, C), BT);
-        cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.qkv, la.ln1, model_slice(p->qkvw, l, (size_t)QKV * C),
-                            model_slice(p->qkvb, l, QKV), BT, C, QKV);
+        linear(la.qkv, la.ln1, p->qkvw, p->qkvb, l, BT, C, QKV);
         cuda_prof_mark("fwd rope");
         if (c->arch == ARCH_LLAMA)
             rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
@@ -214,24 +215,18 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
                     attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
                 break;
         }
-        cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.res2, la.att, model_slice(p->attprojw, l, (size_t)C * C),
-                            model_slice(p->attprojb, l, C), BT, C, C);
+        linear(la.res2, la.att, p->attprojw, p->attprojb, l, BT, C, C);
         cuda_prof_mark("fwd residual+norm");
         residual_add_cuda(la.res2, x, BT * C);
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
-        cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.fch, la.ln2, model_slice(p->fcw, l, (size_t)FC * C),
-                            model_slice(p->fcb, l, FC), BT, C, FC);
+        linear(la.fch, la.ln2, p->fcw, p->fcb, l, BT, C, FC);
         cuda_prof_mark("fwd gelu/swiglu");
         if (c->arch == ARCH_GPT2)
             gelu_forward_cuda(la.fch_act, la.fch, BT * c->F);
         else
             swiglu_forward_cuda(la.fch_act, la.fch, BT, c->F);
-        cuda_prof_mark("fwd gemm");
-        matmul_forward_cuda(la.res3, la.fch_act, model_slice(p->fcprojw, l, (size_t)C * c->F),
-                            model_slice(p->fcprojb, l, C), BT, c->F, C);
+        linear(la.res3, la.fch_act, p->fcprojw, p->fcprojb, l, BT, c->F, C);
         cuda_prof_mark("fwd residual");
         residual_add_cuda(la.res3, la.res2, BT * C);
         x = la.res3;
@@ -459,10 +454,8 @@ static double cuda_attn_objective(Model* m, float weight, int backward) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     const size_t BT = (size_t)g->B * g->T, K = f->K;
-    int routed = 0;
-    for (int l = 0; l < c->L; l++) routed += !focus_layer_dense(f, l);
-    if (!routed) return 0;
-    const double norm = 1.0 / ((double)routed * BT * c->NH);
+    const double norm = model_attn_objective_norm(m);
+    if (!norm) return 0;
     float* dG = g->obj_scratch;
     float* dS = dG + BT * K;
     float* dproj = dS + BT * K;
@@ -520,18 +513,16 @@ static void cuda_adamw_sync(Model* m, AdamW* opt) {
     cuda_download(opt->v, g->adam_v, sizeof(float) * opt->n);
 }
 
-const ModelBackend model_cuda_backend = {
-    .name = "cuda",
-    .attach = cuda_attach,
-    .forward = cuda_forward,
-    .backward = cuda_backward,
-    .zero_grad = cuda_zero_grad,
-    .teacher = cuda_teacher,
-    .attn_objective = cuda_attn_objective,
-    .pull = cuda_pull,
-    .push_router = cuda_push_router,
-    .grad_norm = cuda_grad_norm,
-    .adamw = cuda_adamw,
-    .adamw_sync = cuda_adamw_sync,
-    .release = cuda_release,
-};
+const ModelBackend model_cuda_backend = {.name = "cuda",
+                                         .attach = cuda_attach,
+                                         .forward = cuda_forward,
+                                         .backward = cuda_backward,
+                                         .zero_grad = cuda_zero_grad,
+                                         .teacher = cuda_teacher,
+                                         .attn_objective = cuda_attn_objective,
+                                         .pull = cuda_pull,
+                                         .push_router = cuda_push_router,
+                                         .grad_norm = cuda_grad_norm,
+                                         .adamw = cuda_adamw,
+                                         .adamw_sync = cuda_adamw_sync,
+                                         .release = cuda_release};

@@ -11,6 +11,15 @@
 #include "testutil.h"
 
 /* Per-pair reference: keep (i, j) iff j <= i and (i - j <= w or masks intersect). */
+/* max |logits - ref| after a pass of m in the given mode (keep = 1: the training path, with
+ * targets) */
+static double pass_diff(Model* m, const real* ref, AttnMode mode, int keep, const int* tok,
+                        const int* tgt, int B, int T) {
+    m->fc.attn = mode;
+    model_forward(m, tok, keep ? tgt : NULL, B, T, keep);
+    return tu_max_abs_diff(ref, model_logits(m), (size_t)B * T * m->cfg.V);
+}
+
 static void naive_hard_attention(real* out, const real* qkv, const uint32_t* mask, int B, int T,
                                  int NH, int NKV, int hs, int w, int sinks) {
     int C = NH * hs, QKV = (NH + 2 * NKV) * hs;
@@ -98,38 +107,27 @@ int main(void) {
         memcpy(fast, model_logits(&m), sizeof(real) * n);
         double kernels = tu_max_abs_diff(dense, fast, n);
 
-        m.fc.attn = ATTN_SOFT;
-        model_forward(&m, tok, tgt, B, T, 1);
-        double gated = tu_max_abs_diff(dense, model_logits(&m), n);
+#define DIFF(ref, mode, keep) pass_diff(&m, ref, mode, keep, tok, tgt, B, T)
+        double gated = DIFF(dense, ATTN_SOFT, 1);
         m.fc.w = T;
-        model_forward(&m, tok, tgt, B, T, 1);
-        double wide = tu_max_abs_diff(dense, model_logits(&m), n);
+        double wide = DIFF(dense, ATTN_SOFT, 1);
         m.fc.w = 5;
-        m.fc.attn = ATTN_HARD;
         m.fc.topk = fc.K;
-        model_forward(&m, tok, NULL, B, T, 0);
-        double hardK = tu_max_abs_diff(fast, model_logits(&m), n);
+        double hardK = DIFF(fast, ATTN_HARD, 0);
         m.fc.topk = 1;
-        model_forward(&m, tok, NULL, B, T, 0);
-        double hard1 = tu_max_abs_diff(fast, model_logits(&m), n);
+        double hard1 = DIFF(fast, ATTN_HARD, 0);
         /* every position a sink: every pair kept, in every mode */
         m.fc.sinks = T;
-        model_forward(&m, tok, NULL, B, T, 0);
-        double hard_sinks = tu_max_abs_diff(fast, model_logits(&m), n);
-        m.fc.attn = ATTN_SOFT;
-        model_forward(&m, tok, tgt, B, T, 1);
-        double soft_sinks = tu_max_abs_diff(dense, model_logits(&m), n);
+        double hard_sinks = DIFF(fast, ATTN_HARD, 0), soft_sinks = DIFF(dense, ATTN_SOFT, 1);
         /* one sink changes the hard model (position 0 is kept by every query) */
         m.fc.sinks = 1;
-        m.fc.attn = ATTN_HARD;
-        model_forward(&m, tok, NULL, B, T, 0);
-        double hard_sink1 = tu_max_abs_diff(fast, model_logits(&m), n);
+        double hard_sink1 = DIFF(fast, ATTN_HARD, 0);
         /* every layer dense: the router is off everywhere */
         m.fc.sinks = 0;
         m.fc.dense_layers[0] = (1u << cfg.L) - 1;
-        model_forward(&m, tok, NULL, B, T, 0);
-        double all_dense = tu_max_abs_diff(fast, model_logits(&m), n);
+        double all_dense = DIFF(fast, ATTN_HARD, 0);
         m.fc.dense_layers[0] = 0;
+#undef DIFF
         printf(
             "%s: sinks = T: hard %.2e, soft %.2e; one sink, hard k=1: %.2e; every layer in "
             "dense_layers: %.2e\n",

@@ -377,6 +377,20 @@ static double model_attn_loss(void* p) {
 }
 
 /* The kl and attn objectives' router gradients (METHOD.md section 9) by finite differences. */
+/* Finite differences on 200 entries of W_g and of C against the router gradients rg. */
+static void check_router_grads(const char* what, double (*loss)(void*), ModelCtx* c,
+                               const real* rg) {
+    Model* m = c->m;
+    char name[128];
+    snprintf(name, sizeof name, "%s: W_g", what);
+    report(name, fd_check(loss, c, m->router.wg, rg, m->router_sizes[0], 200, 1e-6), 2e-6);
+    snprintf(name, sizeof name, "%s: C", what);
+    report(
+        name,
+        fd_check(loss, c, m->router.cent, rg + m->router_sizes[0], m->router_sizes[1], 200, 1e-6),
+        2e-6);
+}
+
 static void check_objectives(void) {
     ModelConfig cfg;
     FocusConfig fc;
@@ -399,12 +413,7 @@ static void check_objectives(void) {
     model_backward(&m, GRAD_ROUTER);
     memcpy(rg, m.rgrads_mem, sizeof(real) * m.num_router);
     model_teacher_forward(&m, inp, B, T, 1, 0);
-    report("objective kl (2 sinks): W_g",
-           fd_check(model_kl_loss, &c, m.router.wg, rg, m.router_sizes[0], 200, 1e-6), 2e-6);
-    report("objective kl (2 sinks): C",
-           fd_check(model_kl_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1],
-                    200, 1e-6),
-           2e-6);
+    check_router_grads("objective kl (2 sinks)", model_kl_loss, &c, rg);
     m.kl_active = 0;
 
     /* attn: dense attention mass by group as each layer's routing target */
@@ -413,12 +422,7 @@ static void check_objectives(void) {
     double a = model_attn_objective(&m, 1, 1);
     CHECK(a > 0 && isfinite(a), "attn objective: expected a positive loss, got %g", a);
     memcpy(rg, m.rgrads_mem, sizeof(real) * m.num_router);
-    report("objective attn (2 sinks): W_g",
-           fd_check(model_attn_loss, &c, m.router.wg, rg, m.router_sizes[0], 200, 1e-6), 2e-6);
-    report("objective attn (2 sinks): C",
-           fd_check(model_attn_loss, &c, m.router.cent, rg + m.router_sizes[0], m.router_sizes[1],
-                    200, 1e-6),
-           2e-6);
+    check_router_grads("objective attn (2 sinks)", model_attn_loss, &c, rg);
     free(rg);
     model_free(&m);
 }

@@ -41,6 +41,12 @@ static void marginals(const real* G, double* row_err, double* col_err) {
     }
 }
 
+/* G from S by a routing mode (tau 0.1), and its marginals' errors */
+static void route(real* G, const real* S, Routing mode, int iters, double* row, double* col) {
+    routing_forward(G, NULL, S, NULL, mode, B, T, K, 0.1f, iters);
+    marginals(G, row, col);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 3);
@@ -63,16 +69,14 @@ int main(void) {
      * only roughly balanced; more iterations converge to T/K exactly. */
     CHECK(col_err < 0.3, "columns must sum to T/K within 30%% after 10 iterations (deviation %g)",
           col_err);
-    routing_forward(G2, NULL, S, NULL, ROUTE_SINKHORN, B, T, K, 0.1f, 60);
     double row60, col60;
-    marginals(G2, &row60, &col60);
+    route(G2, S, ROUTE_SINKHORN, 60, &row60, &col60);
     printf("sinkhorn, 60 iterations: max |row sum - 1| = %.2e, column deviation %.3f %%\n", row60,
            100 * col60);
     CHECK(col60 < 0.01, "columns must converge to T/K within 1%% after 60 iterations (%g)", col60);
 
-    routing_forward(G2, NULL, S, NULL, ROUTE_SINKHORN, B, T, K, 0.1f, 1);
     double row1, col1;
-    marginals(G2, &row1, &col1);
+    route(G2, S, ROUTE_SINKHORN, 1, &row1, &col1);
     printf("sinkhorn, 1 iteration: column deviation %.2f %%\n", 100 * col1);
     CHECK(col1 > col_err, "more iterations must balance better (1: %g, 10: %g)", col1, col_err);
 
@@ -88,9 +92,8 @@ int main(void) {
           worst);
 
     /* Prefix Sinkhorn: rows sum to 1 and the last token's prefix is the whole sequence. */
-    routing_forward(G2, NULL, S, NULL, ROUTE_PREFIX, B, T, K, 0.1f, 10);
     double prow, pcol;
-    marginals(G2, &prow, &pcol);
+    route(G2, S, ROUTE_PREFIX, 10, &prow, &pcol);
     printf("prefix_sinkhorn: max |row sum - 1| = %.2e, column deviation %.2f %%\n", prow,
            100 * pcol);
     CHECK(prow < 1e-5, "prefix rows must sum to 1 (%g)", prow);

@@ -18,8 +18,7 @@ static const char prepare_usage[] =
     "Gutenberg header and licence dropped when present, CRLF turned into LF.\n";
 
 int cmd_prepare(int argc, char** argv) {
-    const char* tok = NULL;
-    const char* out = NULL;
+    const char *tok = NULL, *out = NULL;
     double val_fraction = 0;
     int raw = 0;
     CliList files = {0};

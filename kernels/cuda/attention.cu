@@ -16,6 +16,45 @@
 
 #define MAXK 32 /* groups */
 
+/* The hard-gate mask of token t of a sequence (row0: its first token), 0 without one. */
+__device__ __forceinline__ uint32_t token_mask(const GateArgs& g, size_t row0, int t, int valid) {
+    return g.mode == GATE_HARD && valid ? g.mask[row0 + t] : 0u;
+}
+
+/* The backward pass's pair (i, j) of scaled score s (before the gate) and dP = dp: p = exp(s +
+ * gate - L) and the returned dS = p (dP - D); aff receives the groups' affinity (soft gate). */
+__device__ __forceinline__ float pair_ds(const GateArgs& g, int i, int j, float s, float dp,
+                                         float L, float D, const float* Gi, const float* Gj,
+                                         uint32_t mi, uint32_t mj, float& p, float& aff) {
+    aff = 0;
+    if (g.mode != GATE_NONE) s += gate_value(g, i, j, Gi, Gj, mi, mj, &aff);
+    p = __expf(s - L);
+    return p * (dp - D);
+}
+
+/* d loss / d x at the soft gate log sigmoid(x), x = lambda (aff - b), of a pair with dS = ds */
+__device__ __forceinline__ float gate_dx(const GateArgs& g, float aff, float ds) {
+    return ds / (1.f + __expf(g.lambda * (aff - g.bias)));
+}
+
+/* Between two barriers, keys k0 .. k0 + n - 1 of a sequence (base: its first qkv row, row0: its
+ * first token) into shared memory: their key and value rows (columns koff and voff of qkv),
+ * group vectors (soft gate) and masks (hard gate). */
+template <int HD>
+__device__ __forceinline__ void stage_keys(float* Ks, float* Vs, float* Gk, uint32_t* mk,
+                                           const GateArgs& g, const float* base, size_t row0,
+                                           int k0, int n, int QKV, int koff, int voff) {
+    __syncthreads();
+    load_tile<HD>(Ks, base + (size_t)k0 * QKV + koff, QKV, n);
+    load_tile<HD>(Vs, base + (size_t)k0 * QKV + voff, QKV, n);
+    if (g.mode == GATE_SOFT)
+        for (int idx = threadIdx.x; idx < n * g.K; idx += blockDim.x)
+            Gk[idx] = g.G[(row0 + k0) * g.K + idx];
+    if (g.mode == GATE_HARD && (int)threadIdx.x < n)
+        mk[threadIdx.x] = g.mask[row0 + k0 + threadIdx.x];
+    __syncthreads();
+}
+
 template <int HD>
 __global__ void __launch_bounds__(2 * ROWS)
     attn_fwd_kernel(float* out, float* lse, const float* qkv, GateArgs g, int T, int NH, int NKV,
@@ -41,39 +80,23 @@ __global__ void __launch_bounds__(2 * ROWS)
             int rr = idx / K;
             Gq[idx] = q0 + rr < T ? g.G[((size_t)b * T + q0 + rr) * K + idx % K] : 0.f;
         }
-    const uint32_t mi = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + i] : 0u;
+    const uint32_t mi = token_mask(g, (size_t)b * T, i, valid);
     float m = -INFINITY, l = 0.f;
     const int kend = min(q0 + ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         int n = min(TILE, kend - k0);
-        __syncthreads();
-        load_tile<HD>(Ks, base + (size_t)k0 * QKV + C + kvh * HD, QKV, n);
-        load_tile<HD>(Vs, base + (size_t)k0 * QKV + C + NKV * HD + kvh * HD, QKV, n);
-        if (g.mode == GATE_SOFT)
-            for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
-                Gk[idx] = g.G[((size_t)b * T + k0) * K + idx];
-        if (g.mode == GATE_HARD && (int)threadIdx.x < n)
-            mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
-        __syncthreads();
-        for (int j0 = 0; j0 < n; j0 += 8) {
-            float s[8];
-            float cmax = -INFINITY;
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int jl = j0 + u, j = k0 + jl;
-                float x = jl < n ? dot_half<HD>(q, Ks + jl * HD, part) : 0.f;
-                if (jl >= n || j > i) {
-                    x = -INFINITY;
-                } else if (g.mode != GATE_NONE) {
-                    float aff;
+        stage_keys<HD>(Ks, Vs, Gk, mk, g, base, (size_t)b * T, k0, n, QKV, C + kvh * HD,
+                       C + NKV * HD + kvh * HD);
+        for (int j0 = 0; j0 < n; j0 += 8)
+            flash_step8<HD>(o, m, l, q, Ks, Vs, j0, n, part, [&](int jl, float x) {
+                const int j = k0 + jl;
+                if (j > i) return -INFINITY;
+                float aff;
+                if (g.mode != GATE_NONE)
                     x += gate_value(g, i, j, Gq + r * K, Gk + jl * K, mi,
                                     g.mode == GATE_HARD ? mk[jl] : 0u, &aff);
-                }
-                s[u] = x;
-                cmax = fmaxf(cmax, x);
-            }
-            online_update8<HD>(o, m, l, s, cmax, Vs + j0 * HD, part);
-        }
+                return x;
+            });
     }
     if (valid) {
         store_half<HD>(out + ((size_t)b * T + i) * C + h * HD, o, part, 1.f / l, 0);
@@ -117,35 +140,24 @@ __global__ void __launch_bounds__(2 * ROWS)
             Gq[idx] = q0 + rr < T ? g.G[((size_t)b * T + q0 + rr) * K + idx % K] : 0.f;
             dGq[idx] = 0.f;
         }
-    const uint32_t mi = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + i] : 0u;
+    const uint32_t mi = token_mask(g, (size_t)b * T, i, valid);
     float dlam = 0, db = 0;
     const int kend = min(q0 + ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += TILE) {
         int n = min(TILE, kend - k0);
-        __syncthreads();
-        load_tile<HD>(Ks, base + (size_t)k0 * QKV + C + kvh * HD, QKV, n);
-        load_tile<HD>(Vs, base + (size_t)k0 * QKV + C + NKV * HD + kvh * HD, QKV, n);
-        if (soft)
-            for (int idx = threadIdx.x; idx < n * K; idx += blockDim.x)
-                Gk[idx] = g.G[((size_t)b * T + k0) * K + idx];
-        if (g.mode == GATE_HARD && (int)threadIdx.x < n)
-            mk[threadIdx.x] = g.mask[(size_t)b * T + k0 + threadIdx.x];
-        __syncthreads();
+        stage_keys<HD>(Ks, Vs, Gk, mk, g, base, (size_t)b * T, k0, n, QKV, C + kvh * HD,
+                       C + NKV * HD + kvh * HD);
         for (int jl = 0; jl < n; jl++) {
             int j = k0 + jl;
             float s = dot_half<HD>(q, Ks + jl * HD, part) * scale;
             float dp = dot_half<HD>(dO, Vs + jl * HD, part);
             if (!valid || j > i) continue;
-            float aff = 0;
-            if (g.mode != GATE_NONE)
-                s += gate_value(g, i, j, Gq + r * K, Gk + jl * K, mi,
-                                g.mode == GATE_HARD ? mk[jl] : 0u, &aff);
-            float p = __expf(s - L);
-            float ds = p * (dp - D);
+            float p, aff;
+            const float ds = pair_ds(g, i, j, s, dp, L, D, Gq + r * K, Gk + jl * K, mi,
+                                     g.mode == GATE_HARD ? mk[jl] : 0u, p, aff);
             axpy_half<HD>(dq, ds * scale, Ks + jl * HD, part);
             if (soft && gate_far(g, i, j)) {
-                float x = g.lambda * (aff - g.bias);
-                float dx = ds / (1.f + __expf(x));
+                const float dx = gate_dx(g, aff, ds);
                 if (part == 0) dlam += dx * (aff - g.bias), db -= dx * g.lambda;
                 for (int k = part; k < K; k += 2) dGq[r * K + k] += dx * g.lambda * Gk[jl * K + k];
             }
@@ -191,7 +203,7 @@ __global__ void __launch_bounds__(2 * ROWS)
             Gk[idx] = k0 + rr < T ? g.G[((size_t)b * T + k0 + rr) * K + idx % K] : 0.f;
             dGk[idx] = 0.f;
         }
-    const uint32_t mj = (g.mode == GATE_HARD && valid) ? g.mask[(size_t)b * T + j] : 0u;
+    const uint32_t mj = token_mask(g, (size_t)b * T, j, valid);
     for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
         for (int i0 = k0; i0 < T; i0 += TILE) {
             int n = min(TILE, T - i0);
@@ -212,17 +224,13 @@ __global__ void __launch_bounds__(2 * ROWS)
                 float s = dot_half<HD>(kk, Qs + il * HD, part) * scale;
                 float dp = dot_half<HD>(vv, dOs + il * HD, part);
                 if (!valid || j > i) continue;
-                float aff = 0;
-                if (g.mode != GATE_NONE)
-                    s += gate_value(g, i, j, Gq + il * K, Gk + r * K,
-                                    g.mode == GATE_HARD ? mq[il] : 0u, mj, &aff);
-                float p = __expf(s - Ls[il]);
-                float ds = p * (dp - Ds[il]);
+                float p, aff;
+                const float ds = pair_ds(g, i, j, s, dp, Ls[il], Ds[il], Gq + il * K, Gk + r * K,
+                                         g.mode == GATE_HARD ? mq[il] : 0u, mj, p, aff);
                 axpy_half<HD>(dv, p, dOs + il * HD, part);
                 axpy_half<HD>(dk, ds * scale, Qs + il * HD, part);
                 if (soft && gate_far(g, i, j)) {
-                    float x = g.lambda * (aff - g.bias);
-                    float dx = ds / (1.f + __expf(x));
+                    const float dx = gate_dx(g, aff, ds);
                     for (int k = part; k < K; k += 2)
                         dGk[r * K + k] += dx * g.lambda * Gq[il * K + k];
                 }

@@ -154,6 +154,83 @@ __device__ __forceinline__ float pair_gate(const GateArgs& g, int far, const GVe
     return logsig_fast(g.lambda * (aff - g.bias), sneg);
 }
 
+/* This thread's place in a 128-thread block: group gid and thread tig in the group of the
+ * m16n8 fragments, and the two rows r0, r1 (of the block's 64) whose elements it holds. */
+struct MmaLane {
+    int gid, tig, r0, r1;
+};
+__device__ __forceinline__ MmaLane mma_lane(void) {
+    const int warp = threadIdx.x >> 5, gid = (threadIdx.x & 31) >> 2;
+    return {gid, (int)threadIdx.x & 3, warp * 16 + gid, warp * 16 + gid + 8};
+}
+
+/* The (b, h) and 64-row query tile of this block, the last tile (the longest) first across all
+ * (b, h); kvh is the key/value head h reads. */
+struct QueryTile {
+    int b, h, kvh, q0;
+};
+__device__ __forceinline__ QueryTile longest_tile_first(int T, int NH, int NKV) {
+    const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
+    const int blk = nblk - 1 - (int)(blockIdx.x / nbh), bh = (int)(blockIdx.x % nbh);
+    return {bh / NH, bh % NH, (bh % NH) / (NH / NKV), blk * 64};
+}
+
+/* This thread's two rows r0, r1 of a staged tile: group vectors (soft gate) and masks. */
+__device__ __forceinline__ void row_gates(GVec (&gv)[2], uint32_t (&mv)[2], const float* Gs,
+                                          const uint32_t* ms, int r0, int r1, int soft) {
+    gv[0] = gv[1] = gvec_zero();
+    if (soft) gv[0] = gvec_load(Gs + r0 * MMA_MAXK), gv[1] = gvec_load(Gs + r1 * MMA_MAXK);
+    mv[0] = ms[r0], mv[1] = ms[r1];
+}
+
+/* Every (query row, key) pair this thread holds of a 64 x 64 score tile in mma layout: f(nt, e,
+ * hf, key, gj, mj) for element e of n-tile nt, row half hf, with the key's group vector and mask
+ * (zero unless the tile is gated). */
+template <class F>
+__device__ __forceinline__ void for_query_key_pairs(const float* Gk, const uint32_t* mk, int soft,
+                                                    int gated, int tig, F f) {
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            const int key = nt * 8 + tig * 2 + e2;
+            const GVec gj = soft && gated ? gvec_load(Gk + key * MMA_MAXK) : gvec_zero();
+            const uint32_t mj = gated ? mk[key] : 0u;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) f(nt, 2 * hf + e2, hf, key, gj, mj);
+        }
+    }
+}
+
+/* The key tile k0 .. k0 + n - 1 (n up to 64, keys before kend) of query tile q0: interior, every
+ * key precedes every query row (no masking); gated, some pair lies outside the local band. */
+struct KeyTile {
+    int n, interior, gated;
+};
+__device__ __forceinline__ KeyTile key_tile(const GateArgs& g, int q0, int k0, int kend) {
+    return {min(64, kend - k0), k0 + 64 <= q0, g.mode != GATE_NONE && q0 + 63 - k0 > g.w};
+}
+
+/* Between two barriers, keys k0 .. k0 + kn - 1 of a sequence (base: its first qkv row, row0: its
+ * first token) into shared memory: K at column koff and V at voff, each row-major and/or
+ * transposed (NULL skips a layout), and the keys' gates when the tile is gated. */
+__device__ __forceinline__ void stage_keys(__nv_bfloat16* Ks, __nv_bfloat16* Kt, __nv_bfloat16* Vs,
+                                           __nv_bfloat16* Vt, float* Gk, uint32_t* mk,
+                                           const GateArgs& g, int gated, const float* base,
+                                           size_t row0, int k0, int kn, int QKV, int koff,
+                                           int voff) {
+    __syncthreads();
+    stage_tile(Ks, Kt, base + (size_t)k0 * QKV + koff, QKV, kn);
+    stage_tile(Vs, Vt, base + (size_t)k0 * QKV + voff, QKV, kn);
+    if (gated) stage_gate(Gk, mk, g, row0 + k0, kn);
+    __syncthreads();
+}
+
+__device__ __forceinline__ void zero_acc(float (&a)[8][4]) {
+#pragma unroll
+    for (int dt = 0; dt < 8; dt++) a[dt][0] = a[dt][1] = a[dt][2] = a[dt][3] = 0.f;
+}
+
 /* ---- forward: out (B, T, NH*64), lse (B, NH, T) ---- */
 __global__ void __launch_bounds__(128)
     attn_mma_fwd_kernel(float* out, float* lse, const float* qkv, GateArgs g, int T, int NH,
@@ -163,62 +240,41 @@ __global__ void __launch_bounds__(128)
     __shared__ __align__(16) float Gq[64 * MMA_MAXK];
     __shared__ __align__(16) float Gk[64 * MMA_MAXK];
     __shared__ uint32_t mq[64], mk[64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
-    /* blocks of the last query tile (the longest) first, across all (b, h) */
-    const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
-    const int blk = nblk - 1 - (int)(blockIdx.x / nbh), bh = (int)(blockIdx.x % nbh);
-    const int h = bh % NH, b = bh / NH;
-    const int kvh = h / (NH / NKV), q0 = blk * 64;
-    const int soft = g.mode == GATE_SOFT;
+    const MmaLane ln = mma_lane();
+    const int gid = ln.gid, tig = ln.tig, r0 = ln.r0, r1 = ln.r1, soft = g.mode == GATE_SOFT;
+    const QueryTile qt = longest_tile_first(T, NH, NKV);
+    const int b = qt.b, h = qt.h, kvh = qt.kvh, q0 = qt.q0, QKV = (NH + 2 * NKV) * 64, C = NH * 64;
     const float* base = qkv + (size_t)b * T * QKV;
-    const int r0 = warp * 16 + gid, r1 = r0 + 8;
     uint32_t qa[4][4];
-    afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, warp * 16 + gid, T - q0, tig);
+    afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, r0, T - q0, tig);
     stage_gate(Gq, mq, g, (size_t)b * T + q0, min(64, T - q0));
     __syncthreads();
-    GVec gi[2] = {gvec_zero(), gvec_zero()};
-    if (soft) gi[0] = gvec_load(Gq + r0 * MMA_MAXK), gi[1] = gvec_load(Gq + r1 * MMA_MAXK);
-    const uint32_t mi[2] = {mq[r0], mq[r1]};
+    GVec gi[2];
+    uint32_t mi[2];
+    row_gates(gi, mi, Gq, mq, r0, r1, soft);
     float o[8][4];
-#pragma unroll
-    for (int dt = 0; dt < 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    zero_acc(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const int kend = min(q0 + 64, T);
     for (int k0 = 0; k0 < kend; k0 += 64) {
-        const int kn = min(64, kend - k0);
-        /* interior: every key of the tile precedes every query row (no masking); gated: some
-         * pair of the tile lies outside the local band */
-        const int interior = k0 + 64 <= q0;
-        const int gated = g.mode != GATE_NONE && q0 + 63 - k0 > g.w;
-        __syncthreads();
-        stage_tile(Ks, NULL, base + (size_t)k0 * QKV + C + kvh * 64, QKV, kn);
-        stage_tile(NULL, Vt, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, kn);
-        if (gated) stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
-        __syncthreads();
+        const KeyTile kt = key_tile(g, q0, k0, kend);
+        const int kn = kt.n, interior = kt.interior, gated = kt.gated;
+        stage_keys(Ks, NULL, NULL, Vt, Gk, mk, g, gated, base, (size_t)b * T, k0, kn, QKV,
+                   C + kvh * 64, C + NKV * 64 + kvh * 64);
         float s[8][4];
         mma_tile_rows(s, qa, Ks, gid, tig);
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                const int key = nt * 8 + tig * 2 + e2, j = k0 + key;
-                const GVec gj = soft && gated ? gvec_load(Gk + key * MMA_MAXK) : gvec_zero();
-                const uint32_t mj = gated ? mk[key] : 0u;
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int e = 2 * hf + e2, i = q0 + (hf ? r1 : r0);
-                    float x = -INFINITY;
-                    if (interior || (key < kn && i < T && j <= i)) {
-                        float aff, sneg;
-                        const float gate = pair_gate(g, gated && gate_far(g, i, j), gi[hf], gj,
-                                                     mi[hf], mj, aff, sneg);
-                        x = (s[nt][e] * scale + gate) * LOG2EF;
-                    }
-                    s[nt][e] = x;
-                }
-            }
-        }
+        for_query_key_pairs(Gk, mk, soft, gated, tig,
+                            [&](int nt, int e, int hf, int key, const GVec& gj, uint32_t mj) {
+                                const int i = q0 + (hf ? r1 : r0), j = k0 + key;
+                                float x = -INFINITY;
+                                if (interior || (key < kn && i < T && j <= i)) {
+                                    float aff, sneg;
+                                    const float gate = pair_gate(g, gated && gate_far(g, i, j),
+                                                                 gi[hf], gj, mi[hf], mj, aff, sneg);
+                                    x = (s[nt][e] * scale + gate) * LOG2EF;
+                                }
+                                s[nt][e] = x;
+                            });
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++) {
@@ -268,16 +324,11 @@ __global__ void __launch_bounds__(128)
     __shared__ __align__(16) float Gk[64 * MMA_MAXK];
     __shared__ uint32_t mq[64], mk[64];
     __shared__ float red[2][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-    const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
-    /* blocks of the last query tile (the longest) first, across all (b, h) */
-    const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
-    const int blk = nblk - 1 - (int)(blockIdx.x / nbh), bh = (int)(blockIdx.x % nbh);
-    const int h = bh % NH, b = bh / NH;
-    const int kvh = h / (NH / NKV), q0 = blk * 64;
-    const int soft = g.mode == GATE_SOFT;
+    const MmaLane ln = mma_lane();
+    const int gid = ln.gid, tig = ln.tig, r0 = ln.r0, r1 = ln.r1, soft = g.mode == GATE_SOFT;
+    const QueryTile qt = longest_tile_first(T, NH, NKV);
+    const int b = qt.b, h = qt.h, kvh = qt.kvh, q0 = qt.q0, QKV = (NH + 2 * NKV) * 64, C = NH * 64;
     const float* base = qkv + (size_t)b * T * QKV;
-    const int r0 = warp * 16 + gid, r1 = r0 + 8;
     uint32_t qa[4][4], da[4][4];
     afrag_global(qa, base + (size_t)q0 * QKV + h * 64, QKV, r0, T - q0, tig);
     afrag_global(da, dout + ((size_t)b * T + q0) * C + h * 64, C, r0, T - q0, tig);
@@ -288,54 +339,41 @@ __global__ void __launch_bounds__(128)
     const float D1 = i1r < T ? Dbuf[((size_t)b * NH + h) * T + i1r] : 0.f;
     stage_gate(Gq, mq, g, (size_t)b * T + q0, min(64, T - q0));
     __syncthreads();
-    GVec gi[2] = {gvec_zero(), gvec_zero()}, dgi[2] = {gvec_zero(), gvec_zero()};
-    if (soft) gi[0] = gvec_load(Gq + r0 * MMA_MAXK), gi[1] = gvec_load(Gq + r1 * MMA_MAXK);
-    const uint32_t mi[2] = {mq[r0], mq[r1]};
+    GVec gi[2], dgi[2] = {gvec_zero(), gvec_zero()};
+    uint32_t mi[2];
+    row_gates(gi, mi, Gq, mq, r0, r1, soft);
     float dq[8][4];
-#pragma unroll
-    for (int dt = 0; dt < 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+    zero_acc(dq);
     float dlam = 0.f, db = 0.f;
     const int kend = min(q0 + 64, T);
     for (int k0 = 0; k0 < kend; k0 += 64) {
-        const int kn = min(64, kend - k0);
-        const int interior = k0 + 64 <= q0;
-        const int gated = g.mode != GATE_NONE && q0 + 63 - k0 > g.w;
-        __syncthreads();
-        stage_tile(Ks, Kt, base + (size_t)k0 * QKV + C + kvh * 64, QKV, kn);
-        stage_tile(Vs, NULL, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, kn);
-        if (gated) stage_gate(Gk, mk, g, (size_t)b * T + k0, kn);
-        __syncthreads();
+        const KeyTile kt = key_tile(g, q0, k0, kend);
+        const int kn = kt.n, interior = kt.interior, gated = kt.gated;
+        stage_keys(Ks, Kt, Vs, NULL, Gk, mk, g, gated, base, (size_t)b * T, k0, kn, QKV,
+                   C + kvh * 64, C + NKV * 64 + kvh * 64);
         float s[8][4], dp[8][4];
         mma_tile_rows(s, qa, Ks, gid, tig);  /* S = Q K^T */
         mma_tile_rows(dp, da, Vs, gid, tig); /* dP = dO V^T */
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                const int key = nt * 8 + tig * 2 + e2, j = k0 + key;
-                const GVec gj = soft && gated ? gvec_load(Gk + key * MMA_MAXK) : gvec_zero();
-                const uint32_t mj = gated ? mk[key] : 0u;
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int e = 2 * hf + e2, i = hf ? i1r : i0r;
-                    float ds = 0.f;
-                    if (interior || (key < kn && i < T && j <= i)) {
-                        const int far = gated && gate_far(g, i, j);
-                        float aff, sneg;
-                        const float gate = pair_gate(g, far, gi[hf], gj, mi[hf], mj, aff, sneg);
-                        const float p = __expf(s[nt][e] * scale + gate - (hf ? L1 : L0));
-                        ds = p * (dp[nt][e] - (hf ? D1 : D0));
-                        if (soft && far) {
-                            const float d = ds * sneg; /* d/dx of log sigmoid(x) */
-                            dlam = fmaf(d, aff - g.bias, dlam);
-                            db = fmaf(-d, g.lambda, db);
-                            gvec_axpy(dgi[hf], d * g.lambda, gj);
-                        }
+        for_query_key_pairs(
+            Gk, mk, soft, gated, tig,
+            [&](int nt, int e, int hf, int key, const GVec& gj, uint32_t mj) {
+                const int i = hf ? i1r : i0r, j = k0 + key;
+                float ds = 0.f;
+                if (interior || (key < kn && i < T && j <= i)) {
+                    const int far = gated && gate_far(g, i, j);
+                    float aff, sneg;
+                    const float gate = pair_gate(g, far, gi[hf], gj, mi[hf], mj, aff, sneg);
+                    const float p = __expf(s[nt][e] * scale + gate - (hf ? L1 : L0));
+                    ds = p * (dp[nt][e] - (hf ? D1 : D0));
+                    if (soft && far) {
+                        const float d = ds * sneg; /* d/dx of log sigmoid(x) */
+                        dlam = fmaf(d, aff - g.bias, dlam);
+                        db = fmaf(-d, g.lambda, db);
+                        gvec_axpy(dgi[hf], d * g.lambda, gj);
                     }
-                    s[nt][e] = ds;
                 }
-            }
-        }
+                s[nt][e] = ds;
+            });
         mma_tile_swz(dq, s, Kt, gid, tig); /* dQ += dS K */
     }
 #pragma unroll
@@ -373,7 +411,8 @@ __global__ void __launch_bounds__(128)
     __shared__ __align__(16) float Gk[64 * MMA_MAXK];
     __shared__ float Ls[64], Ds[64];
     __shared__ uint32_t mq[64], mk[64];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    const MmaLane ln = mma_lane();
+    const int gid = ln.gid, tig = ln.tig, r0 = ln.r0, r1 = ln.r1;
     const int QKV = (NH + 2 * NKV) * 64, C = NH * 64;
     /* key tile 0 (the longest) first, across all (b, h) */
     const int nblk = (T + 63) / 64, nbh = gridDim.x / nblk;
@@ -382,21 +421,18 @@ __global__ void __launch_bounds__(128)
     const int k0 = blk * 64;
     const int soft = g.mode == GATE_SOFT;
     const float* base = qkv + (size_t)b * T * QKV;
-    const int r0 = warp * 16 + gid, r1 = r0 + 8; /* key rows of this thread, within the block */
     const int j0r = k0 + r0, j1r = k0 + r1;
     uint32_t ka[4][4], va[4][4];
     afrag_global(ka, base + (size_t)k0 * QKV + C + kvh * 64, QKV, r0, T - k0, tig);
     afrag_global(va, base + (size_t)k0 * QKV + C + NKV * 64 + kvh * 64, QKV, r0, T - k0, tig);
     stage_gate(Gk, mk, g, (size_t)b * T + k0, min(64, T - k0));
     __syncthreads();
-    GVec gk[2] = {gvec_zero(), gvec_zero()}, dgk[2] = {gvec_zero(), gvec_zero()};
-    if (soft) gk[0] = gvec_load(Gk + r0 * MMA_MAXK), gk[1] = gvec_load(Gk + r1 * MMA_MAXK);
-    const uint32_t mkr[2] = {mk[r0], mk[r1]};
+    GVec gk[2], dgk[2] = {gvec_zero(), gvec_zero()};
+    uint32_t mkr[2];
+    row_gates(gk, mkr, Gk, mk, r0, r1, soft);
     float dk[8][4], dv[8][4];
-#pragma unroll
-    for (int dt = 0; dt < 8; dt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
+    zero_acc(dk);
+    zero_acc(dv);
     for (int i0 = k0; i0 < T; i0 += 64) {
         const int n = min(64, T - i0);
         const int interior = i0 >= k0 + 64 && n == 64;

@@ -103,4 +103,21 @@ __device__ __forceinline__ void online_update8(float* o, float& m, float& l, con
     m = mnew;
 }
 
+/* One step of a flash row over a staged tile: the scores of rows j0 .. j0 + 7 of Ks, q . k made
+ * into score(jl, q . k) (the score itself, plus a gate, or -inf for a dropped pair; rows at or
+ * past n are -inf), then the online update with the same rows of Vs. */
+template <int HD, class Score>
+__device__ __forceinline__ void flash_step8(float* o, float& m, float& l, const float* q,
+                                            const float* Ks, const float* Vs, int j0, int n,
+                                            int part, Score score) {
+    float s[8], cmax = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int jl = j0 + u;
+        s[u] = jl < n ? score(jl, dot_half<HD>(q, Ks + jl * HD, part)) : -INFINITY;
+        cmax = fmaxf(cmax, s[u]);
+    }
+    online_update8<HD>(o, m, l, s, cmax, Vs + j0 * HD, part);
+}
+
 #endif

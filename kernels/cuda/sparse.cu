@@ -294,20 +294,10 @@ __global__ void __launch_bounds__(2 * ROWS)
         load_tile_rows<HD>(Ks, base + C + kvh * HD, QKV, krow, n);
         load_tile_rows<HD>(Vs, base + C + NKV * HD + kvh * HD, QKV, krow, n);
         __syncthreads();
-        for (int j0 = 0; j0 < n; j0 += 8) {
-            float s[8];
-            float cmax = -INFINITY;
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int jl = j0 + u;
-                float x = jl < n ? dot_half<HD>(q, Ks + jl * HD, part) : 0.f;
-                if (jl >= n || !valid || !pair_ok<MODE>(qc, k0 + jl, mq, mk[jl], g.low, pa.w))
-                    x = -INFINITY;
-                s[u] = x;
-                cmax = fmaxf(cmax, x);
-            }
-            online_update8<HD>(o, m, l, s, cmax, Vs + j0 * HD, part);
-        }
+        for (int j0 = 0; j0 < n; j0 += 8)
+            flash_step8<HD>(o, m, l, q, Ks, Vs, j0, n, part, [&](int jl, float x) {
+                return valid && pair_ok<MODE>(qc, k0 + jl, mq, mk[jl], g.low, pa.w) ? x : -INFINITY;
+            });
     }
     if (!valid) return;
     size_t orow = MODE == MODE_GROUP ? (size_t)qc : (size_t)g.b * T + qc;
