@@ -112,14 +112,14 @@ run_profile() {
 if [ "$MODE" = all ]; then
     # ---- the CUDA sources with this machine's nvcc ----
     log "nvcc compile check (sm_90, warnings are errors)"
-    for f in ops router attention attention_mma sparse; do
+    for f in $(cd kernels/cuda && ls *.cu | sed "s/\.cu$//"); do
         nvcc -arch=sm_90 -std=c++17 -O3 -lineinfo -Werror all-warnings \
             -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -Xptxas -v \
             -c kernels/cuda/$f.cu -o /tmp/$f.o > "/tmp/nvcc_$f.log" 2>&1 &
     done
     wait
     ok=1
-    for f in ops router attention attention_mma sparse; do [ -f /tmp/$f.o ] || ok=0; done
+    for f in $(cd kernels/cuda && ls *.cu | sed "s/\.cu$//"); do [ -f /tmp/$f.o ] || ok=0; done
     cat /tmp/nvcc_*.log | grep -E "error|spill" | grep -v " 0 bytes spill" | head -20
     echo "nvcc compile check: $([ $ok = 1 ] && echo passed || echo FAILED)" | tee "$OUT/nvcc.txt"
 
@@ -162,12 +162,12 @@ if [ "$MODE" = all ]; then
 elif [ "$MODE" = quality1 ]; then
     log "nvcc compile check (sm_90, warnings are errors)"
     ok=1
-    for f in ops router attention attention_mma sparse objective; do
+    for f in $(cd kernels/cuda && ls *.cu | sed "s/\.cu$//"); do
         nvcc -arch=sm_90 -std=c++17 -O3 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter \
             -c kernels/cuda/$f.cu -o /tmp/$f.o > "/tmp/nvcc_$f.log" 2>&1 &
     done
     wait
-    for f in ops router attention attention_mma sparse objective; do [ -f /tmp/$f.o ] || ok=0; done
+    for f in $(cd kernels/cuda && ls *.cu | sed "s/\.cu$//"); do [ -f /tmp/$f.o ] || ok=0; done
     cat /tmp/nvcc_*.log | grep -E "error" | head -20
     echo "nvcc compile check: $([ $ok = 1 ] && echo passed || echo FAILED)" | tee "$OUT/nvcc.txt"
     mkdir -p "$STASH" && cp .devcarry/model.part1 .devcarry/pkg.tar.xz "$STASH/"

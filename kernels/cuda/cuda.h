@@ -159,7 +159,7 @@ void cuda_fill_normal_bf16(uint16_t* x, size_t n, uint64_t seed);
 /* mask[i]: topk distinct groups of K drawn uniformly (synthetic balanced routing). */
 void cuda_random_masks(uint32_t* mask, size_t n, int K, int topk, uint64_t seed);
 
-/* ---- optimizer (train/optim.h) ---- */
+/* ---- optimizer (kernels/adamw.h) ---- */
 /* One AdamW update on the device; grads are multiplied by grad_scale first (clipping). t is the
  * update count after this step (bias correction). */
 void adamw_step_cuda(float* params, const float* grads, float* m, float* v, size_t n, float lr,

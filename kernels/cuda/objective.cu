@@ -1,7 +1,7 @@
 /* objective.cu: the training objectives that target the dense model (METHOD.md section 9) on the
  * GPU, mirroring teacher_probs_forward / kl_forward / kl_backward (kernels/cpu.c),
  * attention_group_mass (kernels/attention.c) and the arithmetic of model_attn_objective
- * (model/model.c). Tested against the CPU by tests/test_cuda.c. */
+ * (model/model_cpu.c). Tested against the CPU by tests/test_cuda.c. */
 #include "common.cuh"
 #include "cuda.h"
 

@@ -1,5 +1,5 @@
 /* router.cu: router scores, the three routing modes and their backward passes on the GPU,
- * mirroring model/router.c step for step. One thread block handles one sequence: row steps run
+ * mirroring kernels/router.c step for step. One thread block handles one sequence: row steps run
  * a thread per token, column steps all warps over the groups (log-sum-exp over the sequence), the
  * prefix column step a warp-wide running log-sum-exp. The backward pass replays the iterates,
  * stored in caller-provided scratch, exactly as the CPU code does. Project choice: sums are in
@@ -237,7 +237,7 @@ __device__ void col_step_backward_dev(float* d, const float* Lpost, int T, int K
     }
 }
 
-/* The suffix recurrence of prefix_col_backward (model/router.c): a thread per group. */
+/* The suffix recurrence of prefix_col_backward (kernels/router.c): a thread per group. */
 __device__ void prefix_col_backward_dev(float* d, const float* Lpre, float* pm, int T, int K) {
     prefix_lse_dev(pm, Lpre, T, K);
     for (int k = threadIdx.x; k < K; k += blockDim.x) {
