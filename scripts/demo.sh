@@ -14,7 +14,7 @@ run=runs/demo
 rm -rf "$run"
 ./build/focus retrofit --config configs/demo.conf --out "$run"
 ./build/focus groups --model "$model" --router "$run/router.h5" --data "$text/val.txt" --ctx 512 --tokens 4096 --out "$run/groups" >/dev/null
-python3 scripts/plot_run.py "$run" >/dev/null 2>&1 || true
+python3 scripts/plot_run.py "$run" >/dev/null
 echo
-echo "run files: $run/ (router.h5, metrics.jsonl, config.conf, groups/groups.txt, groups/groups.svg$( [ -f "$run/run.png" ] && echo ", run.png"))"
+echo "run files: $run/ (router.h5, metrics.jsonl, config.conf, groups/groups.txt, groups/groups.svg, run.png)"
 echo "evaluate: ./build/focus eval ppl --model $model --data $text/val.txt --ctx 512 --router $run/router.h5 --attn hard --topk 1,2"

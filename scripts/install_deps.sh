@@ -5,7 +5,6 @@ pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcr
 # The demo and the model fetch use Python only to download and unpack registry packages.
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
-[ "${1:-}" = "--demo" ] && ! python3 -c "import matplotlib" 2>/dev/null && pkgs+=(python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,4 +15,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The demo's plots (scripts/plot_run.py) need matplotlib in the python3 that runs them, which may
+# be a pyenv interpreter that does not see Debian's python3-matplotlib: install it with pip there.
+if [ "${1:-}" = "--demo" ] && ! python3 -c "import matplotlib" 2>/dev/null; then
+  echo "installing matplotlib for $(command -v python3)"
+  python3 -m pip install --quiet matplotlib
 fi
