@@ -3,7 +3,8 @@
 # an interrupted run resumed with --resume reproduces the uninterrupted run's losses bit for
 # bit; eval with the router works; a truncated router.h5 and a router on another base model are
 # refused, and so is a resume with other attention sinks; eval with several budgets and eval
-# layers work; the kl, attn and kl+attn objectives run. Needs ../shared/data (skips with 77).
+# layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
+# a malformed task file. Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -50,5 +51,13 @@ for obj in kl attn kl+attn; do
     grep -q "^step     2/2 | $obj " "$work/obj.log" && grep -q "after:" "$work/obj.log" && ok "objective $obj" || { bad "objective $obj"; tail -3 "$work/obj.log"; }
     rm -rf "$work/obj"
 done
+# zero-shot tasks through the router: the JSON result; a malformed task file refused in one line,
+# before any result file is written
+tm=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --attn hard)
+"$focus" eval tasks "${tm[@]}" --tasks arc_easy,lambada --limit 3 --shots 1 --out "$work/tasks.json" > "$work/tasks.log" 2>/dev/null
+grep -q '"arc_easy"' "$work/tasks.json" && grep -q '"perplexity"' "$work/tasks.json" && grep -q "| arc_easy | 3 |" "$work/tasks.log" && ok "eval tasks writes results" || { bad "eval tasks"; cat "$work/tasks.log"; }
+printf '{"question": {"stem": "s"}}\n' > "$work/bad.jsonl"
+err=$("$focus" eval tasks "${tm[@]}" --tasks arc_easy --task arc_easy="$work/bad.jsonl" --out "$work/bad.json" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && [ ! -e "$work/bad.json" ] && echo "$err" | grep -q "bad.jsonl: line 1" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "malformed task file refused: $err" || bad "bad task file: rc=$rc $err"
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

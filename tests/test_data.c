@@ -4,13 +4,17 @@
  * - Truncated shards, a wrong magic, a count that disagrees with the file size and ids outside the
  *   vocabulary are refused (checked in child processes, since refusals exit).
  * - text_clean drops the byte-order mark and the Project Gutenberg header and licence, and turns
- *   CRLF into LF. */
+ *   CRLF into LF.
+ * - Zero-shot task files (data/tasks.h) of each format read into the harness's prompts and
+ *   continuations; malformed files (a missing field, an answer that is no label, a short
+ *   HellaSwag record, a PIQA labels file of the wrong length) are refused. */
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "../io/io.h"
 #include "../data/shard.h"
+#include "../data/tasks.h"
 #include "../data/text.h"
 #include "testutil.h"
 
@@ -27,6 +31,82 @@ static int refused(const char* path) {
     int st;
     waitpid(pid, &st, 0);
     return WIFEXITED(st) && WEXITSTATUS(st) == 1;
+}
+
+/* taskset_load of one file (of a task that needs one) in a child: 1 if it exits with 1. */
+static int task_refused(const char* name, const char* path) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stderr)) _exit(3);
+        TaskSet ts;
+        taskset_load(&ts, name, &path, 1);
+        taskset_free(&ts);
+        _exit(0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 1;
+}
+
+static void write_text(const char* path, const char* s) {
+    FILE* f = fopen(path, "w");
+    fputs(s, f);
+    fclose(f);
+}
+
+static void check_tasks(void) {
+    TaskSet ts;
+    const char* p = tu_path("arc.jsonl");
+    write_text(
+        p,
+        "{\"id\": \"x\", \"question\": {\"stem\": \"Why?\", \"choices\": [{\"text\": \"a\", "
+        "\"label\": \"A\"}, {\"text\": \"b c\", \"label\": \"B\"}]}, \"answerKey\": \"B\"}\n\n");
+    taskset_load(&ts, "arc_easy", &p, 1);
+    CHECK(ts.n == 1 && !strcmp(ts.items[0].context, "Question: Why?\nAnswer:") &&
+              ts.items[0].nchoices == 2 && !strcmp(ts.items[0].choices[1], " b c") &&
+              ts.items[0].gold == 1,
+          "ARC item read wrong");
+    taskset_free(&ts);
+    p = tu_path("lambada.jsonl");
+    write_text(p, "{\"text\": \"He said \\\"hi\\\" to the dog\"}\n");
+    taskset_load(&ts, "lambada", &p, 1);
+    CHECK(ts.n == 1 && !strcmp(ts.items[0].context, "He said \"hi\" to the") &&
+              !strcmp(ts.items[0].choices[0], " dog"),
+          "LAMBADA item read wrong: '%s' / '%s'", ts.items[0].context, ts.items[0].choices[0]);
+    taskset_free(&ts);
+    p = tu_path("valid.jsonl");
+    write_text(p, "{\"goal\": \"g\", \"sol1\": \"one\", \"sol2\": \"two\"}\n");
+    write_text(tu_path("valid-labels.lst"), "1\n");
+    taskset_load(&ts, "piqa", &p, 1);
+    CHECK(ts.n == 1 && ts.items[0].gold == 1 && !strcmp(ts.items[0].choices[0], " one"),
+          "PIQA item read wrong");
+    taskset_free(&ts);
+    p = tu_path("hs.txt");
+    write_text(p, "Roof: A man [title] climbs  up. he\n2\ne0\ne1 [step] x\ne2\ne3\n");
+    taskset_load(&ts, "hellaswag", &p, 1);
+    CHECK(ts.n == 1 && !strcmp(ts.items[0].context, "Roof: A man. climbs up. he") &&
+              !strcmp(ts.items[0].choices[1], " e1 x") && ts.items[0].gold == 2,
+          "HellaSwag item read wrong: '%s' / '%s'", ts.items[0].context, ts.items[0].choices[1]);
+    taskset_free(&ts);
+    int refusals = 0;
+    write_text(tu_path("bad.jsonl"), "{\"question\": {\"stem\": \"s\"}, \"answerKey\": \"A\"}\n");
+    refusals += task_refused("arc_easy", tu_path("bad.jsonl"));
+    write_text(
+        tu_path("bad2.jsonl"),
+        "{\"question\": {\"stem\": \"s\", \"choices\": [{\"text\": \"a\", \"label\": \"A\"}, "
+        "{\"text\": \"b\", \"label\": \"B\"}]}, \"answerKey\": \"C\"}\n");
+    refusals += task_refused("arc_challenge", tu_path("bad2.jsonl"));
+    write_text(tu_path("bad.txt"), "ctx\n1\ne0\ne1\n");
+    refusals += task_refused("hellaswag", tu_path("bad.txt"));
+    write_text(tu_path("valid-labels.lst"), "1\n0\n");
+    refusals += task_refused("piqa", tu_path("valid.jsonl"));
+    write_text(tu_path("notjson.jsonl"), "text = 1\n");
+    refusals += task_refused("lambada", tu_path("notjson.jsonl"));
+    CHECK(refusals == 5, "malformed task files: %d of 5 refused", refusals);
+    printf(
+        "  tasks: ARC, LAMBADA, PIQA, HellaSwag read into harness prompts; %d bad files refused\n",
+        refusals);
 }
 
 static void write_bytes(const char* path, const void* b, size_t n) {
@@ -97,5 +177,6 @@ int main(void) {
     char plain[] = "no markers\r\nhere";
     text_clean(plain, strlen(plain));
     CHECK(!strcmp(plain, "no markers\nhere"), "text_clean without markers gave '%s'", plain);
+    check_tasks();
     return tu_finish("test_data");
 }

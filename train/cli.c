@@ -292,3 +292,43 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
     }
     return 0;
 }
+
+void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* router,
+                    const char* attn, const char* topk, const char* routing, const CliList* sets,
+                    int device) {
+    FocusConfig fc = cli_serving_focus();
+    model_load(m, model, &fc, info);
+    apply_router_options(m, router, attn, topk, routing);
+    /* the model's own settings come from its file and the router's shape from router.h5: only
+     * the other Focus keys take effect here */
+    for (int i = 0; sets && i < sets->n; i++) {
+        ModelConfig from_file = m->cfg;
+        FocusConfig want = m->fc;
+        cli_apply_set(&from_file, &want, sets->v[i]);
+        if (want.K != m->fc.K || want.dg != m->fc.dg)
+            fatal("--set %s: K and dg are the router's shape, fixed by %s", sets->v[i],
+                  router ? router : "the model");
+        config_validate(&m->cfg, &want);
+        if (router && want.sinks != m->fc.sinks)
+            fprintf(stderr,
+                    "note: sinks = %d for this evaluation (the router was trained with %d)\n",
+                    want.sinks, m->fc.sinks);
+        m->fc = want;
+    }
+    model_place(m, device ? "cuda" : "cpu");
+}
+
+const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
+    static const char* names[] = {"dense", "soft", "hard"};
+    char tk[32], dl[1024];
+    if (m->fc.attn == ATTN_DENSE) {
+        snprintf(buf, n, "dense (router off)");
+        return buf;
+    }
+    snprintf(buf, n, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s%s%s",
+             names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "", routing_name(m->fc.routing),
+             m->fc.K, m->fc.w, m->fc.sinks, focus_dense_layers_str(&m->fc, dl, sizeof dl),
+             m->fc.attn == ATTN_HARD ? ", k=" : "",
+             m->fc.attn == ATTN_HARD ? focus_topk_str(&m->fc, tk) : "");
+    return buf;
+}

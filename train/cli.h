@@ -3,6 +3,7 @@
 #ifndef FOCUS_CLI_H
 #define FOCUS_CLI_H
 
+#include "../checkpoints/load.h"
 #include "../model/model.h"
 
 /* Parse argv[first..argc) of command cmd. spec lists the options as "--name:K" separated by
@@ -45,6 +46,15 @@ void path_join(char* out, size_t n, const char* dir, const char* name);
  * configuration. */
 void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
                           const char* routing);
+
+/* A model to evaluate: model_load with the serving defaults (cli_serving_focus), then --router,
+ * --attn, --topk, --routing (NULL: as is), the --set overrides (the router's shape K, dg refused),
+ * and placed on the device (0 cpu, 1 cuda). */
+void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* router,
+                    const char* attn, const char* topk, const char* routing, const CliList* sets,
+                    int device);
+/* "dense", or the attention mode, routing, K, w, sinks, dense layers and budget, for reports. */
+const char* cli_attention_desc(const Model* m, char* buf, size_t n);
 
 /* Tokens from a shard folder (shards named prefix* first, else all *.bin), a folder of *.txt
  * documents, one shard, or a text file. Text is tokenized with tok_path; a folder's documents

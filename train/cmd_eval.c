@@ -87,20 +87,10 @@ static const char eval_usage[] =
 static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n, const char* data,
                         int ctx, int stride) {
     PplResult r = eval_perplexity(m, ids, n, ctx, stride, 0);
-    static const char* attn_names[] = {"dense", "soft", "hard"};
     printf("model %s (%s)  data %s  ctx %d stride %d\n", info->name, info->format, data, ctx,
            stride);
-    char mode[1400] = "dense (router off)";
-    if (m->fc.attn != ATTN_DENSE) {
-        char tk[32], dl[1024];
-        snprintf(mode, sizeof mode, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s",
-                 attn_names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "",
-                 routing_name(m->fc.routing), m->fc.K, m->fc.w, m->fc.sinks,
-                 focus_dense_layers_str(&m->fc, dl, sizeof dl));
-        if (m->fc.attn == ATTN_HARD)
-            snprintf(mode + strlen(mode), sizeof mode - strlen(mode), ", k=%s",
-                     focus_topk_str(&m->fc, tk));
-    }
+    char mode[1400];
+    cli_attention_desc(m, mode, sizeof mode);
     const char* mark =
         m->fc.attn != ATTN_DENSE && m->fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
     printf("attention %s\n", mode);
@@ -115,15 +105,15 @@ int cmd_eval(int argc, char** argv) {
         fputs(eval_usage, stdout);
         return argc < 2 ? 1 : 0;
     }
+    if (!strcmp(argv[1], "tasks")) return cmd_eval_tasks(argc, argv);
     const int layers = !strcmp(argv[1], "layers");
     if (strcmp(argv[1], "ppl") && !layers)
-        fatal("eval: unknown evaluation '%s' (ppl or layers)", argv[1]);
+        fatal("eval: unknown evaluation '%s' (ppl, layers or tasks)", argv[1]);
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
     int max_tokens = 0, device = 0;
     const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL;
     CliList sets = {0};
-    FocusConfig fc = cli_serving_focus();
     if (cli_parse("eval", argc, argv, 2, eval_usage,
                   "--model:s --tokenizer:s --data:s --ctx:i --stride:i --max-tokens:i "
                   "--router:s --attn:s --topk:s --routing:s --device:d --set:*",
@@ -137,25 +127,8 @@ int cmd_eval(int argc, char** argv) {
     if (stride < 1 || stride > ctx) fatal("eval ppl: --stride must be in 1..ctx");
     Model m;
     ModelInfo info;
-    model_load(&m, model, &fc, &info);
-    apply_router_options(&m, router, attn, topk && !strchr(topk, ',') ? topk : NULL, routing);
-    /* the model's own settings come from its file and the router's shape from router.h5: only
-     * the other Focus keys take effect here */
-    for (int i = 0; i < sets.n; i++) {
-        ModelConfig from_file = m.cfg;
-        FocusConfig want = m.fc;
-        cli_apply_set(&from_file, &want, sets.v[i]);
-        if (want.K != m.fc.K || want.dg != m.fc.dg)
-            fatal("eval: --set %s: K and dg are the router's shape, fixed by %s", sets.v[i],
-                  router ? router : "the model");
-        config_validate(&m.cfg, &want);
-        if (router && want.sinks != m.fc.sinks)
-            fprintf(stderr,
-                    "note: sinks = %d for this evaluation (the router was trained with %d)\n",
-                    want.sinks, m.fc.sinks);
-        m.fc = want;
-    }
-    model_place(&m, device ? "cuda" : "cpu");
+    cli_load_model(&m, &info, model, router, attn, topk && !strchr(topk, ',') ? topk : NULL, routing,
+                   &sets, device);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > (size_t)max_tokens) n = (size_t)max_tokens;

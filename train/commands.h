@@ -9,6 +9,7 @@ int cmd_groups(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
+int cmd_eval_tasks(int argc, char** argv); /* eval tasks */
 int cmd_generate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_settings(int argc, char** argv);
