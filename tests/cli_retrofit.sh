@@ -4,7 +4,7 @@
 # bit; eval with the router works; a truncated router.h5 and a router on another base model are
 # refused, and so is a resume with other attention sinks; eval with several budgets and eval
 # layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
-# a malformed task file. Needs ../shared/data (skips with 77).
+# a malformed task file; eval passkey and eval curve run every mode. Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -59,5 +59,13 @@ grep -q '"arc_easy"' "$work/tasks.json" && grep -q '"perplexity"' "$work/tasks.j
 printf '{"question": {"stem": "s"}}\n' > "$work/bad.jsonl"
 err=$("$focus" eval tasks "${tm[@]}" --tasks arc_easy --task arc_easy="$work/bad.jsonl" --out "$work/bad.json" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && [ ! -e "$work/bad.json" ] && echo "$err" | grep -q "bad.jsonl: line 1" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "malformed task file refused: $err" || bad "bad task file: rc=$rc $err"
+# long-context evaluations: passkey grid and perplexity curve through every mode; a length beyond
+# the model's context refused in one line with no result file
+"$focus" eval passkey "${tm[@]:0:6}" --modes dense,soft,hard:1 --lengths 100,200 --depths 0,1 --trials 1 --out "$work/pk.tsv" > "$work/pk.log" 2>/dev/null
+[ "$(grep -c "" "$work/pk.tsv")" -eq 13 ] && grep -q "hard:1: .* retrieved" "$work/pk.log" && ok "eval passkey: 12 trials" || { bad "eval passkey"; cat "$work/pk.log"; }
+err=$("$focus" eval passkey "${tm[@]:0:6}" --lengths 100000 --out "$work/pk2.tsv" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && [ ! -e "$work/pk2.tsv" ] && echo "$err" | grep -q "context" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "passkey beyond the context refused: $err" || bad "passkey length: rc=$rc $err"
+"$focus" eval curve "${tm[@]:0:6}" --data ../shared/data/tinyshakespeare/input.txt --max-tokens 600 --ctx 64,128 --modes dense,hard:2 --out "$work/curve.tsv" > "$work/curve.log" 2>/dev/null
+[ "$(grep -c "" "$work/curve.tsv")" -eq 5 ] && grep -q "| hard:2 |" "$work/curve.log" && ok "eval curve: 2 modes x 2 lengths" || { bad "eval curve"; cat "$work/curve.log"; }
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -326,9 +326,26 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
         return buf;
     }
     snprintf(buf, n, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s%s%s",
-             names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "", routing_name(m->fc.routing),
-             m->fc.K, m->fc.w, m->fc.sinks, focus_dense_layers_str(&m->fc, dl, sizeof dl),
-             m->fc.attn == ATTN_HARD ? ", k=" : "",
+             names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "",
+             routing_name(m->fc.routing), m->fc.K, m->fc.w, m->fc.sinks,
+             focus_dense_layers_str(&m->fc, dl, sizeof dl), m->fc.attn == ATTN_HARD ? ", k=" : "",
              m->fc.attn == ATTN_HARD ? focus_topk_str(&m->fc, tk) : "");
     return buf;
+}
+
+void cli_set_mode(Model* m, const char* mode, int have_router) {
+    if (!strcmp(mode, "dense")) {
+        m->fc.attn = ATTN_DENSE;
+        return;
+    }
+    if (!have_router) fatal("mode %s needs --router router.h5", mode);
+    if (!strcmp(mode, "soft")) {
+        m->fc.attn = ATTN_SOFT;
+    } else if (!strncmp(mode, "hard:", 5)) {
+        m->fc.attn = ATTN_HARD;
+        if (config_set(&m->cfg, &m->fc, "topk", mode + 5) || m->fc.topk > m->fc.K)
+            fatal("mode %s: the budget must be 1..K=%d groups or pP / pP:k", mode, m->fc.K);
+    } else {
+        fatal("unknown mode '%s' (dense, soft, hard:k, hard:pP)", mode);
+    }
 }

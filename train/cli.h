@@ -53,6 +53,9 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
 void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* router,
                     const char* attn, const char* topk, const char* routing, const CliList* sets,
                     int device);
+/* One evaluation mode of a mode list: "dense" (router off), "soft", "hard:k" or "hard:pP" (a
+ * budget, as --topk); the router modes need a loaded router. */
+void cli_set_mode(Model* m, const char* mode, int have_router);
 /* "dense", or the attention mode, routing, K, w, sinks, dense layers and budget, for reports. */
 const char* cli_attention_desc(const Model* m, char* buf, size_t n);
 

@@ -106,9 +106,11 @@ int cmd_eval(int argc, char** argv) {
         return argc < 2 ? 1 : 0;
     }
     if (!strcmp(argv[1], "tasks")) return cmd_eval_tasks(argc, argv);
+    if (!strcmp(argv[1], "passkey")) return cmd_eval_passkey(argc, argv);
+    if (!strcmp(argv[1], "curve")) return cmd_eval_curve(argc, argv);
     const int layers = !strcmp(argv[1], "layers");
     if (strcmp(argv[1], "ppl") && !layers)
-        fatal("eval: unknown evaluation '%s' (ppl, layers or tasks)", argv[1]);
+        fatal("eval: unknown evaluation '%s' (ppl, layers, tasks, passkey or curve)", argv[1]);
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
     int max_tokens = 0, device = 0;
@@ -127,8 +129,8 @@ int cmd_eval(int argc, char** argv) {
     if (stride < 1 || stride > ctx) fatal("eval ppl: --stride must be in 1..ctx");
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, router, attn, topk && !strchr(topk, ',') ? topk : NULL, routing,
-                   &sets, device);
+    cli_load_model(&m, &info, model, router, attn, topk && !strchr(topk, ',') ? topk : NULL,
+                   routing, &sets, device);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > (size_t)max_tokens) n = (size_t)max_tokens;

@@ -22,6 +22,7 @@
 #include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
+#include "evaluate.h"
 
 static const char tasks_usage[] =
     "usage: focus eval tasks --model M [--tokenizer T] [--tasks "
@@ -109,7 +110,7 @@ static int score_item(Model* m, const Tokenizer* tok, const char* prompt, const 
     int** whole = mallocCheck(sizeof(int*) * nc);
     size_t* nw = mallocCheck(sizeof(size_t) * nc);
     size_t* first = mallocCheck(sizeof(size_t) * nc); /* index of the first continuation token */
-    int T = 1, longest = 0;
+    int longest = 0;
     for (int c = 0; c < nc; c++) {
         size_t plen = strlen(prompt), clen = strlen(it->choices[c]);
         char* text = mallocCheck(plen + clen + 1);
@@ -126,33 +127,11 @@ static int score_item(Model* m, const Tokenizer* tok, const char* prompt, const 
         first[c] = f - drop;
         memmove(whole[c], whole[c] + drop, sizeof(int) * (nw[c] - drop));
         nw[c] -= drop;
-        if ((int)nw[c] - 1 > T) T = (int)nw[c] - 1;
         if ((int)nw[c] > longest) longest = (int)nw[c];
     }
-    int* inp = callocCheck((size_t)nc * T, sizeof(int));
-    int* tgt = mallocCheck(sizeof(int) * (size_t)nc * T);
-    for (int i = 0; i < nc * T; i++) tgt[i] = -1;
-    for (int c = 0; c < nc; c++)
-        for (size_t t = 0; t + 1 < nw[c]; t++) {
-            inp[c * T + (int)t] = whole[c][t];
-            if (t + 1 >= first[c]) tgt[c * T + (int)t] = whole[c][t + 1];
-        }
-    model_forward(m, inp, tgt, nc, T, 0);
-    const real* logits = model_logits(m);
-    const int V = m->cfg.V;
-    for (int c = 0; c < nc; c++) {
-        ll[c] = 0;
-        greedy[c] = 1;
-        for (int t = 0; t < T; t++) {
-            const int y = tgt[c * T + t];
-            if (y < 0) continue;
-            ll[c] -= m->losses[c * T + t];
-            const real* row = logits + ((size_t)c * T + t) * V;
-            for (int v = 0; v < V && greedy[c]; v++) greedy[c] = !(row[v] > row[y]);
-        }
-    }
+    eval_continuations(m, whole, nw, first, nc, ll, greedy);
     for (int c = 0; c < nc; c++) free(whole[c]);
-    free(whole), free(nw), free(first), free(ctx), free(inp), free(tgt);
+    free(whole), free(nw), free(first), free(ctx);
     return longest;
 }
 

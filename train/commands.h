@@ -9,7 +9,9 @@ int cmd_groups(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
-int cmd_eval_tasks(int argc, char** argv); /* eval tasks */
+int cmd_eval_tasks(int argc, char** argv);   /* eval tasks */
+int cmd_eval_passkey(int argc, char** argv); /* eval passkey */
+int cmd_eval_curve(int argc, char** argv);   /* eval curve */
 int cmd_generate(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_settings(int argc, char** argv);

@@ -114,3 +114,37 @@ double focus_gate_far_mean(const Model* m, Rng* rng) {
     }
     return s / n;
 }
+
+void eval_continuations(Model* m, int* const* seqs, const size_t* n, const size_t* first, int nc,
+                        double* ll, int* greedy) {
+    int T = 1;
+    for (int c = 0; c < nc; c++) {
+        if (n[c] < 2 || first[c] < 1 || first[c] >= n[c])
+            fatal("internal: eval_continuations needs 1 <= first < n");
+        if ((int)n[c] - 1 > T) T = (int)n[c] - 1;
+    }
+    int* inp = callocCheck((size_t)nc * T, sizeof(int)); /* padding: token 0, never scored */
+    int* tgt = mallocCheck(sizeof(int) * (size_t)nc * T);
+    for (int i = 0; i < nc * T; i++) tgt[i] = -1;
+    for (int c = 0; c < nc; c++)
+        for (size_t t = 0; t + 1 < n[c]; t++) {
+            inp[c * T + (int)t] = seqs[c][t];
+            if (t + 1 >= first[c]) tgt[c * T + (int)t] = seqs[c][t + 1];
+        }
+    model_forward(m, inp, tgt, nc, T, 0);
+    const real* logits = model_logits(m);
+    const int V = m->cfg.V;
+    for (int c = 0; c < nc; c++) {
+        ll[c] = 0;
+        greedy[c] = 1;
+        for (int t = 0; t < T; t++) {
+            const int y = tgt[c * T + t];
+            if (y < 0) continue;
+            ll[c] -= m->losses[c * T + t];
+            const real* row = logits + ((size_t)c * T + t) * V;
+            for (int v = 0; v < V && greedy[c]; v++) greedy[c] = !(row[v] > row[y]);
+        }
+    }
+    free(inp);
+    free(tgt);
+}

@@ -22,7 +22,10 @@ static const Command commands[] = {
      "prepare         text files to token shards for training and evaluation"},
     {"eval", cmd_eval,
      "eval ppl        perplexity of a model on shards or text (dense, or with a router)\n"
-     "  eval layers     each layer's cost under sparse attention (to choose dense_layers)"},
+     "  eval layers     each layer's cost under sparse attention (to choose dense_layers)\n"
+     "  eval tasks      zero-shot / k-shot accuracy: LAMBADA, ARC, PIQA, HellaSwag\n"
+     "  eval passkey    retrieval of a number hidden in long filler text, by length and depth\n"
+     "  eval curve      perplexity against context length, dense and each Focus mode"},
     {"generate", cmd_generate, "generate        continue a prompt (greedy or sampled)"},
     {"bench", cmd_bench,
      "bench forward   forward and forward+backward (router-only) tokens/s of a model\n"

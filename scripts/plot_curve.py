@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Perplexity against context length (`focus eval curve --out FILE.tsv`): one line per mode.
+
+    python3 -m pip install matplotlib   # if the python3 that runs this lacks it
+    python3 scripts/plot_curve.py curve.tsv [out.png]
+"""
+import csv
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    src = sys.argv[1]
+    out = sys.argv[2] if len(sys.argv) > 2 else src.rsplit(".", 1)[0] + ".png"
+    lines = defaultdict(list)
+    with open(src) as f:
+        for r in csv.DictReader(f, delimiter="\t"):
+            lines[r["mode"]].append((int(r["ctx"]), float(r["perplexity"]), float(r["pairs_kept"])))
+    if not lines:
+        sys.exit(f"{src}: no rows")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, pts in lines.items():
+        pts.sort()
+        style = "k--" if mode == "dense" else "o-"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
