@@ -7,9 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <hdf5.h>
-
-#include "../io/io.h"
+#include "h5file.h"
 
 #define FORMAT_VERSION 1
 
@@ -29,19 +27,6 @@ static uint64_t state_checksum(const Model* m, const float* mom_m, const float* 
     return h;
 }
 
-static void write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank,
-                     const hsize_t* dims, const char* path) {
-    hid_t sp = H5Screate_simple(rank, dims, NULL);
-    /* no modification times: the same training run writes the same bytes */
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    H5Pset_obj_track_times(dcpl, 0);
-    hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    H5Pclose(dcpl);
-    if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-        fatal("%s: writing dataset '%s' failed (disk full?)", path, name);
-    H5Dclose(ds);
-    H5Sclose(sp);
-}
 
 /* The training state's attributes on /, in the order they are written: three signed counters
  * (RouterState's step, adam_t, beta_updates), then unsigned 64-bit values. */
@@ -50,45 +35,35 @@ static const char* const state_attrs[NUM_STATE_ATTRS] = {
     "step", "adam_t", "beta_updates", "data_pos", "rng_state", "base_fingerprint", "checksum"};
 static hid_t state_attr_type(int i) { return i < 3 ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64; }
 
-static void write_attr(hid_t loc, const char* name, hid_t type, const void* v, const char* path) {
-    hid_t sp = H5Screate(H5S_SCALAR);
-    hid_t a = H5Acreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, type, v) < 0) fatal("%s: writing attribute '%s' failed", path, name);
-    H5Aclose(a);
-    H5Sclose(sp);
-}
 
 void router_save(const char* path, const Model* m, const AdamW* opt, const RouterState* st,
                  const char* config_text) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) fatal("%s: cannot create the checkpoint file", tmp);
+    char tmp[4200];
+    hid_t f = h5_create(path, tmp, sizeof tmp);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* fc = &m->fc;
     hid_t g = H5Gcreate2(f, "router", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     hsize_t d3[3] = {(hsize_t)c->L, (hsize_t)c->C, (hsize_t)fc->dg};
-    write_ds(g, "wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, tmp);
+    h5_write_ds(g, "wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, tmp);
     hsize_t dc[3] = {(hsize_t)c->L, (hsize_t)fc->K, (hsize_t)fc->dg};
-    write_ds(g, "cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, tmp);
+    h5_write_ds(g, "cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, tmp);
     hsize_t dg2[2] = {(hsize_t)c->L, 2};
-    write_ds(g, "gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, tmp);
+    h5_write_ds(g, "gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, tmp);
     hsize_t db[2] = {(hsize_t)c->L, (hsize_t)fc->K};
-    write_ds(g, "beta", H5T_NATIVE_FLOAT, m->beta, 2, db, tmp);
+    h5_write_ds(g, "beta", H5T_NATIVE_FLOAT, m->beta, 2, db, tmp);
     H5Gclose(g);
     if (opt) {
         hid_t o = H5Gcreate2(f, "optim", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         hsize_t dn[1] = {(hsize_t)opt->n};
-        write_ds(o, "m", H5T_NATIVE_FLOAT, opt->m, 1, dn, tmp);
-        write_ds(o, "v", H5T_NATIVE_FLOAT, opt->v, 1, dn, tmp);
+        h5_write_ds(o, "m", H5T_NATIVE_FLOAT, opt->m, 1, dn, tmp);
+        h5_write_ds(o, "v", H5T_NATIVE_FLOAT, opt->v, 1, dn, tmp);
         H5Gclose(o);
     }
     const char* text = config_text ? config_text : "";
     hsize_t dt[1] = {(hsize_t)strlen(text) + 1};
-    write_ds(f, "config", H5T_NATIVE_UCHAR, text, 1, dt, tmp);
+    h5_write_ds(f, "config", H5T_NATIVE_UCHAR, text, 1, dt, tmp);
     int64_t version = FORMAT_VERSION;
-    write_attr(f, "format_version", H5T_NATIVE_INT64, &version, tmp);
+    h5_write_attr(f, "format_version", H5T_NATIVE_INT64, &version, tmp);
     uint64_t v[NUM_STATE_ATTRS] = {
         (uint64_t)st->step,
         (uint64_t)st->adam_t,
@@ -98,77 +73,28 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
         st->fingerprint,
         state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL, opt ? opt->n : 0)};
     for (int i = 0; i < NUM_STATE_ATTRS; i++)
-        write_attr(f, state_attrs[i], state_attr_type(i), &v[i], tmp);
+        h5_write_attr(f, state_attrs[i], state_attr_type(i), &v[i], tmp);
     int64_t sinks = fc->sinks;
-    write_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, tmp);
-    if (H5Fclose(f) < 0) fatal("%s: closing the checkpoint failed (disk full?)", tmp);
-    int fd = open(tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd)) fatal("%s: fsync failed: %s", tmp, strerror(errno));
-    close(fd);
-    if (rename(tmp, path)) fatal("%s: rename failed: %s", path, strerror(errno));
-    fsync_parent_dir(path);
+    h5_write_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, tmp);
+    h5_commit(f, tmp, path);
 }
 
-static void read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank,
-                    const hsize_t* want, const char* path) {
-    hid_t ds = H5Dopen2(loc, name, H5P_DEFAULT);
-    if (ds < 0)
-        fatal("%s: dataset '%s' is missing; not a focus router checkpoint, or corrupt", path, name);
-    hid_t sp = H5Dget_space(ds);
-    hsize_t dims[8] = {0};
-    int r = H5Sget_simple_extent_ndims(sp);
-    if (r != rank || r > 8)
-        fatal("%s: dataset '%s' has %d dimensions, expected %d", path, name, r, rank);
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-    for (int i = 0; i < rank; i++) {
-        if (dims[i] != want[i])
-            fatal(
-                "%s: dataset '%s' dimension %d is %llu, but this model needs %llu (router trained "
-                "for a "
-                "different model or settings)",
-                path, name, i, (unsigned long long)dims[i], (unsigned long long)want[i]);
-    }
-    if (H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
-        fatal("%s: reading dataset '%s' failed; the file is truncated or corrupt", path, name);
-    H5Sclose(sp);
-    H5Dclose(ds);
-}
 
-static void read_attr(hid_t loc, const char* name, hid_t type, void* out, const char* path) {
-    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-    if (a < 0 || H5Aread(a, type, out) < 0)
-        fatal("%s: attribute '%s' is missing or unreadable; corrupt checkpoint", path, name);
-    H5Aclose(a);
-}
 
-static hid_t open_checked(const char* path) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    if (access(path, R_OK)) fatal("%s: cannot open router checkpoint: %s", path, strerror(errno));
-    htri_t is = H5Fis_hdf5(path);
-    if (is <= 0) fatal("%s: not an HDF5 file (truncated or corrupt router checkpoint)", path);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) fatal("%s: HDF5 cannot open the file; it is truncated or corrupt", path);
-    int64_t version = 0;
-    read_attr(f, "format_version", H5T_NATIVE_INT64, &version, path);
-    if (version != FORMAT_VERSION)
-        fatal("%s: router checkpoint format %lld, this build reads %d", path, (long long)version,
-              FORMAT_VERSION);
-    return f;
-}
 
 void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64_t fingerprint) {
-    hid_t f = open_checked(path);
+    hid_t f = h5_open(path, "router checkpoint", FORMAT_VERSION);
     RouterState local;
     if (!st) st = &local;
     uint64_t v[NUM_STATE_ATTRS];
     for (int i = 0; i < NUM_STATE_ATTRS; i++)
-        read_attr(f, state_attrs[i], state_attr_type(i), &v[i], path);
+        h5_read_attr(f, state_attrs[i], state_attr_type(i), &v[i], path);
     st->step = (long)v[0], st->adam_t = (long)v[1], st->beta_updates = (long)v[2];
     st->data_pos = v[3], st->rng_state = v[4], st->fingerprint = v[5];
     const uint64_t csum = v[6];
     /* routers written before sinks existed have none (the paper's behaviour) */
     int64_t sinks = 0;
-    if (H5Aexists(f, "sinks") > 0) read_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, path);
+    if (H5Aexists(f, "sinks") > 0) h5_read_attr(f, "sinks", H5T_NATIVE_INT64, &sinks, path);
     if (sinks != m->fc.sinks)
         fatal("%s: this router was trained with sinks = %lld, the run asks for sinks = %d", path,
               (long long)sinks, m->fc.sinks);
@@ -184,10 +110,10 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     hsize_t dc[3] = {(hsize_t)c->L, (hsize_t)fc->K, (hsize_t)fc->dg};
     hsize_t dg2[2] = {(hsize_t)c->L, 2};
     hsize_t db[2] = {(hsize_t)c->L, (hsize_t)fc->K};
-    read_ds(f, "router/wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, path);
-    read_ds(f, "router/cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, path);
-    read_ds(f, "router/gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, path);
-    read_ds(f, "router/beta", H5T_NATIVE_FLOAT, m->beta, 2, db, path);
+    h5_read_ds(f, "router/wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, path);
+    h5_read_ds(f, "router/cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, path);
+    h5_read_ds(f, "router/gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, path);
+    h5_read_ds(f, "router/beta", H5T_NATIVE_FLOAT, m->beta, 2, db, path);
     m->beta_updates = st->beta_updates;
     float *mm = NULL, *vv = NULL;
     size_t nmom = 0;
@@ -208,8 +134,8 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
         nmom = (size_t)n;
         mm = mallocCheck(sizeof(float) * (nmom + 1));
         vv = mallocCheck(sizeof(float) * (nmom + 1));
-        read_ds(f, "optim/m", H5T_NATIVE_FLOAT, mm, 1, &n, path);
-        read_ds(f, "optim/v", H5T_NATIVE_FLOAT, vv, 1, &n, path);
+        h5_read_ds(f, "optim/m", H5T_NATIVE_FLOAT, mm, 1, &n, path);
+        h5_read_ds(f, "optim/v", H5T_NATIVE_FLOAT, vv, 1, &n, path);
     }
     if (state_checksum(m, mm, vv, nmom) != csum)
         fatal("%s: checksum mismatch; the checkpoint is corrupt", path);
@@ -227,7 +153,7 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
 }
 
 char* router_read_config(const char* path) {
-    hid_t f = open_checked(path);
+    hid_t f = h5_open(path, "router checkpoint", FORMAT_VERSION);
     hid_t ds = H5Dopen2(f, "config", H5P_DEFAULT);
     if (ds < 0) fatal("%s: dataset 'config' is missing; corrupt checkpoint", path);
     hid_t sp = H5Dget_space(ds);

@@ -331,3 +331,18 @@ void kl_backward(real* dlogits, real* losses, const real* logits, const real* p,
                  const int* targets, size_t N, int V, real dscale) {
     kl_rows(losses, dlogits, logits, p, negent, targets, N, V, dscale);
 }
+
+void lora_forward(real* out, const real* x, const real* A, const real* B, size_t N, int IC, int OC,
+                  int r, real scale, real* t) {
+    gemm(0, 1, (int)N, r, IC, 1, x, IC, A, IC, 0, t, r);      /* t = x A^T */
+    gemm(0, 1, (int)N, OC, r, scale, t, r, B, r, 1, out, OC); /* out += scale t B^T */
+}
+
+void lora_backward(real* dx, real* dA, real* dB, const real* dout, const real* x, const real* A,
+                   const real* B, size_t N, int IC, int OC, int r, real scale, real* t, real* dt) {
+    gemm(0, 1, (int)N, r, IC, 1, x, IC, A, IC, 0, t, r);           /* t = x A^T, again */
+    gemm(1, 0, OC, r, (int)N, scale, dout, OC, t, r, 1, dB, r);    /* dB += scale dout^T t */
+    gemm(0, 0, (int)N, r, OC, scale, dout, OC, B, r, 0, dt, r);    /* dt = scale dout B */
+    gemm(1, 0, r, IC, (int)N, 1, dt, r, x, IC, 1, dA, IC);         /* dA += dt^T x */
+    if (dx) gemm(0, 0, (int)N, IC, r, 1, dt, r, A, IC, 1, dx, IC); /* dx += dt A */
+}

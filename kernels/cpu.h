@@ -43,6 +43,14 @@ void rmsnorm_backward(real* dinp, real* dweight, const real* dout, const real* i
 void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
 void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
 
+/* A LoRA adapter on a linear layer: out (N, OC) += scale x A^T B^T with A (r, IC), B (OC, r);
+ * t (N, r) is scratch. The backward pass accumulates dA, dB and (unless NULL) dx; t and dt
+ * (N, r) are scratch. */
+void lora_forward(real* out, const real* x, const real* A, const real* B, size_t N, int IC, int OC,
+                  int r, real scale, real* t);
+void lora_backward(real* dx, real* dA, real* dB, const real* dout, const real* x, const real* A,
+                   const real* B, size_t N, int IC, int OC, int r, real scale, real* t, real* dt);
+
 /* GELU, tanh approximation (GPT-2). dinp += dout * gelu'(inp). */
 void gelu_forward(real* out, const real* inp, size_t n);
 void gelu_backward(real* dinp, const real* inp, const real* dout, size_t n);

@@ -104,7 +104,26 @@ typedef struct {
     real* logits;   /* (B, T, V)       overwritten by dlogits in the backward pass */
 } Acts;
 
-typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1 } GradMode;
+/* LoRA adapters (Hu et al., 2021), the fine-tuning baseline a router retrofit is compared with:
+ * W x becomes W x + (alpha / rank) B A x for the targeted projections of every layer, with
+ * A (rank, in) drawn N(0, 1/in) and B (out, rank) zero at the start (the model is unchanged until
+ * B learns). Only A and B get gradients (GRAD_LORA); the frozen weights pass input gradients. */
+enum { LORA_QKV = 1, LORA_O = 2, LORA_FC = 4, LORA_FCPROJ = 8 };
+typedef struct {
+    int rank;    /* 0: no adapters */
+    float alpha; /* the update is scaled by alpha / rank */
+    int targets; /* LORA_* bits */
+} LoraConfig;
+
+#define NUM_LORA_TENSORS 8
+typedef struct {
+    real *qkv_a, *qkv_b;       /* (L, r, C), (L, QKV, r) */
+    real *o_a, *o_b;           /* (L, r, C), (L, C, r) */
+    real *fc_a, *fc_b;         /* (L, r, C), (L, FC, r) */
+    real *fcproj_a, *fcproj_b; /* (L, r, F), (L, C, r) */
+} LoraParams;
+
+typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1, GRAD_LORA = 2 } GradMode;
 
 typedef struct {
     ModelConfig cfg;
@@ -121,6 +140,10 @@ typedef struct {
     size_t num_router;
     RouterParams rgrads;
     real* rgrads_mem;
+    LoraConfig lora; /* adapters (model_lora_init), rank 0 without */
+    LoraParams lw, lg; /* their weights and gradients */
+    real *lora_mem, *lora_grads_mem, *lora_scratch;
+    size_t lora_sizes[NUM_LORA_TENSORS], num_lora, lora_scratch_n;
     real* beta; /* (L, K) causal routing bias, an EMA of colofs; not a gradient parameter */
     long beta_updates;
     /* activations for the current (B, T); with keep == 0 every layer shares one slot */
@@ -190,7 +213,8 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
 void model_zero_grad(Model* m, GradMode mode);
 /* Backward from the mean loss of the last forward (which must have had targets and keep = 1).
  * GRAD_ROUTER: W_g and C (and lambda, b if learn_gate) only, input gradients through every
- * frozen layer. GRAD_ALL: every parameter too. Gradients accumulate. */
+ * frozen layer. GRAD_ALL: every parameter too. GRAD_LORA: the LoRA adapters only (lg). Gradients
+ * accumulate. */
 void model_backward(Model* m, GradMode mode);
 /* Teacher pass of the kl and attn objectives (METHOD.md section 9): the same frozen model with
  * the router off (dense attention, keep = 1) on inputs (B, T). want_logp keeps its next-token
@@ -212,6 +236,15 @@ double model_attn_objective(Model* m, real weight, int backward);
  * with beta_balance, the beta under which causal routing gives each group 1/K of the mass on this
  * batch's scores (project choice, METHOD.md section 9); else Sinkhorn's per-group offsets. */
 void model_update_beta(Model* m);
+
+/* Add LoRA adapters to m (config lc, A drawn from seed, B zero); lc->targets is a set of
+ * LORA_* bits. model_lora_merge folds them into the weights (W += alpha/rank B A) and removes
+ * them: the model then runs with no adapter cost (how a trained adapter is served). Adapters run
+ * on the CPU. */
+void model_lora_init(Model* m, const LoraConfig* lc, uint64_t seed);
+void model_lora_merge(Model* m);
+/* "qkv,o,fc,fcproj" (any subset) to LORA_* bits; -1 for an unknown name. */
+int lora_parse_targets(const char* s);
 
 /* Run m on a device from now on: "cpu" (where model_build leaves it) or "cuda" (one GPU; the
  * host weights, router and beta are copied there). Call after the host model is fully set up.

@@ -29,6 +29,37 @@ static void linear(real* out, const real* in, const real* W, const real* b, int 
                    cols, rows);
 }
 
+/* LoRA adapter k (0 qkv, 1 o, 2 fc, 3 fcproj) of layer l, when m has one: out (BT, OC) of the
+ * projection from x (BT, IC) gains (alpha / rank) x A^T B^T; lora_grad accumulates its gradients
+ * (and dx, unless NULL) from dout. */
+static real* lora_scratch(Model* m, size_t n) {
+    if (m->lora_scratch_n < n) {
+        m->lora_scratch = reallocCheck(m->lora_scratch, sizeof(real) * n);
+        m->lora_scratch_n = n;
+    }
+    return m->lora_scratch;
+}
+
+static void lora_add(Model* m, int k, int l, real* out, const real* x, size_t BT, int IC, int OC) {
+    if (!((m->lora.targets >> k) & 1)) return;
+    const int r = m->lora.rank;
+    real** w = (real**)&m->lw;
+    lora_forward(out, x, w[2 * k] + (size_t)l * r * IC, w[2 * k + 1] + (size_t)l * OC * r, BT, IC,
+                 OC, r, (real)(m->lora.alpha / r), lora_scratch(m, BT * r));
+}
+
+static void lora_grad(Model* m, int k, int l, real* dx, const real* dout, const real* x, size_t BT,
+                      int IC, int OC) {
+    if (!((m->lora.targets >> k) & 1)) return;
+    const int r = m->lora.rank;
+    real** w = (real**)&m->lw;
+    real** g = (real**)&m->lg;
+    real* t = lora_scratch(m, 2 * BT * r);
+    lora_backward(dx, g[2 * k] + (size_t)l * r * IC, g[2 * k + 1] + (size_t)l * OC * r, dout, x,
+                  w[2 * k] + (size_t)l * r * IC, w[2 * k + 1] + (size_t)l * OC * r, BT, IC, OC, r,
+                  (real)(m->lora.alpha / r), t, t + BT * r);
+}
+
 static void norm_forward(const Model* m, real* out, real* mean, real* rstd, const real* inp,
                          const real* w, const real* b, size_t N) {
     if (m->cfg.arch == ARCH_GPT2)
@@ -63,6 +94,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
                      model_slice(p->ln1b, l, C), BT);
         linear(la.qkv, la.ln1, p->qkvw, p->qkvb, l, BT, C, QKV);
+        lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
         if (f->attn != ATTN_DENSE || m->routed_dense) {
@@ -91,15 +123,18 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 break;
         }
         linear(la.res2, la.att, p->attprojw, p->attprojb, l, BT, C, C);
+        lora_add(m, 1, l, la.res2, la.att, BT, C, C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
         linear(la.fch, la.ln2, p->fcw, p->fcb, l, BT, C, FC);
+        lora_add(m, 2, l, la.fch, la.ln2, BT, C, FC);
         if (c->arch == ARCH_GPT2)
             gelu_forward(la.fch_act, la.fch, BT * c->F);
         else
             swiglu_forward(la.fch_act, la.fch, BT, c->F);
         linear(la.res3, la.fch_act, p->fcprojw, p->fcprojb, l, BT, c->F, C);
+        lora_add(m, 3, l, la.res3, la.fch_act, BT, c->F, C);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
         x = la.res3;
     }
@@ -195,6 +230,8 @@ static double cpu_attn_objective(Model* m, real weight, int backward) {
  * + beta) (Sinkhorn's column step, applied to beta instead of to each sequence), from the
  * current beta; centred. */
 static void cpu_zero_grad(Model* m, GradMode mode) {
+    if (mode == GRAD_LORA && m->lora_grads_mem)
+        memset(m->lora_grads_mem, 0, sizeof(real) * m->num_lora);
     if (mode == GRAD_ALL) {
         if (!m->grads_mem) {
             m->grads_mem = callocCheck(m->num_params, sizeof(real));
@@ -211,7 +248,8 @@ static void cpu_backward(Model* m, GradMode mode) {
     const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = model_qkv_width(c),
               FC = model_fc_width(c);
     const size_t BT = (size_t)B * T;
-    const int all = mode == GRAD_ALL;
+    const int all = mode == GRAD_ALL, lora = mode == GRAD_LORA;
+    if (lora && !m->lora.rank) fatal("internal: GRAD_LORA on a model without LoRA adapters");
     const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
     const Params* p = &m->params;
     Params* g = all ? &m->grads : &(Params){0};
@@ -262,6 +300,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * c->F),
                         model_slice(g->fcprojb, l, C), dres, la.fch_act,
                         p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
+        if (lora) lora_grad(m, 3, l, dact, dres, la.fch_act, BT, c->F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
         if (c->arch == ARCH_GPT2)
             gelu_backward(dfch, la.fch, dact, BT * c->F);
@@ -271,6 +310,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
                         model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
                         p->fcw + (size_t)l * FC * C, BT, C, FC);
+        if (lora) lora_grad(m, 2, l, dbuf, dfch, la.ln2, BT, C, FC);
         norm_backward(m, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
                       la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
         /* attention */
@@ -278,6 +318,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * C),
                         model_slice(g->attprojb, l, C), dres, la.att,
                         p->attprojw + (size_t)l * C * C, BT, C, C);
+        if (lora) lora_grad(m, 1, l, dbuf, dres, la.att, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         const int router = router_on && !focus_layer_dense(f, l);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
@@ -286,7 +327,7 @@ static void cpu_backward(Model* m, GradMode mode) {
                            router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
                            la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
         /* Layer 0's input gradient is needed only for the embeddings. */
-        if (l == 0 && !all && !router) break;
+        if (l == 0 && !all && !router && !(lora && (m->lora.targets & LORA_QKV))) break;
         if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         memset(dbuf, 0, sizeof(real) * BT * C);
         if (l > 0 || all) {
@@ -294,6 +335,7 @@ static void cpu_backward(Model* m, GradMode mode) {
                             model_slice(g->qkvb, l, (size_t)QKV), dqkv, la.ln1,
                             p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
         }
+        if (lora) lora_grad(m, 0, l, l > 0 ? dbuf : NULL, dqkv, la.ln1, BT, C, QKV);
         if (router) {
             memset(dS, 0, sizeof(real) * BT * f->K);
             routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * f->K, f->routing, B, T,

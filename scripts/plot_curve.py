@@ -1,24 +1,18 @@
 #!/usr/bin/env python3
 """Perplexity against context length (`focus eval curve --out FILE.tsv`): one line per mode.
-
-    python3 -m pip install matplotlib   # if the python3 that runs this lacks it
     python3 scripts/plot_curve.py curve.tsv [out.png]
 """
 import csv
+import os
 import sys
 from collections import defaultdict
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from plotting import paths, plt  # noqa: E402
 
 
 def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    src = sys.argv[1]
-    out = sys.argv[2] if len(sys.argv) > 2 else src.rsplit(".", 1)[0] + ".png"
+    src, out = paths(__doc__)
     lines = defaultdict(list)
     with open(src) as f:
         for r in csv.DictReader(f, delimiter="\t"):

@@ -1,25 +1,19 @@
 #!/usr/bin/env python3
 """Heat maps of passkey retrieval (`focus eval passkey --out FILE.tsv`): one panel per mode,
 accuracy by context length (rows) and depth of the key (columns).
-
-    python3 -m pip install matplotlib   # if the python3 that runs this lacks it
     python3 scripts/plot_passkey.py passkey.tsv [out.png]
 """
 import csv
+import os
 import sys
 from collections import defaultdict
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from plotting import paths, plt  # noqa: E402
 
 
 def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    src = sys.argv[1]
-    out = sys.argv[2] if len(sys.argv) > 2 else src.rsplit(".", 1)[0] + ".png"
+    src, out = paths(__doc__)
     cells = defaultdict(lambda: [0, 0])  # (mode, length, depth) -> [retrieved, trials]
     modes, lengths, depths = [], set(), set()
     with open(src) as f:

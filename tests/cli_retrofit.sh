@@ -4,7 +4,8 @@
 # bit; eval with the router works; a truncated router.h5 and a router on another base model are
 # refused, and so is a resume with other attention sinks; eval with several budgets and eval
 # layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
-# a malformed task file; eval passkey and eval curve run every mode. Needs ../shared/data (skips with 77).
+# a malformed task file; eval passkey and eval curve run every mode; finetune (LoRA, full) writes
+# what eval loads back. Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -67,5 +68,15 @@ err=$("$focus" eval passkey "${tm[@]:0:6}" --lengths 100000 --out "$work/pk2.tsv
 [ $rc -ne 0 ] && [ ! -e "$work/pk2.tsv" ] && echo "$err" | grep -q "context" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "passkey beyond the context refused: $err" || bad "passkey length: rc=$rc $err"
 "$focus" eval curve "${tm[@]:0:6}" --data ../shared/data/tinyshakespeare/input.txt --max-tokens 600 --ctx 64,128 --modes dense,hard:2 --out "$work/curve.tsv" > "$work/curve.log" 2>/dev/null
 [ "$(grep -c "" "$work/curve.tsv")" -eq 5 ] && grep -q "| hard:2 |" "$work/curve.log" && ok "eval curve: 2 modes x 2 lengths" || { bad "eval curve"; cat "$work/curve.log"; }
+# the baselines: LoRA adapters and full fine-tuning on the same settings; the adapters load back
+# onto their base model and are refused on another
+"$focus" finetune --config configs/tiny.conf "${small[@]}" --set steps=3 --set lora_targets=qkv,o,fc,fcproj --out "$work/lora" > "$work/lora.log" 2>&1
+out=$("$focus" eval ppl "${data[@]}" --lora "$work/lora/lora.h5" 2>/dev/null)
+grep -q "finetune (lora)" "$work/lora.log" && echo "$out" | grep -q "^perplexity" && ok "finetune --method lora, eval --lora" || { bad "lora"; tail -3 "$work/lora.log"; }
+err=$("$focus" eval ppl --model "$work/other/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --lora "$work/lora/lora.h5" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "different base model" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "adapters on another base model refused" || bad "lora other base: rc=$rc $err"
+"$focus" finetune --config configs/tiny.conf "${small[@]}" --set steps=2 --set method=full --set lr=0.001 --out "$work/full_ft" > "$work/full_ft.log" 2>&1
+out=$("$focus" eval ppl --model "$work/full_ft/model.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 2>/dev/null)
+echo "$out" | grep -q "^perplexity" && ok "finetune --method full writes a loadable GGUF" || { bad "full fine-tuning"; tail -3 "$work/full_ft.log"; }
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

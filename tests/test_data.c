@@ -55,54 +55,60 @@ static void write_text(const char* path, const char* s) {
     fclose(f);
 }
 
+/* Write text to a file called name and read it as `task`. */
+static void load_one(TaskSet* ts, const char* task, const char* name, const char* text) {
+    const char* p = tu_path(name);
+    write_text(p, text);
+    taskset_load(ts, task, &p, 1);
+}
+
 static void check_tasks(void) {
     TaskSet ts;
-    const char* p = tu_path("arc.jsonl");
-    write_text(
-        p,
+    load_one(
+        &ts, "arc_easy", "arc.jsonl",
         "{\"id\": \"x\", \"question\": {\"stem\": \"Why?\", \"choices\": [{\"text\": \"a\", "
         "\"label\": \"A\"}, {\"text\": \"b c\", \"label\": \"B\"}]}, \"answerKey\": \"B\"}\n\n");
-    taskset_load(&ts, "arc_easy", &p, 1);
     CHECK(ts.n == 1 && !strcmp(ts.items[0].context, "Question: Why?\nAnswer:") &&
               ts.items[0].nchoices == 2 && !strcmp(ts.items[0].choices[1], " b c") &&
               ts.items[0].gold == 1,
           "ARC item read wrong");
     taskset_free(&ts);
-    p = tu_path("lambada.jsonl");
-    write_text(p, "{\"text\": \"He said \\\"hi\\\" to the dog\"}\n");
-    taskset_load(&ts, "lambada", &p, 1);
+    load_one(&ts, "lambada", "lambada.jsonl", "{\"text\": \"He said \\\"hi\\\" to the dog\"}\n");
     CHECK(ts.n == 1 && !strcmp(ts.items[0].context, "He said \"hi\" to the") &&
               !strcmp(ts.items[0].choices[0], " dog"),
           "LAMBADA item read wrong: '%s' / '%s'", ts.items[0].context, ts.items[0].choices[0]);
     taskset_free(&ts);
-    p = tu_path("valid.jsonl");
-    write_text(p, "{\"goal\": \"g\", \"sol1\": \"one\", \"sol2\": \"two\"}\n");
     write_text(tu_path("valid-labels.lst"), "1\n");
-    taskset_load(&ts, "piqa", &p, 1);
+    load_one(&ts, "piqa", "valid.jsonl",
+             "{\"goal\": \"g\", \"sol1\": \"one\", \"sol2\": \"two\"}\n");
     CHECK(ts.n == 1 && ts.items[0].gold == 1 && !strcmp(ts.items[0].choices[0], " one"),
           "PIQA item read wrong");
     taskset_free(&ts);
-    p = tu_path("hs.txt");
-    write_text(p, "Roof: A man [title] climbs  up. he\n2\ne0\ne1 [step] x\ne2\ne3\n");
-    taskset_load(&ts, "hellaswag", &p, 1);
+    load_one(&ts, "hellaswag", "hs.txt",
+             "Roof: A man [title] climbs  up. he\n2\ne0\ne1 [step] x\ne2\ne3\n");
     CHECK(ts.n == 1 && !strcmp(ts.items[0].context, "Roof: A man. climbs up. he") &&
               !strcmp(ts.items[0].choices[1], " e1 x") && ts.items[0].gold == 2,
           "HellaSwag item read wrong: '%s' / '%s'", ts.items[0].context, ts.items[0].choices[1]);
     taskset_free(&ts);
+    /* malformed files: a missing field, an answer that is no label, a short HellaSwag record, a
+     * labels file longer than the examples, a line that is not JSON */
+    static const struct {
+        const char *task, *file, *text;
+    } bad[] = {
+        {"arc_easy", "bad.jsonl", "{\"question\": {\"stem\": \"s\"}, \"answerKey\": \"A\"}\n"},
+        {"arc_challenge", "bad2.jsonl",
+         "{\"question\": {\"stem\": \"s\", \"choices\": [{\"text\": \"a\", \"label\": \"A\"}, "
+         "{\"text\": \"b\", \"label\": \"B\"}]}, \"answerKey\": \"C\"}\n"},
+        {"hellaswag", "bad.txt", "ctx\n1\ne0\ne1\n"},
+        {"piqa", "valid-labels.lst", "1\n0\n"}, /* valid.jsonl holds one example */
+        {"lambada", "notjson.jsonl", "text = 1\n"},
+    };
     int refusals = 0;
-    write_text(tu_path("bad.jsonl"), "{\"question\": {\"stem\": \"s\"}, \"answerKey\": \"A\"}\n");
-    refusals += task_refused("arc_easy", tu_path("bad.jsonl"));
-    write_text(
-        tu_path("bad2.jsonl"),
-        "{\"question\": {\"stem\": \"s\", \"choices\": [{\"text\": \"a\", \"label\": \"A\"}, "
-        "{\"text\": \"b\", \"label\": \"B\"}]}, \"answerKey\": \"C\"}\n");
-    refusals += task_refused("arc_challenge", tu_path("bad2.jsonl"));
-    write_text(tu_path("bad.txt"), "ctx\n1\ne0\ne1\n");
-    refusals += task_refused("hellaswag", tu_path("bad.txt"));
-    write_text(tu_path("valid-labels.lst"), "1\n0\n");
-    refusals += task_refused("piqa", tu_path("valid.jsonl"));
-    write_text(tu_path("notjson.jsonl"), "text = 1\n");
-    refusals += task_refused("lambada", tu_path("notjson.jsonl"));
+    for (int i = 0; i < 5; i++) {
+        write_text(tu_path(bad[i].file), bad[i].text);
+        const char* f = !strcmp(bad[i].task, "piqa") ? "valid.jsonl" : bad[i].file;
+        refusals += task_refused(bad[i].task, tu_path(f));
+    }
     CHECK(refusals == 5, "malformed task files: %d of 5 refused", refusals);
     printf(
         "  tasks: ARC, LAMBADA, PIQA, HellaSwag read into harness prompts; %d bad files refused\n",

@@ -427,6 +427,51 @@ static void check_objectives(void) {
     model_free(&m);
 }
 
+/* LoRA adapters on every target, the model dense (a fine-tuning baseline): A and B of each
+ * target against finite differences (B made non-zero so that A's gradient is not). */
+static void check_lora(const char* preset) {
+    ModelConfig cfg;
+    FocusConfig fc;
+    model_config_preset(preset, &cfg);
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    enum { B = 2, T = 24 };
+    int inp[B * T], tgt[B * T];
+    Model m;
+    build_checked_model(&m, &cfg, &fc, 13, inp, tgt, B * T, 2);
+    LoraConfig lc = {2, 4.0f, LORA_QKV | LORA_O | LORA_FC | LORA_FCPROJ};
+    model_lora_init(&m, &lc, 5);
+    for (size_t i = 0; i < m.num_lora; i++) m.lora_mem[i] += (real)(0.3 * rng_normal(&rng));
+    ModelCtx c = {&m, inp, tgt, B, T};
+    model_loss(&c);
+    model_zero_grad(&m, GRAD_LORA);
+    model_backward(&m, GRAD_LORA);
+    real* lg = mallocCheck(sizeof(real) * m.num_lora);
+    memcpy(lg, m.lora_grads_mem, sizeof(real) * m.num_lora);
+    static const char* names[] = {"qkv A", "qkv B", "o A",      "o B",
+                                  "fc A",  "fc B",  "fcproj A", "fcproj B"};
+    real** w = (real**)&m.lw;
+    size_t off = 0;
+    for (int k = 0; k < NUM_LORA_TENSORS; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s LoRA: %s", preset, names[k]);
+        report(what, fd_check(model_loss, &c, w[k], lg + off, m.lora_sizes[k], 150, 1e-6), 2e-6);
+        off += m.lora_sizes[k];
+    }
+    /* merging folds the adapters into the weights: the same logits with no adapter */
+    const size_t n = (size_t)B * T * cfg.V;
+    real* before = mallocCheck(sizeof(real) * n);
+    model_forward(&m, inp, NULL, B, T, 0);
+    memcpy(before, model_logits(&m), sizeof(real) * n);
+    model_lora_merge(&m);
+    model_forward(&m, inp, NULL, B, T, 0);
+    double d = tu_max_abs_diff(before, model_logits(&m), n);
+    CHECK(d < 1e-9 && m.lora.rank == 0, "%s: merged LoRA changes the logits by %g", preset, d);
+    free(before);
+    free(lg);
+    model_free(&m);
+}
+
 int main(void) {
     rng_seed(&rng, 42);
     printf("per-kernel gradients (double precision, central differences, h = 1e-6):\n");
@@ -450,6 +495,8 @@ int main(void) {
     check_model("tiny-llama", ROUTE_PREFIX, 0, 0, 0);
     check_model("tiny-llama", ROUTE_SINKHORN, 0, 2, 1);
     check_objectives();
+    check_lora("tiny-llama");
+    check_lora("tiny-gpt2");
     printf("worst relative error over all checks: %.3e\n", worst_overall);
     return tu_finish("test_gradcheck");
 }

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "../checkpoints/load.h"
+#include "../checkpoints/lora_h5.h"
 #include "../checkpoints/router_h5.h"
 #include "../data/shard.h"
 #include "../data/text.h"
@@ -295,10 +296,14 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
 
 void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* router,
                     const char* attn, const char* topk, const char* routing, const CliList* sets,
-                    int device) {
+                    int device, const char* lora) {
     FocusConfig fc = cli_serving_focus();
     model_load(m, model, &fc, info);
     apply_router_options(m, router, attn, topk, routing);
+    if (lora) { /* after the router, whose base-model check reads the weights as loaded */
+        lora_load(lora, m, model_fingerprint(m));
+        model_lora_merge(m);
+    }
     /* the model's own settings come from its file and the router's shape from router.h5: only
      * the other Focus keys take effect here */
     for (int i = 0; sets && i < sets->n; i++) {

@@ -48,11 +48,12 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
                           const char* routing);
 
 /* A model to evaluate: model_load with the serving defaults (cli_serving_focus), then --router,
- * --attn, --topk, --routing (NULL: as is), the --set overrides (the router's shape K, dg refused),
- * and placed on the device (0 cpu, 1 cuda). */
+ * --attn, --topk, --routing (NULL: as is), --lora adapters (lora.h5 of `focus finetune`, merged
+ * into the weights), the --set overrides (the router's shape K, dg refused), and placed on the
+ * device (0 cpu, 1 cuda). */
 void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* router,
                     const char* attn, const char* topk, const char* routing, const CliList* sets,
-                    int device);
+                    int device, const char* lora);
 /* One evaluation mode of a mode list: "dense" (router off), "soft", "hard:k" or "hard:pP" (a
  * budget, as --topk); the router modes need a loaded router. */
 void cli_set_mode(Model* m, const char* mode, int have_router);

@@ -70,7 +70,7 @@ static const char eval_usage[] =
     "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk "
     "k|pP]\n"
     "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
-    "                      [--device cpu|cuda]\n"
+    "                      [--device cpu|cuda] [--lora lora.h5]\n"
     "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
     "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
     "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
@@ -114,13 +114,13 @@ int cmd_eval(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0;
     int max_tokens = 0, device = 0;
-    const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL;
+    const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL, *lora = NULL;
     CliList sets = {0};
     if (cli_parse("eval", argc, argv, 2, eval_usage,
                   "--model:s --tokenizer:s --data:s --ctx:i --stride:i --max-tokens:i "
-                  "--router:s --attn:s --topk:s --routing:s --device:d --set:*",
+                  "--router:s --attn:s --topk:s --routing:s --device:d --set:* --lora:s",
                   &model, &tok, &data, &ctx, &stride, &max_tokens, &router, &attn, &topk, &routing,
-                  &device, &sets))
+                  &device, &sets, &lora))
         return 0;
     if (max_tokens < 0) fatal("eval: --max-tokens must be >= 0");
     if (!model || !data) fatal("eval ppl: needs --model and --data");
@@ -130,7 +130,7 @@ int cmd_eval(int argc, char** argv) {
     Model m;
     ModelInfo info;
     cli_load_model(&m, &info, model, router, attn, topk && !strchr(topk, ',') ? topk : NULL,
-                   routing, &sets, device);
+                   routing, &sets, device, lora);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > (size_t)max_tokens) n = (size_t)max_tokens;

@@ -23,7 +23,7 @@ static const char passkey_usage[] =
     "dense,soft,hard:1]\n"
     "                          [--lengths 1024,2048,4096,8192] [--depths 0,0.25,0.5,0.75,1] "
     "[--trials 2]\n"
-    "                          [--set key=value]... [--out passkey.tsv]\n"
+    "                          [--set key=value]... [--lora lora.h5] [--out passkey.tsv]\n"
     "A 5-digit number hidden at each depth (0: right after the instruction, 1: just before the\n"
     "question) of filler text of each length in tokens; retrieved when greedy decoding would\n"
     "write it. One line per mode with the accuracy by length and depth; --out writes every trial\n"
@@ -33,7 +33,8 @@ static const char passkey_usage[] =
 static const char curve_usage[] =
     "usage: focus eval curve --model M [--tokenizer T] --data DATA [--router router.h5]\n"
     "                        [--modes dense,soft,hard:1] [--ctx 512,1024,2048,4096,8192]\n"
-    "                        [--max-tokens n] [--set key=value]... [--out curve.tsv]\n"
+    "                        [--max-tokens n] [--set key=value]... [--lora lora.h5] [--out "
+    "curve.tsv]\n"
     "Perplexity against context length: the same tokens (the first n of DATA, default 16384)\n"
     "scored in windows of each length (stride = length) for each mode; also the pairs kept by\n"
     "hard modes. --out writes mode, ctx, perplexity, pairs kept, tokens/s for\n"
@@ -64,6 +65,34 @@ static int split_modes(char* s, char** modes) {
     }
     if (!n) fatal("--modes: no mode given");
     return n;
+}
+
+/* Load the model (with --router / --lora / --set, causal routing) and split the mode list
+ * (default: dense, soft and hard:1 with a router, dense without), checking every mode now. */
+static int load_for_modes(Model* m, ModelInfo* info, const char* model, const char* router,
+                          const char* lora, CliList* sets, const char* modes_s, char* buf,
+                          char** modes) {
+    snprintf(buf, 512, "%s", modes_s ? modes_s : router ? "dense,soft,hard:1" : "dense");
+    const int nm = split_modes(buf, modes);
+    cli_load_model(m, info, model, router, NULL, NULL, "causal", sets, 0, lora);
+    free(sets->v);
+    const FocusConfig keep = m->fc;
+    for (int k = 0; k < nm; k++) cli_set_mode(m, modes[k], router != NULL);
+    m->fc = keep;
+    return nm;
+}
+
+/* Close the table written into memory (tsv, len from open_memstream) and write it to out
+ * atomically, if asked; free it. */
+static void write_table(FILE* ts, char* tsv, size_t len, const char* out) {
+    fclose(ts); /* sets tsv and len */
+    (void)len;
+    if (out) {
+        const void* parts[1] = {tsv};
+        const size_t n = strlen(tsv);
+        write_file_atomic(out, parts, &n, 1);
+    }
+    free(tsv);
 }
 
 static int* encode(const Tokenizer* t, const char* s, size_t* n) {
@@ -115,6 +144,7 @@ static int* passkey_sequence(const Tokenizer* t, int len, double depth, int key,
 
 int cmd_eval_passkey(int argc, char** argv) {
     const char *model = NULL, *tok_path = NULL, *router = NULL, *modes_s = NULL, *out = NULL;
+    const char* lora = NULL;
     const char *lengths_s = "1024,2048,4096,8192", *depths_s = "0,0.25,0.5,0.75,1";
     int trials = 2;
     CliList sets = {0};
@@ -132,15 +162,9 @@ int cmd_eval_passkey(int argc, char** argv) {
     for (int d = 0; d < nd; d++)
         if (depths[d] < 0 || depths[d] > 1) fatal("--depths: %g is not in [0, 1]", depths[d]);
     char modes_buf[512], *modes[16];
-    snprintf(modes_buf, sizeof modes_buf, "%s",
-             modes_s  ? modes_s
-             : router ? "dense,soft,hard:1"
-                      : "dense");
-    const int nm = split_modes(modes_buf, modes);
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, router, NULL, NULL, "causal", &sets, 0);
-    free(sets.v);
+    const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes);
     for (int l = 0; l < nl; l++)
         if (lens[l] < 64 || lens[l] > m.cfg.maxT)
             fatal("eval passkey: length %g is outside 64 .. the model's context %d", lens[l],
@@ -194,12 +218,7 @@ int cmd_eval_passkey(int argc, char** argv) {
         fprintf(stderr, "\n");
         printf("%s: %d of %d retrieved (%.1f %%)\n", modes[k], right, total, 100.0 * right / total);
     }
-    fclose(ts);
-    if (out) {
-        const void* parts[1] = {tsv};
-        write_file_atomic(out, parts, &tsv_len, 1);
-    }
-    free(tsv);
+    write_table(ts, tsv, tsv_len, out);
     tokenizer_free(tok);
     model_free(&m);
     return 0;
@@ -207,34 +226,29 @@ int cmd_eval_passkey(int argc, char** argv) {
 
 int cmd_eval_curve(int argc, char** argv) {
     const char *model = NULL, *tok_path = NULL, *data = NULL, *router = NULL, *modes_s = NULL;
+    const char* lora = NULL;
     const char *ctx_s = "512,1024,2048,4096,8192", *out = NULL;
     int max_tokens = 16384;
     CliList sets = {0};
     if (cli_parse("eval curve", argc, argv, 2, curve_usage,
                   "--model:s --tokenizer:s --data:s --router:s --modes:s --ctx:s --max-tokens:i "
-                  "--set:* --out:s",
-                  &model, &tok_path, &data, &router, &modes_s, &ctx_s, &max_tokens, &sets, &out))
+                  "--set:* --out:s --lora:s",
+                  &model, &tok_path, &data, &router, &modes_s, &ctx_s, &max_tokens, &sets, &out,
+                  &lora))
         return 0;
     if (!model || !data) fatal("eval curve: needs --model and --data");
     if (max_tokens < 2) fatal("eval curve: --max-tokens must be at least 2");
     double ctxs[16];
     const int nc = parse_doubles(ctx_s, ctxs, 16, "--ctx");
     char modes_buf[512], *modes[16];
-    snprintf(modes_buf, sizeof modes_buf, "%s",
-             modes_s  ? modes_s
-             : router ? "dense,soft,hard:1"
-                      : "dense");
-    const int nm = split_modes(modes_buf, modes);
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, router, NULL, NULL, "causal", &sets, 0);
-    free(sets.v);
+    const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes);
     for (int c = 0; c < nc; c++)
         if (ctxs[c] < 2 || (ctxs[c] > m.cfg.maxT && m.cfg.arch == ARCH_GPT2))
             fatal("eval curve: --ctx %g is outside 2 .. the model's context %d", ctxs[c],
                   m.cfg.maxT);
     const FocusConfig keep = m.fc;
-    for (int k = 0; k < nm; k++) cli_set_mode(&m, modes[k], router != NULL);
     size_t n;
     int* ids = load_eval_tokens(data, model, tok_path, &n);
     if (n > (size_t)max_tokens) n = (size_t)max_tokens;
@@ -270,12 +284,7 @@ int cmd_eval_curve(int argc, char** argv) {
         }
         printf("\n");
     }
-    fclose(ts);
-    if (out) {
-        const void* parts[1] = {tsv};
-        write_file_atomic(out, parts, &tsv_len, 1);
-    }
-    free(tsv);
+    write_table(ts, tsv, tsv_len, out);
     free(ids);
     model_free(&m);
     return 0;

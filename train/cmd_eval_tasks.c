@@ -31,7 +31,8 @@ static const char tasks_usage[] =
     "                        [--data-dir DIR] [--task NAME=FILE[,FILE...]]... [--limit n] [--shots "
     "k]\n"
     "                        [--ctx n] [--router router.h5 [--attn soft|hard] [--topk k]]\n"
-    "                        [--set key=value]... [--out results.json] [--details items.jsonl]\n"
+    "                        [--set key=value]... [--lora lora.h5] [--out results.json]\n"
+    "                        [--details items.jsonl]\n"
     "Zero-shot accuracy with lm-evaluation-harness's prompts and metrics (acc, acc_norm; LAMBADA:\n"
     "last-word accuracy and perplexity). Files: --data-dir (default ../shared/data/evals) holds\n"
     "lambada/lambada_test.shared.jsonl, arc/ARC-Easy-Dev.jsonl, arc/ARC-Challenge-Dev.jsonl,\n"
@@ -195,14 +196,14 @@ int cmd_eval_tasks(int argc, char** argv) {
     const char *model = NULL, *tok_path = NULL,
                *tasks = "lambada,arc_easy,arc_challenge,piqa,hellaswag";
     const char *data_dir = "../shared/data/evals", *router = NULL, *attn = NULL, *topk = NULL;
-    const char *out = NULL, *details_path = NULL;
+    const char *out = NULL, *details_path = NULL, *lora = NULL;
     int limit = 0, shots = 0, ctx = 0;
     CliList sets = {0}, files = {0};
     if (cli_parse("eval tasks", argc, argv, 2, tasks_usage,
                   "--model:s --tokenizer:s --tasks:s --data-dir:s --task:* --limit:i --shots:i "
-                  "--ctx:i --router:s --attn:s --topk:s --set:* --out:s --details:s",
+                  "--ctx:i --router:s --attn:s --topk:s --set:* --out:s --details:s --lora:s",
                   &model, &tok_path, &tasks, &data_dir, &files, &limit, &shots, &ctx, &router,
-                  &attn, &topk, &sets, &out, &details_path))
+                  &attn, &topk, &sets, &out, &details_path, &lora))
         return 0;
     if (!model) fatal("eval tasks: needs --model");
     if (limit < 0 || shots < 0 || ctx < 0)
@@ -240,7 +241,7 @@ int cmd_eval_tasks(int argc, char** argv) {
     if (!ntasks) fatal("eval tasks: no task given");
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, router, attn, topk, NULL, &sets, 0);
+    cli_load_model(&m, &info, model, router, attn, topk, NULL, &sets, 0, lora);
     free(sets.v);
     free(files.v);
     const int maxlen = ctx ? ctx : m.cfg.maxT;

@@ -14,12 +14,18 @@
 #include "loop.h"
 
 #include <errno.h>
+#include <unistd.h>
+
+#include <omp.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../checkpoints/load.h"
+#include "../checkpoints/lora_h5.h"
 #include "../checkpoints/router_h5.h"
+#include "../data/tokenizer.h"
+#include "../io/io.h"
 #include "../kernels/adamw.h"
 #include "cli.h"
 #include "evaluate.h"
@@ -266,6 +272,183 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             "config.conf)\n",
             now_seconds() - t_start, out);
     }
+    free(inp);
+    free(tgt);
+    adamw_free(&opt);
+}
+
+char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, Model* m,
+                  TrainData* d) {
+    if (rc->B < 1 || rc->T < 2 || rc->steps < 1 || rc->grad_accum < 1)
+        fatal("%s: B, T (>= 2), steps and grad_accum must be positive", cmd);
+    if (!rc->model[0]) fatal("%s: no base model (set model = PATH or model = scratch)", cmd);
+    if (!rc->train[0]) fatal("%s: no training data (set train = PATH)", cmd);
+    if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
+
+    /* base model and tokenizer */
+    ModelInfo info = {0};
+    char base_path[4096];
+    path_join(base_path, sizeof base_path, out, "base.gguf");
+    int scratch = !strncmp(rc->model, "scratch", 7);
+    const char* tok_path = rc->tokenizer[0] ? rc->tokenizer : (scratch ? NULL : rc->model);
+    if (!tok_path) fatal("%s: a scratch model needs tokenizer = PATH", cmd);
+    int need_pretrain = 0;
+    if (scratch && access(base_path, R_OK) == 0 && resume) {
+        model_load(m, base_path, &rc->fc, &info);
+    } else if (scratch) {
+        Tokenizer* t = tokenizer_load(tok_path);
+        rc->mcfg.V = tokenizer_vocab_size(t);
+        tokenizer_free(t);
+        if (rc->mcfg.maxT < rc->T) rc->mcfg.maxT = rc->T;
+        model_build(m, &rc->mcfg, &rc->fc);
+        model_init_backbone(m, rc->fc.seed + 1);
+        snprintf(info.name, sizeof info.name, "scratch (%s, %.2fM parameters)",
+                 rc->mcfg.arch == ARCH_GPT2 ? "gpt2" : "llama", m->num_params / 1e6);
+        need_pretrain = 1;
+    } else {
+        model_load(m, rc->model, &rc->fc, &info);
+    }
+    rc->mcfg = m->cfg;
+    if (rc->T > m->cfg.maxT && m->cfg.arch == ARCH_GPT2)
+        fatal("%s: T=%d exceeds the model's context %d", cmd, rc->T, m->cfg.maxT);
+
+    /* data */
+    size_t ntrain, nval;
+    int* train = load_tokens(rc->train, "train_", tok_path, 1, &ntrain);
+    int* val;
+    if (rc->val[0]) {
+        val = load_tokens(rc->val, "val_", tok_path, 1, &nval);
+    } else {
+        nval = (size_t)(rc->val_fraction * (double)ntrain);
+        val = mallocCheck(sizeof(int) * (nval + 1));
+        memcpy(val, train + ntrain - nval, sizeof(int) * nval);
+        ntrain -= nval;
+    }
+    for (size_t i = 0; i < ntrain; i++)
+        if (train[i] >= m->cfg.V)
+            fatal("%s: token id %d outside the model's vocabulary (%d)", rc->train, train[i],
+                  m->cfg.V);
+    for (size_t i = 0; i < nval; i++)
+        if (val[i] >= m->cfg.V)
+            fatal("%s: token id %d outside the model's vocabulary (%d)", rc->val, val[i], m->cfg.V);
+    if (ntrain < (size_t)rc->T + 1)
+        fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc->train, ntrain, rc->T + 1);
+    size_t neval =
+        rc->eval_tokens > 0 && nval > (size_t)rc->eval_tokens ? (size_t)rc->eval_tokens : nval;
+
+    printf(
+        "focus %s: base %s (%s), %zu training tokens, %zu validation tokens (%zu evaluated), "
+        "%d threads\n",
+        cmd, info.name, info.format[0] ? info.format : "built here", ntrain, nval, neval,
+        omp_get_max_threads());
+    runconfig_print(rc, stdout);
+    if (need_pretrain) {
+        train_pretrain(m, rc, train, ntrain, out);
+        snprintf(rc->model, sizeof rc->model, "scratch");
+    }
+    char* conf_text = runconfig_text(rc);
+    if (!resume) {
+        char conf_path[4096];
+        path_join(conf_path, sizeof conf_path, out, "config.conf");
+        const void* parts[1] = {conf_text};
+        size_t sz = strlen(conf_text);
+        write_file_atomic(conf_path, parts, &sz, 1);
+    }
+    *d = (TrainData){train, ntrain, val, neval, train, val};
+    return conf_text;
+}
+
+void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const char* out) {
+    const int lora = !strcmp(rc->method, "lora");
+    if (!lora && strcmp(rc->method, "full"))
+        fatal("finetune: method must be lora or full, got '%s'", rc->method);
+    if (!lora && m->cfg.arch != ARCH_LLAMA)
+        fatal(
+            "finetune: full fine-tuning writes a GGUF, which this build writes for llama models "
+            "only");
+    const uint64_t fp = model_fingerprint(m);
+    char path[4096], metrics_path[4096];
+    path_join(path, sizeof path, out, lora ? "lora.h5" : "model.gguf");
+    path_join(metrics_path, sizeof metrics_path, out, "metrics.jsonl");
+    m->fc.attn = ATTN_DENSE; /* the baselines change the weights, not the attention */
+    if (lora) {
+        const int targets = lora_parse_targets(rc->lora_targets);
+        if (targets <= 0)
+            fatal("finetune: lora_targets '%s' is not a subset of qkv,o,fc,fcproj",
+                  rc->lora_targets);
+        LoraConfig lc = {rc->lora_rank, rc->lora_alpha, targets};
+        model_lora_init(m, &lc, rc->fc.seed);
+    } else {
+        model_zero_grad(m, GRAD_ALL); /* allocates the gradients */
+    }
+    const GradMode mode = lora ? GRAD_LORA : GRAD_ALL;
+    real* params = lora ? m->lora_mem : m->params_mem;
+    const size_t n = lora ? m->num_lora : m->num_params;
+    AdamW opt;
+    adamw_init(&opt, n, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
+    printf("finetune (%s): %zu trained parameters (%.2f %% of the backbone's %zu)\n", rc->method, n,
+           100.0 * n / m->num_params, m->num_params);
+    FILE* mf = fopen(metrics_path, "w");
+    if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
+    double ppl0 = 0;
+    if (d->neval > 1) {
+        PplResult r = eval_mode(m, d->val, d->neval, rc->T, ATTN_DENSE, 1, ROUTE_CAUSAL);
+        ppl0 = exp(r.nll / r.count);
+        printf("before: validation perplexity %.3f (%zu tokens)\n", ppl0, r.count);
+        fprintf(mf, "{\"type\": \"eval\", \"step\": 0, \"ppl\": %.6f}\n", ppl0);
+    }
+    const int B = rc->B, T = rc->T;
+    int* inp = mallocCheck(sizeof(int) * B * T);
+    int* tgt = mallocCheck(sizeof(int) * B * T);
+    Rng sampler;
+    rng_seed(&sampler,
+             rc->fc.seed ^ 0xda7aull); /* the retrofit's data order, for the same budget */
+    const double t_start = now_seconds();
+    for (long step = 0; step < rc->steps; step++) {
+        const double t0 = now_seconds();
+        const float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
+        model_zero_grad(m, mode);
+        double loss = 0;
+        for (int micro = 0; micro < rc->grad_accum; micro++) {
+            next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt);
+            model_forward(m, inp, tgt, B, T, 1);
+            if (!isfinite(m->mean_loss))
+                fatal("finetune: the loss became %g at step %ld; try a lower lr",
+                      (double)m->mean_loss, step + 1);
+            model_backward(m, mode);
+            loss += m->mean_loss / rc->grad_accum;
+        }
+        real* grads = lora ? m->lora_grads_mem : m->grads_mem;
+        if (rc->grad_accum > 1)
+            for (size_t i = 0; i < n; i++) grads[i] /= (real)rc->grad_accum;
+        const double gnorm = clip_grad_norm(grads, n, rc->clip);
+        adamw_step(&opt, params, grads, lr);
+        const double dt = now_seconds() - t0;
+        printf("step %5ld/%d | loss %.4f | lr %.2e | %8.0f tok/s | |g| %.3f\n", step + 1, rc->steps,
+               loss, (double)lr, (double)B * T * rc->grad_accum / dt, gnorm);
+        fflush(stdout);
+        fprintf(mf,
+                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": "
+                "%.6g}\n",
+                step + 1, loss, (double)lr, gnorm);
+        const int last = step + 1 == rc->steps;
+        if (d->neval > 1 && ((step + 1) % rc->eval_every == 0 || last)) {
+            PplResult r = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, 1, ROUTE_CAUSAL);
+            printf("  eval step %ld: validation perplexity %.3f\n", step + 1, exp(r.nll / r.count));
+            fprintf(mf, "{\"type\": \"eval\", \"step\": %ld, \"ppl\": %.6f}\n", step + 1,
+                    exp(r.nll / r.count));
+        }
+        fflush(mf);
+        if ((step + 1) % rc->ckpt_every == 0 || last) {
+            if (lora)
+                lora_save(path, m, fp);
+            else
+                gguf_write_model(m, path, 0);
+        }
+    }
+    fclose(mf);
+    printf("finetune took %.1f s; %s written (load it with --%s)\n", now_seconds() - t_start, path,
+           lora ? "lora" : "model");
     free(inp);
     free(tgt);
     adamw_free(&opt);

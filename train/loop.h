@@ -10,7 +10,15 @@ typedef struct {
     size_t ntrain;
     const int* val; /* validation tokens, the first neval of them evaluated */
     size_t neval;
+    int *train_mem, *val_mem; /* what run_prepare allocated (free both) */
 } TrainData;
+
+/* A run's common set-up, for command cmd: check rc, create the folder OUT, load the base model
+ * into m (or build a scratch one from rc and pretrain it, writing OUT/base.gguf; on resume the
+ * one written before), load the training and validation tokens into d, print the header and the
+ * settings, and (unless resume) write OUT/config.conf. Returns the settings text (malloc'd). */
+char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, Model* m,
+                  TrainData* d);
 
 /* Train the backbone from scratch (all parameters, dense attention) for a `scratch` base, then
  * write it to OUT/base.gguf. */
@@ -22,5 +30,11 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
  * resume: continue from OUT/router.h5. stop_after: stop after that step (0: run all). */
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device);
+
+/* The baselines a retrofit is compared with, on the same data, budget and data order: LoRA
+ * adapters (rc->method "lora": only the adapters train; OUT/lora.h5) or full fine-tuning ("full":
+ * every weight; OUT/model.gguf, llama models). Dense attention; validation perplexity before,
+ * every eval_every steps and at the end; OUT/metrics.jsonl. Not resumable. */
+void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const char* out);
 
 #endif

@@ -15,6 +15,9 @@ typedef struct {
 static const Command commands[] = {
     {"retrofit", cmd_retrofit,
      "retrofit        train the Focus router of a frozen model on your text"},
+    {"finetune", cmd_finetune,
+     "finetune        the baselines: LoRA adapters or full fine-tuning on the same data and "
+     "budget"},
     {"groups", cmd_groups,
      "groups          what the learned groups are (text report and SVG picture)"},
     {"tokenize", cmd_tokenize, "tokenize        text to token ids (or back, with --decode)"},

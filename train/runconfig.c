@@ -35,7 +35,11 @@
     X(train, pretrain_B, INT, pretrain_B, "8", 0, "scratch models: pretraining batch")            \
     X(train, pretrain_lr, FLOAT, pretrain_lr, "0.003", 0, "scratch models: pretraining lr")       \
     X(train, objective, OBJECTIVE, objective, "lm", 0, "lm | kl | attn | kl+attn (METHOD.md 9)")  \
-    X(train, attn_weight, FLOAT, attn_weight, "1", 0, "weight of the attn term")
+    X(train, attn_weight, FLOAT, attn_weight, "1", 0, "weight of the attn term")                  \
+    X(finetune, method, STR, method, "lora", 0, "focus finetune: lora or full")                   \
+    X(finetune, lora_rank, INT, lora_rank, "8", 0, "LoRA rank")                                   \
+    X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 0, "LoRA update scale: alpha / rank")        \
+    X(finetune, lora_targets, STR, lora_targets, "qkv,o", 0, "LoRA on: qkv, o, fc, fcproj")
 
 #define RUN_ROW(sec, nm, ty, fld, def, fl, hp) \
     {#sec, #nm, SETTING_##ty, offsetof(RunConfig, fld), sizeof(((RunConfig*)0)->fld), def, fl, hp},
@@ -96,8 +100,8 @@ char* runconfig_text(const RunConfig* rc) {
     size_t n = 0;
     FILE* f = open_memstream(&s, &n);
     if (!f) fatal("out of memory writing the run configuration");
-    const char* sections[] = {"model", "data", "train", "focus"};
-    for (int i = 0; i < 4; i++) {
+    const char* sections[] = {"model", "data", "train", "focus", "finetune"};
+    for (int i = 0; i < 5; i++) {
         fprintf(f, "[%s]\n", sections[i]);
         settings_write(f, run_settings, run_settings_count, rc, sections[i]);
         settings_write(f, model_settings, model_settings_count, &rc->mcfg, sections[i]);

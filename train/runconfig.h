@@ -21,8 +21,13 @@ typedef struct {
      * token's groups follow its dense attention mass beyond the window), or kl+attn */
     char objective[16];
     float attn_weight; /* weight of the attn term in kl+attn */
-    ModelConfig mcfg;  /* scratch models only */
-    FocusConfig fc;    /* routing = the training routing; evaluation is always causal */
+    /* focus finetune (the baselines): lora or full, and the adapters' shape */
+    char method[16];
+    int lora_rank;
+    float lora_alpha;
+    char lora_targets[64];
+    ModelConfig mcfg; /* scratch models only */
+    FocusConfig fc;   /* routing = the training routing; evaluation is always causal */
 } RunConfig;
 
 void runconfig_default(RunConfig* rc);

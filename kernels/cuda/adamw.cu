@@ -21,13 +21,8 @@ __global__ void sumsq_kernel(double* out, const float* x, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         s += (double)x[i] * x[i];
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[blockIdx.x] = sh[0];
+    s = block_sum_double(s, sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 extern "C" double sumsq_cuda(const float* x, size_t n) {

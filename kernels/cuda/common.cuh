@@ -68,4 +68,27 @@ __device__ __forceinline__ float log_sigmoidf_dev(float x) {
 
 cublasHandle_t focus_cublas(void);
 
+/* log sum_v exp(x[v]) over a row of V, the block's threads striding over it; every thread gets
+ * the result. sh: 32 floats of shared memory. */
+__device__ __forceinline__ float row_logsumexp(const float* x, int V, float* sh) {
+    float m = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
+    m = block_max(m, sh);
+    float s = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(x[v] - m);
+    return m + logf(block_sum(s, sh));
+}
+
+/* Sum of each thread's s over the block in double precision (blockDim.x a power of two, at most
+ * the size of sh); thread 0 gets the result. */
+__device__ __forceinline__ double block_sum_double(double s, double* sh) {
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
+        __syncthreads();
+    }
+    return sh[0];
+}
+
 #endif

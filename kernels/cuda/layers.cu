@@ -280,13 +280,7 @@ __global__ void crossentropy_kernel(float* losses, float* dlogits, const float* 
     __shared__ float sh[32];
     size_t n = blockIdx.x;
     const float* x = logits + n * V;
-    float m = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, x[v]);
-    m = block_max(m, sh);
-    float s = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(x[v] - m);
-    s = block_sum(s, sh);
-    float lse = m + logf(s);
+    float lse = row_logsumexp(x, V, sh);
     int tgt = targets[n];
     float xt = tgt >= 0 ? x[tgt] : 0.f;
     __syncthreads(); /* every thread has read x[tgt] before dlogits (which may alias) is written */

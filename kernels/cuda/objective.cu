@@ -13,13 +13,7 @@ extern "C" void cuda_copy(void* dst, const void* src, size_t bytes) {
 __global__ void teacher_probs_kernel(float* x, float* negent, int V) {
     __shared__ float sh[32];
     float* r = x + (size_t)blockIdx.x * V;
-    float m = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, r[v]);
-    m = block_max(m, sh);
-    float s = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(r[v] - m);
-    s = block_sum(s, sh);
-    const float lse = m + logf(s);
+    const float lse = row_logsumexp(r, V, sh);
     float e = 0;
     for (int v = threadIdx.x; v < V; v += blockDim.x) {
         const float lp = r[v] - lse, p = expf(lp);
@@ -173,13 +167,8 @@ __global__ void attn_objective_kernel(double* partial, float* dG, const float* t
         s -= norm * t[i] * log((double)g);
         dG[i] = (float)(-weight * norm * t[i] / g);
     }
-    sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if ((int)threadIdx.x < k) sh[threadIdx.x] += sh[threadIdx.x + k];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+    s = block_sum_double(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 extern "C" double attn_objective_cuda(float* dG, const float* t, const float* G, size_t n,
