@@ -82,17 +82,16 @@ static int load_for_modes(Model* m, ModelInfo* info, const char* model, const ch
     return nm;
 }
 
-/* Close the table written into memory (tsv, len from open_memstream) and write it to out
+/* Close the table written into memory (open_memstream into *tsv) and write it to out
  * atomically, if asked; free it. */
-static void write_table(FILE* ts, char* tsv, size_t len, const char* out) {
-    fclose(ts); /* sets tsv and len */
-    (void)len;
+static void write_table(FILE* ts, char** tsv, const char* out) {
+    fclose(ts); /* sets *tsv */
     if (out) {
-        const void* parts[1] = {tsv};
-        const size_t n = strlen(tsv);
+        const void* parts[1] = {*tsv};
+        const size_t n = strlen(*tsv);
         write_file_atomic(out, parts, &n, 1);
     }
-    free(tsv);
+    free(*tsv);
 }
 
 static int* encode(const Tokenizer* t, const char* s, size_t* n) {
@@ -218,7 +217,7 @@ int cmd_eval_passkey(int argc, char** argv) {
         fprintf(stderr, "\n");
         printf("%s: %d of %d retrieved (%.1f %%)\n", modes[k], right, total, 100.0 * right / total);
     }
-    write_table(ts, tsv, tsv_len, out);
+    write_table(ts, &tsv, out);
     tokenizer_free(tok);
     model_free(&m);
     return 0;
@@ -284,7 +283,7 @@ int cmd_eval_curve(int argc, char** argv) {
         }
         printf("\n");
     }
-    write_table(ts, tsv, tsv_len, out);
+    write_table(ts, &tsv, out);
     free(ids);
     model_free(&m);
     return 0;
