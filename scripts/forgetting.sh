@@ -55,8 +55,9 @@ opts() {
         *) echo "--model $model --lora $out/lora_$1/lora.h5" ;;
     esac
 }
-printf 'method\tpg19_ppl\twikitext2_ppl\tlambada\tarc_easy\tarc_challenge\tpiqa\thellaswag\tpasskey\n' > "$out/forgetting.tsv"
-for m in base focus ${LORA_LRS//,/ } full; do
+[ -f "$out/forgetting.tsv" ] && [ -n "${EVAL_METHODS:-}" ] || printf 'method\tpg19_ppl\twikitext2_ppl\tlambada\tarc_easy\tarc_challenge\tpiqa\thellaswag\tpasskey\n' > "$out/forgetting.tsv"
+# EVAL_METHODS: evaluate only these (their rows are appended), e.g. after an interruption
+for m in ${EVAL_METHODS:-base focus ${LORA_LRS//,/ } full}; do
     read -r -a o <<< "$(opts "$m")"
     o_ppl=("${o[@]}"); [ "$m" = full ] && o_ppl=(--model "$out/full/model.gguf")
     p1=$("$focus" eval ppl "${o_ppl[@]}" --data cache/shards/pg19test --ctx 1024 --max-tokens "$PPL_TOKENS" 2>/dev/null | sed -n 's/^perplexity \([0-9.]*\).*/\1/p')

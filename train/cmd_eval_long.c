@@ -149,9 +149,9 @@ int cmd_eval_passkey(int argc, char** argv) {
     CliList sets = {0};
     if (cli_parse("eval passkey", argc, argv, 2, passkey_usage,
                   "--model:s --tokenizer:s --router:s --modes:s --lengths:s --depths:s --trials:i "
-                  "--set:* --out:s",
+                  "--set:* --out:s --lora:s",
                   &model, &tok_path, &router, &modes_s, &lengths_s, &depths_s, &trials, &sets,
-                  &out))
+                  &out, &lora))
         return 0;
     if (!model) fatal("eval passkey: needs --model");
     if (trials < 1) fatal("eval passkey: --trials must be at least 1");
