@@ -73,6 +73,8 @@ err=$("$focus" eval passkey "${tm[@]:0:6}" --lengths 100000 --out "$work/pk2.tsv
 "$focus" finetune --config configs/tiny.conf "${small[@]}" --set steps=3 --set lora_targets=qkv,o,fc,fcproj --out "$work/lora" > "$work/lora.log" 2>&1
 out=$("$focus" eval ppl "${data[@]}" --lora "$work/lora/lora.h5" 2>/dev/null)
 grep -q "finetune (lora)" "$work/lora.log" && echo "$out" | grep -q "^perplexity" && ok "finetune --method lora, eval --lora" || { bad "lora"; tail -3 "$work/lora.log"; }
+out=$("$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --lora "$work/lora/lora.h5" --lengths 100 --depths 0 --trials 1 2>/dev/null)
+echo "$out" | grep -q "dense: .* retrieved" && ok "eval passkey --lora" || bad "passkey --lora: $out"
 err=$("$focus" eval ppl --model "$work/other/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --lora "$work/lora/lora.h5" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "different base model" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "adapters on another base model refused" || bad "lora other base: rc=$rc $err"
 "$focus" finetune --config configs/tiny.conf "${small[@]}" --set steps=2 --set method=full --set lr=0.001 --out "$work/full_ft" > "$work/full_ft.log" 2>&1
