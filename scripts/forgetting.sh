@@ -19,18 +19,8 @@ PPL_TOKENS=${PPL_TOKENS:-8192}
 PASSKEY_LENGTHS=${PASSKEY_LENGTHS:-1024,2048}
 LORA_LRS=${LORA_LRS:-1e-3,1e-4}
 FULL_LR=${FULL_LR:-1e-5}
-[ -f "$model" ] || { echo "forgetting: $model missing (bash scripts/fetch_model.sh)"; exit 1; }
-[ -d ../shared/data/pg19-sample ] || { echo "forgetting: ../shared/data is needed"; exit 1; }
-mkdir -p "$out" cache/shards
-tok=(--tokenizer "$model")
-for s in pg19train:../shared/data/pg19-sample/train pg19test:../shared/data/pg19-sample/test \
-         wikitext2:../shared/data/wikitext-2; do
-    name=${s%%:*}; src=${s#*:}
-    [ -d "cache/shards/$name" ] && continue
-    if [ "$name" = wikitext2 ]; then files=("$src"/raw/wiki.test.raw); else files=("$src"/*.txt); fi
-    raw=(); [ "$name" = wikitext2 ] && raw=(--raw)
-    "$focus" prepare "${raw[@]}" "${tok[@]}" --out "cache/shards/$name" "${files[@]}" > /dev/null
-done
+mkdir -p "$out"
+bash scripts/pg19_shards.sh "$focus" "$model"
 common=(--set train=cache/shards/pg19train --set val=cache/shards/pg19test --set steps="$STEPS"
         --set eval_every="$STEPS" --set ckpt_every="$STEPS" --set eval_tokens=4096)
 run() { # name, log: train one method (skipped when its output exists)

@@ -13,7 +13,8 @@ static const char finetune_usage[] =
     "steps, lr schedule, data order): [finetune] method = lora (adapters of rank lora_rank,\n"
     "scale lora_alpha / lora_rank, on lora_targets: qkv,o,fc,fcproj; only they train; writes\n"
     "RUN_DIR/lora.h5, evaluated with --lora) or method = full (every weight trains; writes\n"
-    "RUN_DIR/model.gguf, evaluated as --model; llama models). Attention stays dense. Prints\n"
+    "RUN_DIR/model.gguf, evaluated as --model; llama models); attention stays dense. method =\n"
+    "joint trains every weight and the Focus router together (model.gguf and router.h5). Prints\n"
     "validation perplexity before and after; RUN_DIR/metrics.jsonl and config.conf. On the CPU;\n"
     "not resumable. Settings: focus settings.\n";
 
@@ -29,13 +30,6 @@ int cmd_finetune(int argc, char** argv) {
     runconfig_load(&rc, cfg_path);
     for (int i = 0; i < sets.n; i++) runconfig_set(&rc, sets.v[i]);
     free(sets.v);
-    Model m;
-    TrainData d;
-    char* conf_text = run_prepare(&rc, "finetune", out, 0, &m, &d);
-    train_finetune(&m, &rc, &d, out);
-    free(conf_text);
-    free(d.train_mem);
-    free(d.val_mem);
-    model_free(&m);
+    finetune_run(&rc, "finetune", out);
     return 0;
 }

@@ -7,6 +7,7 @@
 int cmd_retrofit(int argc, char** argv);
 int cmd_groups(int argc, char** argv);
 int cmd_finetune(int argc, char** argv);
+int cmd_pretrain(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_prepare(int argc, char** argv);
 int cmd_eval(int argc, char** argv);

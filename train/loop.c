@@ -76,9 +76,11 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
     int* tgt = mallocCheck(sizeof(int) * B * T);
     Rng sampler;
     rng_seed(&sampler, rc->fc.seed ^ 0x9e7aull);
-    printf(
-        "pretraining the base model from scratch: %d steps of %d x %d tokens, %.2fM parameters\n",
-        rc->pretrain_steps, B, T, m->num_params / 1e6);
+    if (rc->pretrain_steps > 0)
+        printf(
+            "pretraining the base model from scratch: %d steps of %d x %d tokens, %.2fM "
+            "parameters\n",
+            rc->pretrain_steps, B, T, m->num_params / 1e6);
     double t0 = now_seconds();
     for (int s = 0; s < rc->pretrain_steps; s++) {
         next_batch(data, n, &sampler, B, T, inp, tgt);
@@ -106,7 +108,7 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
     char path[4096];
     path_join(path, sizeof path, out, "base.gguf");
     gguf_write_model(m, path, 0);
-    printf("base model written to %s\n", path);
+    printf("%s written to %s\n", rc->pretrain_steps > 0 ? "base model" : "initial weights", path);
 }
 
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
@@ -358,19 +360,48 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     return conf_text;
 }
 
-void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const char* out) {
-    const int lora = !strcmp(rc->method, "lora");
-    if (!lora && strcmp(rc->method, "full"))
-        fatal("finetune: method must be lora or full, got '%s'", rc->method);
+/* Validation perplexity of a fine-tuning or from-scratch run at `step`: dense, and for a joint
+ * run soft and hard as well; printed and written to mf. */
+static void finetune_eval(Model* m, const RunConfig* rc, const TrainData* d, int joint, long step,
+                          FILE* mf) {
+    PplResult dn = eval_mode(m, d->val, d->neval, rc->T, ATTN_DENSE, 1, ROUTE_CAUSAL);
+    const double pd = exp(dn.nll / dn.count);
+    if (!joint) {
+        printf("  eval step %ld: validation perplexity %.3f\n", step, pd);
+        fprintf(mf, "{\"type\": \"eval\", \"step\": %ld, \"ppl\": %.6f}\n", step, pd);
+        return;
+    }
+    PplResult s = eval_mode(m, d->val, d->neval, rc->T, ATTN_SOFT, rc->fc.topk, ROUTE_CAUSAL);
+    PplResult h = eval_mode(m, d->val, d->neval, rc->T, ATTN_HARD, rc->fc.topk, ROUTE_CAUSAL);
+    char tk[32];
+    printf(
+        "  eval step %ld (causal routing): dense %.3f | soft %.3f | hard k=%s %.3f (%.3f of the "
+        "pairs)\n",
+        step, pd, exp(s.nll / s.count), focus_topk_str(&rc->fc, tk), exp(h.nll / h.count), h.kept);
+    fprintf(mf,
+            "{\"type\": \"eval\", \"step\": %ld, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, "
+            "\"ppl_hard\": %.6f, \"pairs_kept\": %.6f, \"topk\": %d}\n",
+            step, pd, exp(s.nll / s.count), exp(h.nll / h.count), h.kept, rc->fc.topk);
+}
+
+void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
+                    const char* conf_text) {
+    const int lora = !strcmp(rc->method, "lora"), joint = !strcmp(rc->method, "joint");
+    if (!lora && !joint && strcmp(rc->method, "full"))
+        fatal("finetune: method must be lora, full or joint, got '%s'", rc->method);
     if (!lora && m->cfg.arch != ARCH_LLAMA)
-        fatal(
-            "finetune: full fine-tuning writes a GGUF, which this build writes for llama models "
-            "only");
+        fatal("finetune: method %s writes a GGUF, which this build writes for llama models only",
+              rc->method);
+    if (joint && rc->fc.attn == ATTN_DENSE)
+        fatal("finetune: method joint trains the router with the backbone; attn is dense");
     const uint64_t fp = model_fingerprint(m);
-    char path[4096], metrics_path[4096];
+    char path[4096], rpath[4096], metrics_path[4096];
     path_join(path, sizeof path, out, lora ? "lora.h5" : "model.gguf");
+    path_join(rpath, sizeof rpath, out, "router.h5");
     path_join(metrics_path, sizeof metrics_path, out, "metrics.jsonl");
-    m->fc.attn = ATTN_DENSE; /* the baselines change the weights, not the attention */
+    /* the baselines change the weights, not the attention; a joint run trains the soft gate */
+    m->fc = rc->fc;
+    m->fc.attn = joint ? ATTN_SOFT : ATTN_DENSE;
     if (lora) {
         const int targets = lora_parse_targets(rc->lora_targets);
         if (targets <= 0)
@@ -384,18 +415,19 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
     const GradMode mode = lora ? GRAD_LORA : GRAD_ALL;
     real* params = lora ? m->lora_mem : m->params_mem;
     const size_t n = lora ? m->num_lora : m->num_params;
-    AdamW opt;
+    AdamW opt, ropt = {0}; /* the router has its own moments (its parameters live apart) */
     adamw_init(&opt, n, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
-    printf("finetune (%s): %zu trained parameters (%.2f %% of the backbone's %zu)\n", rc->method, n,
-           100.0 * n / m->num_params, m->num_params);
+    const size_t nr =
+        m->router_sizes[0] + m->router_sizes[1] + (rc->fc.learn_gate ? m->router_sizes[2] : 0);
+    if (joint) adamw_init(&ropt, nr, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
+    printf("finetune (%s): %zu trained parameters (%.2f %% of the backbone's %zu)%s\n", rc->method,
+           n + (joint ? nr : 0), 100.0 * n / m->num_params, m->num_params,
+           joint ? ", the router trained with the backbone" : "");
     FILE* mf = fopen(metrics_path, "w");
     if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
-    double ppl0 = 0;
     if (d->neval > 1) {
-        PplResult r = eval_mode(m, d->val, d->neval, rc->T, ATTN_DENSE, 1, ROUTE_CAUSAL);
-        ppl0 = exp(r.nll / r.count);
-        printf("before: validation perplexity %.3f (%zu tokens)\n", ppl0, r.count);
-        fprintf(mf, "{\"type\": \"eval\", \"step\": 0, \"ppl\": %.6f}\n", ppl0);
+        printf("before training:\n");
+        finetune_eval(m, rc, d, joint, 0, mf);
     }
     const int B = rc->B, T = rc->T;
     int* inp = mallocCheck(sizeof(int) * B * T);
@@ -415,14 +447,22 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
             if (!isfinite(m->mean_loss))
                 fatal("finetune: the loss became %g at step %ld; try a lower lr",
                       (double)m->mean_loss, step + 1);
+            if (joint) model_update_beta(m);
             model_backward(m, mode);
             loss += m->mean_loss / rc->grad_accum;
         }
         real* grads = lora ? m->lora_grads_mem : m->grads_mem;
         if (rc->grad_accum > 1)
             for (size_t i = 0; i < n; i++) grads[i] /= (real)rc->grad_accum;
-        const double gnorm = clip_grad_norm(grads, n, rc->clip);
+        /* one norm over everything that trains, both parts clipped by the same factor */
+        double gnorm = grad_norm(grads, n);
+        if (joint) gnorm = hypot(gnorm, model_router_grad_norm(m, nr, rc->grad_accum));
+        if (!isfinite(gnorm))
+            fatal("finetune: the gradient norm became %g at step %ld; try a lower lr", gnorm,
+                  step + 1);
+        grad_clip(grads, n, gnorm, rc->clip);
         adamw_step(&opt, params, grads, lr);
+        if (joint) model_router_adamw(m, &ropt, lr, gnorm, rc->clip, rc->grad_accum);
         const double dt = now_seconds() - t0;
         printf("step %5ld/%d | loss %.4f | lr %.2e | %8.0f tok/s | |g| %.3f\n", step + 1, rc->steps,
                loss, (double)lr, (double)B * T * rc->grad_accum / dt, gnorm);
@@ -432,24 +472,37 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
                 "%.6g}\n",
                 step + 1, loss, (double)lr, gnorm);
         const int last = step + 1 == rc->steps;
-        if (d->neval > 1 && ((step + 1) % rc->eval_every == 0 || last)) {
-            PplResult r = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, 1, ROUTE_CAUSAL);
-            printf("  eval step %ld: validation perplexity %.3f\n", step + 1, exp(r.nll / r.count));
-            fprintf(mf, "{\"type\": \"eval\", \"step\": %ld, \"ppl\": %.6f}\n", step + 1,
-                    exp(r.nll / r.count));
-        }
+        if (d->neval > 1 && ((step + 1) % rc->eval_every == 0 || last))
+            finetune_eval(m, rc, d, joint, step + 1, mf);
         fflush(mf);
         if ((step + 1) % rc->ckpt_every == 0 || last) {
-            if (lora)
+            if (lora) {
                 lora_save(path, m, fp);
-            else
-                gguf_write_model(m, path, 0);
+                continue;
+            }
+            gguf_write_model(m, path, 0);
+            if (joint) { /* the router of the weights just written */
+                RouterState st = {step + 1, ropt.t, m->beta_updates, 0, 0, model_fingerprint(m)};
+                router_save(rpath, m, &ropt, &st, conf_text);
+            }
         }
     }
     fclose(mf);
-    printf("finetune took %.1f s; %s written (load it with --%s)\n", now_seconds() - t_start, path,
-           lora ? "lora" : "model");
+    printf("finetune took %.1f s; %s written (load it with --%s)%s\n", now_seconds() - t_start,
+           path, lora ? "lora" : "model", joint ? " with its router.h5 (--router)" : "");
     free(inp);
     free(tgt);
     adamw_free(&opt);
+    if (joint) adamw_free(&ropt);
+}
+
+void finetune_run(RunConfig* rc, const char* cmd, const char* out) {
+    Model m;
+    TrainData d;
+    char* conf_text = run_prepare(rc, cmd, out, 0, &m, &d);
+    train_finetune(&m, rc, &d, out, conf_text);
+    free(conf_text);
+    free(d.train_mem);
+    free(d.val_mem);
+    model_free(&m);
 }

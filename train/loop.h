@@ -33,8 +33,13 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
 
 /* The baselines a retrofit is compared with, on the same data, budget and data order: LoRA
  * adapters (rc->method "lora": only the adapters train; OUT/lora.h5) or full fine-tuning ("full":
- * every weight; OUT/model.gguf, llama models). Dense attention; validation perplexity before,
- * every eval_every steps and at the end; OUT/metrics.jsonl. Not resumable. */
-void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const char* out);
+ * every weight; OUT/model.gguf, llama models), with dense attention; or every weight and the
+ * Focus router together ("joint": the soft gate trains, the router's routing; OUT/model.gguf and
+ * OUT/router.h5 holding conf_text), which `focus pretrain` runs from scratch. Validation
+ * perplexity before, every eval_every steps and at the end; OUT/metrics.jsonl. Not resumable. */
+void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
+                    const char* conf_text);
+/* run_prepare, then train_finetune, for command cmd. */
+void finetune_run(RunConfig* rc, const char* cmd, const char* out);
 
 #endif

@@ -18,6 +18,8 @@ static const Command commands[] = {
     {"finetune", cmd_finetune,
      "finetune        the baselines: LoRA adapters or full fine-tuning on the same data and "
      "budget"},
+    {"pretrain", cmd_pretrain,
+     "pretrain        a model from scratch, dense or with the Focus router trained jointly"},
     {"groups", cmd_groups,
      "groups          what the learned groups are (text report and SVG picture)"},
     {"tokenize", cmd_tokenize, "tokenize        text to token ids (or back, with --decode)"},

@@ -36,7 +36,7 @@
     X(train, pretrain_lr, FLOAT, pretrain_lr, "0.003", 0, "scratch models: pretraining lr")       \
     X(train, objective, OBJECTIVE, objective, "lm", 0, "lm | kl | attn | kl+attn (METHOD.md 9)")  \
     X(train, attn_weight, FLOAT, attn_weight, "1", 0, "weight of the attn term")                  \
-    X(finetune, method, STR, method, "lora", 0, "focus finetune: lora or full")                   \
+    X(finetune, method, STR, method, "lora", 0, "focus finetune: lora, full or joint")            \
     X(finetune, lora_rank, INT, lora_rank, "8", 0, "LoRA rank")                                   \
     X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 0, "LoRA update scale: alpha / rank")        \
     X(finetune, lora_targets, STR, lora_targets, "qkv,o", 0, "LoRA on: qkv, o, fc, fcproj")
