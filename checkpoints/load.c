@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -20,6 +21,37 @@ _Static_assert(sizeof(real) == 4, "model import writes float parameters");
 static const char* base_name(const char* path) {
     const char* s = strrchr(path, '/');
     return s ? s + 1 : path;
+}
+
+/* Before model_build allocates what the shape sizes: the shape must pass model_config_check, and
+ * a file of file_bytes must be able to hold its parameters at min_bytes each at the least (so a
+ * corrupt count cannot ask for gigabytes). */
+static void check_shape(const char* path, const ModelConfig* cfg, double file_bytes,
+                        double min_bytes) {
+    char err[512];
+    if (model_config_check(cfg, err, sizeof err)) fatal("%s: %s", path, err);
+    double need = (double)model_param_count(cfg) * min_bytes;
+    if (need > file_bytes)
+        fatal(
+            "%s: the header's shape (L=%d C=%d F=%d V=%d) has %zu parameters, more than the file "
+            "(%.0f bytes) can hold; the file is corrupt or truncated",
+            path, cfg->L, cfg->C, cfg->F, cfg->V, model_param_count(cfg), file_bytes);
+}
+
+static const char* const param_names[NUM_PARAM_TENSORS] = {
+    "wte",  "wpe", "ln1w", "ln1b",    "qkvw",    "qkvb", "attprojw", "attprojb", "ln2w",
+    "ln2b", "fcw", "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb",     "lmhead"};
+
+/* Every weight must be finite: a NaN or inf in a file is corruption, not a model. */
+static void check_finite(const Model* m, const char* path) {
+    const real* p = m->params_mem;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        for (size_t i = 0; i < m->param_sizes[t]; i++)
+            if (!isfinite(p[i]))
+                fatal("%s: weight %zu of %s is %g; the file is corrupt", path, i, param_names[t],
+                      (double)p[i]);
+        p += m->param_sizes[t];
+    }
 }
 
 /* ------------------------------------------------------------------ GGUF */
@@ -43,12 +75,14 @@ static void gguf_load_tensor(const GGUFFile* f, const char* name, float* dst, ui
             f->path, name, ggml_type_name(t->type), t->type);
 }
 
-static uint64_t gguf_need_u64(const GGUFFile* f, const char* arch, const char* key) {
+static int gguf_need_int(const GGUFFile* f, const char* arch, const char* key) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
     uint64_t v;
     if (gguf_get_u64(f, full, &v)) fatal("%s: metadata key '%s' is missing", f->path, full);
-    return v;
+    if (v > INT_MAX)
+        fatal("%s: metadata key '%s' = %llu is out of range", f->path, full, (unsigned long long)v);
+    return (int)v;
 }
 
 static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
@@ -67,15 +101,15 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
         cfg.arch = ARCH_GPT2;
     else
         fatal("%s: architecture '%s' is not supported (supported: llama, qwen2, gpt2)", path, arch);
-    cfg.L = (int)gguf_need_u64(&f, arch, "block_count");
-    cfg.C = (int)gguf_need_u64(&f, arch, "embedding_length");
-    cfg.NH = (int)gguf_need_u64(&f, arch, "attention.head_count");
+    cfg.L = gguf_need_int(&f, arch, "block_count");
+    cfg.C = gguf_need_int(&f, arch, "embedding_length");
+    cfg.NH = gguf_need_int(&f, arch, "attention.head_count");
     uint64_t nkv;
     char key[128];
     snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
-    cfg.NKV = gguf_get_u64(&f, key, &nkv) ? cfg.NH : (int)nkv;
-    cfg.F = (int)gguf_need_u64(&f, arch, "feed_forward_length");
-    cfg.maxT = (int)gguf_need_u64(&f, arch, "context_length");
+    cfg.NKV = gguf_get_u64(&f, key, &nkv) ? cfg.NH : nkv > INT_MAX ? -1 : (int)nkv;
+    cfg.F = gguf_need_int(&f, arch, "feed_forward_length");
+    cfg.maxT = gguf_need_int(&f, arch, "context_length");
     snprintf(key, sizeof key, "%s.attention.layer_norm_%s", arch,
              cfg.arch == ARCH_LLAMA ? "rms_epsilon" : "epsilon");
     if (gguf_get_f32(&f, key, &cfg.eps)) cfg.eps = 1e-5f;
@@ -84,7 +118,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     const GGUFTensor* emb = gguf_tensor(&f, "token_embd.weight");
     if (!emb || emb->n_dims != 2)
         fatal("%s: tensor 'token_embd.weight' is missing or not a matrix", path);
-    cfg.V = (int)emb->ne[1];
+    cfg.V = emb->ne[1] > INT_MAX ? -1 : (int)emb->ne[1];
     cfg.tied = gguf_tensor(&f, "output.weight") == NULL;
     cfg.qkv_bias = cfg.arch == ARCH_LLAMA && gguf_tensor(&f, "blk.0.attn_q.bias") != NULL;
     int hs = cfg.NH ? cfg.C / cfg.NH : 0;
@@ -95,6 +129,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
             "%s: partial rotary embeddings (rope.dimension_count %llu, head size %d) are not "
             "supported",
             path, (unsigned long long)rdim, hs);
+    check_shape(path, &cfg, (double)f.size, 0.5); /* no supported type takes under 4 bits */
     model_build(m, &cfg, fc);
     Params* p = &m->params;
     const size_t C = cfg.C, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs, F = cfg.F;
@@ -159,19 +194,22 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
     if (fread(h, 4, 256, fp) != 256) fatal("%s: truncated llm.c header", path);
     if (h[1] != 3 && h[1] != 5)
         fatal("%s: llm.c version %d is not supported (3 = fp32, 5 = bf16)", path, h[1]);
-    ModelConfig cfg = {ARCH_GPT2, h[4], h[6], h[5], h[5], 4 * h[6], h[3], h[2], 1e-5f, 0, 0, 1};
+    /* F = 4 C is formed only once C is known to be small (no signed overflow) */
+    ModelConfig cfg = {
+        ARCH_GPT2, h[4], h[6],  h[5], h[5], h[6] > 0 && h[6] <= 65536 ? 4 * h[6] : -1,
+        h[3],      h[2], 1e-5f, 0,    0,    1};
     int Vp = h[7];
-    if (cfg.L < 1 || cfg.C < 1 || cfg.NH < 1 || cfg.V < 2 || cfg.maxT < 1 || Vp < cfg.V ||
-        cfg.C % cfg.NH)
+    char err[512];
+    if (model_config_check(&cfg, err, sizeof err) || Vp < cfg.V || Vp > (1 << 24))
         fatal("%s: llm.c header has inconsistent sizes (L=%d C=%d NH=%d V=%d Vp=%d maxT=%d)", path,
               cfg.L, cfg.C, cfg.NH, cfg.V, Vp, cfg.maxT);
-    model_build(m, &cfg, fc);
     size_t esz = h[1] == 3 ? 4 : 2;
-    size_t expect = 1024 + (m->num_params + (size_t)(Vp - cfg.V) * cfg.C) * esz;
+    size_t expect = 1024 + (model_param_count(&cfg) + (size_t)(Vp - cfg.V) * cfg.C) * esz;
     struct stat st;
     if (fstat(fileno(fp), &st) || (size_t)st.st_size != expect)
         fatal("%s: file is %lld bytes, the header implies %zu; truncated or corrupt", path,
               (long long)st.st_size, expect);
+    model_build(m, &cfg, fc);
     real** ptrs = (real**)&m->params;
     size_t biggest = (size_t)Vp * cfg.C;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++)
@@ -205,13 +243,90 @@ typedef struct {
     size_t data_start;
 } SafeFile;
 
+typedef struct {
+    double begin, end;
+    const char* name;
+} Span;
+
+static int span_cmp(const void* a, const void* b) {
+    double x = ((const Span*)a)->begin, y = ((const Span*)b)->begin;
+    return (x > y) - (x < y);
+}
+
+/* Every tensor entry of the header well formed (dtype text, shape of at most 4 non-negative
+ * integer dimensions, two integer data offsets whose span is the shape's bytes), and the spans
+ * tiling the data that follows the header exactly: sorted, they start at 0, each begins where
+ * the one before ends (no overlap, no gap), and the last ends at the end of the file. */
+static void safe_check_entries(const SafeFile* s) {
+    int n = 0;
+    const cJSON* t;
+    cJSON_ArrayForEach(t, s->header) n++;
+    Span* sp = mallocCheck(sizeof(Span) * (size_t)(n ? n : 1));
+    int k = 0;
+    cJSON_ArrayForEach(t, s->header) {
+        if (!strcmp(t->string, "__metadata__")) continue;
+        cJSON* dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+        cJSON* shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+        cJSON* offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+        if (!cJSON_IsObject(t) || !cJSON_IsString(dt) || !cJSON_IsArray(shape) ||
+            !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || cJSON_GetArraySize(shape) > 4)
+            fatal("%s: tensor '%s' has a malformed header entry", s->path, t->string);
+        double nel = 1;
+        const cJSON* d;
+        cJSON_ArrayForEach(d, shape) {
+            double v = cJSON_IsNumber(d) ? d->valuedouble : -1;
+            if (!(v >= 0 && v <= 1099511627776.0) || v != floor(v))
+                fatal("%s: tensor '%s' has an impossible shape", s->path, t->string);
+            nel *= v;
+        }
+        if (nel > 1099511627776.0)
+            fatal("%s: tensor '%s' has an impossible shape", s->path, t->string);
+        const char* ty = dt->valuestring;
+        double esz =
+            !strcmp(ty, "F64") || !strcmp(ty, "I64") || !strcmp(ty, "U64")   ? 8
+            : !strcmp(ty, "F32") || !strcmp(ty, "I32") || !strcmp(ty, "U32") ? 4
+            : !strcmp(ty, "F16") || !strcmp(ty, "BF16") || !strcmp(ty, "I16") || !strcmp(ty, "U16")
+                ? 2
+            : !strcmp(ty, "I8") || !strcmp(ty, "U8") || !strcmp(ty, "BOOL") ||
+                    !strcmp(ty, "F8_E4M3") || !strcmp(ty, "F8_E5M2")
+                ? 1
+                : 0;
+        if (!esz) fatal("%s: tensor '%s' has an unknown dtype '%s'", s->path, t->string, ty);
+        double b = cJSON_IsNumber(cJSON_GetArrayItem(offs, 0))
+                       ? cJSON_GetArrayItem(offs, 0)->valuedouble
+                       : -1,
+               e = cJSON_IsNumber(cJSON_GetArrayItem(offs, 1))
+                       ? cJSON_GetArrayItem(offs, 1)->valuedouble
+                       : -1;
+        if (!(b >= 0 && e >= b) || b != floor(b) || e != floor(e) || e - b != nel * esz)
+            fatal("%s: tensor '%s' data_offsets [%.0f, %.0f) do not hold its %.0f bytes", s->path,
+                  t->string, b, e, nel * esz);
+        sp[k++] = (Span){b, e, t->string};
+    }
+    qsort(sp, (size_t)k, sizeof(Span), span_cmp);
+    double at = 0, data = (double)(s->size - s->data_start);
+    for (int i = 0; i < k; i++) {
+        if (sp[i].begin != at)
+            fatal("%s: tensor '%s' data at byte %.0f %s the tensor before (which ends at %.0f)",
+                  s->path, sp[i].name, sp[i].begin,
+                  sp[i].begin < at ? "overlaps" : "leaves a gap after", at);
+        at = sp[i].end;
+    }
+    if (at != data)
+        fatal(
+            "%s: the tensors' data ends at byte %.0f of a %.0f-byte data section; truncated or "
+            "corrupt",
+            s->path, at, data);
+    free(sp);
+}
+
 static void safe_open(SafeFile* s, const char* path) {
     memset(s, 0, sizeof(*s));
     s->path = path;
     int fd = open(path, O_RDONLY);
     if (fd < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    fstat(fd, &st);
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) fatal("%s: not a regular file", path);
     s->size = (size_t)st.st_size;
     if (s->size < 8) fatal("%s: truncated safetensors file (%zu bytes)", path, s->size);
     s->map = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -226,6 +341,7 @@ static void safe_open(SafeFile* s, const char* path) {
     if (!s->header || !cJSON_IsObject(s->header))
         fatal("%s: safetensors header is not valid JSON", path);
     s->data_start = 8 + (size_t)hl;
+    safe_check_entries(s);
 }
 
 static void safe_close(SafeFile* s) {
@@ -288,14 +404,21 @@ static int safe_tensor(const SafeFile* s, const char* name, float* dst, size_t r
     return 0;
 }
 
+/* An integer of config.json, or dflt when absent; -1 (refused by model_config_check) when it is
+ * not an integer that fits. */
 static int json_int(cJSON* cfg, const char* key, int dflt) {
     cJSON* v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    return cJSON_IsNumber(v) ? (int)v->valuedouble : dflt;
+    if (!v) return dflt;
+    if (!cJSON_IsNumber(v) || !(fabs(v->valuedouble) <= INT_MAX) ||
+        v->valuedouble != floor(v->valuedouble))
+        return -1;
+    return (int)v->valuedouble;
 }
 
 static double json_num(cJSON* cfg, const char* key, double dflt) {
     cJSON* v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+    if (!v) return dflt;
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN; /* NAN: refused by model_config_check */
 }
 
 /* HF LLaMA q/k rows use the half-split rotation; ours (GGUF's) rotates adjacent pairs.
@@ -346,8 +469,9 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     cJSON* emb = cJSON_GetObjectItemCaseSensitive(s.header, gpt2 ? n : "model.embed_tokens.weight");
     cJSON* shp = cJSON_GetObjectItemCaseSensitive(emb, "shape");
     if (cJSON_GetArraySize(shp) != 2) fatal("%s: the token embedding is not a matrix", file);
-    cfg.V = (int)cJSON_GetArrayItem(shp, 0)->valuedouble;
-    cfg.C = (int)cJSON_GetArrayItem(shp, 1)->valuedouble;
+    /* shapes are integers below 2^40 (safe_open); larger than an int is refused later */
+    cfg.V = (int)fmin(cJSON_GetArrayItem(shp, 0)->valuedouble, -1.0 + INT_MAX);
+    cfg.C = (int)fmin(cJSON_GetArrayItem(shp, 1)->valuedouble, -1.0 + INT_MAX);
     /* Count layers. */
     for (cfg.L = 0;; cfg.L++) {
         snprintf(n, sizeof n,
@@ -374,7 +498,7 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
                             0,
                             4 * cfg.C,
                             cfg.V,
-                            (int)cJSON_GetArrayItem(wpe, 0)->valuedouble,
+                            (int)fmin(cJSON_GetArrayItem(wpe, 0)->valuedouble, -1.0 + INT_MAX),
                             (float)json_num(hc, "layer_norm_epsilon", 1e-5),
                             0,
                             0,
@@ -393,9 +517,17 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
         cfg.eps = (float)json_num(hc, "rms_norm_eps", 1e-5);
         cfg.rope_theta = (float)json_num(hc, "rope_theta", 10000);
         cfg.tied = cJSON_GetObjectItemCaseSensitive(s.header, "lm_head.weight") == NULL;
-        cfg.qkv_bias = cJSON_GetObjectItemCaseSensitive(
-                           s.header, "model.layers.0.self_attn.q_proj.bias") != NULL;
+        /* biases on any of q, k, v, or a config that says so (Qwen2): all three are needed */
+        cJSON* ab = cJSON_GetObjectItemCaseSensitive(hc, "attention_bias");
+        cJSON* mt = cJSON_GetObjectItemCaseSensitive(hc, "model_type");
+        cfg.qkv_bias =
+            cJSON_IsTrue(ab) || (cJSON_IsString(mt) && !strcmp(mt->valuestring, "qwen2"));
+        for (const char* const* b = (const char* const[]){"q", "k", "v", NULL}; *b; b++) {
+            snprintf(n, sizeof n, "model.layers.0.self_attn.%s_proj.bias", *b);
+            if (cJSON_GetObjectItemCaseSensitive(s.header, n)) cfg.qkv_bias = 1;
+        }
     }
+    check_shape(file, &cfg, (double)s.size, 2.0);
     model_build(m, &cfg, fc);
     Params* p = &m->params;
     const int hs = cfg.C / cfg.NH;
@@ -468,7 +600,14 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
 
 /* ------------------------------------------------------------------ dispatch */
 
+static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info);
+
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
+    model_load_any(m, path, fc, info);
+    check_finite(m, path);
+}
+
+static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
     ModelInfo local;
     if (!info) info = &local;
     memset(info, 0, sizeof(*info));

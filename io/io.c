@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../kernels/common.h"
@@ -15,6 +16,9 @@
 char* read_file(const char* path, size_t* len) {
     FILE* fp = fopen(path, "rb");
     if (!fp) fatal("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode))
+        fatal("%s: not a regular file (a directory or a device?)", path);
     if (fseek(fp, 0, SEEK_END)) fatal("%s: cannot seek: %s", path, strerror(errno));
     long n = ftell(fp);
     if (n < 0) fatal("%s: cannot determine the size (not a regular file?)", path);
@@ -30,6 +34,11 @@ char* read_file(const char* path, size_t* len) {
 char* read_file_opt(const char* path, size_t* len) {
     FILE* fp = fopen(path, "rb");
     if (!fp) return NULL;
+    struct stat st;
+    if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
+        fclose(fp);
+        return NULL;
+    }
     char* s = NULL;
     long n = -1;
     if (!fseek(fp, 0, SEEK_END) && (n = ftell(fp)) >= 0 && !fseek(fp, 0, SEEK_SET)) {

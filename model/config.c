@@ -1,16 +1,33 @@
 /* config.c: named model configurations and the settings engine (settings.h, model.h). */
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "model.h"
 
-#define MODEL_ROW(sec, nm, ty, fld, def, fl, hp)                                               \
-    {#sec, #nm, SETTING_##ty, offsetof(ModelConfig, fld), sizeof(((ModelConfig*)0)->fld), def, \
-     fl,   hp},
-#define FOCUS_ROW(sec, nm, ty, fld, def, fl, hp)                                               \
-    {#sec, #nm, SETTING_##ty, offsetof(FocusConfig, fld), sizeof(((FocusConfig*)0)->fld), def, \
-     fl,   hp},
+#define MODEL_ROW(sec, nm, ty, fld, def, lo, hi, fl, hp) \
+    {#sec,                                               \
+     #nm,                                                \
+     SETTING_##ty,                                       \
+     offsetof(ModelConfig, fld),                         \
+     sizeof(((ModelConfig*)0)->fld),                     \
+     def,                                                \
+     lo,                                                 \
+     hi,                                                 \
+     fl,                                                 \
+     hp},
+#define FOCUS_ROW(sec, nm, ty, fld, def, lo, hi, fl, hp) \
+    {#sec,                                               \
+     #nm,                                                \
+     SETTING_##ty,                                       \
+     offsetof(FocusConfig, fld),                         \
+     sizeof(((FocusConfig*)0)->fld),                     \
+     def,                                                \
+     lo,                                                 \
+     hi,                                                 \
+     fl,                                                 \
+     hp},
 const Setting model_settings[] = {MODEL_SETTINGS(MODEL_ROW)};
 const Setting focus_settings[] = {FOCUS_SETTINGS(FOCUS_ROW)};
 const int model_settings_count = sizeof model_settings / sizeof model_settings[0];
@@ -40,34 +57,37 @@ void focus_config_default(FocusConfig* fc) {
     settings_defaults(focus_settings, focus_settings_count, fc);
 }
 
-static int parse_int(const char* v, int* out) {
+/* An integer in [lo, hi]; no wrap-around (strtoll's ERANGE, then the range). */
+static int parse_int(const char* v, int* out, double lo, double hi) {
     char* end;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end) return -2;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno == ERANGE || (double)x < lo || (double)x > hi) return -2;
     *out = (int)x;
     return 0;
 }
 
-static int parse_float(const char* v, float* out) {
+static int parse_float(const char* v, float* out, double lo, double hi) {
     char* end;
     double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x)) return -2;
+    if (end == v || *end || !isfinite(x) || x < lo || x > hi) return -2;
     *out = (float)x;
     return 0;
 }
 
-/* "2": a fixed budget; "p0.9": groups until 90 % of G_i; "p0.9:2": the same, at most 2 */
-static int parse_topk(const char* v, FocusConfig* f) {
+/* "2": a fixed budget; "p0.9": groups until 90 % of G_i; "p0.9:2": the same, at most 2. The
+ * budget and the cap are in [lo, hi]. */
+static int parse_topk(const char* v, FocusConfig* f, double lo, double hi) {
     if (v[0] != 'p') {
         f->topp = 0;
-        return parse_int(v, &f->topk);
+        return parse_int(v, &f->topk, lo, hi);
     }
     char* end;
     double p = strtod(v + 1, &end);
     if (end == v + 1 || !(p > 0 && p <= 1)) return -2;
     int cap = 0;
     if (*end == ':') {
-        if (parse_int(end + 1, &cap) || cap < 1) return -2;
+        if (parse_int(end + 1, &cap, lo, hi)) return -2;
     } else if (*end) {
         return -2;
     }
@@ -116,13 +136,14 @@ int setting_parse(const Setting* s, void* base, const char* v) {
     int i;
     switch (s->type) {
         case SETTING_INT:
-            return parse_int(v, field);
+            return parse_int(v, field, s->lo, s->hi);
         case SETTING_FLOAT:
-            return parse_float(v, field);
+            return parse_float(v, field, s->lo, s->hi);
         case SETTING_U64: {
             char* end;
+            errno = 0;
             unsigned long long x = strtoull(v, &end, 10);
-            if (end == v || *end || v[0] == '-') return -2;
+            if (end == v || *end || v[0] == '-' || errno == ERANGE) return -2;
             *(uint64_t*)field = x;
             return 0;
         }
@@ -143,7 +164,8 @@ int setting_parse(const Setting* s, void* base, const char* v) {
         case SETTING_ROUTING:
             return routing_parse(v, field) ? -2 : 0;
         case SETTING_TOPK:
-            return parse_topk(v, (FocusConfig*)((char*)field - offsetof(FocusConfig, topk)));
+            return parse_topk(v, (FocusConfig*)((char*)field - offsetof(FocusConfig, topk)), s->lo,
+                              s->hi);
         case SETTING_LAYERS:
             return parse_layers(v, field);
     }
@@ -193,6 +215,40 @@ const char* setting_format(const Setting* s, const void* base, int exact, char* 
     return buf;
 }
 
+const char* setting_expect(const Setting* s, char* buf, size_t n) {
+    switch (s->type) {
+        case SETTING_INT:
+        case SETTING_U64:
+            snprintf(buf, n, "an integer from %.17g to %.17g", s->lo, s->hi);
+            break;
+        case SETTING_FLOAT:
+            snprintf(buf, n, "a number from %.9g to %.9g", s->lo, s->hi);
+            break;
+        case SETTING_STR:
+            snprintf(buf, n, "text of at most %zu bytes", s->size - 1);
+            break;
+        case SETTING_OBJECTIVE:
+            snprintf(buf, n, "one of lm, kl, attn, kl+attn");
+            break;
+        case SETTING_ARCH:
+            snprintf(buf, n, "one of gpt2, llama");
+            break;
+        case SETTING_ATTN:
+            snprintf(buf, n, "one of dense, soft, hard");
+            break;
+        case SETTING_ROUTING:
+            snprintf(buf, n, "one of sinkhorn, causal, prefix_sinkhorn");
+            break;
+        case SETTING_TOPK:
+            snprintf(buf, n, "k, pP or pP:k with k from %g to %g and 0 < P <= 1", s->lo, s->hi);
+            break;
+        case SETTING_LAYERS:
+            snprintf(buf, n, "none, or layers and ranges from 0 to 255 (0,1,28-29)");
+            break;
+    }
+    return buf;
+}
+
 const Setting* setting_find(const Setting* rows, int n, const char* name) {
     for (int i = 0; i < n; i++)
         if (!strcmp(rows[i].name, name)) return &rows[i];
@@ -221,6 +277,11 @@ void settings_help(FILE* f, const Setting* rows, int n) {
                 rows[i].flags & SET_ROUTER ? " [stored with the router]" : "");
 }
 
+const Setting* config_find(const char* key) {
+    const Setting* s = setting_find(model_settings, model_settings_count, key);
+    return s ? s : setting_find(focus_settings, focus_settings_count, key);
+}
+
 int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
     const Setting* s = setting_find(model_settings, model_settings_count, key);
     if (s) return setting_parse(s, c, v);
@@ -229,18 +290,62 @@ int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {
     return -1;
 }
 
-void config_validate(const ModelConfig* c, const FocusConfig* f) {
-    if (c->L < 1 || c->C < 1 || c->NH < 1 || c->NKV < 1 || c->F < 1 || c->V < 2 || c->maxT < 1)
-        fatal(
-            "model config: L, C, NH, NKV, F, V and maxT must be positive (got L=%d C=%d NH=%d "
-            "NKV=%d F=%d V=%d maxT=%d)",
-            c->L, c->C, c->NH, c->NKV, c->F, c->V, c->maxT);
-    if (c->C % c->NH) fatal("model config: C=%d is not a multiple of NH=%d", c->C, c->NH);
-    if (c->NH % c->NKV) fatal("model config: NH=%d is not a multiple of NKV=%d", c->NH, c->NKV);
+/* The first numeric field of rows[0..n) in the struct at base outside its declared range (or not
+ * finite), described in err; 0 when all are in range. */
+static int rows_check(const Setting* rows, int n, const void* base, const char* what, char* err,
+                      size_t errlen) {
+    for (int i = 0; i < n; i++) {
+        const Setting* r = &rows[i];
+        const void* field = (const char*)base + r->offset;
+        double v;
+        if (r->type == SETTING_INT)
+            v = *(const int*)field;
+        else if (r->type == SETTING_FLOAT)
+            v = *(const float*)field;
+        else
+            continue;
+        if (!(v >= r->lo && v <= r->hi)) {
+            char w[96];
+            snprintf(err, errlen, "%s: %s = %.9g is out of range (expected %s)", what, r->name, v,
+                     setting_expect(r, w, sizeof w));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int model_config_check(const ModelConfig* c, char* err, size_t n) {
+    if (rows_check(model_settings, model_settings_count, c, "model config", err, n)) return -1;
+    if (c->V < 2) return snprintf(err, n, "model config: V = %d, fewer than 2 tokens", c->V), -1;
+    if (c->C % c->NH)
+        return snprintf(err, n, "model config: C=%d is not a multiple of NH=%d", c->C, c->NH), -1;
+    if (c->NH % c->NKV)
+        return snprintf(err, n, "model config: NH=%d is not a multiple of NKV=%d", c->NH, c->NKV),
+               -1;
     if (c->arch == ARCH_GPT2 && c->NKV != c->NH)
-        fatal("model config: gpt2 has no grouped-query attention (NKV=%d, NH=%d)", c->NKV, c->NH);
+        return snprintf(err, n, "model config: gpt2 has no grouped-query attention (NKV=%d, NH=%d)",
+                        c->NKV, c->NH),
+               -1;
     if (c->arch == ARCH_LLAMA && ((c->C / c->NH) % 2))
-        fatal("model config: RoPE needs an even head size (got %d)", c->C / c->NH);
+        return snprintf(err, n, "model config: RoPE needs an even head size (got %d)",
+                        c->C / c->NH),
+               -1;
+    if (c->arch == ARCH_LLAMA && !(c->rope_theta >= 1))
+        return snprintf(err, n, "model config: rope_theta = %g; a rotary base must be at least 1",
+                        (double)c->rope_theta),
+               -1;
+    if (!(c->eps > 0))
+        return snprintf(err, n, "model config: eps = %g; a norm epsilon must be positive",
+                        (double)c->eps),
+               -1;
+    return 0;
+}
+
+void config_validate(const ModelConfig* c, const FocusConfig* f) {
+    char err[512];
+    if (model_config_check(c, err, sizeof err) ||
+        rows_check(focus_settings, focus_settings_count, f, "focus config", err, sizeof err))
+        fatal("%s", err);
     if (f->K < 1 || f->K > 32) fatal("focus config: K=%d must be in 1..32", f->K);
     if (f->dg < 1) fatal("focus config: dg=%d must be positive", f->dg);
     if (f->iters < 1) fatal("focus config: iters=%d must be at least 1", f->iters);

@@ -45,6 +45,12 @@ static void param_sizes(size_t* s, const ModelConfig* c) {
     s[16] = c->tied ? 0 : V * C;
 }
 
+size_t model_param_count(const ModelConfig* c) {
+    size_t s[NUM_PARAM_TENSORS];
+    param_sizes(s, c);
+    return model_sum_sizes(s, NUM_PARAM_TENSORS);
+}
+
 /* Carve mem into n consecutive tensors of the given sizes; size 0 gives NULL. */
 void model_carve(real** ptrs, real* mem, const size_t* sizes, int n) {
     for (int i = 0; i < n; i++) {

@@ -140,7 +140,7 @@ typedef struct {
     size_t num_router;
     RouterParams rgrads;
     real* rgrads_mem;
-    LoraConfig lora; /* adapters (model_lora_init), rank 0 without */
+    LoraConfig lora;   /* adapters (model_lora_init), rank 0 without */
     LoraParams lw, lg; /* their weights and gradients */
     real *lora_mem, *lora_grads_mem, *lora_scratch;
     size_t lora_sizes[NUM_LORA_TENSORS], num_lora, lora_scratch_n;
@@ -180,6 +180,8 @@ void focus_config_default(FocusConfig* fc);
 /* Set one key of MODEL_SETTINGS or FOCUS_SETTINGS (settings.h; e.g. "K", "tau", "routing",
  * "attn", "L", "arch") from a string. 0 on success, -1 unknown key, -2 bad value. */
 int config_set(ModelConfig* cfg, FocusConfig* fc, const char* key, const char* value);
+/* The MODEL_SETTINGS or FOCUS_SETTINGS row called key, or NULL. */
+const Setting* config_find(const char* key);
 /* Layer l keeps dense attention (listed in dense_layers). */
 static inline int focus_layer_dense(const FocusConfig* f, int l) {
     return l >= 0 && l < 256 && ((f->dense_layers[l >> 6] >> (l & 63)) & 1);
@@ -192,6 +194,12 @@ static inline AttnMode focus_layer_attn(const FocusConfig* f, int l) {
 const char* focus_topk_str(const FocusConfig* f, char* buf);
 /* "0,1,29", or "none". buf: at least 1024 bytes. */
 const char* focus_dense_layers_str(const FocusConfig* f, char* buf, size_t n);
+/* The model shape c within its settings' ranges (settings.h) and consistent: 0, or -1 with a
+ * one-line reason in err. Readers call it before anything the shape sizes is allocated. */
+int model_config_check(const ModelConfig* c, char* err, size_t n);
+/* Parameters a model of shape c holds (as model_build would allocate); c must pass
+ * model_config_check (then no product overflows). */
+size_t model_param_count(const ModelConfig* c);
 /* Check a configuration for consistency; fatal() with a message naming the problem. */
 void config_validate(const ModelConfig* cfg, const FocusConfig* fc);
 void config_print(const ModelConfig* cfg, const FocusConfig* fc, FILE* f);

@@ -1,6 +1,9 @@
 /* settings.h: every setting of a model and its router, declared once.
  *
- * Each row: X(section, name, type, field, default, flags, help). The tables below (and
+ * Each row: X(section, name, type, field, default, lo, hi, flags, help); lo and hi bound a
+ * numeric value (inclusive; a float must also be finite; for topk, the fixed budget and the cap;
+ * for dense_layers, each index), checked wherever a value is parsed: INI files, --set, and the
+ * configuration a router brings back from router.h5. The tables below (and
  * RUN_SETTINGS in train/runconfig.c, same columns, for the run's own settings) drive parsing of
  * INI files and --set (config_set, setting_parse), config_print, the run configuration text
  * written to RUN_DIR/config.conf and stored in router.h5 (settings_write), `focus settings`,
@@ -10,6 +13,7 @@
 #define FOCUS_SETTINGS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* flags */
@@ -17,46 +21,52 @@
 #define SET_EVAL 2   /* chosen at evaluation time: not written into a run's configuration */
 
 /* The model's shape (ModelConfig). */
-#define MODEL_SETTINGS(X)                                                                       \
-    X(model, arch, ARCH, arch, NULL, 0, "architecture: gpt2 or llama")                          \
-    X(model, L, INT, L, NULL, 0, "layers")                                                      \
-    X(model, C, INT, C, NULL, 0, "model width")                                                 \
-    X(model, NH, INT, NH, NULL, 0, "query heads")                                               \
-    X(model, NKV, INT, NKV, NULL, 0, "key/value heads (NH without grouped-query attention)")    \
-    X(model, F, INT, F, NULL, 0, "feed-forward hidden width")                                   \
-    X(model, V, INT, V, NULL, 0, "vocabulary size")                                             \
-    X(model, maxT, INT, maxT, NULL, 0, "context length")                                        \
-    X(model, eps, FLOAT, eps, NULL, 0, "norm epsilon")                                          \
-    X(model, rope_theta, FLOAT, rope_theta, NULL, 0, "rotary base (llama)")                     \
-    X(model, qkv_bias, INT, qkv_bias, NULL, 0, "Q/K/V projections carry biases (llama family)") \
-    X(model, tied, INT, tied, NULL, 0, "output head shares the token embedding")
+#define MODEL_SETTINGS(X)                                                            \
+    X(model, arch, ARCH, arch, NULL, 0, 0, 0, "architecture: gpt2 or llama")         \
+    X(model, L, INT, L, NULL, 1, 256, 0, "layers")                                   \
+    X(model, C, INT, C, NULL, 1, 65536, 0, "model width")                            \
+    X(model, NH, INT, NH, NULL, 1, 4096, 0, "query heads")                           \
+    X(model, NKV, INT, NKV, NULL, 1, 4096, 0,                                        \
+      "key/value heads (NH without grouped-query attention)")                        \
+    X(model, F, INT, F, NULL, 1, 1048576, 0, "feed-forward hidden width")            \
+    X(model, V, INT, V, NULL, 1, 16777216, 0, "vocabulary size")                     \
+    X(model, maxT, INT, maxT, NULL, 1, 4194304, 0, "context length")                 \
+    X(model, eps, FLOAT, eps, NULL, 1e-12, 1, 0, "norm epsilon")                     \
+    X(model, rope_theta, FLOAT, rope_theta, NULL, 0, 1e12, 0, "rotary base (llama)") \
+    X(model, qkv_bias, INT, qkv_bias, NULL, 0, 1, 0,                                 \
+      "Q/K/V projections carry biases (llama family)")                               \
+    X(model, tied, INT, tied, NULL, 0, 1, 0, "output head shares the token embedding")
 
 /* The router and how attention uses it (FocusConfig). Project choices (METHOD.md section 9):
  * sinks = 4 as StreamingLLM (on SmolLM2 one sink took hard k=1 from 35.3 to 21.0, dense 20.3,
  * 4 sinks to 20.96; docs/RESULTS.md); beta_balance = 1 with momentum 0.9 (the paper's EMA of
  * Sinkhorn offsets, beta_balance = 0 and momentum 0.99, left one group with 40 % of a layer's
  * tokens under causal routing). */
-#define FOCUS_SETTINGS(X)                                                                      \
-    X(focus, K, INT, K, "8", SET_ROUTER, "token groups, at most 32")                           \
-    X(focus, dg, INT, dg, "16", SET_ROUTER, "routing dimension")                               \
-    X(focus, tau, FLOAT, tau, "0.1", SET_ROUTER, "Sinkhorn / softmax temperature")             \
-    X(focus, iters, INT, iters, "10", SET_ROUTER, "Sinkhorn iterations")                       \
-    X(focus, w, INT, w, "128", SET_ROUTER, "local window: pairs i - j <= w are never gated")   \
-    X(focus, lambda, FLOAT, lambda, "10", 0, "gate sharpness (initial value when learned)")    \
-    X(focus, b, FLOAT, bias, "0.5", 0, "gate offset (initial value when learned)")             \
-    X(focus, routing, ROUTING, routing, "sinkhorn", 0,                                         \
-      "sinkhorn | causal | prefix_sinkhorn (training; evaluation is causal)")                  \
-    X(focus, topk, TOPK, topk, "1", 0,                                                         \
-      "hard mode: groups kept per token, or pP / pP:k (until a share P of G_i, at most k)")    \
-    X(focus, sinks, INT, sinks, "4", SET_ROUTER, "first positions every query keeps")          \
-    X(focus, dense_layers, LAYERS, dense_layers, "none", SET_ROUTER,                           \
-      "layers that keep dense attention: none, or e.g. 0,1,28-29")                             \
-    X(focus, learn_gate, INT, learn_gate, "0", SET_ROUTER, "lambda and b receive gradients")   \
-    X(focus, beta_momentum, FLOAT, beta_momentum, "0.9", 0, "EMA momentum of the causal bias") \
-    X(focus, beta_balance, INT, beta_balance, "1", 0,                                          \
-      "beta balances causal routing itself (0: EMA of Sinkhorn's offsets)")                    \
-    X(focus, seed, U64, seed, "1234", 0, "router initialisation")                              \
-    X(focus, attn, ATTN, attn, "soft", SET_EVAL, "dense | soft (the gate) | hard (top-k groups)")
+#define FOCUS_SETTINGS(X)                                                                          \
+    X(focus, K, INT, K, "8", 1, 32, SET_ROUTER, "token groups, at most 32")                        \
+    X(focus, dg, INT, dg, "16", 1, 4096, SET_ROUTER, "routing dimension")                          \
+    X(focus, tau, FLOAT, tau, "0.1", 1e-4, 1e4, SET_ROUTER, "Sinkhorn / softmax temperature")      \
+    X(focus, iters, INT, iters, "10", 1, 1000, SET_ROUTER, "Sinkhorn iterations")                  \
+    X(focus, w, INT, w, "128", 0, 4194304, SET_ROUTER,                                             \
+      "local window: pairs i - j <= w are never gated")                                            \
+    X(focus, lambda, FLOAT, lambda, "10", 0, 1e6, 0,                                               \
+      "gate sharpness (initial value when learned)")                                               \
+    X(focus, b, FLOAT, bias, "0.5", -1e6, 1e6, 0, "gate offset (initial value when learned)")      \
+    X(focus, routing, ROUTING, routing, "sinkhorn", 0, 0, 0,                                       \
+      "sinkhorn | causal | prefix_sinkhorn (training; evaluation is causal)")                      \
+    X(focus, topk, TOPK, topk, "1", 1, 32, 0,                                                      \
+      "hard mode: groups kept per token, or pP / pP:k (until a share P of G_i, at most k)")        \
+    X(focus, sinks, INT, sinks, "4", 0, 4194304, SET_ROUTER, "first positions every query keeps")  \
+    X(focus, dense_layers, LAYERS, dense_layers, "none", 0, 255, SET_ROUTER,                       \
+      "layers that keep dense attention: none, or e.g. 0,1,28-29")                                 \
+    X(focus, learn_gate, INT, learn_gate, "0", 0, 1, SET_ROUTER, "lambda and b receive gradients") \
+    X(focus, beta_momentum, FLOAT, beta_momentum, "0.9", 0, 1, 0,                                  \
+      "EMA momentum of the causal bias")                                                           \
+    X(focus, beta_balance, INT, beta_balance, "1", 0, 1, 0,                                        \
+      "beta balances causal routing itself (0: EMA of Sinkhorn's offsets)")                        \
+    X(focus, seed, U64, seed, "1234", 0, UINT64_MAX, 0, "router initialisation")                   \
+    X(focus, attn, ATTN, attn, "soft", 0, 0, SET_EVAL,                                             \
+      "dense | soft (the gate) | hard (top-k groups)")
 
 typedef enum {
     SETTING_INT,
@@ -77,6 +87,7 @@ typedef struct {
     SettingType type;
     size_t offset, size; /* the field in its struct */
     const char* def;
+    double lo, hi; /* the valid range of a numeric value */
     int flags;
     const char* help;
 } Setting;
@@ -85,8 +96,12 @@ typedef struct {
 extern const Setting model_settings[], focus_settings[];
 extern const int model_settings_count, focus_settings_count;
 
-/* Parse v into the field of s in the struct at base: 0, or -2 for a bad value. */
+/* Parse v into the field of s in the struct at base: 0, or -2 for a bad value (not of the type,
+ * out of the row's range, or for an integer, too large to represent: no wrap-around). */
 int setting_parse(const Setting* s, void* base, const char* v);
+/* What a value of s must be, for messages: "an integer from 1 to 32", "one of dense, soft,
+ * hard". Returns buf. */
+const char* setting_expect(const Setting* s, char* buf, size_t n);
 /* The field's value as text ("%.9g" for floats when exact, else "%g"); returns buf. */
 const char* setting_format(const Setting* s, const void* base, int exact, char* buf, size_t n);
 /* The row called name in rows[0..n), or NULL. */

@@ -5,7 +5,7 @@
 # refused, and so is a resume with other attention sinks; eval with several budgets and eval
 # layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
 # a malformed task file; eval passkey and eval curve run every mode; finetune (LoRA, full) writes
-# what eval loads back. Needs ../shared/data (skips with 77).
+# what eval loads back; pretrain trains dense and Focus models from scratch. Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -80,5 +80,14 @@ err=$("$focus" eval ppl --model "$work/other/base.gguf" --tokenizer ../shared/da
 "$focus" finetune --config configs/tiny.conf "${small[@]}" --set steps=2 --set method=full --set lr=0.001 --out "$work/full_ft" > "$work/full_ft.log" 2>&1
 out=$("$focus" eval ppl --model "$work/full_ft/model.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 2>/dev/null)
 echo "$out" | grep -q "^perplexity" && ok "finetune --method full writes a loadable GGUF" || { bad "full fine-tuning"; tail -3 "$work/full_ft.log"; }
+# from scratch: dense and Focus (router trained jointly) runs; the Focus run's last router belongs
+# to its last weights (eval loads them together); a pretrained base is refused
+for attn in dense focus; do
+    "$focus" pretrain --config configs/tiny.conf "${small[@]}" --set steps=3 --set eval_every=2 --attn $attn --out "$work/scratch_$attn" > "$work/scratch_$attn.log" 2>&1 || { bad "pretrain --attn $attn"; tail -3 "$work/scratch_$attn.log"; }
+done
+out=$("$focus" eval ppl --model "$work/scratch_focus/model.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --router "$work/scratch_focus/router.h5" --attn hard 2>/dev/null)
+[ "$(grep -c '"ppl_hard"' "$work/scratch_focus/metrics.jsonl")" -eq 3 ] && [ "$(grep -c '"ppl"' "$work/scratch_dense/metrics.jsonl")" -eq 3 ] && echo "$out" | grep -q "pairs kept" && ok "pretrain dense and focus, evaluated at steps 0, 2 and 3; model.gguf + router.h5 load" || { bad "pretrain: $out"; cat "$work/scratch_focus/metrics.jsonl"; }
+err=$("$focus" pretrain --config configs/tiny.conf --set model="$work/full/base.gguf" --out "$work/scratch_bad" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "model = scratch" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "pretrain refuses a pretrained model" || bad "pretrain non-scratch: rc=$rc $err"
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -87,8 +87,14 @@ typedef struct {
     size_t rows, cols;
 } STensor;
 
+/* Mutations for the bad-input cases: a tensor left out, and data_offsets moved (the second
+ * tensor's span shifted back into the first one's, or every span shifted forward). */
+static const char* st_skip;
+static int st_overlap, st_shift;
+
 static void st_add(STensor* ts, int* n, const char* name, const real* src, size_t rows, size_t cols,
                    int transpose) {
+    if (st_skip && !strcmp(name, st_skip)) return;
     STensor* t = &ts[(*n)++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->rows = transpose ? cols : rows;
@@ -105,6 +111,8 @@ static void st_write(const char* path, STensor* ts, int n) {
     len += (size_t)snprintf(hdr, cap, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < n; i++) {
         size_t bytes = ts[i].rows * ts[i].cols * 4;
+        off += (size_t)st_shift;
+        if (i == 1 && st_overlap) off -= 4;
         if (ts[i].rows == 1)
             len += (size_t)snprintf(
                 hdr + len, cap - len,
@@ -115,7 +123,8 @@ static void st_write(const char* path, STensor* ts, int n) {
                 hdr + len, cap - len,
                 ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%zu,%zu],\"data_offsets\":[%zu,%zu]}",
                 ts[i].name, ts[i].rows, ts[i].cols, off, off + bytes);
-        off += bytes;
+        off += bytes - (size_t)st_shift;
+        if (i == 1 && st_overlap) off += 4;
     }
     len += (size_t)snprintf(hdr + len, cap - len, "}");
     while (len % 8) hdr[len++] = ' ';
@@ -224,6 +233,65 @@ static void write_hf_llama(const Model* m, const char* dir) {
     free(ts);
 }
 
+static void load_path(const void* path) {
+    Model m;
+    FocusConfig fc;
+    focus_config_default(&fc);
+    model_load(&m, path, &fc, NULL);
+}
+
+/* An llm.c file of g with header word `word` set to v (or, with word < 0, a NaN weight). */
+static void llmc_mutant(const Model* g, const char* path, int word, int32_t v) {
+    if (word < 0) {
+        real keep = g->params.wte[5];
+        g->params.wte[5] = NAN;
+        write_llmc(g, path, 3, 64);
+        g->params.wte[5] = keep;
+        return;
+    }
+    write_llmc(g, path, 3, 64);
+    FILE* fp = fopen(path, "r+b");
+    fseek(fp, 4L * word, SEEK_SET);
+    fwrite(&v, 4, 1, fp);
+    fclose(fp);
+}
+
+/* Bad input: each must be refused with one line naming the file and the problem (issue 15). */
+static void bad_inputs(Model* g, Model* l) {
+    char msg[4096];
+    const char* p = tu_path("bad.bin");
+    struct {
+        int word;
+        int32_t v;
+        const char* want;
+    } llmc[] = {{6, 2147483647, "inconsistent sizes"}, /* C = 2^31 - 1: no overflow first */
+                {4, 1000000, "inconsistent sizes"},    /* a million layers: nothing allocated */
+                {3, -5, "inconsistent sizes"},
+                {-1, 0, "wte is nan"}};
+    for (size_t i = 0; i < sizeof llmc / sizeof llmc[0]; i++) {
+        llmc_mutant(g, p, llmc[i].word, llmc[i].v);
+        CHECK(tu_fails_with(load_path, p, llmc[i].want, msg, sizeof msg), "llm.c mutant %zu: %s", i,
+              msg);
+    }
+    struct {
+        const char* skip;
+        int overlap, shift;
+        const char* want;
+    } st[] = {{"model.layers.0.self_attn.q_proj.bias", 0, 0, "q_proj.bias' is missing"},
+              {NULL, 1, 0, "overlaps"},
+              {NULL, 0, 4, "gap"}};
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+        st_skip = st[i].skip, st_overlap = st[i].overlap, st_shift = st[i].shift;
+        write_hf_llama(l, tu_path("bad_hf"));
+        st_skip = NULL, st_overlap = st_shift = 0;
+        CHECK(tu_fails_with(load_path, tu_path("bad_hf"), st[i].want, msg, sizeof msg),
+              "safetensors mutant %zu: %s", i, msg);
+        printf("  refused: %s\n", msg);
+    }
+    CHECK(tu_fails_with(load_path, tu_tmpdir(), "model.safetensors", msg, sizeof msg),
+          "a folder without a model: %s", msg);
+}
+
 int main(void) {
     for (int i = 0; i < T; i++) tok[i] = (i * 11 + 3) % 64;
     Model g = make("tiny-gpt2", 0);
@@ -249,6 +317,9 @@ int main(void) {
     write_hf_llama(&l, tu_path("tiny_llama_hf"));
     compare("LLaMA + QKV bias, HF safetensors dir", tu_path("tiny_llama_hf"), ref, l.cfg.V, 1e-5);
     free(ref);
+    g = make("tiny-gpt2", 0);
+    bad_inputs(&g, &l);
+    model_free(&g);
     model_free(&l);
     return tu_finish("test_checkpoints");
 }

@@ -110,6 +110,68 @@ static int try_open(const char* path, const Buf* b, char* err, size_t errlen) {
     return rc;
 }
 
+static void load_path(const void* path) {
+    Model m;
+    FocusConfig fc;
+    focus_config_default(&fc);
+    model_load(&m, path, &fc, NULL);
+}
+
+/* A copy of b with the value of metadata key `key` (after its u32 type) replaced by the n bytes
+ * at v, saved to path. */
+static void save_patched(const Buf* b, const char* key, const void* v, size_t n, const char* path) {
+    Buf c = {mallocCheck(b->n), b->n, b->n};
+    memcpy(c.b, b->b, b->n);
+    size_t kl = strlen(key);
+    for (size_t i = 0; i + kl + 4 + n <= c.n; i++)
+        if (!memcmp(c.b + i, key, kl)) {
+            memcpy(c.b + i + kl + 4, v, n);
+            break;
+        }
+    save(path, &c);
+    free(c.b);
+}
+
+/* Numeric metadata out of range or not finite, and a NaN weight: refused in one line before
+ * anything the shape sizes is allocated (issue 15). */
+static void bad_metadata(const Model* m) {
+    Buf good = write_gguf(m, 0);
+    char msg[4096];
+    const char* p = tu_path("bad_meta.gguf");
+    const uint32_t big = 1000000;
+    const float nan = NAN, neg = -1, zero = 0;
+    struct {
+        const char* key;
+        const void* v;
+        const char* want;
+    } cases[] = {{"llama.block_count", &big, "L = 1000000 is out of range"},
+                 {"llama.embedding_length", &big, "C = 1000000 is out of range"},
+                 {"llama.attention.head_count", &big, "NH = 1000000 is out of range"},
+                 {"llama.attention.layer_norm_rms_epsilon", &nan, "eps = nan"},
+                 {"llama.attention.layer_norm_rms_epsilon", &neg, "eps = -1"},
+                 {"llama.rope.freq_base", &nan, "rope_theta = nan"},
+                 {"llama.rope.freq_base", &zero, "rope_theta = 0"},
+                 {"llama.rope.freq_base", &neg, "rope_theta = -1"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        save_patched(&good, cases[i].key, cases[i].v, 4, p);
+        int ok = tu_fails_with(load_path, p, cases[i].want, msg, sizeof msg);
+        CHECK(ok && strstr(msg, "bad_meta.gguf"), "%s mutated: %s", cases[i].key, msg);
+    }
+    /* a NaN weight: the first element of token_embd.weight (F32, the first tensor's data) */
+    GGUFFile f;
+    char err[256];
+    save(p, &good);
+    if (!gguf_open(&f, p, err, sizeof err)) {
+        size_t at = (size_t)(gguf_tensor(&f, "token_embd.weight")->data - f.map);
+        gguf_close(&f);
+        memcpy(good.b + at, &nan, 4);
+        save(p, &good);
+        CHECK(tu_fails_with(load_path, p, "weight 0 of wte is nan", msg, sizeof msg),
+              "NaN weight: %s", msg);
+    }
+    free(good.b);
+}
+
 int main(int argc, char** argv) {
     check_dequant();
 
@@ -208,6 +270,7 @@ int main(int argc, char** argv) {
 
     CHECK(ggml_dequantize(NULL, NULL, 10, 256) == -1 && !strcmp(ggml_type_name(10), "Q2_K"),
           "Q2_K must be reported as unsupported");
+    bad_metadata(&m);
     free(ref);
     model_free(&m);
 

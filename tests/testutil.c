@@ -4,6 +4,7 @@
 #include <ftw.h>
 #include <math.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int tu_passed = 0, tu_failed = 0;
@@ -77,4 +78,32 @@ const char* tu_path(const char* name) {
     if (strlen(name) > 255) fatal("tu_path: name too long: %s", name);
     snprintf(b, sizeof bufs[0], "%s/%s", tu_tmpdir(), name);
     return b;
+}
+
+int tu_fails_with(void (*fn)(const void*), const void* arg, const char* want, char* msg, size_t n) {
+    int fd[2];
+    if (pipe(fd)) return snprintf(msg, n, "pipe failed"), 0;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 2);
+        fn(arg);
+        exit(0);
+    }
+    close(fd[1]);
+    char buf[4096];
+    size_t len = 0;
+    ssize_t r;
+    while ((r = read(fd[0], buf + len, sizeof buf - 1 - len)) > 0) len += (size_t)r;
+    close(fd[0]);
+    buf[len] = 0;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++) lines += buf[i] == '\n';
+    if (len && buf[len - 1] == '\n') buf[len - 1] = 0;
+    snprintf(msg, n, "%s%s", WIFEXITED(status) ? "" : "[killed by a signal] ", buf);
+    return WIFEXITED(status) && WEXITSTATUS(status) != 0 && lines == 1 && strstr(buf, want);
 }

@@ -32,6 +32,10 @@ double tu_max_abs_diff(const real* a, const real* b, size_t n);
 const char* tu_tmpdir(void);
 const char* tu_path(const char* name);
 
+/* Run fn(arg) in a forked child: 1 when it exits non-zero with exactly one line on stderr that
+ * contains want (the line is copied to msg), else 0 (msg says what happened instead). */
+int tu_fails_with(void (*fn)(const void*), const void* arg, const char* want, char* msg, size_t n);
+
 /* ../shared/data (or $FOCUS_DATA), or NULL when it is not there. */
 const char* tu_data_dir(void);
 /* The fetched SmolLM2 GGUF (scripts/fetch_model.sh), or NULL when it is not there. */

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,18 +25,36 @@ const char* cli_value(int argc, char** argv, int i) {
     return argv[i + 1];
 }
 
-int cli_int(const char* opt, const char* v) {
+/* Words for a range in messages: "an integer from 1 to 32", "a number from 0 to 1". */
+static const char* range_words(char kind, double lo, double hi, char* buf, size_t n) {
+    snprintf(buf, n, "%s from %.9g to %.9g", kind == 'i' ? "an integer" : "a number", lo, hi);
+    return buf;
+}
+
+long long cli_int_range(const char* opt, const char* v, long long lo, long long hi) {
     char* end;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end) fatal("option %s expects an integer, got '%s'", opt, v);
-    return (int)x;
+    char w[96];
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno == ERANGE || x < lo || x > hi)
+        fatal("option %s expects %s, got '%s'", opt,
+              range_words('i', (double)lo, (double)hi, w, sizeof w), v);
+    return x;
+}
+
+int cli_int(const char* opt, const char* v) { return (int)cli_int_range(opt, v, 0, INT_MAX); }
+
+double cli_float_range(const char* opt, const char* v, double lo, double hi) {
+    char* end;
+    char w[96];
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x) || x < lo || x > hi)
+        fatal("option %s expects %s, got '%s'", opt, range_words('x', lo, hi, w, sizeof w), v);
+    return x;
 }
 
 double cli_float(const char* opt, const char* v) {
-    char* end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x)) fatal("option %s expects a number, got '%s'", opt, v);
-    return x;
+    return cli_float_range(opt, v, -HUGE_VAL, HUGE_VAL);
 }
 
 const char* cli_split_set(const char* kv, char* key, size_t keycap) {
@@ -53,7 +72,10 @@ void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
     const char* value = cli_split_set(kv, key, sizeof key);
     int r = config_set(cfg, fc, key, value);
     if (r == -1) fatal("--set: unknown setting '%s'", key);
-    if (r == -2) fatal("--set: bad value '%s' for setting '%s'", value, key);
+    char w[96];
+    if (r == -2)
+        fatal("--set: bad value '%s' for setting '%s' (expected %s)", value, key,
+              setting_expect(config_find(key), w, sizeof w));
 }
 
 FocusConfig cli_serving_focus(void) {
@@ -240,6 +262,7 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
     /* the spec's options and their destinations, in order */
     enum { MAXOPT = 32 };
     char names[MAXOPT][32], kinds[MAXOPT];
+    double lo[MAXOPT], hi[MAXOPT];
     void* dst[MAXOPT];
     int n = 0;
     va_list ap;
@@ -252,8 +275,19 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
         memcpy(names[n], p, (size_t)(colon - p));
         names[n][colon - p] = 0;
         kinds[n] = colon[1];
-        dst[n++] = va_arg(ap, void*);
+        /* integers default to [0, INT_MAX], numbers to any finite value */
+        lo[n] = kinds[n] == 'i' ? 0 : -HUGE_VAL;
+        hi[n] = kinds[n] == 'i' ? INT_MAX : HUGE_VAL;
         p = colon + 2;
+        if (*p == '[') { /* a declared range: [lo,hi] */
+            char* end;
+            lo[n] = strtod(p + 1, &end);
+            if (*end != ',') fatal("internal: bad range in option spec '%s'", colon);
+            hi[n] = strtod(end + 1, &end);
+            if (*end != ']') fatal("internal: bad range in option spec '%s'", colon);
+            p = end + 1;
+        }
+        dst[n++] = va_arg(ap, void*);
     }
     va_end(ap);
     for (int i = first; i < argc; i++) {
@@ -278,9 +312,9 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
         if (kinds[k] == 's') {
             *(const char**)dst[k] = v;
         } else if (kinds[k] == 'i') {
-            *(int*)dst[k] = cli_int(a, v);
+            *(int*)dst[k] = (int)cli_int_range(a, v, (long long)lo[k], (long long)hi[k]);
         } else if (kinds[k] == 'x') {
-            *(double*)dst[k] = cli_float(a, v);
+            *(double*)dst[k] = cli_float_range(a, v, lo[k], hi[k]);
         } else if (kinds[k] == 'd') {
             *(int*)dst[k] = cli_device(v);
         } else if (kinds[k] == '*') {

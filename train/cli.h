@@ -9,9 +9,11 @@
 /* Parse argv[first..argc) of command cmd. spec lists the options as "--name:K" separated by
  * spaces, and a destination follows for each, in order, by kind K: s const char*, i int,
  * x double, f int set to 1 (a flag), d int (--device: 0 cpu, 1 cuda), * CliList (each use adds
- * an entry). The name "" takes the positional arguments (":s" or ":*" alone). --help prints
- * help and returns 1 (the command then exits with 0); anything unknown or a bad value is fatal,
- * naming the command. */
+ * an entry). An i or x kind may declare its valid range, "--ctx:i[1,1048576]": a value outside
+ * it (or one that does not fit, or is not finite) is refused naming the range; without one an
+ * integer must be in [0, INT_MAX] and a number finite. The name "" takes the positional arguments
+ * (":s" or ":*" alone). --help prints help and returns 1 (the command then exits with 0); anything
+ * unknown or a bad value is fatal, naming the command. */
 typedef struct {
     const char** v; /* malloc'd; the strings are argv's */
     int n;
@@ -21,8 +23,11 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
 
 /* Returns argv[i+1] for option argv[i] or exits with a message naming the option. */
 const char* cli_value(int argc, char** argv, int i);
-/* The value of option opt as an integer / a finite number, or exit naming the option. */
+/* The value of option opt as an integer / a finite number in [lo, hi] (no wrap-around), or exit
+ * naming the option and the range. cli_int: [0, INT_MAX]; cli_float: any finite number. */
+long long cli_int_range(const char* opt, const char* v, long long lo, long long hi);
 int cli_int(const char* opt, const char* v);
+double cli_float_range(const char* opt, const char* v, double lo, double hi);
 double cli_float(const char* opt, const char* v);
 /* Split "key=value" into key (NUL-terminated, at most keycap - 1 bytes) and the returned value;
  * fatal on a malformed pair. */

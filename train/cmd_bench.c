@@ -251,11 +251,14 @@ int cmd_bench(int argc, char** argv) {
     int device = 0, Ks[16] = {8}, nK = 1;
     const char* json = NULL;
     const char *Tlist = NULL, *Klist = NULL;
-    if (cli_parse("bench", argc, argv, 2, bench_usage,
-                  "--config:s --set:* --B:i --T:s --iters:i --n:i --K:s --device:d "
-                  "--json:s --topk:i --heads:i --kv-heads:i --dhead:i --w:i",
-                  &preset, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk,
-                  &heads, &kv_heads, &dhead, &w))
+    if (cli_parse(
+            "bench", argc, argv, 2, bench_usage,
+            "--config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] --K:s "
+            "--device:d "
+            "--json:s --topk:i[1,32] --heads:i[1,1024] --kv-heads:i[1,1024] --dhead:i[1,1024] "
+            "--w:i[0,1048576]",
+            &preset, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk, &heads,
+            &kv_heads, &dhead, &w))
         return 0;
     /* attention takes lists of lengths and group counts; forward one length */
     if (Tlist && !strcmp(what, "attention"))

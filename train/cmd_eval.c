@@ -117,7 +117,8 @@ int cmd_eval(int argc, char** argv) {
     const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL, *lora = NULL;
     CliList sets = {0};
     if (cli_parse("eval", argc, argv, 2, eval_usage,
-                  "--model:s --tokenizer:s --data:s --ctx:i --stride:i --max-tokens:i "
+                  "--model:s --tokenizer:s --data:s --ctx:i[2,1048576] --stride:i[1,1048576] "
+                  "--max-tokens:i[1,2147483647] "
                   "--router:s --attn:s --topk:s --routing:s --device:d --set:* --lora:s",
                   &model, &tok, &data, &ctx, &stride, &max_tokens, &router, &attn, &topk, &routing,
                   &device, &sets, &lora))

@@ -148,10 +148,11 @@ int cmd_eval_passkey(int argc, char** argv) {
     int trials = 2;
     CliList sets = {0};
     if (cli_parse("eval passkey", argc, argv, 2, passkey_usage,
-                  "--model:s --tokenizer:s --router:s --modes:s --lengths:s --depths:s --trials:i "
+                  "--model:s --tokenizer:s --router:s --modes:s --lengths:s --depths:s "
+                  "--trials:i[1,1000] "
                   "--set:* --out:s --lora:s",
-                  &model, &tok_path, &router, &modes_s, &lengths_s, &depths_s, &trials, &sets,
-                  &out, &lora))
+                  &model, &tok_path, &router, &modes_s, &lengths_s, &depths_s, &trials, &sets, &out,
+                  &lora))
         return 0;
     if (!model) fatal("eval passkey: needs --model");
     if (trials < 1) fatal("eval passkey: --trials must be at least 1");
@@ -230,7 +231,8 @@ int cmd_eval_curve(int argc, char** argv) {
     int max_tokens = 16384;
     CliList sets = {0};
     if (cli_parse("eval curve", argc, argv, 2, curve_usage,
-                  "--model:s --tokenizer:s --data:s --router:s --modes:s --ctx:s --max-tokens:i "
+                  "--model:s --tokenizer:s --data:s --router:s --modes:s --ctx:s "
+                  "--max-tokens:i[1,2147483647] "
                   "--set:* --out:s --lora:s",
                   &model, &tok_path, &data, &router, &modes_s, &ctx_s, &max_tokens, &sets, &out,
                   &lora))

@@ -199,11 +199,12 @@ int cmd_eval_tasks(int argc, char** argv) {
     const char *out = NULL, *details_path = NULL, *lora = NULL;
     int limit = 0, shots = 0, ctx = 0;
     CliList sets = {0}, files = {0};
-    if (cli_parse("eval tasks", argc, argv, 2, tasks_usage,
-                  "--model:s --tokenizer:s --tasks:s --data-dir:s --task:* --limit:i --shots:i "
-                  "--ctx:i --router:s --attn:s --topk:s --set:* --out:s --details:s --lora:s",
-                  &model, &tok_path, &tasks, &data_dir, &files, &limit, &shots, &ctx, &router,
-                  &attn, &topk, &sets, &out, &details_path, &lora))
+    if (cli_parse(
+            "eval tasks", argc, argv, 2, tasks_usage,
+            "--model:s --tokenizer:s --tasks:s --data-dir:s --task:* --limit:i --shots:i[0,1000] "
+            "--ctx:i[2,1048576] --router:s --attn:s --topk:s --set:* --out:s --details:s --lora:s",
+            &model, &tok_path, &tasks, &data_dir, &files, &limit, &shots, &ctx, &router, &attn,
+            &topk, &sets, &out, &details_path, &lora))
         return 0;
     if (!model) fatal("eval tasks: needs --model");
     if (limit < 0 || shots < 0 || ctx < 0)

@@ -64,8 +64,9 @@ int cmd_generate(int argc, char** argv) {
     int seed = 1;
     FocusConfig fc = cli_serving_focus();
     if (cli_parse("generate", argc, argv, 1, generate_usage,
-                  "--model:s --tokenizer:s --prompt:s -n:i --temperature:x --top-p:x "
-                  "--seed:i --router:s --topk:s --attn:s",
+                  "--model:s --tokenizer:s --prompt:s -n:i[0,1048576] --temperature:x[0,100] "
+                  "--top-p:x[1e-9,1] "
+                  "--seed:i[0,2147483647] --router:s --topk:s --attn:s",
                   &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn))
         return 0;
     if (!model || !prompt) fatal("generate: needs --model and --prompt");

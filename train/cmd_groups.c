@@ -84,7 +84,9 @@ int cmd_groups(int argc, char** argv) {
     const char *model = NULL, *router = NULL, *data = NULL, *tok = NULL, *out = "groups";
     int ctx = 1024, max_tokens = 16384, top = 12;
     if (cli_parse("groups", argc, argv, 1, groups_usage,
-                  "--model:s --router:s --data:s --tokenizer:s --ctx:i --tokens:i --top:i --out:s",
+                  "--model:s --router:s --data:s --tokenizer:s --ctx:i[2,1048576] "
+                  "--tokens:i[1,2147483647] "
+                  "--top:i[1,100000] --out:s",
                   &model, &router, &data, &tok, &ctx, &max_tokens, &top, &out))
         return 0;
     if (!model || !router || !data) fatal("groups: needs --model, --router and --data");

@@ -23,8 +23,8 @@ int cmd_prepare(int argc, char** argv) {
     int raw = 0;
     CliList files = {0};
     if (cli_parse("prepare", argc, argv, 1, prepare_usage,
-                  "--tokenizer:s --out:s --val-fraction:x --raw:f :*", &tok, &out, &val_fraction,
-                  &raw, &files))
+                  "--tokenizer:s --out:s --val-fraction:x[0,0.5] --raw:f :*", &tok, &out,
+                  &val_fraction, &raw, &files))
         return 0;
     if (val_fraction < 0 || val_fraction >= 1)
         fatal("prepare: --val-fraction must be in [0, 1), got %g", val_fraction);

@@ -33,8 +33,8 @@ int cmd_retrofit(int argc, char** argv) {
     CliList sets = {0};
     int stop_after = 0, on_gpu = 0;
     if (cli_parse("retrofit", argc, argv, 1, retrofit_usage,
-                  "--config:s --out:s --resume:s --stop-after:i --device:d --set:*", &cfg_path,
-                  &out, &resume, &stop_after, &on_gpu, &sets))
+                  "--config:s --out:s --resume:s --stop-after:i[1,2147483647] --device:d --set:*",
+                  &cfg_path, &out, &resume, &stop_after, &on_gpu, &sets))
         return 0;
     const char* device = on_gpu ? "cuda" : "cpu";
     if (!resume && (!cfg_path || !out))

@@ -311,7 +311,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         model_load(m, rc->model, &rc->fc, &info);
     }
     rc->mcfg = m->cfg;
-    if (rc->T > m->cfg.maxT && m->cfg.arch == ARCH_GPT2)
+    if (rc->T > m->cfg.maxT)
         fatal("%s: T=%d exceeds the model's context %d", cmd, rc->T, m->cfg.maxT);
 
     /* data */
