@@ -19,24 +19,37 @@ hid_t h5_create(const char* path, char* tmp, size_t n) {
 }
 
 void h5_commit(hid_t f, const char* tmp, const char* path) {
-    if (H5Fclose(f) < 0) fatal("%s: closing the checkpoint failed (disk full?)", tmp);
+    if (H5Fclose(f) < 0) {
+        unlink(tmp);
+        fatal("%s: closing the checkpoint failed (disk full?); nothing was replaced", tmp);
+    }
     int fd = open(tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd)) fatal("%s: fsync failed: %s", tmp, strerror(errno));
+    if (fd < 0 || fsync(fd)) {
+        int e = errno;
+        unlink(tmp);
+        fatal("%s: fsync failed: %s; nothing was replaced", tmp, strerror(e));
+    }
     close(fd);
-    if (rename(tmp, path)) fatal("%s: rename failed: %s", path, strerror(errno));
+    if (rename(tmp, path)) {
+        int e = errno;
+        unlink(tmp);
+        fatal("%s: rename failed: %s", path, strerror(e));
+    }
     fsync_parent_dir(path);
 }
 
 void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank,
-                     const hsize_t* dims, const char* path) {
+                 const hsize_t* dims, const char* path) {
     hid_t sp = H5Screate_simple(rank, dims, NULL);
     /* no modification times: the same training run writes the same bytes */
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
     H5Pset_obj_track_times(dcpl, 0);
     hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     H5Pclose(dcpl);
-    if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-        fatal("%s: writing dataset '%s' failed (disk full?)", path, name);
+    if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+        unlink(path); /* the temporary file: what it replaces stays as it was */
+        fatal("%s: writing dataset '%s' failed (disk full?); nothing was replaced", path, name);
+    }
     H5Dclose(ds);
     H5Sclose(sp);
 }
@@ -44,16 +57,20 @@ void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int 
 void h5_write_attr(hid_t loc, const char* name, hid_t type, const void* v, const char* path) {
     hid_t sp = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, type, v) < 0) fatal("%s: writing attribute '%s' failed", path, name);
+    if (a < 0 || H5Awrite(a, type, v) < 0) {
+        unlink(path);
+        fatal("%s: writing attribute '%s' failed (disk full?); nothing was replaced", path, name);
+    }
     H5Aclose(a);
     H5Sclose(sp);
 }
 
-void h5_read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank,
-                    const hsize_t* want, const char* path) {
+void h5_read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank, const hsize_t* want,
+                const char* path) {
     hid_t ds = H5Dopen2(loc, name, H5P_DEFAULT);
     if (ds < 0)
-        fatal("%s: dataset '%s' is missing; not this kind of focus checkpoint, or corrupt", path, name);
+        fatal("%s: dataset '%s' is missing; not this kind of focus checkpoint, or corrupt", path,
+              name);
     hid_t sp = H5Dget_space(ds);
     hsize_t dims[8] = {0};
     int r = H5Sget_simple_extent_ndims(sp);
@@ -89,8 +106,8 @@ hid_t h5_open(const char* path, const char* what, int version_want) {
     if (f < 0) fatal("%s: HDF5 cannot open the file; it is truncated or corrupt", path);
     int64_t version = 0;
     h5_read_attr(f, "format_version", H5T_NATIVE_INT64, &version, path);
-    if (version != version_want)
-        fatal("%s: %s format %lld, this build reads %d", path, what, (long long)version,
+    if (version < 1 || version > version_want)
+        fatal("%s: %s format %lld, this build reads 1 to %d", path, what, (long long)version,
               version_want);
     return f;
 }

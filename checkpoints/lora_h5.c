@@ -7,8 +7,8 @@
 
 #define FORMAT_VERSION 1
 
-static const char* const names[NUM_LORA_TENSORS] = {"lora/qkv_a", "lora/qkv_b", "lora/o_a",
-                                                    "lora/o_b",   "lora/fc_a",  "lora/fc_b",
+static const char* const names[NUM_LORA_TENSORS] = {"lora/qkv_a",    "lora/qkv_b",   "lora/o_a",
+                                                    "lora/o_b",      "lora/fc_a",    "lora/fc_b",
                                                     "lora/fcproj_a", "lora/fcproj_b"};
 
 /* dims of tensor k: A (L, rank, in), B (L, out, rank); in and out from the tensor's size */
@@ -52,9 +52,10 @@ void lora_load(const char* path, Model* m, uint64_t fingerprint) {
     h5_read_attr(f, "targets", H5T_NATIVE_INT64, &targets, path);
     h5_read_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &fp, path);
     if (fp != fingerprint)
-        fatal("%s: these adapters were trained on a different base model (fingerprint %016llx, "
-              "the loaded model is %016llx)",
-              path, (unsigned long long)fp, (unsigned long long)fingerprint);
+        fatal(
+            "%s: these adapters were trained on a different base model (fingerprint %016llx, "
+            "the loaded model is %016llx)",
+            path, (unsigned long long)fp, (unsigned long long)fingerprint);
     if (rank < 1 || rank > 4096 || targets < 1 || targets > 15 || !(alpha > 0))
         fatal("%s: rank %lld, alpha %g, targets %lld: not a valid adapter", path, (long long)rank,
               alpha, (long long)targets);

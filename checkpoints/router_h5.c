@@ -4,12 +4,15 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "h5file.h"
 
-#define FORMAT_VERSION 1
+/* 1: the first; 2: adds config_checksum, the FNV-1a hash of the stored configuration text,
+ * which the state checksum covers too (an edited setting is refused). Both are read. */
+#define FORMAT_VERSION 2
 
 static uint64_t fnv_bytes(uint64_t h, const void* p, size_t n) {
     const uint8_t* b = p;
@@ -17,16 +20,35 @@ static uint64_t fnv_bytes(uint64_t h, const void* p, size_t n) {
     return h;
 }
 
-static uint64_t state_checksum(const Model* m, const float* mom_m, const float* mom_v,
-                               size_t nmom) {
+static uint64_t text_checksum(const char* text) {
+    return fnv_bytes(0xcbf29ce484222325ull, text, strlen(text));
+}
+
+/* The index of the first value of p[0..n) that is NaN or infinite, or n. */
+static size_t first_nonfinite(const float* p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i])) return i;
+    return n;
+}
+
+int router_state_finite(const Model* m, const AdamW* opt) {
+    size_t nb = (size_t)m->cfg.L * m->fc.K;
+    return first_nonfinite(m->router_mem, m->num_router) == m->num_router &&
+           first_nonfinite(m->beta, nb) == nb &&
+           (!opt || (first_nonfinite(opt->m, opt->n) == opt->n &&
+                     first_nonfinite(opt->v, opt->n) == opt->n));
+}
+
+static uint64_t state_checksum(const Model* m, const float* mom_m, const float* mom_v, size_t nmom,
+                               uint64_t config_sum) {
     uint64_t h = 0xcbf29ce484222325ull;
+    if (config_sum) h = fnv_bytes(h, &config_sum, sizeof config_sum);
     h = fnv_bytes(h, m->router_mem, sizeof(real) * m->num_router);
     h = fnv_bytes(h, m->beta, sizeof(real) * (size_t)m->cfg.L * m->fc.K);
     if (mom_m) h = fnv_bytes(h, mom_m, sizeof(float) * nmom);
     if (mom_v) h = fnv_bytes(h, mom_v, sizeof(float) * nmom);
     return h;
 }
-
 
 /* The training state's attributes on /, in the order they are written: three signed counters
  * (RouterState's step, adam_t, beta_updates), then unsigned 64-bit values. */
@@ -35,9 +57,10 @@ static const char* const state_attrs[NUM_STATE_ATTRS] = {
     "step", "adam_t", "beta_updates", "data_pos", "rng_state", "base_fingerprint", "checksum"};
 static hid_t state_attr_type(int i) { return i < 3 ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64; }
 
-
 void router_save(const char* path, const Model* m, const AdamW* opt, const RouterState* st,
                  const char* config_text) {
+    if (!router_state_finite(m, opt))
+        fatal("%s: the router or its optimizer state holds NaN or inf; not written", path);
     char tmp[4200];
     hid_t f = h5_create(path, tmp, sizeof tmp);
     const ModelConfig* c = &m->cfg;
@@ -64,14 +87,16 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
     h5_write_ds(f, "config", H5T_NATIVE_UCHAR, text, 1, dt, tmp);
     int64_t version = FORMAT_VERSION;
     h5_write_attr(f, "format_version", H5T_NATIVE_INT64, &version, tmp);
-    uint64_t v[NUM_STATE_ATTRS] = {
-        (uint64_t)st->step,
-        (uint64_t)st->adam_t,
-        (uint64_t)st->beta_updates,
-        st->data_pos,
-        st->rng_state,
-        st->fingerprint,
-        state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL, opt ? opt->n : 0)};
+    uint64_t v[NUM_STATE_ATTRS] = {(uint64_t)st->step,
+                                   (uint64_t)st->adam_t,
+                                   (uint64_t)st->beta_updates,
+                                   st->data_pos,
+                                   st->rng_state,
+                                   st->fingerprint,
+                                   state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL,
+                                                  opt ? opt->n : 0, text_checksum(text))};
+    uint64_t config_sum = text_checksum(text);
+    h5_write_attr(f, "config_checksum", H5T_NATIVE_UINT64, &config_sum, tmp);
     for (int i = 0; i < NUM_STATE_ATTRS; i++)
         h5_write_attr(f, state_attrs[i], state_attr_type(i), &v[i], tmp);
     int64_t sinks = fc->sinks;
@@ -79,8 +104,7 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
     h5_commit(f, tmp, path);
 }
 
-
-
+static char* read_config_text(hid_t f, const char* path);
 
 void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64_t fingerprint) {
     hid_t f = h5_open(path, "router checkpoint", FORMAT_VERSION);
@@ -137,8 +161,18 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
         h5_read_ds(f, "optim/m", H5T_NATIVE_FLOAT, mm, 1, &n, path);
         h5_read_ds(f, "optim/v", H5T_NATIVE_FLOAT, vv, 1, &n, path);
     }
-    if (state_checksum(m, mm, vv, nmom) != csum)
+    uint64_t config_sum = 0; /* format 1 files have none */
+    if (H5Aexists(f, "config_checksum") > 0) {
+        h5_read_attr(f, "config_checksum", H5T_NATIVE_UINT64, &config_sum, path);
+        free(read_config_text(f, path)); /* the text must match it */
+    }
+    if (state_checksum(m, mm, vv, nmom, config_sum) != csum)
         fatal("%s: checksum mismatch; the checkpoint is corrupt", path);
+    size_t nb = (size_t)c->L * fc->K;
+    if (first_nonfinite(m->router_mem, m->num_router) < m->num_router ||
+        first_nonfinite(m->beta, nb) < nb || (mm && first_nonfinite(mm, nmom) < nmom) ||
+        (vv && first_nonfinite(vv, nmom) < nmom))
+        fatal("%s: the checkpoint holds NaN or inf values; it cannot be used", path);
     if (opt) {
         if (!mm) fatal("%s: the checkpoint has no optimizer state to resume from", path);
         if (opt->n != nmom)
@@ -152,19 +186,35 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     H5Fclose(f);
 }
 
-char* router_read_config(const char* path) {
-    hid_t f = h5_open(path, "router checkpoint", FORMAT_VERSION);
+/* The stored configuration text of the open file f (malloc'd), checked against its checksum
+ * where the file has one (format 2). */
+static char* read_config_text(hid_t f, const char* path) {
     hid_t ds = H5Dopen2(f, "config", H5P_DEFAULT);
     if (ds < 0) fatal("%s: dataset 'config' is missing; corrupt checkpoint", path);
     hid_t sp = H5Dget_space(ds);
     hsize_t n = 0;
-    H5Sget_simple_extent_dims(sp, &n, NULL);
+    if (H5Sget_simple_extent_ndims(sp) != 1 || H5Sget_simple_extent_dims(sp, &n, NULL) < 0 ||
+        n > (64u << 20))
+        fatal("%s: dataset 'config' is malformed; corrupt checkpoint", path);
     char* s = mallocCheck((size_t)n + 1);
     if (H5Dread(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) < 0)
         fatal("%s: reading the configuration failed; corrupt checkpoint", path);
     s[n] = 0;
     H5Sclose(sp);
     H5Dclose(ds);
+    if (H5Aexists(f, "config_checksum") > 0) {
+        uint64_t want;
+        h5_read_attr(f, "config_checksum", H5T_NATIVE_UINT64, &want, path);
+        if (text_checksum(s) != want)
+            fatal("%s: the stored configuration does not match its checksum; corrupt or edited",
+                  path);
+    }
+    return s;
+}
+
+char* router_read_config(const char* path) {
+    hid_t f = h5_open(path, "router checkpoint", FORMAT_VERSION);
+    char* s = read_config_text(f, path);
     H5Fclose(f);
     return s;
 }

@@ -33,7 +33,10 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
  * model's; a mismatch is refused, and so is m->fc.sinks other than the stored one. st may be
  * NULL. */
 void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64_t fingerprint);
-/* The stored configuration text (malloc'd). */
+/* 1 when the router, beta and (if opt) the moments hold only finite values. router_save refuses
+ * to write anything else, and router_load to read it. */
+int router_state_finite(const Model* m, const AdamW* opt);
+/* The stored configuration text (malloc'd), checked against its checksum. */
 char* router_read_config(const char* path);
 
 #endif

@@ -5,7 +5,8 @@
 # refused, and so is a resume with other attention sinks; eval with several budgets and eval
 # layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
 # a malformed task file; eval passkey and eval curve run every mode; finetune (LoRA, full) writes
-# what eval loads back; pretrain trains dense and Focus models from scratch. Needs ../shared/data (skips with 77).
+# what eval loads back; pretrain trains dense and Focus models from scratch; runs killed at
+# several points resume to the same router.h5 byte for byte; a folder in use is refused. Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -23,6 +24,24 @@ bad() { fail=$((fail + 1)); echo "  FAIL $1"; }
 grep '"type": "train"' "$work/full/metrics.jsonl" | sed 's/"tokens_per_s": [0-9.]*, "ms": [0-9.]*, //' > "$work/a"
 grep '"type": "train"' "$work/part/metrics.jsonl" | sed 's/"tokens_per_s": [0-9.]*, "ms": [0-9.]*, //' > "$work/b"
 if [ "$(wc -l < "$work/a")" -eq 6 ] && cmp -s "$work/a" "$work/b"; then ok "resumed run reproduces all 6 steps bit for bit"; else bad "resumed losses differ"; diff "$work/a" "$work/b"; fi
+cmp -s "$work/full/router.h5" "$work/part/router.h5" && ok "resumed router.h5 equals the uninterrupted one byte for byte" || bad "resumed router.h5 differs in bytes"
+# killed (SIGKILL) at several points, during training or a checkpoint write, then resumed: the
+# same router.h5 byte for byte; a run killed before its first checkpoint restarts cleanly
+"$focus" retrofit --config configs/tiny.conf "${small[@]}" --set ckpt_every=1 --out "$work/ref1" > /dev/null 2>&1
+for delay in 0 0.2 0.5 1; do
+    k="$work/kill_$delay"
+    "$focus" retrofit --config configs/tiny.conf "${small[@]}" --set ckpt_every=1 --out "$k" > "$k.log" 2>&1 &
+    pid=$!
+    while kill -0 $pid 2>/dev/null && [ ! -f "$k/config.conf" ]; do sleep 0.05; done
+    sleep $delay; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+    [ $delay = 0 ] && { rm -f "$k/router.h5"; touch "$k/router.h5.tmp.12345"; } # before any checkpoint
+    "$focus" retrofit --resume "$k" > "$k.resume.log" 2>&1
+    if cmp -s "$k/router.h5" "$work/ref1/router.h5" && [ -z "$(ls "$k" | grep '\.tmp\.')" ]; then ok "killed after ${delay} s and resumed: router.h5 identical, no temporary files left"; else bad "kill at $delay s: router.h5 differs or temporary files remain"; ls "$k"; tail -3 "$k.resume.log"; fi
+done
+grep -q "no checkpoint yet" "$work/kill_0.resume.log" && ok "resume before the first checkpoint starts over" || bad "resume without checkpoint: $(tail -1 "$work/kill_0.resume.log")"
+# one run per folder: a second run on a folder in use is refused
+err=$(flock "$work/full/.lock" "$focus" retrofit --resume "$work/full" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "another focus run is using this folder" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a second run on a folder in use is refused" || bad "lock: rc=$rc $err"
 out=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --router "$work/full/router.h5" --attn hard --topk 1 2>/dev/null)
 echo "$out" | grep -q "pairs kept" && ok "eval ppl --router --attn hard" || bad "eval with router: $out"
 out=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --router "$work/full/router.h5" --routing sinkhorn 2>/dev/null)

@@ -37,6 +37,11 @@ static void load_into_global(const char* path) {
     router_load(path, g_model, NULL, NULL, model_fingerprint(g_model));
 }
 static void load_wrong_base(const char* path) { router_load(path, g_model, NULL, NULL, 12345); }
+static void save_global(const void* path) {
+    RouterState st = {1, 1, 1, 0, 0, 0};
+    router_save(path, g_model, NULL, &st, "");
+}
+static void read_config(const void* path) { free(router_read_config(path)); }
 
 int main(void) {
     ModelConfig cfg;
@@ -132,6 +137,32 @@ int main(void) {
         CHECK(child_status(load_into_global, tu_path("bad_router.h5")) == 1,
               "a corrupted W_g value must be refused");
     }
+    /* an edited setting in the stored configuration: refused by its checksum */
+    memcpy(m.router_mem, saved, sizeof(real) * m.num_router);
+    router_save(tu_path("test_router.h5"), &m, &opt, &st, "[focus]\nK = 4\nw = 8\n");
+    fp = fopen(tu_path("test_router.h5"), "rb");
+    CHECK(fread(bytes, 1, (size_t)size, fp) > 0, "read back");
+    long size2 = ftell(fp);
+    fclose(fp);
+    char* w = memmem(bytes, (size_t)size2, "w = 8", 5);
+    CHECK(w != NULL, "stored configuration not found in the file");
+    char msg[4096];
+    if (w) {
+        w[4] = '0';
+        fp = fopen(tu_path("bad_router.h5"), "wb");
+        fwrite(bytes, 1, (size_t)size2, fp);
+        fclose(fp);
+        CHECK(tu_fails_with(read_config, tu_path("bad_router.h5"), "checksum", msg, sizeof msg),
+              "an edited stored setting must be refused: %s", msg);
+        CHECK(child_status(load_into_global, tu_path("bad_router.h5")) == 1,
+              "an edited stored setting must be refused by router_load");
+    }
+    /* NaN in the router: never written, the file in place stays as it was */
+    m.router_mem[3] = NAN;
+    CHECK(tu_fails_with(save_global, tu_path("test_router.h5"), "NaN or inf", msg, sizeof msg),
+          "a router holding NaN must not be written: %s", msg);
+    CHECK(child_status(load_into_global, tu_path("test_router.h5")) == 0,
+          "the checkpoint before the NaN must still load");
     free(bytes);
     free(saved);
     free(backbone);

@@ -94,6 +94,9 @@ static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t 
     const char* mark =
         m->fc.attn != ATTN_DENSE && m->fc.routing == ROUTE_SINKHORN ? "  (non-causal)" : "";
     printf("attention %s\n", mode);
+    if (!isfinite(r.nll))
+        fatal("eval ppl: %s on %s: the loss is not finite (%g); the model or router is corrupt",
+              info->name, data, r.nll);
     printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n",
            exp(r.nll / r.count), mark, r.count, r.nll / r.count, (double)r.count / r.seconds,
            r.seconds);

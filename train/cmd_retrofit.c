@@ -45,7 +45,12 @@ int cmd_retrofit(int argc, char** argv) {
 
     RunConfig rc;
     runconfig_default(&rc);
-    if (resume) {
+    char conf[4096];
+    path_join(conf, sizeof conf, out, "config.conf");
+    if (resume && access(ckpt, F_OK) && !access(conf, R_OK)) {
+        /* stopped before its first checkpoint: the settings it was started with */
+        runconfig_load(&rc, conf);
+    } else if (resume) {
         char* text = router_read_config(ckpt);
         /* a run stored before these keys existed had no sinks and the lm objective */
         rc.fc.sinks = 0;

@@ -13,7 +13,10 @@
  * the same machine and thread count. */
 #include "loop.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <omp.h>
@@ -111,6 +114,16 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
     printf("%s written to %s\n", rc->pretrain_steps > 0 ? "base model" : "initial weights", path);
 }
 
+/* Where a stopped run can continue from, truthfully: "the checkpoint of step N (PATH) is intact"
+ * or "no checkpoint was written". */
+static const char* last_ckpt_words(long step, const char* path, char* buf, size_t n) {
+    if (step < 0)
+        snprintf(buf, n, "no checkpoint was written");
+    else
+        snprintf(buf, n, "the checkpoint of step %ld (%s) is intact", step, path);
+    return buf;
+}
+
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device) {
     char ckpt[4096], metrics_path[4096];
@@ -128,6 +141,12 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     real* base_copy = NULL; /* the backbone must not change: checked at the end */
     base_copy = mallocCheck(sizeof(real) * m->num_params);
     memcpy(base_copy, m->params_mem, sizeof(real) * m->num_params);
+    if (resume && access(ckpt, F_OK)) {
+        /* killed before its first checkpoint: nothing to continue from, so start over */
+        printf("%s: no checkpoint yet (the run stopped before its first); starting at step 0\n",
+               out);
+        resume = 0;
+    }
     if (resume) {
         router_load(ckpt, m, &opt, &st, st.fingerprint);
         rng.state = st.rng_state;
@@ -138,6 +157,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         remove(metrics_path);
     }
     model_place(m, device);
+    long ckpt_step = resume ? st.step : -1; /* the step of the checkpoint on disk, -1: none */
+    char words[4200];
     FILE* mf = fopen(metrics_path, "a");
     if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
 
@@ -196,17 +217,15 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
                 lm_loss += m->mean_loss / rc->grad_accum;
             }
             if (!isfinite(obj))
-                fatal(
-                    "retrofit: the loss became %g at step %ld; the last checkpoint (%s) is intact; "
-                    "try a lower lr",
-                    obj, step + 1, ckpt);
+                fatal("retrofit: the loss became %g at step %ld; %s; try a lower lr", obj, step + 1,
+                      last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
             loss += obj / rc->grad_accum;
         }
         /* mean over micro-batches, clip, AdamW: where the model runs */
         double gnorm = model_router_grad_norm(m, nopt, rc->grad_accum);
         if (!isfinite(gnorm))
-            fatal("retrofit: gradient norm is %g at step %ld; the last checkpoint (%s) is intact",
-                  gnorm, step + 1, ckpt);
+            fatal("retrofit: gradient norm is %g at step %ld; %s; try a lower lr", gnorm, step + 1,
+                  last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
         model_router_adamw(m, &opt, lr, gnorm, rc->clip, rc->grad_accum);
         double dt = now_seconds() - t0;
         double share = focus_largest_share(m), gate = focus_gate_far_mean(m, &rng);
@@ -248,7 +267,11 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             st.beta_updates = m->beta_updates;
             st.rng_state = rng.state;
             st.data_pos = sampler.state;
+            if (!router_state_finite(m, &opt))
+                fatal("retrofit: the router holds NaN or inf after step %ld; %s; try a lower lr",
+                      st.step, last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
             router_save(ckpt, m, &opt, &st, conf_text);
+            ckpt_step = st.step;
         }
         if (st.step == stop_after) {
             printf("stopped after step %ld as asked; continue with: focus retrofit --resume %s\n",
@@ -279,6 +302,28 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     adamw_free(&opt);
 }
 
+/* One run per folder: an advisory lock on OUT/.lock, held until the process exits (a second run
+ * on the same folder is refused); then temporary files that a killed run left behind (any
+ * *.tmp.PID: no other run can be writing them) are removed. */
+static void lock_run_folder(const char* cmd, const char* out) {
+    char path[4096];
+    path_join(path, sizeof path, out, ".lock");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fatal("%s: cannot create: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB))
+        fatal("%s: %s: another focus run is using this folder; wait for it or choose another", cmd,
+              out);
+    DIR* dir = opendir(out);
+    if (!dir) fatal("%s: cannot list: %s", out, strerror(errno));
+    struct dirent* e;
+    while ((e = readdir(dir))) {
+        if (!strstr(e->d_name, ".tmp.")) continue;
+        path_join(path, sizeof path, out, e->d_name);
+        if (!unlink(path)) printf("removed %s, left by a run that was stopped\n", path);
+    }
+    closedir(dir);
+}
+
 char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, Model* m,
                   TrainData* d) {
     if (rc->B < 1 || rc->T < 2 || rc->steps < 1 || rc->grad_accum < 1)
@@ -286,6 +331,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     if (!rc->model[0]) fatal("%s: no base model (set model = PATH or model = scratch)", cmd);
     if (!rc->train[0]) fatal("%s: no training data (set train = PATH)", cmd);
     if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
+    lock_run_folder(cmd, out);
 
     /* base model and tokenizer */
     ModelInfo info = {0};
