@@ -5,6 +5,7 @@
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -346,11 +347,20 @@ const char* tokenizer_pretokenizer(const Tokenizer* t) { return t->pre; }
 
 /* ---------------------------------------------------------------- encoding */
 
+/* A candidate merge of adjacent tokens a (node i) and b (node j), by rank then position. */
+typedef struct {
+    int rank, i, j, a, b;
+} Cand;
+
 typedef struct {
     int* ids;
     size_t n, cap;
-    int* work;
-    size_t work_cap;
+    /* bpe_piece's work space, grown to the longest piece: tokens and links of the piece's
+     * nodes, and a binary heap of candidate merges */
+    int *tok, *prev, *next;
+    size_t node_cap;
+    Cand* heap;
+    size_t heap_n, heap_cap;
 } Out;
 
 static void push(Out* o, int id) {
@@ -361,31 +371,79 @@ static void push(Out* o, int id) {
     o->ids[o->n++] = id;
 }
 
+static int cand_less(const Cand* x, const Cand* y) {
+    return x->rank < y->rank || (x->rank == y->rank && x->i < y->i);
+}
+
+static void heap_push(Out* o, Cand c) {
+    if (o->heap_n == o->heap_cap) {
+        o->heap_cap = o->heap_cap ? 2 * o->heap_cap : 64;
+        o->heap = reallocCheck(o->heap, o->heap_cap * sizeof(Cand));
+    }
+    size_t k = o->heap_n++;
+    while (k && cand_less(&c, &o->heap[(k - 1) / 2])) {
+        o->heap[k] = o->heap[(k - 1) / 2];
+        k = (k - 1) / 2;
+    }
+    o->heap[k] = c;
+}
+
+static Cand heap_pop(Out* o) {
+    Cand top = o->heap[0], last = o->heap[--o->heap_n];
+    size_t k = 0, n = o->heap_n;
+    for (;;) {
+        size_t c = 2 * k + 1;
+        if (c >= n) break;
+        if (c + 1 < n && cand_less(&o->heap[c + 1], &o->heap[c])) c++;
+        if (!cand_less(&o->heap[c], &last)) break;
+        o->heap[k] = o->heap[c];
+        k = c;
+    }
+    if (n) o->heap[k] = last;
+    return top;
+}
+
+/* The pair of nodes i and j = next[i] as a candidate, if the merge table has it. */
+static void offer(const Tokenizer* t, Out* o, int i) {
+    int j = i < 0 ? -1 : o->next[i];
+    if (j < 0) return;
+    const PairSlot* p = pair_lookup(t, o->tok[i], o->tok[j]);
+    if (p) heap_push(o, (Cand){p->rank, i, j, o->tok[i], o->tok[j]});
+}
+
 /* BPE on one piece: start from byte tokens, repeatedly merge the adjacent pair with the best
- * (lowest) rank, leftmost first. */
+ * (lowest) rank, leftmost first. The pieces form a linked list and the candidate pairs a heap;
+ * a candidate is stale (skipped) once either node has been merged into another or changed, so
+ * a piece of m bytes takes O(m log m), not O(m^2) (a 200 KB run of one letter is one piece). */
 static void bpe_piece(const Tokenizer* t, const unsigned char* s, size_t n, Out* o) {
     if (n == 0) return;
-    if (o->work_cap < n) {
-        o->work_cap = n * 2;
-        o->work = reallocCheck(o->work, o->work_cap * sizeof(int));
+    if (n > INT_MAX) fatal("a single text piece of %zu bytes is too long to tokenize", n);
+    if (o->node_cap < n) {
+        o->node_cap = n * 2;
+        o->tok = reallocCheck(o->tok, o->node_cap * sizeof(int));
+        o->prev = reallocCheck(o->prev, o->node_cap * sizeof(int));
+        o->next = reallocCheck(o->next, o->node_cap * sizeof(int));
     }
-    int* w = o->work;
-    size_t m = 0;
+    int m = 0;
     for (size_t i = 0; i < n; i++)
-        if (t->byte_tok[s[i]] >= 0) w[m++] = t->byte_tok[s[i]];
-    while (m > 1) { /* O(m^2) per piece; pieces are words, a few bytes long */
-        int best = -1, best_rank = 0, merged = 0;
-        for (size_t i = 0; i + 1 < m; i++) {
-            const PairSlot* p = pair_lookup(t, w[i], w[i + 1]);
-            if (p && (best < 0 || p->rank < best_rank))
-                best = (int)i, best_rank = p->rank, merged = p->merged;
-        }
-        if (best < 0) break;
-        w[best] = merged;
-        memmove(w + best + 1, w + best + 2, (m - (size_t)best - 2) * sizeof(int));
-        m--;
+        if (t->byte_tok[s[i]] >= 0) o->tok[m++] = t->byte_tok[s[i]];
+    for (int i = 0; i < m; i++) o->prev[i] = i - 1, o->next[i] = i + 1 < m ? i + 1 : -1;
+    o->heap_n = 0;
+    for (int i = 0; i + 1 < m; i++) offer(t, o, i);
+    while (o->heap_n) {
+        Cand c = heap_pop(o);
+        /* merged nodes are unlinked (prev = -2); a changed token makes the pair another one */
+        if (o->prev[c.i] == -2 || o->prev[c.j] == -2 || o->next[c.i] != c.j || o->tok[c.i] != c.a ||
+            o->tok[c.j] != c.b)
+            continue;
+        o->tok[c.i] = pair_lookup(t, c.a, c.b)->merged;
+        o->next[c.i] = o->next[c.j];
+        if (o->next[c.j] >= 0) o->prev[o->next[c.j]] = c.i;
+        o->prev[c.j] = -2;
+        offer(t, o, o->prev[c.i]);
+        offer(t, o, c.i);
     }
-    for (size_t i = 0; i < m; i++) push(o, w[i]);
+    for (int i = 0; i >= 0 && m; i = o->next[i]) push(o, o->tok[i]);
 }
 
 /* Split s by the GPT-2 regex; bytes no match covers (invalid UTF-8) become pieces too. */
@@ -434,7 +492,10 @@ int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* 
         pcre2_match_data_free(md2);
     }
     pcre2_match_data_free(md);
-    free(o.work);
+    free(o.tok);
+    free(o.prev);
+    free(o.next);
+    free(o.heap);
     *n = o.n;
     if (!o.ids) o.ids = mallocCheck(sizeof(int));
     return o.ids;

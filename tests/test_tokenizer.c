@@ -126,6 +126,27 @@ int main(void) {
         if (fp) fclose(fp);
         CHECK(compared >= 10, "only %d fixture lines compared", compared);
     }
+    /* long runs of one character are single pieces: BPE must stay near-linear in their length
+     * (the quadratic merge loop took over a minute for 200 KB) */
+    Tokenizer* t = gpt2 ? gpt2 : smol;
+    const char* runs[] = {"a", "\xc3\xa9", " "};
+    for (int r = 0; r < 3; r++) {
+        size_t unit = strlen(runs[r]), len = 200000 / unit * unit, n;
+        char* text = mallocCheck(len + 1);
+        for (size_t i = 0; i < len; i += unit) memcpy(text + i, runs[r], unit);
+        text[len] = 0;
+        double t0 = now_seconds();
+        int* ids = tokenizer_encode(t, text, len, &n);
+        double dt = now_seconds() - t0;
+        size_t back;
+        char* dec = tokenizer_decode(t, ids, n, &back);
+        printf("  200 KB run of '%s': %zu tokens in %.3f s\n", r == 2 ? "space" : runs[r], n, dt);
+        CHECK(dt < 2.0, "a 200 KB run of one character took %.1f s to tokenize", dt);
+        CHECK(back == len && !memcmp(dec, text, len), "the run does not decode back to itself");
+        free(dec);
+        free(ids);
+        free(text);
+    }
     tokenizer_free(gpt2);
     tokenizer_free(smol);
     return tu_finish("test_tokenizer");
