@@ -5,15 +5,71 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../io/io.h"
 #include "../kernels/common.h"
 
+/* The HDF5 user block (bytes the library leaves to the application at the start of the file)
+ * holds a seal: "FOCUSH5\n", the file's length and the FNV-1a hash of everything after the
+ * block, both little-endian u64. h5_open checks it before libhdf5 reads a byte: libhdf5 1.10
+ * overflows a heap buffer on some corrupted files (fuzz_router found one in H5Aopen), so no file
+ * reaches it that is not exactly as written. */
+#define USERBLOCK 512
+static const char seal_magic[8] = "FOCUSH5\n";
+
+static uint64_t fnv(const uint8_t* p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Read all of fd (its size n) into a malloc'd buffer, or NULL. */
+static uint8_t* read_all(int fd, size_t n) {
+    uint8_t* b = mallocCheck(n + 1);
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, b + got, n - got, (off_t)got);
+        if (r <= 0) {
+            free(b);
+            return NULL;
+        }
+        got += (size_t)r;
+    }
+    return b;
+}
+
+/* Write the seal into the user block of the closed file tmp. 0, or -1 with errno set. */
+static int seal(const char* tmp) {
+    int fd = open(tmp, O_RDWR);
+    if (fd < 0) return -1;
+    struct stat st;
+    uint8_t* b = NULL;
+    int rc = -1;
+    if (!fstat(fd, &st) && st.st_size > USERBLOCK && (b = read_all(fd, (size_t)st.st_size))) {
+        uint8_t head[24];
+        uint64_t len = (uint64_t)st.st_size,
+                 sum = fnv(b + USERBLOCK, (size_t)st.st_size - USERBLOCK);
+        memcpy(head, seal_magic, 8);
+        memcpy(head + 8, &len, 8);
+        memcpy(head + 16, &sum, 8);
+        if (pwrite(fd, head, sizeof head, 0) == (ssize_t)sizeof head && !fsync(fd)) rc = 0;
+    }
+    free(b);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
 hid_t h5_create(const char* path, char* tmp, size_t n) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    H5Pset_userblock(fcpl, USERBLOCK);
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    H5Pclose(fcpl);
     if (f < 0) fatal("%s: cannot create the checkpoint file", tmp);
     return f;
 }
@@ -23,13 +79,11 @@ void h5_commit(hid_t f, const char* tmp, const char* path) {
         unlink(tmp);
         fatal("%s: closing the checkpoint failed (disk full?); nothing was replaced", tmp);
     }
-    int fd = open(tmp, O_RDONLY);
-    if (fd < 0 || fsync(fd)) {
+    if (seal(tmp)) { /* written and fsynced */
         int e = errno;
         unlink(tmp);
-        fatal("%s: fsync failed: %s; nothing was replaced", tmp, strerror(e));
+        fatal("%s: sealing or fsync failed: %s; nothing was replaced", tmp, strerror(e));
     }
-    close(fd);
     if (rename(tmp, path)) {
         int e = errno;
         unlink(tmp);
@@ -97,13 +151,44 @@ void h5_read_attr(hid_t loc, const char* name, hid_t type, void* out, const char
     H5Aclose(a);
 }
 
+static void h5_release(void* f) { H5Fclose((hid_t)(intptr_t)f); }
+
+void h5_close(hid_t f) { fatal_release((void*)(intptr_t)f); }
+
 hid_t h5_open(const char* path, const char* what, int version_want) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     if (access(path, R_OK)) fatal("%s: cannot open %s: %s", path, what, strerror(errno));
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        if (fd >= 0) close(fd);
+        fatal("%s: cannot open %s: not a regular file", path, what);
+    }
+    uint8_t* b = st.st_size > USERBLOCK ? read_all(fd, (size_t)st.st_size) : NULL;
+    close(fd);
+    uint64_t len = 0, sum = 0;
+    if (b) memcpy(&len, b + 8, 8), memcpy(&sum, b + 16, 8);
+    int sealed = b && !memcmp(b, seal_magic, 8);
+    int intact = sealed && len == (uint64_t)st.st_size &&
+                 sum == fnv(b + USERBLOCK, (size_t)st.st_size - USERBLOCK);
+    free(b);
+    if (!sealed)
+        fatal(
+            "%s: not a %s of this focus (no seal: another program's HDF5 file, one written "
+            "before focus sealed them, or corrupt)",
+            path, what);
+    if (!intact)
+        fatal("%s: the %s is truncated or corrupt (its length or checksum does not match)", path,
+              what);
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) fatal("%s: not an HDF5 file (truncated or corrupt %s)", path, what);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    /* closing the file closes whatever a failed read left open in it */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
     if (f < 0) fatal("%s: HDF5 cannot open the file; it is truncated or corrupt", path);
+    fatal_defer(h5_release, (void*)(intptr_t)f);
     int64_t version = 0;
     h5_read_attr(f, "format_version", H5T_NATIVE_INT64, &version, path);
     if (version < 1 || version > version_want)

@@ -1,7 +1,8 @@
 /* h5file.h: HDF5 checkpoint files (router.h5, lora.h5): written to a temporary file in the same
- * folder, fsynced and renamed; datasets carry no modification times (the same state writes the
- * same bytes); every read checks presence, rank and shape and fails with one line naming the
- * file. */
+ * folder, sealed (a length and checksum of the whole file in its HDF5 user block, checked before
+ * libhdf5 parses it), fsynced and renamed; datasets carry no modification times (the same state
+ * writes the same bytes); every read checks presence, rank and shape and fails with one line
+ * naming the file. */
 #ifndef FOCUS_H5FILE_H
 #define FOCUS_H5FILE_H
 
@@ -18,6 +19,8 @@ void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int 
 void h5_write_attr(hid_t loc, const char* name, hid_t type, const void* v, const char* path);
 /* Open path (a `what`, for messages) and check its format_version attribute. */
 hid_t h5_open(const char* path, const char* what, int version);
+/* Close a file h5_open opened (it is registered with fatal_defer while open). */
+void h5_close(hid_t f);
 void h5_read_ds(hid_t loc, const char* name, hid_t type, void* out, int rank, const hsize_t* want,
                 const char* path);
 void h5_read_attr(hid_t loc, const char* name, hid_t type, void* out, const char* path);

@@ -89,6 +89,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
+    GGUFFile* held = gguf_hold(&f); /* closed by fatal_release below */
     uint64_t alen;
     const char* a = gguf_get_str(&f, "general.architecture", &alen);
     if (!a) fatal("%s: metadata key 'general.architecture' is missing", path);
@@ -180,7 +181,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
         snprintf(info->name, sizeof info->name, "%.*s", (int)(nlen < 127 ? nlen : 127), name);
     else
         snprintf(info->name, sizeof info->name, "%s", base_name(path));
-    gguf_close(&f);
+    fatal_release(held);
 }
 
 /* ------------------------------------------------------------------ llm.c */
@@ -262,6 +263,7 @@ static void safe_check_entries(const SafeFile* s) {
     const cJSON* t;
     cJSON_ArrayForEach(t, s->header) n++;
     Span* sp = mallocCheck(sizeof(Span) * (size_t)(n ? n : 1));
+    fatal_defer(free, sp);
     int k = 0;
     cJSON_ArrayForEach(t, s->header) {
         if (!strcmp(t->string, "__metadata__")) continue;
@@ -317,7 +319,7 @@ static void safe_check_entries(const SafeFile* s) {
             "%s: the tensors' data ends at byte %.0f of a %.0f-byte data section; truncated or "
             "corrupt",
             s->path, at, data);
-    free(sp);
+    fatal_release(sp);
 }
 
 static void safe_open(SafeFile* s, const char* path) {
@@ -326,28 +328,47 @@ static void safe_open(SafeFile* s, const char* path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) fatal("%s: not a regular file", path);
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        fatal("%s: not a regular file", path);
+    }
     s->size = (size_t)st.st_size;
-    if (s->size < 8) fatal("%s: truncated safetensors file (%zu bytes)", path, s->size);
+    if (s->size < 8) {
+        close(fd);
+        fatal("%s: truncated safetensors file (%zu bytes)", path, s->size);
+    }
     s->map = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (s->map == MAP_FAILED) fatal("%s: cannot map: %s", path, strerror(errno));
     uint64_t hl;
     memcpy(&hl, s->map, 8);
-    if (hl > s->size - 8 || hl > (100u << 20))
-        fatal("%s: safetensors header of %llu bytes does not fit in the file (%zu bytes)", path,
-              (unsigned long long)hl, s->size);
-    s->header = cJSON_ParseWithLength((const char*)s->map + 8, (size_t)hl);
-    if (!s->header || !cJSON_IsObject(s->header))
-        fatal("%s: safetensors header is not valid JSON", path);
+    const char* bad = NULL;
+    if (hl > s->size - 8 || hl > (100u << 20)) {
+        bad = "does not fit in the file";
+    } else {
+        s->header = cJSON_ParseWithLength((const char*)s->map + 8, (size_t)hl);
+        if (!s->header || !cJSON_IsObject(s->header)) bad = "is not a JSON object";
+    }
+    if (bad) {
+        cJSON_Delete(s->header);
+        munmap(s->map, s->size);
+        fatal("%s: the safetensors header (%llu bytes) %s (%zu bytes)", path,
+              (unsigned long long)hl, bad, s->size);
+    }
     s->data_start = 8 + (size_t)hl;
-    safe_check_entries(s);
 }
 
 static void safe_close(SafeFile* s) {
     cJSON_Delete(s->header);
     munmap(s->map, s->size);
 }
+
+static void safe_release(void* p) {
+    safe_close(p);
+    free(p);
+}
+
+static void json_release(void* p) { cJSON_Delete(p); }
 
 /* Load tensor name (shape rows x cols in the file; 1-D when rows == 0) into dst; transposed
  * (stored as cols x rows, GPT-2's Conv1D) when transpose is set. Returns 0, or -1 if absent
@@ -450,9 +471,18 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     }
     SafeFile s;
     safe_open(&s, file);
+    SafeFile* held = mallocCheck(sizeof *held); /* released by fatal_release at the end */
+    *held = s;
+    fatal_defer(safe_release, held);
+    safe_check_entries(&s);
     char* cfgtext = read_file_opt(cfgpath, NULL);
+    const int have_cfg = cfgtext != NULL;
     cJSON* hc = cfgtext ? cJSON_Parse(cfgtext) : NULL;
-    if (cfgtext && !hc) fatal("%s: not valid JSON", cfgpath);
+    free(cfgtext);
+    if (hc)
+        fatal_defer(json_release, hc);
+    else if (have_cfg)
+        fatal("%s: not valid JSON", cfgpath);
     /* Names may carry a "transformer." (GPT-2) prefix. */
     const char* pre =
         cJSON_GetObjectItemCaseSensitive(s.header, "transformer.wte.weight") ? "transformer." : "";
@@ -593,9 +623,8 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     snprintf(info->format, sizeof info->format, "safetensors");
     snprintf(info->arch, sizeof info->arch, "%s", gpt2 ? "gpt2" : "llama");
     snprintf(info->name, sizeof info->name, "%s", base_name(path));
-    cJSON_Delete(hc);
-    free(cfgtext);
-    safe_close(&s);
+    if (hc) fatal_release(hc);
+    fatal_release(held);
 }
 
 /* ------------------------------------------------------------------ dispatch */

@@ -68,5 +68,5 @@ void lora_load(const char* path, Model* m, uint64_t fingerprint) {
         dims_of(m, k, d);
         h5_read_ds(f, names[k], H5T_NATIVE_FLOAT, w[k], 3, d, path);
     }
-    H5Fclose(f);
+    h5_close(f);
 }

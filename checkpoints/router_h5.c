@@ -158,6 +158,8 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
         nmom = (size_t)n;
         mm = mallocCheck(sizeof(float) * (nmom + 1));
         vv = mallocCheck(sizeof(float) * (nmom + 1));
+        fatal_defer(free, mm);
+        fatal_defer(free, vv);
         h5_read_ds(f, "optim/m", H5T_NATIVE_FLOAT, mm, 1, &n, path);
         h5_read_ds(f, "optim/v", H5T_NATIVE_FLOAT, vv, 1, &n, path);
     }
@@ -181,9 +183,8 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
         memcpy(opt->v, vv, sizeof(float) * nmom);
         opt->t = st->adam_t;
     }
-    free(mm);
-    free(vv);
-    H5Fclose(f);
+    if (mm) fatal_release(vv), fatal_release(mm);
+    h5_close(f);
 }
 
 /* The stored configuration text of the open file f (malloc'd), checked against its checksum
@@ -197,6 +198,7 @@ static char* read_config_text(hid_t f, const char* path) {
         n > (64u << 20))
         fatal("%s: dataset 'config' is malformed; corrupt checkpoint", path);
     char* s = mallocCheck((size_t)n + 1);
+    fatal_defer(free, s);
     if (H5Dread(ds, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, s) < 0)
         fatal("%s: reading the configuration failed; corrupt checkpoint", path);
     s[n] = 0;
@@ -209,12 +211,13 @@ static char* read_config_text(hid_t f, const char* path) {
             fatal("%s: the stored configuration does not match its checksum; corrupt or edited",
                   path);
     }
+    fatal_forget(s);
     return s;
 }
 
 char* router_read_config(const char* path) {
     hid_t f = h5_open(path, "router checkpoint", FORMAT_VERSION);
     char* s = read_config_text(f, path);
-    H5Fclose(f);
+    h5_close(f);
     return s;
 }

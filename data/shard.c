@@ -49,9 +49,12 @@ int shard_is_shard(const char* path) {
     return ok;
 }
 
+static void close_file(void* fp) { fclose(fp); }
+
 int* shard_read(const char* path, size_t* n, int* V) {
     FILE* fp = fopen(path, "rb");
     if (!fp) fatal("%s: cannot open shard: %s", path, strerror(errno));
+    fatal_defer(close_file, fp);
     uint8_t hdr[SHARD_HEADER_BYTES];
     if (fread(hdr, 1, SHARD_HEADER_BYTES, fp) != SHARD_HEADER_BYTES)
         fatal("%s: truncated shard header", path);
@@ -76,8 +79,9 @@ int* shard_read(const char* path, size_t* n, int* V) {
             path, (unsigned long long)count,
             (unsigned long long)(SHARD_HEADER_BYTES + count * width), (long long)st.st_size);
     uint8_t* raw = mallocCheck(count * width + 1);
+    fatal_defer(free, raw);
     if (fread(raw, width, count, fp) != count) fatal("%s: read failed", path);
-    fclose(fp);
+    fatal_release(fp);
     int* ids = mallocCheck(sizeof(int) * (count + 1));
     for (uint64_t i = 0; i < count; i++) {
         uint32_t v;
@@ -88,12 +92,14 @@ int* shard_read(const char* path, size_t* n, int* V) {
         } else {
             memcpy(&v, raw + 4 * i, 4);
         }
-        if (v >= vs)
+        if (v >= vs) {
+            free(ids);
             fatal("%s: token %llu has id %u, outside the shard's vocabulary (%u)", path,
                   (unsigned long long)i, v, vs);
+        }
         ids[i] = (int)v;
     }
-    free(raw);
+    fatal_release(raw);
     *n = count;
     *V = (int)vs;
     return ids;

@@ -207,6 +207,7 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
+    GGUFFile* held = gguf_hold(&f); /* closed by fatal_release below */
     uint64_t n;
     const char* model = gguf_get_str(&f, "tokenizer.ggml.model", &n);
     if (!model)
@@ -263,7 +264,7 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
     gguf_get_u64(&f, "tokenizer.ggml.add_bos_token", &add_bos);
     if (add_bos && gguf_get_u64(&f, "tokenizer.ggml.bos_token_id", &id) == 0 && id < (uint64_t)t->V)
         t->bos = (int)id;
-    gguf_close(&f);
+    fatal_release(held);
     return t;
 }
 

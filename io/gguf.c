@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../kernels/common.h"
+
 /* ------------------------------------------------------------------ half floats */
 
 float f16_to_f32(uint16_t h) {
@@ -510,6 +512,18 @@ void gguf_close(GGUFFile* f) {
     free(f->kv);
     free(f->tensors);
     memset(f, 0, sizeof(*f));
+}
+
+static void gguf_release(void* p) {
+    gguf_close(p);
+    free(p);
+}
+
+GGUFFile* gguf_hold(const GGUFFile* f) {
+    GGUFFile* h = mallocCheck(sizeof *h);
+    *h = *f;
+    fatal_defer(gguf_release, h);
+    return h;
 }
 
 const GGUFKV* gguf_find(const GGUFFile* f, const char* key) {

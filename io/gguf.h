@@ -83,6 +83,9 @@ typedef struct {
 /* Open and validate. Returns 0, or -1 with a one-line reason in err. */
 int gguf_open(GGUFFile* f, const char* path, char* err, size_t errlen);
 void gguf_close(GGUFFile* f);
+/* A heap copy of the open file f, registered with fatal_defer; fatal_release(copy) closes and
+ * frees it. For readers that may call fatal() while the file is open. */
+GGUFFile* gguf_hold(const GGUFFile* f);
 
 const GGUFKV* gguf_find(const GGUFFile* f, const char* key);
 /* Scalar getters: 0 on success (integer types widen, floats convert), -1 missing/wrong type. */

@@ -4,16 +4,61 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <string.h>
 #include <time.h>
 
+void (*fatal_hook)(const char* message);
+
+static struct {
+    void (*release)(void*);
+    void* arg;
+} deferred[16];
+static int ndeferred;
+
+void fatal_defer(void (*release)(void*), void* arg) {
+    if (ndeferred == 16) abort(); /* a programming error: releases are not being run */
+    deferred[ndeferred].release = release;
+    deferred[ndeferred++].arg = arg;
+}
+
+/* Remove the newest entry for arg; its release function, or NULL if there is none. */
+static void (*take(void* arg))(void*) {
+    for (int i = ndeferred - 1; i >= 0; i--) {
+        if (deferred[i].arg != arg) continue;
+        void (*release)(void*) = deferred[i].release;
+        for (int j = i; j + 1 < ndeferred; j++) deferred[j] = deferred[j + 1];
+        ndeferred--;
+        return release;
+    }
+    return NULL;
+}
+
+void fatal_release(void* arg) {
+    void (*release)(void*) = take(arg);
+    if (release) release(arg);
+}
+
+void fatal_forget(void* arg) { take(arg); }
+
+void fatal_release_all(void) {
+    while (ndeferred > 0) fatal_release(deferred[ndeferred - 1].arg);
+}
+
 void fatal(const char* fmt, ...) {
-    fflush(stdout);
+    char msg[2048];
     va_list ap;
     va_start(ap, fmt);
-    fputs("focus: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* one line, whatever a file put into a name it reports (a newline, a terminal escape) */
+    for (char* c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    if (fatal_hook) {
+        fatal_hook(msg);
+        abort(); /* the hook must not return */
+    }
+    fflush(stdout);
+    fprintf(stderr, "focus: %s\n", msg);
     exit(1);
 }
 

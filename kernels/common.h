@@ -20,8 +20,22 @@ typedef float real;
 #endif
 
 /* Print "focus: <message>" and exit(1). Every user-facing error goes through here so
- * that it is one line naming what was expected and what was found. */
+ * that it is one line naming what was expected and what was found (control characters that a
+ * file's contents bring into the message are shown as '?'). */
 void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* For the fuzz targets (fuzz/), which feed one bad input after another to a reader in the same
+ * process: when set, fatal() calls fatal_hook with the message (which must not return, e.g.
+ * longjmp back to the target) instead of printing it and exiting. */
+extern void (*fatal_hook)(const char* message);
+/* What a reader holds while it may still call fatal() (a mapped file, a parsed header): it
+ * registers the release with fatal_defer and, when done, runs it with fatal_release(arg). A
+ * process that exits on fatal() never needs the rest; a fuzz target returning through fatal_hook
+ * calls fatal_release_all() to run them, newest first. At most 16 at a time. */
+void fatal_defer(void (*release)(void*), void* arg);
+void fatal_release(void* arg);
+void fatal_release_all(void);
+/* Unregister arg without releasing it (it is returned to the caller after all). */
+void fatal_forget(void* arg);
 
 void* malloc_check(size_t size, const char* file, int line);
 void* calloc_check(size_t n, size_t size, const char* file, int line);

@@ -12,8 +12,10 @@
 #define BK 256
 
 /* exp for floats, vectorisable: 2^n * p(r) with r = x - n ln2 in [-ln2/2, ln2/2] and a degree-6
- * polynomial (Cephes coefficients); about 1 ulp. Returns 0 below -87.3 (and for -inf). */
+ * polynomial (Cephes coefficients); about 1 ulp. Returns 0 below -87.3 (and for -inf), NaN for
+ * NaN. */
 static inline float exp_f(float x) {
+    if (x != x) return x; /* NaN stays NaN (and is never converted to an integer below) */
     if (x < -87.3f) return 0.0f;
     if (x > 88.7f) x = 88.7f;
     float n = floorf(x * 1.44269504088896341f + 0.5f);

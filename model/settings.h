@@ -64,7 +64,7 @@
       "EMA momentum of the causal bias")                                                           \
     X(focus, beta_balance, INT, beta_balance, "1", 0, 1, 0,                                        \
       "beta balances causal routing itself (0: EMA of Sinkhorn's offsets)")                        \
-    X(focus, seed, U64, seed, "1234", 0, UINT64_MAX, 0, "router initialisation")                   \
+    X(focus, seed, U64, seed, "1234", 0, 1.8446744073709552e19, 0, "router initialisation")        \
     X(focus, attn, ATTN, attn, "soft", 0, 0, SET_EVAL,                                             \
       "dense | soft (the gate) | hard (top-k groups)")
 
