@@ -40,56 +40,38 @@ static uint8_t* read_all(int fd, size_t n) {
     return b;
 }
 
-/* Write the seal into the user block of the closed file tmp. 0, or -1 with errno set. */
-static int seal(const char* tmp) {
-    int fd = open(tmp, O_RDWR);
-    if (fd < 0) return -1;
-    struct stat st;
-    uint8_t* b = NULL;
-    int rc = -1;
-    if (!fstat(fd, &st) && st.st_size > USERBLOCK && (b = read_all(fd, (size_t)st.st_size))) {
-        uint8_t head[24];
-        uint64_t len = (uint64_t)st.st_size,
-                 sum = fnv(b + USERBLOCK, (size_t)st.st_size - USERBLOCK);
-        memcpy(head, seal_magic, 8);
-        memcpy(head + 8, &len, 8);
-        memcpy(head + 16, &sum, 8);
-        if (pwrite(fd, head, sizeof head, 0) == (ssize_t)sizeof head && !fsync(fd)) rc = 0;
-    }
-    free(b);
-    int e = errno;
-    close(fd);
-    errno = e;
-    return rc;
-}
-
 hid_t h5_create(const char* path, char* tmp, size_t n) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
-    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE);
+    /* built in memory (the core driver, no backing file): libhdf5 never writes to the disk,
+     * so a full disk meets write_file_atomic in h5_commit, not an HDF5 file half flushed */
+    snprintf(tmp, n, "%s (in memory)", path);
+    hid_t fcpl = H5Pcreate(H5P_FILE_CREATE), fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_userblock(fcpl, USERBLOCK);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, H5P_DEFAULT);
+    H5Pset_fapl_core(fapl, 1 << 16, 0);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, fcpl, fapl);
     H5Pclose(fcpl);
-    if (f < 0) fatal("%s: cannot create the checkpoint file", tmp);
+    H5Pclose(fapl);
+    if (f < 0) fatal("%s: cannot create the checkpoint in memory", path);
     return f;
 }
 
 void h5_commit(hid_t f, const char* tmp, const char* path) {
-    if (H5Fclose(f) < 0) {
-        unlink(tmp);
-        fatal("%s: closing the checkpoint failed (disk full?); nothing was replaced", tmp);
-    }
-    if (seal(tmp)) { /* written and fsynced */
-        int e = errno;
-        unlink(tmp);
-        fatal("%s: sealing or fsync failed: %s; nothing was replaced", tmp, strerror(e));
-    }
-    if (rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        fatal("%s: rename failed: %s", path, strerror(e));
-    }
-    fsync_parent_dir(path);
+    (void)tmp;
+    /* the image starts at the superblock; the user block (the seal) goes in front of it */
+    ssize_t n = H5Fflush(f, H5F_SCOPE_GLOBAL) < 0 ? -1 : H5Fget_file_image(f, NULL, 0);
+    if (n <= 0) fatal("%s: building the checkpoint image failed", path);
+    uint8_t* b = callocCheck((size_t)n + USERBLOCK, 1);
+    fatal_defer(free, b);
+    if (H5Fget_file_image(f, b + USERBLOCK, (size_t)n) != n || H5Fclose(f) < 0)
+        fatal("%s: building the checkpoint image failed", path);
+    uint64_t len = (uint64_t)n + USERBLOCK, sum = fnv(b + USERBLOCK, (size_t)n);
+    memcpy(b, seal_magic, 8);
+    memcpy(b + 8, &len, 8);
+    memcpy(b + 16, &sum, 8);
+    const void* parts[1] = {b};
+    size_t sizes[1] = {(size_t)len};
+    write_file_atomic(path, parts, sizes, 1); /* temporary file, fsync, rename */
+    fatal_release(b);
 }
 
 void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank,
@@ -100,10 +82,8 @@ void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int 
     H5Pset_obj_track_times(dcpl, 0);
     hid_t ds = H5Dcreate2(loc, name, type, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     H5Pclose(dcpl);
-    if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
-        unlink(path); /* the temporary file: what it replaces stays as it was */
-        fatal("%s: writing dataset '%s' failed (disk full?); nothing was replaced", path, name);
-    }
+    if (ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+        fatal("%s: writing dataset '%s' failed; nothing was replaced", path, name);
     H5Dclose(ds);
     H5Sclose(sp);
 }
@@ -111,10 +91,8 @@ void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int 
 void h5_write_attr(hid_t loc, const char* name, hid_t type, const void* v, const char* path) {
     hid_t sp = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(loc, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, type, v) < 0) {
-        unlink(path);
-        fatal("%s: writing attribute '%s' failed (disk full?); nothing was replaced", path, name);
-    }
+    if (a < 0 || H5Awrite(a, type, v) < 0)
+        fatal("%s: writing attribute '%s' failed; nothing was replaced", path, name);
     H5Aclose(a);
     H5Sclose(sp);
 }

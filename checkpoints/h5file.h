@@ -1,8 +1,8 @@
 /* h5file.h: HDF5 checkpoint files (router.h5, lora.h5): written to a temporary file in the same
- * folder, sealed (a length and checksum of the whole file in its HDF5 user block, checked before
- * libhdf5 parses it), fsynced and renamed; datasets carry no modification times (the same state
- * writes the same bytes); every read checks presence, rank and shape and fails with one line
- * naming the file. */
+ * folder (built in memory first), sealed (a length and checksum of the whole file in its HDF5 user
+ * block, checked before libhdf5 parses it), fsynced and renamed; datasets carry no modification
+ * times (the same state writes the same bytes); every read checks presence, rank and shape and
+ * fails with one line naming the file. */
 #ifndef FOCUS_H5FILE_H
 #define FOCUS_H5FILE_H
 
@@ -10,8 +10,8 @@
 
 #include <hdf5.h>
 
-/* Create path's temporary file (its name into tmp, n bytes); h5_commit closes, syncs and renames
- * it over path. */
+/* Start the file for path, built in memory (tmp gets a name for messages, n bytes); h5_commit
+ * seals it and writes it atomically (temporary file, fsync, rename) over path. */
 hid_t h5_create(const char* path, char* tmp, size_t n);
 void h5_commit(hid_t f, const char* tmp, const char* path);
 void h5_write_ds(hid_t loc, const char* name, hid_t type, const void* data, int rank,

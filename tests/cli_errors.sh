@@ -49,5 +49,24 @@ check "bad device" "cpu or cuda" "$focus" eval ppl --model tiny.gguf --data text
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
   check "no GPU" "device cuda" "$focus" bench forward --config tiny-llama --B 1 --T 8 --device cuda
 fi
+# settings and options out of range (issue 15): refused before anything runs, naming the range
+conf="$(dirname "$focus")/../configs/tiny.conf"
+[ -f "$conf" ] || conf=$(realpath "$(dirname "$0")/../configs/tiny.conf" 2>/dev/null)
+for kv in eval_every=0 ckpt_every=0 val_fraction=1.5 val_fraction=nan K=99999999999 lr=inf \
+          beta1=-1 beta2=1 clip=nan adam_eps=0 grad_accum=99999999 iters=100000 topk=-5 \
+          T=4294967304 rms=1; do
+    case $kv in rms=1) want="unknown setting" ;; *) want="expected" ;; esac
+    check "--set $kv" "$want" "$focus" retrofit --config "$conf" --set "$kv" --out run
+done
+check "T above a llama model's context" "exceeds the model's context" "$focus" retrofit --config "$conf" --set model=tiny.gguf --set T=128 --out run
+check "--ctx wraps" "from 2 to" "$focus" eval ppl --model tiny.gguf --data text.txt --ctx 4294967304
+check "--stride 0" "--stride" "$focus" eval ppl --model tiny.gguf --data text.txt --stride 0
+check "--temperature nan" "--temperature" "$focus" generate --model tiny.gguf --temperature nan
+check "--temperature abc" "--temperature" "$focus" generate --model tiny.gguf --temperature abc
+check "--top-p nan" "--top-p" "$focus" generate --model tiny.gguf --top-p nan
+check "prepare --val-fraction nan" "--val-fraction" "$focus" prepare --val-fraction nan --out shards text.txt
+check "bench --iters huge" "--iters" "$focus" bench forward --config tiny-llama --iters 99999999999
+mkdir -p adir
+check "a folder as a config file" "adir: not a regular file" "$focus" retrofit --config adir --out run
 echo "cli_errors: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -39,6 +39,12 @@ for delay in 0 0.2 0.5 1; do
     if cmp -s "$k/router.h5" "$work/ref1/router.h5" && [ -z "$(ls "$k" | grep '\.tmp\.')" ]; then ok "killed after ${delay} s and resumed: router.h5 identical, no temporary files left"; else bad "kill at $delay s: router.h5 differs or temporary files remain"; ls "$k"; tail -3 "$k.resume.log"; fi
 done
 grep -q "no checkpoint yet" "$work/kill_0.resume.log" && ok "resume before the first checkpoint starts over" || bad "resume without checkpoint: $(tail -1 "$work/kill_0.resume.log")"
+# a full disk (here a file-size limit) while writing a checkpoint: one line, exit 1, no crash, the
+# checkpoint before it intact and still loadable
+"$focus" retrofit --config configs/tiny.conf "${small[@]}" --set ckpt_every=1 --out "$work/full_disk" --stop-after 1 > /dev/null 2>&1
+cp "$work/full_disk/router.h5" "$work/keep.h5"
+err=$( (ulimit -f 8; trap '' XFSZ; "$focus" retrofit --resume "$work/full_disk" 2>&1 >/dev/null) ); rc=$?
+[ $rc -eq 1 ] && echo "$err" | grep -q "router.h5: write failed" && [ "$(echo "$err" | wc -l)" -eq 1 ] && cmp -s "$work/keep.h5" "$work/full_disk/router.h5" && [ -z "$(ls "$work/full_disk" | grep '\.tmp\.')" ] && ok "full disk: one line, exit 1, previous checkpoint intact" || bad "full disk: rc=$rc $err"
 # one run per folder: a second run on a folder in use is refused
 err=$(flock "$work/full/.lock" "$focus" retrofit --resume "$work/full" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "another focus run is using this folder" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a second run on a folder in use is refused" || bad "lock: rc=$rc $err"

@@ -2,7 +2,9 @@
 #define _GNU_SOURCE /* open_memstream */
 #include "runconfig.h"
 
+#include <errno.h>
 #include <ini.h>
+#include <sys/stat.h>
 #include <limits.h>
 #include <stddef.h>
 #include <string.h>
@@ -90,6 +92,9 @@ static int run_ini_handler(void* user, const char* section, const char* name, co
 }
 
 void runconfig_load(RunConfig* rc, const char* path) {
+    struct stat st;
+    if (stat(path, &st)) fatal("%s: cannot open config file: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) fatal("%s: not a regular file (a config file is expected)", path);
     Ctx c = {rc, path};
     int line = ini_parse(path, run_ini_handler, &c);
     if (line < 0) fatal("%s: cannot open config file", path);
