@@ -216,6 +216,7 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
     for (int i = 0; i < NUM_PARAM_TENSORS; i++)
         biggest = m->param_sizes[i] > biggest ? m->param_sizes[i] : biggest;
     uint16_t* tmp = mallocCheck(sizeof(uint16_t) * biggest);
+    fatal_defer(free, tmp);
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!ptrs[i]) continue;
         size_t n = m->param_sizes[i], nfile = i == 0 ? (size_t)Vp * cfg.C : n;
@@ -228,7 +229,7 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
             for (size_t j = 0; j < n; j++) ptrs[i][j] = bf16_to_f32(tmp[j]);
         }
     }
-    free(tmp);
+    fatal_release(tmp);
     snprintf(info->format, sizeof info->format, "llm.c");
     snprintf(info->arch, sizeof info->arch, "gpt2");
     snprintf(info->name, sizeof info->name, "%s", base_name(path));
@@ -630,6 +631,7 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
 /* ------------------------------------------------------------------ dispatch */
 
 static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info);
+static void close_file(void* fp) { fclose(fp); }
 
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
     model_load_any(m, path, fc, info);
@@ -657,8 +659,9 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
         load_gguf(m, path, fc, info);
     } else if (got >= 4 && magic == 20240326) {
         rewind(fp);
+        fatal_defer(close_file, fp); /* closed on the way out of an error too */
         load_llmc(m, path, fp, fc, info);
-        fclose(fp);
+        fatal_release(fp);
     } else if (got == 9 && head[8] == '{') {
         fclose(fp);
         load_safetensors(m, path, fc, info);
@@ -677,4 +680,61 @@ uint64_t model_fingerprint(const Model* m) {
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < lens[k]; i++) h = (h ^ bytes[k][i]) * 0x100000001b3ull;
     return h;
+}
+
+/* ------------------------------------------------------------------ native decode weights */
+
+static void native_release(void* f) {
+    gguf_close(f);
+    free(f);
+}
+
+int model_load_native(Model* m, const char* path, char* why, size_t n) {
+    const ModelConfig* c = &m->cfg;
+    if (c->arch != ARCH_LLAMA)
+        return snprintf(why, n, "native weights are read for llama models only"), -1;
+    GGUFFile f;
+    char err[512];
+    if (gguf_open(&f, path, err, sizeof err)) return snprintf(why, n, "%s", err), -1;
+    const int hs = c->C / c->NH, L = c->L;
+    QMatrix* q = callocCheck((size_t)L * NATIVE_PER_LAYER + 1, sizeof(QMatrix));
+    static const char* const names[NATIVE_PER_LAYER] = {
+        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    for (int i = 0; i <= L * NATIVE_PER_LAYER; i++) {
+        const int l = i / NATIVE_PER_LAYER, k = i % NATIVE_PER_LAYER,
+                  head = i == L * NATIVE_PER_LAYER;
+        const int rows = head               ? c->V
+                         : k == NATIVE_Q    ? c->NH * hs
+                         : k <= NATIVE_V    ? c->NKV * hs
+                         : k == NATIVE_O    ? c->C
+                         : k == NATIVE_DOWN ? c->C
+                                            : c->F,
+                  cols = !head && k == NATIVE_DOWN ? c->F : c->C;
+        char name[96];
+        if (head)
+            snprintf(name, sizeof name, "%s", c->tied ? "token_embd.weight" : "output.weight");
+        else
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[k]);
+        const GGUFTensor* t = gguf_tensor(&f, name);
+        const char* bad =
+            !t                                                                ? "is missing"
+            : t->ne[0] != (uint64_t)cols || t->nelem != (uint64_t)rows * cols ? "has another shape"
+            : !qtype_supported((int)t->type) ? "has a type decode cannot read in place"
+                                             : NULL;
+        if (bad) {
+            snprintf(why, n,
+                     "tensor '%s' %s (%s; native decode reads F32, F16, BF16, Q4_0, Q4_1, Q8_0)",
+                     name, bad, t ? ggml_type_name(t->type) : "-");
+            free(q);
+            gguf_close(&f);
+            return -1;
+        }
+        q[i] = (QMatrix){(int)t->type, rows, cols, qtype_row_bytes((int)t->type, cols), t->data};
+    }
+    GGUFFile* owner = mallocCheck(sizeof *owner);
+    *owner = f;
+    free(m->native);
+    if (m->native_release) m->native_release(m->native_owner);
+    m->native = q, m->native_owner = owner, m->native_release = native_release;
+    return 0;
 }

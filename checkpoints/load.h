@@ -23,6 +23,10 @@ void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* in
  * instead of F32) into a malloc'd buffer, or write it to path atomically. */
 uint8_t* gguf_serialize_llama(const Model* m, int quant, size_t* len);
 void gguf_write_model(const Model* m, const char* path, int quant);
+/* Let decoding read the weights of the GGUF file `path` (the file m was loaded from) in their
+ * stored blocks (m->native; kernels/quant.h): 0, or -1 with the reason in why (not llama, not
+ * GGUF, a format the kernels do not read), m unchanged. The file stays mapped until model_free. */
+int model_load_native(Model* m, const char* path, char* why, size_t n);
 
 /* 64-bit fingerprint of the backbone (configuration and every parameter bit); a router
  * trained on one base model is refused on another (see the retrofit issue). */

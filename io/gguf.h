@@ -104,7 +104,4 @@ size_t ggml_nbytes(uint32_t type, uint64_t n);
 /* Convert n elements of a tensor of the given type to float. Returns -1 if unsupported. */
 int ggml_dequantize(float* out, const void* data, uint32_t type, uint64_t n);
 
-float f16_to_f32(uint16_t h);
-float bf16_to_f32(uint16_t h);
-
 #endif

@@ -17,17 +17,21 @@ char* read_file(const char* path, size_t* len) {
     FILE* fp = fopen(path, "rb");
     if (!fp) fatal("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode))
-        fatal("%s: not a regular file (a directory or a device?)", path);
-    if (fseek(fp, 0, SEEK_END)) fatal("%s: cannot seek: %s", path, strerror(errno));
-    long n = ftell(fp);
-    if (n < 0) fatal("%s: cannot determine the size (not a regular file?)", path);
-    fseek(fp, 0, SEEK_SET);
-    char* s = mallocCheck((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, fp) != (size_t)n) fatal("%s: read failed", path);
+    const char* why = NULL;
+    char* s = NULL;
+    if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
+        why = "not a regular file (a directory or a device?)";
+    } else {
+        s = mallocCheck((size_t)st.st_size + 1);
+        if (fread(s, 1, (size_t)st.st_size, fp) != (size_t)st.st_size) why = "read failed";
+    }
     fclose(fp);
-    s[n] = 0;
-    *len = (size_t)n;
+    if (why) {
+        free(s);
+        fatal("%s: %s", path, why);
+    }
+    s[st.st_size] = 0;
+    *len = (size_t)st.st_size;
     return s;
 }
 

@@ -37,6 +37,10 @@ void fatal_release_all(void);
 /* Unregister arg without releasing it (it is returned to the caller after all). */
 void fatal_forget(void* arg);
 
+/* IEEE half precision and bfloat16 to float. */
+float f16_to_f32(uint16_t h);
+float bf16_to_f32(uint16_t h);
+
 void* malloc_check(size_t size, const char* file, int line);
 void* calloc_check(size_t n, size_t size, const char* file, int line);
 void* realloc_check(void* p, size_t size, const char* file, int line);

@@ -39,6 +39,20 @@ static void norm1(const Model* m, real* out, const real* x, const real* w, const
         rmsnorm_forward(out, &rstd, x, w, 1, m->cfg.C, m->cfg.eps);
 }
 
+/* y (out) = W x (in) + b: from the file's blocks when the model has native weights (nw), else
+ * the fp32 parameters w. */
+static void project(real* y, const real* x, const real* w, const real* b, int in, int out,
+                    const QMatrix* nw) {
+#ifndef FOCUS_DOUBLE
+    if (nw) {
+        qmatvec(y, nw, x, b);
+        return;
+    }
+#endif
+    (void)nw;
+    matmul_forward(y, x, w, b, 1, in, out);
+}
+
 void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
@@ -73,8 +87,16 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
         norm1(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL);
-        matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
-                       p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
+        const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
+        if (nw) { /* q, k and v are three matrices in the file, one (Q, C) here */
+            const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
+            project(qkv, h, NULL, qb, C, C, nw + NATIVE_Q);
+            project(qkv + C, h, NULL, qb ? qb + C : NULL, C, kvw, nw + NATIVE_K);
+            project(qkv + C + kvw, h, NULL, qb ? qb + C + kvw : NULL, C, kvw, nw + NATIVE_V);
+        } else {
+            matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
+                           p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
+        }
         if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, 1, NH, NKV, hs, mc->rope_theta, n);
         real* kc = c->k + ((size_t)l * c->cap) * kvw;
         real* vc = c->v + ((size_t)l * c->cap) * kvw;
@@ -132,21 +154,27 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
             }
             for (int e = 0; e < hs; e++) o[e] = (real)(o[e] / sum);
         }
-        matmul_forward(tmp, att, p->attprojw + (size_t)l * C * C,
-                       p->attprojb ? p->attprojb + lC : NULL, 1, C, C);
+        project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
+                C, nw ? nw + NATIVE_O : NULL);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
         norm1(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL);
-        matmul_forward(fch, h, p->fcw + (size_t)l * FC * C, p->fcb ? p->fcb + (size_t)l * FC : NULL,
-                       1, C, FC);
+        if (nw) { /* gate rows then up rows, as fcw holds them */
+            project(fch, h, NULL, NULL, C, mc->F, nw + NATIVE_GATE);
+            project(fch + mc->F, h, NULL, NULL, C, mc->F, nw + NATIVE_UP);
+        } else {
+            matmul_forward(fch, h, p->fcw + (size_t)l * FC * C,
+                           p->fcb ? p->fcb + (size_t)l * FC : NULL, 1, C, FC);
+        }
         if (mc->arch == ARCH_GPT2)
             gelu_forward(act, fch, mc->F);
         else
             swiglu_forward(act, fch, 1, mc->F);
-        matmul_forward(tmp, act, p->fcprojw + (size_t)l * C * mc->F,
-                       p->fcprojb ? p->fcprojb + lC : NULL, 1, mc->F, C);
+        project(tmp, act, p->fcprojw + (size_t)l * C * mc->F, p->fcprojb ? p->fcprojb + lC : NULL,
+                mc->F, C, nw ? nw + NATIVE_DOWN : NULL);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
     }
     norm1(m, h, x, p->lnfw, p->lnfb);
-    matmul_forward(logits, h, mc->tied ? p->wte : p->lmhead, NULL, 1, C, mc->V);
+    project(logits, h, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
+            m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL);
     c->n++;
 }

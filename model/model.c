@@ -109,6 +109,8 @@ void model_set_router_config(Model* m, const FocusConfig* fc) {
 
 void model_free(Model* m) {
     if (m->backend && m->backend->release) m->backend->release(m);
+    if (m->native_release) m->native_release(m->native_owner);
+    free(m->native);
     free(m->params_mem);
     free(m->grads_mem);
     free(m->router_mem);

@@ -11,6 +11,7 @@
 #include "../kernels/adamw.h"
 #include "../kernels/attention.h"
 #include "../kernels/common.h"
+#include "../kernels/quant.h"
 #include "../kernels/router.h"
 #include "settings.h"
 
@@ -125,6 +126,17 @@ typedef struct {
 
 typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1, GRAD_LORA = 2 } GradMode;
 
+enum {
+    NATIVE_Q,
+    NATIVE_K,
+    NATIVE_V,
+    NATIVE_O,
+    NATIVE_GATE,
+    NATIVE_UP,
+    NATIVE_DOWN,
+    NATIVE_PER_LAYER
+};
+
 typedef struct {
     ModelConfig cfg;
     FocusConfig fc;
@@ -172,6 +184,13 @@ typedef struct {
     /* where the passes run (model_place; backend.h): the CPU after model_build */
     const struct ModelBackend* backend;
     void* device; /* the backend's own state (device copies), NULL on the CPU */
+    /* Decoding from the weights as the file stores them (model_decode_step; filled by
+     * model_load_native in checkpoints/load.c, llama models): per layer NATIVE_PER_LAYER
+     * matrices (q, k, v, o, gate, up, down), then the output head; NULL: decode reads the fp32
+     * parameters. native_owner (the mapped file) is released by native_release in model_free. */
+    QMatrix* native;
+    void* native_owner;
+    void (*native_release)(void*);
 } Model;
 
 /* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama. 0 on success. */

@@ -388,3 +388,17 @@ void cli_set_mode(Model* m, const char* mode, int have_router) {
         fatal("unknown mode '%s' (dense, soft, hard:k, hard:pP)", mode);
     }
 }
+
+void cli_set_weights(Model* m, const char* model, const char* weights) {
+    if (weights && strcmp(weights, "native") && strcmp(weights, "f32"))
+        fatal("--weights must be native or f32, got '%s'", weights);
+    if (weights && !strcmp(weights, "f32")) return;
+    char why[600];
+    if (m->lora.rank) {
+        if (weights) fatal("--weights native: LoRA adapters are merged into fp32 weights only");
+        return;
+    }
+    if (!model_load_native(m, model, why, sizeof why)) return;
+    if (weights) fatal("--weights native: %s: %s", model, why);
+    fprintf(stderr, "decoding from fp32 weights (%s)\n", why);
+}

@@ -74,4 +74,9 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
  * else the model file's own tokenizer). */
 int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n);
 
+/* Decode from the model file's own blocks (model_load_native) unless weights is "f32": with
+ * weights NULL (the default) quietly falling back to fp32 when the file does not allow it (the
+ * reason on stderr), with "native" fatal then. */
+void cli_set_weights(Model* m, const char* model, const char* weights);
+
 #endif

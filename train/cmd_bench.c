@@ -226,6 +226,8 @@ static const char bench_usage[] =
     "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
     "  --iters n       timed repetitions of each measurement (default 2)\n"
     "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
+    "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]: generation\n"
+    "        speed (focus bench decode --help).\n"
     "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
     "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] "
     "[--kv-heads 1]\n"
@@ -240,6 +242,7 @@ int cmd_bench(int argc, char** argv) {
         return argc < 2 ? 1 : 0;
     }
     const char* what = argv[1];
+    if (!strcmp(what, "decode")) return cmd_bench_decode(argc, argv);
     const char* preset = "smollm2-135m";
     int B = 1, T = 1024, iters = 2, gemm_n = 2048;
     int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64,
@@ -293,7 +296,7 @@ int cmd_bench(int argc, char** argv) {
         return 0;
     }
     if (strcmp(what, "forward"))
-        fatal("bench: unknown benchmark '%s' (forward | gemm | attention)", what);
+        fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention)", what);
     if (model_config_preset(preset, &cfg))
         fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)",
               preset);

@@ -52,12 +52,16 @@ static const char generate_usage[] =
     "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
     "                      [--temperature t] [--top-p p] [--seed s] [--router router.h5 [--topk k] "
     "[--attn dense|hard]]\n"
+    "                      [--weights native|f32]\n"
     "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). Tokens are\n"
     "generated one at a time over a KV cache; with --router, each new token attends to its\n"
-    "window and the cached tokens of its top-k groups (causal routing).\n";
+    "window and the cached tokens of its top-k groups (causal routing). The projections read\n"
+    "the GGUF file's own blocks (F32, F16, BF16, Q4_0, Q4_1, Q8_0) where it has them\n"
+    "(--weights native; fp32 otherwise, or with --weights f32).\n";
 
 int cmd_generate(int argc, char** argv) {
-    const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL;
+    const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL,
+               *weights = NULL;
     int n = 64;
     const char* topk = NULL;
     double temperature = 0, top_p = 1;
@@ -66,8 +70,9 @@ int cmd_generate(int argc, char** argv) {
     if (cli_parse("generate", argc, argv, 1, generate_usage,
                   "--model:s --tokenizer:s --prompt:s -n:i[0,1048576] --temperature:x[0,100] "
                   "--top-p:x[1e-9,1] "
-                  "--seed:i[0,2147483647] --router:s --topk:s --attn:s",
-                  &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn))
+                  "--seed:i[0,2147483647] --router:s --topk:s --attn:s --weights:s",
+                  &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn,
+                  &weights))
         return 0;
     if (!model || !prompt) fatal("generate: needs --model and --prompt");
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
@@ -76,6 +81,7 @@ int cmd_generate(int argc, char** argv) {
     model_load(&m, model, &fc, NULL);
     Tokenizer* t = tokenizer_load(tok ? tok : model);
     apply_router_options(&m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
+    cli_set_weights(&m, model, weights);
     size_t np;
     int* p = tokenizer_encode(t, prompt, strlen(prompt), &np);
     int bos = tokenizer_bos(t);

@@ -34,6 +34,7 @@ static const Command commands[] = {
     {"generate", cmd_generate, "generate        continue a prompt (greedy or sampled)"},
     {"bench", cmd_bench,
      "bench forward   forward and forward+backward (router-only) tokens/s of a model\n"
+     "  bench decode    generation tokens/s (prompt, decode), native or fp32 weights\n"
      "  bench gemm      this machine's single-precision GEMM rate (GFLOP/s)"},
     {"settings", cmd_settings,
      "settings        every configuration setting, its default and meaning"},

@@ -1,0 +1,38 @@
+/* quant.h: matrix-vector products that read GGUF block-quantised weights as they are stored,
+ * dequantising in registers (quant.c): the decode path's weights stay at file size instead of
+ * being expanded to fp32 (4 to 8 times the bytes a token has to stream). The block layouts are
+ * documented next to the kernels; tests/test_quant.c checks each format against dequantise-then-
+ * multiply, the AVX2 path against the scalar reference. */
+#ifndef FOCUS_QUANT_H
+#define FOCUS_QUANT_H
+
+#include "common.h"
+
+/* The GGUF type codes of the formats qmatvec reads (ggml's numbering). */
+enum {
+    QTYPE_F32 = 0,
+    QTYPE_F16 = 1,
+    QTYPE_Q4_0 = 2,
+    QTYPE_Q4_1 = 3,
+    QTYPE_Q8_0 = 8,
+    QTYPE_BF16 = 30
+};
+
+/* A (rows, cols) row-major matrix of one of the QTYPE formats: each row is cols / 32 blocks
+ * (cols elements for F32, F16, BF16) of row_bytes bytes; `data` is not owned. */
+typedef struct {
+    int type, rows, cols;
+    size_t row_bytes;
+    const uint8_t* data;
+} QMatrix;
+
+/* 1 when qmatvec reads `type`. */
+int qtype_supported(int type);
+/* Bytes of one row of cols elements of `type` (cols a multiple of 32 for block types), or 0. */
+size_t qtype_row_bytes(int type, int cols);
+/* y (rows) = W x (cols) + bias (may be NULL); rows split over the OpenMP threads. */
+void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias);
+/* The same with the portable scalar code only (the reference of the vectorised path). */
+void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias);
+
+#endif

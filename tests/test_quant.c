@@ -1,0 +1,139 @@
+/* test_quant.c: the block-quantised matrix-vector products (kernels/quant.c) against
+ * dequantise-then-multiply in double precision, for every format they read, the vectorised path
+ * against the scalar reference; and decoding from native weights (model_load_native) against
+ * decoding from the fp32 parameters dequantised from the same file. */
+#include <math.h>
+#include <string.h>
+
+#include "../checkpoints/load.h"
+#include "../io/gguf.h"
+#include "../kernels/quant.h"
+#include "../model/decode.h"
+#include "testutil.h"
+
+/* A random half / bfloat16 of moderate magnitude (exponent near 0). */
+static uint16_t rand_f16(Rng* r, int scale_exp) {
+    uint64_t u = rng_u64(r);
+    return (uint16_t)(((u & 1) << 15) | (uint64_t)(15 + scale_exp - (int)(u >> 1) % 4) << 10 |
+                      ((u >> 8) & 0x3ff));
+}
+static uint16_t rand_bf16(Rng* r) {
+    uint64_t u = rng_u64(r);
+    return (uint16_t)(((u & 1) << 15) | (uint64_t)(124 + (u >> 1) % 4) << 7 | ((u >> 8) & 0x7f));
+}
+
+/* Random bytes of a (rows, cols) matrix of `type`, scales kept finite and small. */
+static uint8_t* random_matrix(int type, int rows, int cols, Rng* r) {
+    size_t rb = qtype_row_bytes(type, cols), n = rb * rows;
+    uint8_t* b = mallocCheck(n);
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)rng_u64(r);
+    const size_t bb = type == QTYPE_Q4_0   ? 18
+                      : type == QTYPE_Q4_1 ? 20
+                      : type == QTYPE_Q8_0 ? 34
+                                           : 0;
+    for (size_t at = 0; at < n; at += bb ? bb : 2) {
+        uint16_t h = type == QTYPE_BF16 ? rand_bf16(r) : rand_f16(r, -4);
+        if (type == QTYPE_F32) {
+            float v = (float)(rng_normal(r) * 0.1);
+            memcpy(b + at, &v, 4);
+            at += 2;
+            continue;
+        }
+        memcpy(b + at, &h, 2);
+        if (type == QTYPE_Q4_1) {
+            uint16_t m = rand_f16(r, -3);
+            memcpy(b + at + 2, &m, 2);
+        }
+    }
+    return b;
+}
+
+static void check_format(int type, const char* name, Rng* r) {
+    const int rows = 37, cols = 160;
+    QMatrix w = {type, rows, cols, qtype_row_bytes(type, cols), random_matrix(type, rows, cols, r)};
+    float* dense = mallocCheck(sizeof(float) * rows * cols);
+    CHECK(ggml_dequantize(dense, w.data, (uint32_t)type, (uint64_t)rows * cols) == 0,
+          "%s: dequantise", name);
+    float x[160], bias[37], y[37], yr[37];
+    for (int j = 0; j < cols; j++) x[j] = (float)rng_normal(r);
+    for (int i = 0; i < rows; i++) bias[i] = (float)rng_normal(r);
+    qmatvec(y, &w, x, bias);
+    qmatvec_ref(yr, &w, x, bias);
+    double err = 0, err_ref = 0, scale = 0;
+    for (int i = 0; i < rows; i++) {
+        double want = bias[i];
+        for (int j = 0; j < cols; j++) want += (double)dense[(size_t)i * cols + j] * x[j];
+        err = fmax(err, fabs(y[i] - want));
+        err_ref = fmax(err_ref, fabs(yr[i] - want));
+        scale = fmax(scale, fabs(want));
+    }
+    printf("  %-5s max |error| %.2e (scalar %.2e) of max |y| %.2f\n", name, err, err_ref, scale);
+    CHECK(err < 1e-5 * (scale + 1) && err_ref < 1e-5 * (scale + 1),
+          "%s: matvec differs from dequantise-then-multiply by %g / %g", name, err, err_ref);
+    free(dense);
+    free((void*)w.data);
+}
+
+/* Decode n tokens of m, return the last logits (V) in out. */
+static void decode(Model* m, const int* tok, int n, real* out) {
+    KVCache c;
+    kvcache_init(&c, m, n);
+    for (int i = 0; i < n; i++) model_decode_step(m, &c, tok[i], out);
+    kvcache_free(&c);
+}
+
+int main(void) {
+    Rng r;
+    rng_seed(&r, 5);
+    const struct {
+        int type;
+        const char* name;
+    } fmts[] = {{QTYPE_F32, "F32"},   {QTYPE_F16, "F16"},   {QTYPE_BF16, "BF16"},
+                {QTYPE_Q4_0, "Q4_0"}, {QTYPE_Q4_1, "Q4_1"}, {QTYPE_Q8_0, "Q8_0"}};
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
+        check_format(fmts[i].type, fmts[i].name, &r);
+
+    /* decoding: native weights against the fp32 parameters of the same file */
+    ModelConfig cfg;
+    FocusConfig fc;
+    model_config_preset("tiny-llama", &cfg);
+    cfg.tied = 1;
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    Model src;
+    model_build(&src, &cfg, &fc);
+    model_init_backbone(&src, 8);
+    int tok[12];
+    for (int i = 0; i < 12; i++) tok[i] = (i * 5 + 1) % cfg.V;
+    for (int quant = 0; quant < 2; quant++) {
+        const char* path = tu_path("decode.gguf");
+        gguf_write_model(&src, path, quant);
+        Model m;
+        model_load(&m, path, &fc, NULL);
+        real *a = mallocCheck(sizeof(real) * cfg.V), *b = mallocCheck(sizeof(real) * cfg.V);
+        decode(&m, tok, 12, a);
+        char why[512];
+        int rc = model_load_native(&m, path, why, sizeof why);
+        CHECK(rc == 0, "native weights of %s: %s", quant ? "Q8_0/F16" : "F32", why);
+        decode(&m, tok, 12, b);
+        double d = 0, s = 0;
+        for (int v = 0; v < cfg.V; v++) d = fmax(d, fabs(a[v] - b[v])), s = fmax(s, fabs(a[v]));
+        printf("  decode from %s blocks: max |logit difference| %.2e of %.2f\n",
+               quant ? "Q8_0 / F16" : "F32", d, s);
+        CHECK(rc == 0 && d < 1e-4 * (s + 1), "native decode differs by %g", d);
+        free(a);
+        free(b);
+        model_free(&m);
+    }
+    model_free(&src);
+    /* a GPT-2 model: refused with a reason, the model unchanged */
+    model_config_preset("tiny-gpt2", &cfg);
+    Model g;
+    model_build(&g, &cfg, &fc);
+    char why[512];
+    CHECK(model_load_native(&g, "unused.gguf", why, sizeof why) == -1 && strstr(why, "llama") &&
+              !g.native,
+          "a gpt2 model must be refused: %s", why);
+    model_free(&g);
+    return tu_finish("test_quant");
+}
