@@ -85,7 +85,10 @@ static int gguf_need_int(const GGUFFile* f, const char* arch, const char* key) {
     return (int)v;
 }
 
-static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
+/* lean: leave the projection matrices and embeddings out of the fp32 parameters (zero pages,
+ * never touched: they cost no memory), for a model that decodes from the file's blocks. */
+static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
+                      int lean) {
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
@@ -135,7 +138,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     Params* p = &m->params;
     const size_t C = cfg.C, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs, F = cfg.F;
     const size_t FC = cfg.arch == ARCH_LLAMA ? 2 * F : F;
-    gguf_load_tensor(&f, "token_embd.weight", p->wte, cfg.V, C);
+    if (!lean) gguf_load_tensor(&f, "token_embd.weight", p->wte, cfg.V, C);
     if (cfg.arch == ARCH_GPT2) gguf_load_tensor(&f, "position_embd.weight", p->wpe, cfg.maxT, C);
     for (int l = 0; l < cfg.L; l++) {
         char n[96];
@@ -143,21 +146,26 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     (snprintf(n, sizeof n, "blk.%d." fmt, l), gguf_load_tensor(&f, n, dst, rows, cols))
         T("attn_norm.weight", p->ln1w + l * C, 1, C);
         T("ffn_norm.weight", p->ln2w + l * C, 1, C);
-        T("attn_output.weight", p->attprojw + l * C * C, C, C);
-        T("ffn_down.weight", p->fcprojw + l * C * F, C, F);
+        if (!lean) T("attn_output.weight", p->attprojw + l * C * C, C, C);
+        if (!lean) T("ffn_down.weight", p->fcprojw + l * C * F, C, F);
         float* qkv = p->qkvw + l * Q * C;
         if (cfg.arch == ARCH_LLAMA) {
-            T("attn_q.weight", qkv, (size_t)cfg.NH * hs, C);
-            T("attn_k.weight", qkv + (size_t)cfg.NH * hs * C, (size_t)cfg.NKV * hs, C);
-            T("attn_v.weight", qkv + (size_t)(cfg.NH + cfg.NKV) * hs * C, (size_t)cfg.NKV * hs, C);
+            if (!lean) {
+                T("attn_q.weight", qkv, (size_t)cfg.NH * hs, C);
+                T("attn_k.weight", qkv + (size_t)cfg.NH * hs * C, (size_t)cfg.NKV * hs, C);
+                T("attn_v.weight", qkv + (size_t)(cfg.NH + cfg.NKV) * hs * C, (size_t)cfg.NKV * hs,
+                  C);
+            }
             if (cfg.qkv_bias) {
                 float* b = p->qkvb + l * Q;
                 T("attn_q.bias", b, 1, (size_t)cfg.NH * hs);
                 T("attn_k.bias", b + (size_t)cfg.NH * hs, 1, (size_t)cfg.NKV * hs);
                 T("attn_v.bias", b + (size_t)(cfg.NH + cfg.NKV) * hs, 1, (size_t)cfg.NKV * hs);
             }
-            T("ffn_gate.weight", p->fcw + l * FC * C, F, C);
-            T("ffn_up.weight", p->fcw + l * FC * C + F * C, F, C);
+            if (!lean) {
+                T("ffn_gate.weight", p->fcw + l * FC * C, F, C);
+                T("ffn_up.weight", p->fcw + l * FC * C + F * C, F, C);
+            }
         } else {
             T("attn_norm.bias", p->ln1b + l * C, 1, C);
             T("ffn_norm.bias", p->ln2b + l * C, 1, C);
@@ -172,7 +180,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     }
     gguf_load_tensor(&f, "output_norm.weight", p->lnfw, 1, C);
     if (cfg.arch == ARCH_GPT2) gguf_load_tensor(&f, "output_norm.bias", p->lnfb, 1, C);
-    if (!cfg.tied) gguf_load_tensor(&f, "output.weight", p->lmhead, cfg.V, C);
+    if (!cfg.tied && !lean) gguf_load_tensor(&f, "output.weight", p->lmhead, cfg.V, C);
     uint64_t nlen;
     const char* name = gguf_get_str(&f, "general.name", &nlen);
     snprintf(info->format, sizeof info->format, "gguf");
@@ -630,15 +638,38 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
 
 /* ------------------------------------------------------------------ dispatch */
 
-static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info);
+static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
+                           int lean);
 static void close_file(void* fp) { fclose(fp); }
 
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
-    model_load_any(m, path, fc, info);
+    model_load_any(m, path, fc, info, 0);
     check_finite(m, path);
 }
 
-static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
+int model_load_lean(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, char* why,
+                    size_t n) {
+    /* a full load first only to learn the shape would cost what this avoids: read the header */
+    GGUFFile f;
+    char err[512];
+    if (gguf_open(&f, path, err, sizeof err)) return snprintf(why, n, "%s", err), -1;
+    uint64_t alen;
+    const char* a = gguf_get_str(&f, "general.architecture", &alen);
+    int llama =
+        a && ((alen == 5 && !memcmp(a, "llama", 5)) || (alen == 5 && !memcmp(a, "qwen2", 5)));
+    gguf_close(&f);
+    if (!llama) return snprintf(why, n, "native weights are read for llama models only"), -1;
+    model_load_any(m, path, fc, info, 1);
+    if (model_load_native(m, path, why, n)) {
+        model_free(m);
+        return -1;
+    }
+    m->decode_only = 1;
+    return 0;
+}
+
+static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
+                           int lean) {
     ModelInfo local;
     if (!info) info = &local;
     memset(info, 0, sizeof(*info));
@@ -656,7 +687,7 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
     memcpy(&magic, head, 4);
     if (got >= 4 && !memcmp(head, "GGUF", 4)) {
         fclose(fp);
-        load_gguf(m, path, fc, info);
+        load_gguf(m, path, fc, info, lean);
     } else if (got >= 4 && magic == 20240326) {
         rewind(fp);
         fatal_defer(close_file, fp); /* closed on the way out of an error too */
@@ -697,12 +728,12 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) return snprintf(why, n, "%s", err), -1;
     const int hs = c->C / c->NH, L = c->L;
-    QMatrix* q = callocCheck((size_t)L * NATIVE_PER_LAYER + 1, sizeof(QMatrix));
+    QMatrix* q = callocCheck((size_t)L * NATIVE_PER_LAYER + 2, sizeof(QMatrix));
     static const char* const names[NATIVE_PER_LAYER] = {
         "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
-    for (int i = 0; i <= L * NATIVE_PER_LAYER; i++) {
+    for (int i = 0; i <= L * NATIVE_PER_LAYER + 1; i++) { /* the layers, the head, the embedding */
         const int l = i / NATIVE_PER_LAYER, k = i % NATIVE_PER_LAYER,
-                  head = i == L * NATIVE_PER_LAYER;
+                  head = i >= L * NATIVE_PER_LAYER;
         const int rows = head               ? c->V
                          : k == NATIVE_Q    ? c->NH * hs
                          : k <= NATIVE_V    ? c->NKV * hs
@@ -712,7 +743,8 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
                   cols = !head && k == NATIVE_DOWN ? c->F : c->C;
         char name[96];
         if (head)
-            snprintf(name, sizeof name, "%s", c->tied ? "token_embd.weight" : "output.weight");
+            snprintf(name, sizeof name, "%s",
+                     c->tied || i > L * NATIVE_PER_LAYER ? "token_embd.weight" : "output.weight");
         else
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[k]);
         const GGUFTensor* t = gguf_tensor(&f, name);

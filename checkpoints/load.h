@@ -27,6 +27,12 @@ void gguf_write_model(const Model* m, const char* path, int quant);
  * stored blocks (m->native; kernels/quant.h): 0, or -1 with the reason in why (not llama, not
  * GGUF, a format the kernels do not read), m unchanged. The file stays mapped until model_free. */
 int model_load_native(Model* m, const char* path, char* why, size_t n);
+/* Load a llama GGUF for decoding only: the norms and biases as fp32, every projection and the
+ * embeddings read in place from the mapped file (model_load_native), so the process holds about
+ * the file's size; m->decode_only is set (a forward pass or a router, whose check needs the fp32
+ * weights, are refused). 0, or -1 with the reason in why and nothing loaded. */
+int model_load_lean(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, char* why,
+                    size_t n);
 
 /* 64-bit fingerprint of the backbone (configuration and every parameter bit); a router
  * trained on one base model is refused on another (see the retrofit issue). */

@@ -57,6 +57,44 @@ static float dot_q8_0(const uint8_t* b, const float* x) {
     return d * s;
 }
 
+void qrow(float* out, const QMatrix* w, int r) {
+    /* the dot product of the row with each unit vector would do; decoding the blocks is direct */
+    const uint8_t* row = w->data + (size_t)r * w->row_bytes;
+    if (w->type == QTYPE_F32) {
+        memcpy(out, row, sizeof(float) * (size_t)w->cols);
+        return;
+    }
+    if (w->type == QTYPE_F16 || w->type == QTYPE_BF16) {
+        for (int j = 0; j < w->cols; j++) {
+            uint16_t h = rd16(row + 2 * (size_t)j);
+            out[j] = w->type == QTYPE_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+        }
+        return;
+    }
+    const size_t bb = w->type == QTYPE_Q4_0 ? 18 : w->type == QTYPE_Q4_1 ? 20 : 34;
+    for (int i = 0; i < w->cols / 32; i++) {
+        const uint8_t* b = row + (size_t)i * bb;
+        float* y = out + 32 * i;
+        const float d = f16_to_f32(rd16(b));
+        if (w->type == QTYPE_Q8_0) {
+            for (int j = 0; j < 32; j++) y[j] = (int8_t)b[2 + j] * d;
+            continue;
+        }
+        if (w->type == QTYPE_Q4_0) { /* the arithmetic of the dequantiser, to the bit */
+            for (int j = 0; j < 16; j++) {
+                y[j] = ((b[2 + j] & 0xf) - 8) * d;
+                y[j + 16] = ((b[2 + j] >> 4) - 8) * d;
+            }
+            continue;
+        }
+        const float m = f16_to_f32(rd16(b + 2));
+        for (int j = 0; j < 16; j++) {
+            y[j] = (b[4 + j] & 0xf) * d + m;
+            y[j + 16] = (b[4 + j] >> 4) * d + m;
+        }
+    }
+}
+
 static float row_dot_ref(const QMatrix* w, const uint8_t* row, const float* x) {
     if (w->type == QTYPE_F16 || w->type == QTYPE_BF16) {
         float s = 0;

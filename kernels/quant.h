@@ -30,6 +30,8 @@ typedef struct {
 int qtype_supported(int type);
 /* Bytes of one row of cols elements of `type` (cols a multiple of 32 for block types), or 0. */
 size_t qtype_row_bytes(int type, int cols);
+/* Row r of w as floats (cols of them): an embedding lookup from stored blocks. */
+void qrow(float* out, const QMatrix* w, int r);
 /* y (rows) = W x (cols) + bias (may be NULL); rows split over the OpenMP threads. */
 void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias);
 /* The same with the portable scalar code only (the reference of the vectorised path). */

@@ -82,8 +82,15 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     real* S = proj + f->dg;
     real* G = S + K;
     real* sc = G + K + 8; /* scores over cached keys (cap) */
-    for (int e = 0; e < C; e++)
-        x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
+#ifndef FOCUS_DOUBLE
+    if (m->native) {
+        qrow(x, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, token);
+    } else
+#endif
+    {
+        for (int e = 0; e < C; e++)
+            x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
+    }
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
         norm1(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL);

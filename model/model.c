@@ -342,6 +342,10 @@ AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a) {
 }
 
 void model_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+    if (m->decode_only)
+        fatal(
+            "this model was loaded for decoding only (its weights read in place from the file); "
+            "load it with --weights f32 for a full forward pass");
     const ModelConfig* c = &m->cfg;
     if (T > c->maxT && c->arch == ARCH_GPT2)
         fatal("sequence length T=%d exceeds the model's position table (maxT=%d)", T, c->maxT);

@@ -186,9 +186,12 @@ typedef struct {
     void* device; /* the backend's own state (device copies), NULL on the CPU */
     /* Decoding from the weights as the file stores them (model_decode_step; filled by
      * model_load_native in checkpoints/load.c, llama models): per layer NATIVE_PER_LAYER
-     * matrices (q, k, v, o, gate, up, down), then the output head; NULL: decode reads the fp32
-     * parameters. native_owner (the mapped file) is released by native_release in model_free. */
+     * matrices (q, k, v, o, gate, up, down), then the output head, then the token embedding;
+     * NULL: decode reads the fp32 parameters. native_owner (the mapped file) is released by
+     * native_release in model_free. decode_only: the fp32 copies of those matrices were never
+     * loaded (model_load_lean), so only model_decode_step may run. */
     QMatrix* native;
+    int decode_only;
     void* native_owner;
     void (*native_release)(void*);
 } Model;

@@ -67,6 +67,10 @@ static void check_format(int type, const char* name, Rng* r) {
         err_ref = fmax(err_ref, fabs(yr[i] - want));
         scale = fmax(scale, fabs(want));
     }
+    float row[160];
+    qrow(row, &w, 17);
+    CHECK(!memcmp(row, dense + (size_t)17 * cols, sizeof row), "%s: qrow differs from dequantise",
+          name);
     printf("  %-5s max |error| %.2e (scalar %.2e) of max |y| %.2f\n", name, err, err_ref, scale);
     CHECK(err < 1e-5 * (scale + 1) && err_ref < 1e-5 * (scale + 1),
           "%s: matvec differs from dequantise-then-multiply by %g / %g", name, err, err_ref);
@@ -121,6 +125,15 @@ int main(void) {
         printf("  decode from %s blocks: max |logit difference| %.2e of %.2f\n",
                quant ? "Q8_0 / F16" : "F32", d, s);
         CHECK(rc == 0 && d < 1e-4 * (s + 1), "native decode differs by %g", d);
+        model_free(&m);
+        /* decoding only from the file (model_load_lean): the same logits, no fp32 matrices */
+        rc = model_load_lean(&m, path, &fc, NULL, why, sizeof why);
+        CHECK(rc == 0 && m.decode_only, "lean load: %s", why);
+        decode(&m, tok, 12, b);
+        d = 0;
+        for (int v = 0; v < cfg.V; v++) d = fmax(d, fabs(a[v] - b[v]));
+        printf("  decode-only load: max |logit difference| %.2e\n", d);
+        CHECK(rc == 0 && d < 1e-4 * (s + 1), "decode-only load differs by %g", d);
         free(a);
         free(b);
         model_free(&m);

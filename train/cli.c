@@ -402,3 +402,20 @@ void cli_set_weights(Model* m, const char* model, const char* weights) {
     if (weights) fatal("--weights native: %s: %s", model, why);
     fprintf(stderr, "decoding from fp32 weights (%s)\n", why);
 }
+
+void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* router,
+                      const char* attn, const char* topk, const char* weights) {
+    FocusConfig fc = cli_serving_focus();
+    if (weights && strcmp(weights, "native") && strcmp(weights, "f32"))
+        fatal("--weights must be native or f32, got '%s'", weights);
+    char why[600];
+    /* without a router nothing needs the fp32 weights: keep only the file's blocks */
+    if (!router && !(weights && !strcmp(weights, "f32")) &&
+        !model_load_lean(m, model, &fc, info, why, sizeof why)) {
+        apply_router_options(m, NULL, attn, topk, "causal");
+        return;
+    }
+    model_load(m, model, &fc, info);
+    apply_router_options(m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
+    cli_set_weights(m, model, weights);
+}

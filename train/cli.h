@@ -78,5 +78,10 @@ int* load_eval_tokens(const char* data, const char* model_path, const char* tok_
  * weights NULL (the default) quietly falling back to fp32 when the file does not allow it (the
  * reason on stderr), with "native" fatal then. */
 void cli_set_weights(Model* m, const char* model, const char* weights);
+/* Load a model for generation: without a router and unless weights is "f32", only the file's
+ * blocks (model_load_lean: memory about the file's size), else fp32 weights with the router and
+ * cli_set_weights. attn and topk as apply_router_options (hard by default with a router). */
+void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* router,
+                      const char* attn, const char* topk, const char* weights);
 
 #endif

@@ -3,12 +3,25 @@
  * from the file's own blocks or from fp32 weights, dense or with a router's hard top-k. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <omp.h>
 
 #include "../model/decode.h"
 #include "cli.h"
 #include "commands.h"
+
+/* Resident kilobytes of this process now: anonymous memory and mapped files (/proc). */
+static void resident_kb(long* anon, long* file) {
+    *anon = *file = 0;
+    FILE* fp = fopen("/proc/self/status", "r");
+    char line[256];
+    while (fp && fgets(line, sizeof line, fp)) {
+        sscanf(line, "RssAnon: %ld", anon);
+        sscanf(line, "RssFile: %ld", file);
+    }
+    if (fp) fclose(fp);
+}
 
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
@@ -27,12 +40,11 @@ int cmd_bench_decode(int argc, char** argv) {
                   &model, &ctx, &n, &weights, &router, &topk, &seed))
         return 0;
     if (!model) fatal("bench decode: needs --model");
-    FocusConfig fc = cli_serving_focus();
+    long anon0, file0, anon1, file1;
+    resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
     ModelInfo info;
-    model_load(&m, model, &fc, &info);
-    apply_router_options(&m, router, router ? "hard" : NULL, topk, "causal");
-    cli_set_weights(&m, model, weights);
+    cli_load_decoder(&m, &info, model, router, NULL, topk, weights);
     if (m.cfg.arch == ARCH_GPT2 && ctx + n > m.cfg.maxT)
         fatal("bench decode: --ctx + -n = %d exceeds the model's context (%d)", ctx + n,
               m.cfg.maxT);
@@ -62,6 +74,14 @@ int cmd_bench_decode(int argc, char** argv) {
         "prompt %d tokens: %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s | "
         "pairs kept %.3f\n",
         ctx, ctx / (t1 - t0), n, ctx, n / (t2 - t1), (double)(c.pairs - pairs0) / dense_pairs);
+    resident_kb(&anon1, &file1);
+    struct stat st;
+    const double file_mb = stat(model, &st) ? 0 : st.st_size / 1048576.0;
+    printf(
+        "resident memory of the model and cache: %.1f MB (%.1f MB allocated, %.1f MB of mapped "
+        "file); the model file is %.1f MB\n",
+        (anon1 - anon0 + file1 - file0) / 1024.0, (anon1 - anon0) / 1024.0,
+        (file1 - file0) / 1024.0, file_mb);
     free(logits);
     kvcache_free(&c);
     model_free(&m);

@@ -66,7 +66,6 @@ int cmd_generate(int argc, char** argv) {
     const char* topk = NULL;
     double temperature = 0, top_p = 1;
     int seed = 1;
-    FocusConfig fc = cli_serving_focus();
     if (cli_parse("generate", argc, argv, 1, generate_usage,
                   "--model:s --tokenizer:s --prompt:s -n:i[0,1048576] --temperature:x[0,100] "
                   "--top-p:x[1e-9,1] "
@@ -78,10 +77,8 @@ int cmd_generate(int argc, char** argv) {
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
     if (n < 0) fatal("generate: -n must be >= 0");
     Model m;
-    model_load(&m, model, &fc, NULL);
+    cli_load_decoder(&m, NULL, model, router, attn, topk, weights);
     Tokenizer* t = tokenizer_load(tok ? tok : model);
-    apply_router_options(&m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
-    cli_set_weights(&m, model, weights);
     size_t np;
     int* p = tokenizer_encode(t, prompt, strlen(prompt), &np);
     int bos = tokenizer_bos(t);
