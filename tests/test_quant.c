@@ -59,21 +59,32 @@ static void check_format(int type, const char* name, Rng* r) {
     for (int i = 0; i < rows; i++) bias[i] = (float)rng_normal(r);
     qmatvec(y, &w, x, bias);
     qmatvec_ref(yr, &w, x, bias);
-    double err = 0, err_ref = 0, scale = 0;
+    /* the block formats quantise the activations to int8 per block: against the exact product
+     * they are off by a fraction of a percent (relative RMS), against their scalar reference by
+     * round-off only */
+    double err = 0, err_ref = 0, scale = 0, se = 0, sw = 0;
     for (int i = 0; i < rows; i++) {
         double want = bias[i];
         for (int j = 0; j < cols; j++) want += (double)dense[(size_t)i * cols + j] * x[j];
         err = fmax(err, fabs(y[i] - want));
-        err_ref = fmax(err_ref, fabs(yr[i] - want));
+        err_ref = fmax(err_ref, fabs(y[i] - yr[i]));
         scale = fmax(scale, fabs(want));
+        se += (y[i] - want) * (y[i] - want), sw += want * want;
     }
+    const int blocks = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0;
+    const double rel = sqrt(se / sw);
     float row[160];
     qrow(row, &w, 17);
     CHECK(!memcmp(row, dense + (size_t)17 * cols, sizeof row), "%s: qrow differs from dequantise",
           name);
-    printf("  %-5s max |error| %.2e (scalar %.2e) of max |y| %.2f\n", name, err, err_ref, scale);
-    CHECK(err < 1e-5 * (scale + 1) && err_ref < 1e-5 * (scale + 1),
-          "%s: matvec differs from dequantise-then-multiply by %g / %g", name, err, err_ref);
+    printf(
+        "  %-5s max |error| %.2e, relative RMS %.1e (vectorised - scalar %.1e) of max |y| %.2f\n",
+        name, err, rel, err_ref, scale);
+    CHECK(err_ref < 1e-5 * (scale + 1), "%s: vectorised and scalar paths differ by %g", name,
+          err_ref);
+    CHECK(blocks ? rel < 1e-2 : err < 1e-5 * (scale + 1),
+          "%s: matvec differs from dequantise-then-multiply (max %g, relative RMS %g)", name, err,
+          rel);
     free(dense);
     free((void*)w.data);
 }
@@ -124,7 +135,8 @@ int main(void) {
         for (int v = 0; v < cfg.V; v++) d = fmax(d, fabs(a[v] - b[v])), s = fmax(s, fabs(a[v]));
         printf("  decode from %s blocks: max |logit difference| %.2e of %.2f\n",
                quant ? "Q8_0 / F16" : "F32", d, s);
-        CHECK(rc == 0 && d < 1e-4 * (s + 1), "native decode differs by %g", d);
+        const double tol = quant ? 1e-2 : 1e-4; /* int8 activations for Q8_0 blocks */
+        CHECK(rc == 0 && d < tol * (s + 1), "native decode differs by %g", d);
         model_free(&m);
         /* decoding only from the file (model_load_lean): the same logits, no fp32 matrices */
         rc = model_load_lean(&m, path, &fc, NULL, why, sizeof why);
@@ -133,7 +145,7 @@ int main(void) {
         d = 0;
         for (int v = 0; v < cfg.V; v++) d = fmax(d, fabs(a[v] - b[v]));
         printf("  decode-only load: max |logit difference| %.2e\n", d);
-        CHECK(rc == 0 && d < 1e-4 * (s + 1), "decode-only load differs by %g", d);
+        CHECK(rc == 0 && d < tol * (s + 1), "decode-only load differs by %g", d);
         free(a);
         free(b);
         model_free(&m);

@@ -1,6 +1,7 @@
 /* cmd_bench_decode.c: `focus bench decode`, the speed of generation: a prompt of --ctx random
  * tokens fed one at a time over the KV cache, then -n tokens decoded greedily, each timed apart;
  * from the file's own blocks or from fp32 weights, dense or with a router's hard top-k. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -23,21 +24,34 @@ static void resident_kb(long* anon, long* file) {
     if (fp) fclose(fp);
 }
 
+/* log p(target) under the distribution softmax(logits) */
+static double log_softmax_at(const real* logits, int V, int target) {
+    double mx = logits[0], sum = 0;
+    for (int v = 1; v < V; v++) mx = logits[v] > mx ? logits[v] : mx;
+    for (int v = 0; v < V; v++) sum += exp(logits[v] - mx);
+    return logits[target] - mx - log(sum);
+}
+
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
-    "                          [--router router.h5 [--topk k]] [--seed s]\n"
+    "                          [--router router.h5 [--topk k]] [--seed s] [--data D [--tokenizer "
+    "T]]\n"
     "Tokens/s of the prompt (--ctx random token ids fed one at a time, as generate does) and\n"
     "of decoding -n more tokens greedily after it. --weights native (the default where the GGUF\n"
     "file allows) reads the projections in their stored blocks; f32 the expanded weights.\n"
-    "With --router: hard top-k attention over the group KV cache (causal routing).\n";
+    "With --router: hard top-k attention over the group KV cache (causal routing). With --data\n"
+    "the prompt and the decoded tokens are the first ctx + n tokens of that text or shard\n"
+    "(teacher-forced), and the perplexity of the stream is printed: native and fp32 weights\n"
+    "compared on the same tokens.\n";
 
 int cmd_bench_decode(int argc, char** argv) {
-    const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL;
+    const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
+               *tok = NULL;
     int ctx = 1024, n = 64, seed = 1;
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
-                  "--seed:i",
-                  &model, &ctx, &n, &weights, &router, &topk, &seed))
+                  "--seed:i --data:s --tokenizer:s",
+                  &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok))
         return 0;
     if (!model) fatal("bench decode: needs --model");
     long anon0, file0, anon1, file1;
@@ -51,19 +65,37 @@ int cmd_bench_decode(int argc, char** argv) {
     KVCache c;
     kvcache_init(&c, &m, ctx + n);
     real* logits = mallocCheck(sizeof(real) * m.cfg.V);
+    /* the token stream: random ids, or the text's (teacher-forced, scored) */
+    int* ids = mallocCheck(sizeof(int) * (size_t)(ctx + n));
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);
+    for (int i = 0; i < ctx + n; i++) ids[i] = (int)(rng_u64(&rng) % m.cfg.V);
+    if (data) {
+        size_t have;
+        int* t = load_eval_tokens(data, model, tok, &have);
+        if (have < (size_t)(ctx + n))
+            fatal("bench decode: %s has %zu tokens, fewer than --ctx + -n = %d", data, have,
+                  ctx + n);
+        memcpy(ids, t, sizeof(int) * (size_t)(ctx + n));
+        free(t);
+    }
+    double nll = 0;
     double t0 = now_seconds();
-    for (int i = 0; i < ctx; i++) model_decode_step(&m, &c, (int)(rng_u64(&rng) % m.cfg.V), logits);
+    for (int i = 0; i < ctx; i++) {
+        if (i) nll += log_softmax_at(logits, m.cfg.V, ids[i]);
+        model_decode_step(&m, &c, ids[i], logits);
+    }
     double t1 = now_seconds();
     long pairs0 = c.pairs;
     for (int i = 0; i < n; i++) {
         int next = 0;
         for (int v = 1; v < m.cfg.V; v++)
             if (logits[v] > logits[next]) next = v;
+        if (data) nll += log_softmax_at(logits, m.cfg.V, ids[ctx + i]), next = ids[ctx + i];
         model_decode_step(&m, &c, next, logits);
     }
     double t2 = now_seconds();
+    free(ids);
     /* of the causal pairs of the decoded tokens (each attends to every earlier one when dense) */
     double dense_pairs = 0;
     for (int i = 0; i < n; i++) dense_pairs += (double)(ctx + i + 1) * m.cfg.NH * m.cfg.L;
@@ -74,6 +106,9 @@ int cmd_bench_decode(int argc, char** argv) {
         "prompt %d tokens: %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s | "
         "pairs kept %.3f\n",
         ctx, ctx / (t1 - t0), n, ctx, n / (t2 - t1), (double)(c.pairs - pairs0) / dense_pairs);
+    if (data)
+        printf("perplexity of the %d tokens after the first: %.4f\n", ctx + n - 1,
+               exp(-nll / (ctx + n - 1)));
     resident_kb(&anon1, &file1);
     struct stat st;
     const double file_mb = stat(model, &st) ? 0 : st.st_size / 1048576.0;
