@@ -1,4 +1,5 @@
 /* config.c: named model configurations and the settings engine (settings.h, model.h). */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -120,6 +121,20 @@ static int parse_layers(const char* v, uint64_t* bits) {
     return 0;
 }
 
+/* A text value that a settings file can carry and give back unchanged (the run text written to
+ * config.conf and router.h5 is read again on --resume): no control characters, no leading or
+ * trailing blanks, no " ;" (an INI comment). */
+static int text_value_ok(const char* v) {
+    size_t n = strlen(v);
+    if (n && (isspace((unsigned char)v[0]) || isspace((unsigned char)v[n - 1]))) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        if (c < 0x20 || c == 0x7f) return 0;
+        if (c == ';' && i && isspace((unsigned char)v[i - 1])) return 0;
+    }
+    return 1;
+}
+
 /* index of v in names[0..n), or -1 */
 static int word_index(const char* v, const char* const* names, int n) {
     for (int i = 0; i < n; i++)
@@ -149,7 +164,7 @@ int setting_parse(const Setting* s, void* base, const char* v) {
         }
         case SETTING_STR:
         case SETTING_OBJECTIVE:
-            if (strlen(v) >= s->size) return -2;
+            if (strlen(v) >= s->size || !text_value_ok(v)) return -2;
             if (s->type == SETTING_OBJECTIVE && word_index(v, objective_names, 4) < 0) return -2;
             strcpy(field, v);
             return 0;
@@ -225,7 +240,7 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             snprintf(buf, n, "a number from %.9g to %.9g", s->lo, s->hi);
             break;
         case SETTING_STR:
-            snprintf(buf, n, "text of at most %zu bytes", s->size - 1);
+            snprintf(buf, n, "text of at most %zu bytes, no control characters", s->size - 1);
             break;
         case SETTING_OBJECTIVE:
             snprintf(buf, n, "one of lm, kl, attn, kl+attn");

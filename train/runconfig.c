@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "../io/io.h"
 #include "cli.h"
 
 /* The run's own settings, in the columns of settings.h; the [model] shape and [focus] router
@@ -91,20 +92,44 @@ static int run_ini_handler(void* user, const char* section, const char* name, co
     return 1;
 }
 
+/* inih's line buffer: on the heap and long enough for any value a setting holds (a path of up
+ * to 4 KB), instead of its 200-byte default that split longer lines in two. */
+static void ini_long_lines(void) {
+    ini_use_stack = false;
+    ini_max_line = 8192;
+}
+
+/* Parse settings text (what names it in messages): lines no longer than inih's buffer first, so
+ * that none is split into two. */
+static void load_text(RunConfig* rc, const char* text, const char* what) {
+    ini_long_lines();
+    int line = 1;
+    for (const char* p = text; *p; line++) {
+        const char* e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n + 3 > (size_t)ini_max_line)
+            fatal("%s: line %d is %zu bytes long, more than a setting can hold", what, line, n);
+        p += n + (e != NULL);
+    }
+    Ctx c = {rc, what};
+    line = ini_parse_string(text, run_ini_handler, &c);
+    if (line) fatal("%s: line %d: not a valid INI line", what, line);
+}
+
 void runconfig_load(RunConfig* rc, const char* path) {
     struct stat st;
     if (stat(path, &st)) fatal("%s: cannot open config file: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) fatal("%s: not a regular file (a config file is expected)", path);
-    Ctx c = {rc, path};
-    int line = ini_parse(path, run_ini_handler, &c);
-    if (line < 0) fatal("%s: cannot open config file", path);
-    if (line > 0) fatal("%s: line %d: not a valid INI line", path, line);
+    size_t len;
+    char* text = read_file(path, &len);
+    if (strlen(text) != len)
+        fatal("%s: a config file holds text, this one holds a zero byte", path);
+    load_text(rc, text, path);
+    free(text);
 }
 
 void runconfig_load_text(RunConfig* rc, const char* text, const char* what) {
-    Ctx c = {rc, what};
-    int line = ini_parse_string(text, run_ini_handler, &c);
-    if (line) fatal("%s: stored configuration is malformed at line %d", what, line);
+    load_text(rc, text, what);
 }
 
 void runconfig_set(RunConfig* rc, const char* kv) {
