@@ -79,17 +79,21 @@ static const char* expect(const char* name, char* buf, size_t n) {
 typedef struct {
     RunConfig* rc;
     const char* what;
+    char err[1024];
 } Ctx;
 
+/* The first problem is kept and reported once inih has returned (and freed its line buffer). */
 static int run_ini_handler(void* user, const char* section, const char* name, const char* value) {
     Ctx* c = user;
+    if (c->err[0]) return 0;
     int r = set_key(c->rc, name, value);
-    if (r == -1) fatal("%s: [%s] unknown setting '%s'", c->what, section, name);
     char w[96];
-    if (r == -2)
-        fatal("%s: [%s] bad value '%s' for '%s' (expected %s)", c->what, section, value, name,
-              expect(name, w, sizeof w));
-    return 1;
+    if (r == -1)
+        snprintf(c->err, sizeof c->err, "%s: [%s] unknown setting '%s'", c->what, section, name);
+    else if (r == -2)
+        snprintf(c->err, sizeof c->err, "%s: [%s] bad value '%s' for '%s' (expected %s)", c->what,
+                 section, value, name, expect(name, w, sizeof w));
+    return !c->err[0];
 }
 
 /* inih's line buffer: on the heap and long enough for any value a setting holds (a path of up
@@ -111,8 +115,9 @@ static void load_text(RunConfig* rc, const char* text, const char* what) {
             fatal("%s: line %d is %zu bytes long, more than a setting can hold", what, line, n);
         p += n + (e != NULL);
     }
-    Ctx c = {rc, what};
+    Ctx c = {rc, what, ""};
     line = ini_parse_string(text, run_ini_handler, &c);
+    if (c.err[0]) fatal("%s", c.err);
     if (line) fatal("%s: line %d: not a valid INI line", what, line);
 }
 
