@@ -123,10 +123,11 @@ static int parse_layers(const char* v, uint64_t* bits) {
 
 /* A text value that a settings file can carry and give back unchanged (the run text written to
  * config.conf and router.h5 is read again on --resume): no control characters, no leading or
- * trailing blanks, no " ;" (an INI comment). */
+ * trailing blanks, no " ;" and no leading ";" (an INI comment once written after "key = "). */
 static int text_value_ok(const char* v) {
     size_t n = strlen(v);
-    if (n && (isspace((unsigned char)v[0]) || isspace((unsigned char)v[n - 1]))) return 0;
+    if (n && (isspace((unsigned char)v[0]) || isspace((unsigned char)v[n - 1]) || v[0] == ';'))
+        return 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)v[i];
         if (c < 0x20 || c == 0x7f) return 0;
