@@ -127,7 +127,7 @@ static Buf write_gguf(const Model* m, int quant) {
     put(&h, "GGUF", 4);
     put32(&h, 3);
     put64(&h, (uint64_t)nt);
-    put64(&h, 9);
+    put64(&h, 10);
     putstr(&h, "general.architecture");
     put32(&h, GGUF_VAL_STRING);
     putstr(&h, "llama");
@@ -139,6 +139,7 @@ static Buf write_gguf(const Model* m, int quant) {
     kv_u32(&h, "llama.context_length", (uint32_t)c->maxT);
     kv_f32(&h, "llama.rope.freq_base", c->rope_theta);
     kv_f32(&h, "llama.attention.layer_norm_rms_epsilon", c->eps);
+    kv_u32(&h, "general.alignment", 32);
     for (int i = 0; i < nt; i++) {
         size_t at = d.n;
         encode_tensor(&d, &ts[i]);

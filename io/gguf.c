@@ -474,6 +474,27 @@ int gguf_open(GGUFFile* f, const char* path, char* err, size_t errlen) {
         }
         t->data = f->map + f->data_offset + t->offset;
     }
+    /* The data section ends with the last tensor (padded to the alignment at most): more bytes
+     * after it mean the offsets were computed from another alignment or another header, and
+     * every tensor would be read from the wrong place. */
+    uint64_t end = 0;
+    int known = 1;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const GGUFTensor* t = &f->tensors[i];
+        if (!type_info(t->type))
+            known = 0;
+        else if (t->offset + t->nbytes > end)
+            end = t->offset + t->nbytes;
+    }
+    if (known && f->n_tensors && f->size - f->data_offset - end >= f->alignment) {
+        snprintf(err, errlen,
+                 "%llu bytes follow the last tensor's data (alignment %llu); the header's offsets "
+                 "or alignment do not match the data, or the file has trailing bytes",
+                 (unsigned long long)(f->size - f->data_offset - end),
+                 (unsigned long long)f->alignment);
+        gguf_close(f);
+        return -1;
+    }
     return 0;
 }
 

@@ -157,6 +157,21 @@ static void bad_metadata(const Model* m) {
         int ok = tu_fails_with(load_path, p, cases[i].want, msg, sizeof msg);
         CHECK(ok && strstr(msg, "bad_meta.gguf"), "%s mutated: %s", cases[i].key, msg);
     }
+    /* general.alignment 32 -> 16: the data no longer starts where the offsets say, unless the
+     * header happens to end on a 32-byte boundary anyway: refused, or read exactly as written */
+    const uint32_t a16 = 16;
+    save_patched(&good, "general.alignment", &a16, 4, p);
+    if (!tu_fails_with(load_path, p, "bad_meta.gguf", msg, sizeof msg)) {
+        Model back;
+        FocusConfig fc;
+        focus_config_default(&fc);
+        model_load(&back, p, &fc, NULL);
+        CHECK(!memcmp(back.params_mem, m->params_mem, sizeof(real) * m->num_params),
+              "alignment 16 read garbage without an error: %s", msg);
+        model_free(&back);
+    } else {
+        printf("  alignment 16: %s\n", msg);
+    }
     /* a NaN weight: the first element of token_embd.weight (F32, the first tensor's data) */
     GGUFFile f;
     char err[256];
