@@ -8,7 +8,7 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(__file__))
-from plotting import paths, plt  # noqa: E402
+from plotting import finish, paths, plt  # noqa: E402
 
 
 def main():
@@ -25,12 +25,7 @@ def main():
         style = "k--" if mode == "dense" else "o-"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=mode)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    print(out)
+    finish(fig, ax, out, "context length (tokens)", "perplexity")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from plotting import paths, plt  # noqa: E402
+from plotting import finish, paths, plt  # noqa: E402
 
 
 def evals(path):
@@ -53,13 +53,8 @@ def main():
     ax.plot(steps, [dense[s] for s in steps], "k--", label="dense")
     ax.plot(steps, [focus[s]["ppl_soft"] for s in steps], "o-", label="Focus (soft)")
     ax.plot(steps, [focus[s]["ppl_hard"] for s in steps], "s-", label=f"Focus (hard, top-{topk})")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation perplexity")
     ax.set_yscale("log")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
-    print(out)
+    finish(fig, ax, out, "training step", "validation perplexity")
 
 
 if __name__ == "__main__":

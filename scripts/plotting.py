@@ -14,3 +14,13 @@ def paths(doc):
         sys.exit(doc)
     src = sys.argv[1]
     return src, sys.argv[2] if len(sys.argv) > 2 else src.rsplit(".", 1)[0] + ".png"
+
+
+def finish(fig, ax, out, xlabel, ylabel):
+    """Label the axes, add the legend and a light grid, write the picture to out."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    print(out)
