@@ -165,7 +165,8 @@ int setting_parse(const Setting* s, void* base, const char* v) {
         }
         case SETTING_STR:
         case SETTING_OBJECTIVE:
-            if (strlen(v) >= s->size || !text_value_ok(v)) return -2;
+            if (strlen(v) >= s->size || strlen(v) > SETTING_TEXT_MAX || !text_value_ok(v))
+                return -2;
             if (s->type == SETTING_OBJECTIVE && word_index(v, objective_names, 4) < 0) return -2;
             strcpy(field, v);
             return 0;
@@ -241,7 +242,8 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             snprintf(buf, n, "a number from %.9g to %.9g", s->lo, s->hi);
             break;
         case SETTING_STR:
-            snprintf(buf, n, "text of at most %zu bytes, no control characters", s->size - 1);
+            snprintf(buf, n, "text of at most %zu bytes, no control characters",
+                     s->size - 1 < SETTING_TEXT_MAX ? s->size - 1 : (size_t)SETTING_TEXT_MAX);
             break;
         case SETTING_OBJECTIVE:
             snprintf(buf, n, "one of lm, kl, attn, kl+attn");

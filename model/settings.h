@@ -16,6 +16,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The longest text value (a path): "key = value" must fit a settings-file line as libinih reads
+ * it (200 bytes with the line end), with room for the longest key. */
+#define SETTING_TEXT_MAX 176
+
 /* flags */
 #define SET_ROUTER 1 /* part of the trained router: read back from router.h5 by eval and groups */
 #define SET_EVAL 2   /* chosen at evaluation time: not written into a run's configuration */

@@ -96,23 +96,17 @@ static int run_ini_handler(void* user, const char* section, const char* name, co
     return !c->err[0];
 }
 
-/* inih's line buffer: on the heap and long enough for any value a setting holds (a path of up
- * to 4 KB), instead of its 200-byte default that split longer lines in two. */
-static void ini_long_lines(void) {
-    ini_use_stack = false;
-    ini_max_line = 8192;
-}
-
-/* Parse settings text (what names it in messages): lines no longer than inih's buffer first, so
- * that none is split into two. */
+/* Parse settings text (what names it in messages). libinih reads a line into a buffer of
+ * INI_MAX_LINE (200) bytes and splits a longer one in two, which would change a value silently:
+ * such lines are refused first (text settings are limited to fit, setting_parse). */
 static void load_text(RunConfig* rc, const char* text, const char* what) {
-    ini_long_lines();
     int line = 1;
     for (const char* p = text; *p; line++) {
         const char* e = strchr(p, '\n');
         size_t n = e ? (size_t)(e - p) : strlen(p);
-        if (n + 3 > (size_t)ini_max_line)
-            fatal("%s: line %d is %zu bytes long, more than a setting can hold", what, line, n);
+        if (n + 3 > INI_MAX_LINE)
+            fatal("%s: line %d is %zu bytes long; settings lines hold at most %d", what, line, n,
+                  INI_MAX_LINE - 3);
         p += n + (e != NULL);
     }
     Ctx c = {rc, what, ""};
