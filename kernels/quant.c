@@ -198,6 +198,12 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_avx2(const QMatrix
     return hsum8(acc);
 }
 
+/* A half-precision scale with the F16C instruction (the portable f16_to_f32 took a quarter of
+ * the decode time). */
+__attribute__((target("avx2,f16c"))) static inline float f16_fast(const uint8_t* p) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(p))));
+}
+
 /* The 32 weights of a Q4 block as unsigned bytes: elements 0-15 (low nibbles), 16-31 (high). */
 __attribute__((target("avx2"))) static __m256i nibbles32(const uint8_t* q) {
     const __m128i bytes = _mm_loadu_si128((const __m128i*)q);
@@ -213,9 +219,9 @@ __attribute__((target("avx2"))) static __m256i dot_u8s8(__m256i a, __m256i b) {
 }
 
 /* row_dot_q8_ref with the integer sums 32 lanes wide. */
-__attribute__((target("avx2,fma"))) static float row_dot_q8_avx2(const QMatrix* w,
-                                                                 const uint8_t* row,
-                                                                 const XBlock* xb) {
+__attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMatrix* w,
+                                                                      const uint8_t* row,
+                                                                      const XBlock* xb) {
     __m256 acc = _mm256_setzero_ps();
     float extra = 0;
     const size_t bb = w->type == QTYPE_Q4_0 ? 18 : w->type == QTYPE_Q4_1 ? 20 : 34;
@@ -223,7 +229,7 @@ __attribute__((target("avx2,fma"))) static float row_dot_q8_avx2(const QMatrix* 
     for (int i = 0; i < w->cols / 32; i++) {
         const uint8_t* b = row + (size_t)i * bb;
         const __m256i qx = _mm256_loadu_si256((const __m256i*)xb[i].q);
-        const float d = f16_to_f32(rd16(b)) * xb[i].d;
+        const float d = f16_fast(b) * xb[i].d;
         __m256i sum;
         if (w->type == QTYPE_Q8_0) { /* s8 x s8: |w| as u8, the sign moved onto x */
             const __m256i q = _mm256_loadu_si256((const __m256i*)(b + 2));
@@ -232,7 +238,7 @@ __attribute__((target("avx2,fma"))) static float row_dot_q8_avx2(const QMatrix* 
             const __m256i q = nibbles32(b + (w->type == QTYPE_Q4_1 ? 4 : 2));
             sum = dot_u8s8(q, qx);
             if (w->type == QTYPE_Q4_1)
-                extra += f16_to_f32(rd16(b + 2)) * xb[i].sum;
+                extra += f16_fast(b + 2) * xb[i].sum;
             else /* - 8 sum qx */
                 sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(dot_u8s8(ones, qx), 3));
         }

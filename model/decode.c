@@ -22,7 +22,7 @@ void kvcache_init(KVCache* c, const Model* m, int cap) {
     c->keys = mallocCheck(sizeof(int) * cap);
     size_t FC = mc->arch == ARCH_LLAMA ? 2 * (size_t)mc->F : (size_t)mc->F;
     c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg +
-                                             2 * m->fc.K + 8 + cap));
+                                             2 * m->fc.K + 8 + (size_t)mc->NH * cap));
 }
 
 void kvcache_free(KVCache* c) {
@@ -81,7 +81,7 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     real* proj = act + mc->F;
     real* S = proj + f->dg;
     real* G = S + K;
-    real* sc = G + K + 8; /* scores over cached keys (cap) */
+    real* sc = G + K + 8; /* scores over cached keys: (NH, cap) */
 #ifndef FOCUS_DOUBLE
     if (m->native) {
         qrow(x, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, token);
@@ -139,27 +139,32 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
         for (int j = lo; j <= n; j++) c->keys[nk++] = j;
         c->pairs += (long)nk * NH;
         const real scale = (real)(1.0 / sqrt((double)hs));
+        /* heads in parallel, each with its own score row; the sums may run in any order */
+#pragma omp parallel for schedule(static) if (nk >= 256)
         for (int hh = 0; hh < NH; hh++) {
             const real* q = qkv + hh * hs;
-            int kvh = hh / rep;
+            const int kvh = hh / rep;
+            real* sh = sc + (size_t)hh * c->cap;
             real mx = -INFINITY;
             for (int t = 0; t < nk; t++) {
                 const real* kj = kc + (size_t)c->keys[t] * kvw + kvh * hs;
                 real s = 0;
+#pragma omp simd reduction(+ : s)
                 for (int e = 0; e < hs; e++) s += q[e] * kj[e];
-                sc[t] = s * scale;
-                mx = sc[t] > mx ? sc[t] : mx;
+                sh[t] = s * scale;
+                mx = sh[t] > mx ? sh[t] : mx;
             }
-            double sum = 0;
+            real sum = 0;
             real* o = att + hh * hs;
             for (int e = 0; e < hs; e++) o[e] = 0;
             for (int t = 0; t < nk; t++) {
-                real pj = (real)exp((double)(sc[t] - mx));
+                const real pj = (real)exp(sh[t] - mx);
                 sum += pj;
                 const real* vj = vc + (size_t)c->keys[t] * kvw + kvh * hs;
+#pragma omp simd
                 for (int e = 0; e < hs; e++) o[e] += pj * vj[e];
             }
-            for (int e = 0; e < hs; e++) o[e] = (real)(o[e] / sum);
+            for (int e = 0; e < hs; e++) o[e] = o[e] / sum;
         }
         project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
                 C, nw ? nw + NATIVE_O : NULL);
