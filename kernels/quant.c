@@ -256,9 +256,11 @@ static void matvec(float* y, const QMatrix* w, const float* x, const float* bias
     vector = 0;
 #endif
     const int blocks = w->type == QTYPE_Q4_0 || w->type == QTYPE_Q4_1 || w->type == QTYPE_Q8_0;
-    XBlock* xb = NULL;
+    /* decode calls this a few hundred times a token: the quantised activations live on the
+     * stack up to 8,192 columns */
+    XBlock stack[256], *xb = NULL;
     if (blocks) {
-        xb = mallocCheck(sizeof(XBlock) * (size_t)(w->cols / 32));
+        xb = w->cols <= 32 * 256 ? stack : mallocCheck(sizeof(XBlock) * (size_t)(w->cols / 32));
         quantize_x(xb, x, w->cols);
     }
 #pragma omp parallel for schedule(static)
@@ -275,7 +277,7 @@ static void matvec(float* y, const QMatrix* w, const float* x, const float* bias
 #endif
         y[r] = s + (bias ? bias[r] : 0.0f);
     }
-    free(xb);
+    if (xb != stack) free(xb);
 }
 
 void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias) {

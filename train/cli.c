@@ -389,9 +389,8 @@ void cli_set_mode(Model* m, const char* mode, int have_router) {
     }
 }
 
-void cli_set_weights(Model* m, const char* model, const char* weights) {
-    if (weights && strcmp(weights, "native") && strcmp(weights, "f32"))
-        fatal("--weights must be native or f32, got '%s'", weights);
+/* Native weights on top of a fp32 load, as cli_load_decoder says (weights already checked). */
+static void set_native(Model* m, const char* model, const char* weights) {
     if (weights && !strcmp(weights, "f32")) return;
     char why[600];
     if (m->lora.rank) {
@@ -417,5 +416,5 @@ void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* 
     }
     model_load(m, model, &fc, info);
     apply_router_options(m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
-    cli_set_weights(m, model, weights);
+    set_native(m, model, weights);
 }

@@ -74,13 +74,11 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
  * else the model file's own tokenizer). */
 int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n);
 
-/* Decode from the model file's own blocks (model_load_native) unless weights is "f32": with
- * weights NULL (the default) quietly falling back to fp32 when the file does not allow it (the
- * reason on stderr), with "native" fatal then. */
-void cli_set_weights(Model* m, const char* model, const char* weights);
 /* Load a model for generation: without a router and unless weights is "f32", only the file's
- * blocks (model_load_lean: memory about the file's size), else fp32 weights with the router and
- * cli_set_weights. attn and topk as apply_router_options (hard by default with a router). */
+ * blocks (model_load_lean: memory about the file's size); else fp32 weights and the router, with
+ * decoding from the file's blocks on top where it allows (weights NULL: fp32 otherwise, the reason
+ * on stderr; "native": fatal otherwise). attn and topk as apply_router_options (hard by default
+ * with a router). */
 void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* router,
                       const char* attn, const char* topk, const char* weights);
 
