@@ -755,7 +755,8 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
                                              : NULL;
         if (bad) {
             snprintf(why, n,
-                     "tensor '%s' %s (%s; native decode reads F32, F16, BF16, Q4_0, Q4_1, Q8_0)",
+                     "tensor '%s' %s (%s; native decode reads F32, F16, BF16, Q4_0, Q4_1, Q8_0, "
+                     "Q4_K, Q5_K, Q6_K)",
                      name, bad, t ? ggml_type_name(t->type) : "-");
             free(q);
             gguf_close(&f);

@@ -15,11 +15,15 @@ enum {
     QTYPE_Q4_0 = 2,
     QTYPE_Q4_1 = 3,
     QTYPE_Q8_0 = 8,
+    QTYPE_Q4_K = 12,
+    QTYPE_Q5_K = 13,
+    QTYPE_Q6_K = 14,
     QTYPE_BF16 = 30
 };
 
 /* A (rows, cols) row-major matrix of one of the QTYPE formats: each row is cols / 32 blocks
- * (cols elements for F32, F16, BF16) of row_bytes bytes; `data` is not owned. */
+ * (cols / 256 super-blocks for the K formats, cols elements for F32, F16, BF16) of row_bytes
+ * bytes; `data` is not owned. */
 typedef struct {
     int type, rows, cols;
     size_t row_bytes;
@@ -28,7 +32,7 @@ typedef struct {
 
 /* 1 when qmatvec reads `type`. */
 int qtype_supported(int type);
-/* Bytes of one row of cols elements of `type` (cols a multiple of 32 for block types), or 0. */
+/* Bytes of one row of cols elements of `type` (cols a multiple of the block), or 0. */
 size_t qtype_row_bytes(int type, int cols);
 /* Row r of w as floats (cols of them): an embedding lookup from stored blocks. */
 void qrow(float* out, const QMatrix* w, int r);
@@ -36,5 +40,10 @@ void qrow(float* out, const QMatrix* w, int r);
 void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias);
 /* The same with the portable scalar code only (the reference of the vectorised path). */
 void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias);
+
+/* y (n, ldy: columns 0 .. rows - 1 written) = X W^T + bias for the n rows of x (n, cols): the
+ * batched product of a prompt. Fewer than 8 rows take qmatvec per row; more expand panels of
+ * W to fp32 (a few MB, never the whole matrix) for the BLAS. */
+void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias);
 
 #endif

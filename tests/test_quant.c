@@ -22,40 +22,51 @@ static uint16_t rand_bf16(Rng* r) {
     return (uint16_t)(((u & 1) << 15) | (uint64_t)(124 + (u >> 1) % 4) << 7 | ((u >> 8) & 0x7f));
 }
 
-/* Random bytes of a (rows, cols) matrix of `type`, scales kept finite and small. */
+/* Random bytes of a (rows, cols) matrix of `type`, scales kept finite and small: the f16
+ * scales (and Q4_1's min, the K formats' dmin) rewritten, everything else random. */
 static uint8_t* random_matrix(int type, int rows, int cols, Rng* r) {
     size_t rb = qtype_row_bytes(type, cols), n = rb * rows;
     uint8_t* b = mallocCheck(n);
     for (size_t i = 0; i < n; i++) b[i] = (uint8_t)rng_u64(r);
+    if (type == QTYPE_F32) {
+        for (size_t at = 0; at < n; at += 4) {
+            float v = (float)(rng_normal(r) * 0.1);
+            memcpy(b + at, &v, 4);
+        }
+        return b;
+    }
+    /* block bytes and where its f16 scales sit (-1: none) */
     const size_t bb = type == QTYPE_Q4_0   ? 18
                       : type == QTYPE_Q4_1 ? 20
                       : type == QTYPE_Q8_0 ? 34
-                                           : 0;
-    for (size_t at = 0; at < n; at += bb ? bb : 2) {
-        uint16_t h = type == QTYPE_BF16 ? rand_bf16(r) : rand_f16(r, -4);
-        if (type == QTYPE_F32) {
-            float v = (float)(rng_normal(r) * 0.1);
-            memcpy(b + at, &v, 4);
-            at += 2;
-            continue;
-        }
-        memcpy(b + at, &h, 2);
-        if (type == QTYPE_Q4_1) {
-            uint16_t m = rand_f16(r, -3);
-            memcpy(b + at + 2, &m, 2);
+                      : type == QTYPE_Q4_K ? 144
+                      : type == QTYPE_Q5_K ? 176
+                      : type == QTYPE_Q6_K ? 210
+                                           : 2;
+    const int at0 = type == QTYPE_Q6_K ? 208 : 0;
+    const int at1 = type == QTYPE_Q4_1 || type == QTYPE_Q4_K || type == QTYPE_Q5_K ? 2 : -1;
+    /* the K formats multiply d by 6- or 8-bit sub-scales: smaller d */
+    const int k = type == QTYPE_Q4_K || type == QTYPE_Q5_K || type == QTYPE_Q6_K;
+    for (size_t at = 0; at < n; at += bb) {
+        uint16_t h = type == QTYPE_BF16 ? rand_bf16(r) : rand_f16(r, k ? -9 : -4);
+        memcpy(b + at + at0, &h, 2);
+        if (at1 >= 0) {
+            uint16_t m = rand_f16(r, k ? -8 : -3);
+            memcpy(b + at + at1, &m, 2);
         }
     }
     return b;
 }
 
 static void check_format(int type, const char* name, Rng* r) {
-    const int rows = 37, cols = 160;
+    enum { rows = 37, cols = 512, n = 11 };
     QMatrix w = {type, rows, cols, qtype_row_bytes(type, cols), random_matrix(type, rows, cols, r)};
     float* dense = mallocCheck(sizeof(float) * rows * cols);
     CHECK(ggml_dequantize(dense, w.data, (uint32_t)type, (uint64_t)rows * cols) == 0,
           "%s: dequantise", name);
-    float x[160], bias[37], y[37], yr[37];
-    for (int j = 0; j < cols; j++) x[j] = (float)rng_normal(r);
+    static float x[n * cols];
+    float bias[rows], y[rows], yr[rows];
+    for (int j = 0; j < n * cols; j++) x[j] = (float)rng_normal(r);
     for (int i = 0; i < rows; i++) bias[i] = (float)rng_normal(r);
     qmatvec(y, &w, x, bias);
     qmatvec_ref(yr, &w, x, bias);
@@ -71,20 +82,37 @@ static void check_format(int type, const char* name, Rng* r) {
         scale = fmax(scale, fabs(want));
         se += (y[i] - want) * (y[i] - want), sw += want * want;
     }
-    const int blocks = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0;
+    const int blocks = type != QTYPE_F32 && type != QTYPE_F16 && type != QTYPE_BF16;
     const double rel = sqrt(se / sw);
-    float row[160];
+    float row[cols];
     qrow(row, &w, 17);
-    CHECK(!memcmp(row, dense + (size_t)17 * cols, sizeof row), "%s: qrow differs from dequantise",
-          name);
+    double rowerr = 0;
+    for (int j = 0; j < cols; j++)
+        rowerr = fmax(rowerr, fabs(row[j] - dense[(size_t)17 * cols + j]) /
+                                  (fabs(dense[(size_t)17 * cols + j]) + 1e-30));
+    CHECK(rowerr < 1e-6, "%s: qrow differs from dequantise (relative %g)", name, rowerr);
+    /* the batched product (a prompt's): fp32 panels, so against the exact product to round-off */
+    static float yb[n * rows];
+    qmatmul(yb, rows, &w, x, n, bias);
+    double errb = 0, scb = 0;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < rows; i++) {
+            double want = bias[i];
+            for (int j = 0; j < cols; j++)
+                want += (double)dense[(size_t)i * cols + j] * x[(size_t)t * cols + j];
+            errb = fmax(errb, fabs(yb[(size_t)t * rows + i] - want));
+            scb = fmax(scb, fabs(want));
+        }
     printf(
-        "  %-5s max |error| %.2e, relative RMS %.1e (vectorised - scalar %.1e) of max |y| %.2f\n",
-        name, err, rel, err_ref, scale);
+        "  %-5s max |error| %.2e, relative RMS %.1e (vectorised - scalar %.1e) of max |y| %.2f; "
+        "batched %.1e\n",
+        name, err, rel, err_ref, scale, errb);
     CHECK(err_ref < 1e-5 * (scale + 1), "%s: vectorised and scalar paths differ by %g", name,
           err_ref);
     CHECK(blocks ? rel < 1e-2 : err < 1e-5 * (scale + 1),
           "%s: matvec differs from dequantise-then-multiply (max %g, relative RMS %g)", name, err,
           rel);
+    CHECK(errb < 1e-5 * (scb + 1), "%s: batched product differs by %g", name, errb);
     free(dense);
     free((void*)w.data);
 }
@@ -104,7 +132,8 @@ int main(void) {
         int type;
         const char* name;
     } fmts[] = {{QTYPE_F32, "F32"},   {QTYPE_F16, "F16"},   {QTYPE_BF16, "BF16"},
-                {QTYPE_Q4_0, "Q4_0"}, {QTYPE_Q4_1, "Q4_1"}, {QTYPE_Q8_0, "Q8_0"}};
+                {QTYPE_Q4_0, "Q4_0"}, {QTYPE_Q4_1, "Q4_1"}, {QTYPE_Q8_0, "Q8_0"},
+                {QTYPE_Q4_K, "Q4_K"}, {QTYPE_Q5_K, "Q5_K"}, {QTYPE_Q6_K, "Q6_K"}};
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
         check_format(fmts[i].type, fmts[i].name, &r);
 
