@@ -172,6 +172,7 @@ static float row_dot_ref(const QMatrix* w, const uint8_t* row, const float* x) {
  * as in llama.cpp's q8 activations; test_quant measures it. */
 typedef struct {
     float d, sum;
+    int32_t qsum; /* the sum of q (for integer offsets of the weights) */
     int8_t q[32];
 } XBlock;
 
@@ -184,8 +185,11 @@ static void quantize_x(XBlock* xb, const float* x, int cols) {
             sum += v[j];
         }
         const float d = amax / 127, inv = d > 0 ? 1 / d : 0;
-        xb[i].d = d, xb[i].sum = sum;
-        for (int j = 0; j < 32; j++) xb[i].q[j] = (int8_t)lrintf(v[j] * inv);
+        xb[i].d = d, xb[i].sum = sum, xb[i].qsum = 0;
+        for (int j = 0; j < 32; j++) {
+            xb[i].q[j] = (int8_t)lrintf(v[j] * inv);
+            xb[i].qsum += xb[i].q[j];
+        }
     }
 }
 
@@ -386,15 +390,195 @@ void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias) 
     matvec(y, w, x, bias, 0);
 }
 
-void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias) {
-    if (n < 8) { /* a few rows: the integer products, row by row */
+/* ------------------------------------------------------------------ int8 products of a prompt */
+
+/* The weights of a panel of 16-row groups in the layout of the VNNI dot product: for group g,
+ * block b and k-quad t, 64 bytes = 16 rows x 4 consecutive weights as unsigned bytes u, with
+ * w = s (u - off) + c per (row, block); the activations' int8 quadruples are broadcast against
+ * them. The offset (8 for Q4_0, 128 for Q8_0) is taken off with the quantised activations'
+ * own sum, as qmatvec does, c with the exact sum. */
+typedef struct {
+    uint8_t* u;   /* (groups, nb, 8, 16, 4) */
+    float *s, *c; /* (groups, nb, 16) */
+    int off;
+} Panel;
+
+static int panel_offset(int type) {
+    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
+}
+
+/* 1 when a block format has one scale per 32 weights (what the panel holds) */
+static int int8_panel_format(int type) {
+    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0 || type == QTYPE_Q4_K ||
+           type == QTYPE_Q5_K;
+}
+
+/* Rows r0 .. r0 + nr - 1 of w into panel groups (rows past nr zero). */
+static void pack_panel(Panel* p, const QMatrix* w, int r0, int nr) {
+    const int nb = w->cols / 32, groups = (nr + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < groups; g++) {
+        Sub32 b;
+        for (int L = 0; L < 16; L++) {
+            const int r = 16 * g + L;
+            const uint8_t* row = r < nr ? w->data + (size_t)(r0 + r) * w->row_bytes : NULL;
+            for (int k = 0; k < nb; k++) {
+                const size_t sc = ((size_t)g * nb + k) * 16 + L;
+                uint8_t* u = p->u + ((size_t)g * nb + k) * 512 + 4 * L;
+                if (!row) {
+                    p->s[sc] = p->c[sc] = 0;
+                    for (int t = 0; t < 8; t++) memset(u + 64 * t, 0, 4);
+                    continue;
+                }
+                sub32(&b, w->type, row, k);
+                const int off = p->off; /* q is signed for Q4_0 and Q8_0 */
+                p->s[sc] = b.s[0];
+                p->c[sc] = b.off;
+                for (int t = 0; t < 8; t++)
+                    for (int e = 0; e < 4; e++) u[64 * t + e] = (uint8_t)(b.q[4 * t + e] + off);
+            }
+        }
+    }
+}
+
+/* out (4, 32) = rows i0 .. i0 + 3 of x (quantised: xb holds nb blocks per row) against the 32
+ * weight rows of panel groups g and g + 1 (columns at or past ncols - 16 g left as they are):
+ * the scalar reference of panel_tile_vnni, the same integer sums, scaled per block. */
+static void panel_tile_ref(float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0,
+                           int g, int ncols) {
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < 32 && 16 * g + j < ncols; j++) {
+            const int gg = g + j / 16, L = j % 16;
+            float acc = 0;
+            for (int k = 0; k < nb; k++) {
+                const XBlock* x = xb + (size_t)(i0 + r) * nb + k;
+                const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512 + 4 * L;
+                int32_t sum = 0;
+                for (int t = 0; t < 8; t++)
+                    for (int e = 0; e < 4; e++) sum += u[64 * t + e] * x->q[4 * t + e];
+                sum -= p->off * x->qsum;
+                const size_t sc = ((size_t)gg * nb + k) * 16 + L;
+                acc = (float)sum * (p->s[sc] * x->d) + (p->c[sc] * x->sum + acc);
+            }
+            out[r][j] = acc;
+        }
+}
+
+#if defined(__x86_64__)
+/* panel_tile_ref with AVX-512 VNNI: per block, eight 4-byte broadcasts of each row's int8
+ * activations, each against 16 weight rows x 4 bytes in one VPDPBUSD (u8 x s8, 64 products
+ * into 16 int32 sums), then per 16 lanes the block's scale and offset terms in fp32. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void panel_tile_vnni(
+    float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g, int ncols) {
+    __m512 acc[4][2];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const int two = 16 * (g + 1) < ncols;
+    for (int k = 0; k < nb; k++) {
+        __m512i isum[4][2];
+        for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm512_setzero_si512();
+        const uint8_t* u0 = p->u + ((size_t)g * nb + k) * 512;
+        const uint8_t* u1 = u0 + (size_t)nb * 512;
+        for (int t = 0; t < 8; t++) {
+            const __m512i b0 = _mm512_loadu_si512(u0 + 64 * t);
+            const __m512i b1 = two ? _mm512_loadu_si512(u1 + 64 * t) : _mm512_setzero_si512();
+            for (int r = 0; r < 4; r++) {
+                int32_t quad;
+                memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);
+                const __m512i a = _mm512_set1_epi32(quad);
+                isum[r][0] = _mm512_dpbusd_epi32(isum[r][0], b0, a);
+                isum[r][1] = _mm512_dpbusd_epi32(isum[r][1], b1, a);
+            }
+        }
+        const size_t sc = ((size_t)g * nb + k) * 16;
+        const __m512 s0 = _mm512_loadu_ps(p->s + sc), c0 = _mm512_loadu_ps(p->c + sc);
+        const __m512 s1 = two ? _mm512_loadu_ps(p->s + sc + (size_t)nb * 16) : s0;
+        const __m512 c1 = two ? _mm512_loadu_ps(p->c + sc + (size_t)nb * 16) : c0;
+        for (int r = 0; r < 4; r++) {
+            const XBlock* x = xb + (size_t)(i0 + r) * nb + k;
+            const __m512 dx = _mm512_set1_ps(x->d), sx = _mm512_set1_ps(x->sum);
+            const __m512i corr = _mm512_set1_epi32(p->off * x->qsum);
+            isum[r][0] = _mm512_sub_epi32(isum[r][0], corr);
+            isum[r][1] = _mm512_sub_epi32(isum[r][1], corr);
+            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][0]), _mm512_mul_ps(s0, dx),
+                                        _mm512_fmadd_ps(c0, sx, acc[r][0]));
+            acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][1]), _mm512_mul_ps(s1, dx),
+                                        _mm512_fmadd_ps(c1, sx, acc[r][1]));
+        }
+    }
+    for (int r = 0; r < 4; r++) {
+        _mm512_storeu_ps(out[r], acc[r][0]);
+        _mm512_storeu_ps(out[r] + 16, acc[r][1]);
+    }
+}
+#endif
+
+int qmatmul_int8_available(void) {
+#if defined(__x86_64__)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int n,
+                        const float* bias, int vector) {
+    const int nb = w->cols / 32;
+    const int n4 = (n + 3) / 4 * 4; /* rows past n: zero activations */
+    XBlock* xb = mallocCheck(sizeof(XBlock) * (size_t)n4 * nb);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n4; i++) {
+        if (i < n)
+            quantize_x(xb + (size_t)i * nb, x + (size_t)i * w->cols, w->cols);
+        else
+            memset(xb + (size_t)i * nb, 0, sizeof(XBlock) * (size_t)nb);
+    }
+    /* panels of up to 512 rows (a few hundred kB: they stay in the caches while every tile of
+     * x passes over them) */
+    const int pr = w->rows < 512 ? (w->rows + 31) / 32 * 32 : 512;
+    Panel p;
+    p.off = panel_offset(w->type);
+    p.u = mallocCheck((size_t)pr * nb * 32);
+    p.s = mallocCheck(sizeof(float) * (size_t)pr * nb);
+    p.c = mallocCheck(sizeof(float) * (size_t)pr * nb);
+    for (int r0 = 0; r0 < w->rows; r0 += pr) {
+        const int nr = w->rows - r0 < pr ? w->rows - r0 : pr, pairs = (nr + 31) / 32;
+        pack_panel(&p, w, r0, nr);
+#pragma omp parallel for schedule(dynamic, 8)
+        for (int tile = 0; tile < n4 / 4 * pairs; tile++) {
+            const int i0 = 4 * (tile / pairs), g = 2 * (tile % pairs);
+            float out[4][32];
+#if defined(__x86_64__)
+            if (vector)
+                panel_tile_vnni(out, &p, xb, nb, i0, g, nr);
+            else
+#endif
+                panel_tile_ref(out, &p, xb, nb, i0, g, nr);
+            const int nj = nr - 16 * g < 32 ? nr - 16 * g : 32;
+            for (int r = 0; r < 4 && i0 + r < n; r++) {
+                float* yr = y + (size_t)(i0 + r) * ldy + r0 + 16 * g;
+                for (int j = 0; j < nj; j++)
+                    yr[j] = out[r][j] + (bias ? bias[r0 + 16 * g + j] : 0.0f);
+            }
+        }
+    }
+    free(p.u), free(p.s), free(p.c), free(xb);
+}
+
+void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
+             int exact) {
+    if (n < 8 && !exact) { /* a few rows: the integer products, row by row */
         for (int i = 0; i < n; i++)
             qmatvec(y + (size_t)i * ldy, w, x + (size_t)i * w->cols, bias);
         return;
     }
-    /* Many rows (a prompt): expanding a panel of weight rows to fp32 costs once what the n
-     * rows then reuse, and the fp32 product of the BLAS is faster than int8 products without
-     * VNNI. The panel (about 4 MB) is the only fp32 copy of the weights that ever exists. */
+    if (int8_panel_format(w->type) && qmatmul_int8_available() && !exact) {
+        matmul_int8(y, ldy, w, x, n, bias, 1);
+        return;
+    }
+    /* Many rows (a prompt) without VNNI, or exact: expanding a panel of weight rows to fp32 costs once
+     * what the n rows then reuse, and the fp32 product of the BLAS is faster than int8 products
+     * without VNNI. The panel (about 4 MB) is the only fp32 copy of the weights that exists. */
     int pr = (1 << 20) / w->cols;
     pr = pr < 16 ? 16 : pr - pr % 16;
     if (pr > w->rows) pr = w->rows;
@@ -412,4 +596,10 @@ void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const f
         for (int i = 0; i < n; i++)
             for (int r = 0; r < w->rows; r++) y[(size_t)i * ldy + r] += bias[r];
     }
+}
+
+
+void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n,
+                      const float* bias) {
+    matmul_int8(y, ldy, w, x, n, bias, 0);
 }

@@ -42,8 +42,17 @@ void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias);
 void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias);
 
 /* y (n, ldy: columns 0 .. rows - 1 written) = X W^T + bias for the n rows of x (n, cols): the
- * batched product of a prompt. Fewer than 8 rows take qmatvec per row; more expand panels of
- * W to fp32 (a few MB, never the whole matrix) for the BLAS. */
-void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias);
+ * batched product of a prompt. Fewer than 8 rows take qmatvec per row; more take int8 products
+ * (activations quantised per block as in qmatvec) on CPUs with AVX-512 VNNI for the formats
+ * with one scale per 32 weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K), and otherwise, or when
+ * `exact`, the BLAS on panels of W expanded to fp32 (a few MB, never the whole matrix): the
+ * product to fp32 round-off, at about 0.7 times the int8 path's speed (docs/RESULTS.md). */
+void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
+             int exact);
+/* 1 when this CPU has the int8 dot products (AVX-512 VNNI) of qmatmul's integer path. */
+int qmatmul_int8_available(void);
+/* qmatmul's integer path in portable scalar code (its reference, on any CPU). */
+void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n,
+                      const float* bias);
 
 #endif

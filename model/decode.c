@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../kernels/cpu.h"
+#include "../kernels/sparse.h"
 
 static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
 
@@ -31,26 +32,71 @@ void kvcache_free(KVCache* c) {
     memset(c, 0, sizeof(*c));
 }
 
-static void norm1(const Model* m, real* out, const real* x, const real* w, const real* b) {
-    real mean, rstd;
+/* the layer norm of n rows; stat: 2 n scratch */
+static void norm_rows(const Model* m, real* out, const real* x, const real* w, const real* b,
+                      int n, real* stat) {
     if (m->cfg.arch == ARCH_GPT2)
-        layernorm_forward(out, &mean, &rstd, x, w, b, 1, m->cfg.C, m->cfg.eps);
+        layernorm_forward(out, stat, stat + n, x, w, b, n, m->cfg.C, m->cfg.eps);
     else
-        rmsnorm_forward(out, &rstd, x, w, 1, m->cfg.C, m->cfg.eps);
+        rmsnorm_forward(out, stat, x, w, n, m->cfg.C, m->cfg.eps);
 }
 
-/* y (out) = W x (in) + b: from the file's blocks when the model has native weights (nw), else
- * the fp32 parameters w. */
-static void project(real* y, const real* x, const real* w, const real* b, int in, int out,
-                    const QMatrix* nw) {
+static void norm1(const Model* m, real* out, const real* x, const real* w, const real* b) {
+    real stat[2];
+    norm_rows(m, out, x, w, b, 1, stat);
+}
+
+/* y (n rows of ldy; columns 0 .. out - 1) = x (n, in) W^T + b: from the file's blocks when the
+ * model has native weights (nw; exact: fp32 products, qmatmul), else the fp32 parameters w
+ * (then ldy = out). */
+static void project_rows(real* y, int ldy, const real* x, int n, const real* w, const real* b,
+                         int in, int out, const QMatrix* nw, int exact) {
 #ifndef FOCUS_DOUBLE
     if (nw) {
-        qmatvec(y, nw, x, b);
+        qmatmul(y, ldy, nw, x, n, b, exact);
         return;
     }
 #endif
-    (void)nw;
-    matmul_forward(y, x, w, b, 1, in, out);
+    (void)nw, (void)ldy, (void)exact;
+    matmul_forward(y, x, w, b, (size_t)n, in, out);
+}
+
+static void project(real* y, const real* x, const real* w, const real* b, int in, int out,
+                    const QMatrix* nw) {
+    project_rows(y, out, x, 1, w, b, in, out, nw, 0);
+}
+
+static void check_mode(const Model* m) {
+    const FocusConfig* f = &m->fc;
+    if (f->attn == ATTN_SOFT)
+        fatal("generation runs dense or hard top-k attention, not the soft gate");
+    if (f->attn == ATTN_HARD && f->routing != ROUTE_CAUSAL)
+        fatal("generation needs causal routing (got %s)", routing_name(f->routing));
+}
+
+/* Token n of layer l joins its groups (mask mi, when routed) and the keys it attends to go to
+ * c->keys: (hard) its groups' earlier tokens before the window, each taken in the lowest group
+ * it shares, then the window (everything when dense). Returns their number. */
+static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t mi, int routed) {
+    const int K = f->K;
+    uint32_t* cm = c->mask + (size_t)l * c->cap;
+    int* gn = c->gn + (size_t)l * K;
+    int* gpos = c->gpos + (size_t)l * K * c->cap;
+    int lo = 0, nk = 0;
+    if (routed) {
+        cm[n] = mi;
+        for (int g = 0; g < K; g++)
+            if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;
+        lo = n - f->w < 0 ? 0 : n - f->w;
+        for (int g = 0; g < K; g++) {
+            if (!((mi >> g) & 1)) continue;
+            const int* gp = gpos + (size_t)g * c->cap;
+            for (int t = 0; t < gn[g] && gp[t] < lo; t++)
+                if (!(cm[gp[t]] & mi & ((1u << g) - 1))) c->keys[nk++] = gp[t];
+        }
+    }
+    for (int j = lo; j <= n; j++) c->keys[nk++] = j;
+    return nk;
 }
 
 void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
@@ -61,10 +107,7 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
               rep = NH / NKV;
     const int FC = mc->arch == ARCH_LLAMA ? 2 * mc->F : mc->F, kvw = NKV * hs;
     const int hard = f->attn == ATTN_HARD;
-    if (f->attn == ATTN_SOFT)
-        fatal("generation runs dense or hard top-k attention, not the soft gate");
-    if (hard && f->routing != ROUTE_CAUSAL)
-        fatal("generation needs causal routing (got %s)", routing_name(f->routing));
+    check_mode(m);
     if (token < 0 || token >= mc->V)
         fatal("token id %d outside the vocabulary (V=%d)", token, mc->V);
     if (c->n >= c->cap) fatal("KV cache full (%d tokens)", c->cap);
@@ -109,9 +152,6 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
         real* vc = c->v + ((size_t)l * c->cap) * kvw;
         memcpy(kc + (size_t)n * kvw, qkv + C, sizeof(real) * kvw);
         memcpy(vc + (size_t)n * kvw, qkv + C + kvw, sizeof(real) * kvw);
-        uint32_t* cm = c->mask + (size_t)l * c->cap;
-        int* gn = c->gn + (size_t)l * K;
-        int* gpos = c->gpos + (size_t)l * K * c->cap;
         uint32_t mi = 0;
         const int routed = hard && !focus_layer_dense(f, l);
         if (routed) {
@@ -121,22 +161,8 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
                             f->iters);
             /* a sink position (n < sinks) joins every group, so every later query keeps it */
             routing_topk_mask(&mi, G, 1, 1, K, f->topk, f->topp, f->sinks, n);
-            cm[n] = mi;
-            for (int g = 0; g < K; g++)
-                if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;
         }
-        /* The keys this token attends to: (hard) its groups' earlier tokens before the window,
-         * each taken in the lowest group it shares, then the window (everything when dense). */
-        int lo = routed ? (n - f->w < 0 ? 0 : n - f->w) : 0, nk = 0;
-        if (routed) {
-            for (int g = 0; g < K; g++) {
-                if (!((mi >> g) & 1)) continue;
-                const int* gp = gpos + (size_t)g * c->cap;
-                for (int t = 0; t < gn[g] && gp[t] < lo; t++)
-                    if (!(cm[gp[t]] & mi & ((1u << g) - 1))) c->keys[nk++] = gp[t];
-            }
-        }
-        for (int j = lo; j <= n; j++) c->keys[nk++] = j;
+        const int nk = token_keys(c, f, l, n, mi, routed);
         c->pairs += (long)nk * NH;
         const real scale = (real)(1.0 / sqrt((double)hs));
         /* heads in parallel, each with its own score row; the sums may run in any order */
@@ -189,4 +215,113 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     project(logits, h, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
             m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL);
     c->n++;
+}
+
+/* The prompt in one pass: the layers of model_decode_step over all n tokens at once (batched
+ * products, the full-sequence attention kernels: the sparse executor on routed layers, the
+ * flash kernel elsewhere), each layer's keys, values and group lists written to the cache as
+ * model_decode_step would have left them. */
+static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real* logits,
+                            int all) {
+    const ModelConfig* mc = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const Params* p = &m->params;
+    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
+    const int F = mc->F, FC = mc->arch == ARCH_LLAMA ? 2 * F : F, kvw = NKV * hs;
+    const size_t N = (size_t)n;
+    const int hard = f->attn == ATTN_HARD, ex = m->prefill_exact;
+    real* buf = mallocCheck(sizeof(real) * N * (4 * (size_t)C + Q + FC + F + NH + 2 + f->dg + 2 * K));
+    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
+    real *fch = qkv + N * Q, *act = fch + N * FC, *lse = act + N * F, *stat = lse + N * NH;
+    real *proj = stat + 2 * N, *S = proj + N * f->dg, *G = S + N * K;
+    uint32_t* mask = mallocCheck(sizeof(uint32_t) * N);
+#ifndef FOCUS_DOUBLE
+    if (m->native) {
+        for (int t = 0; t < n; t++)
+            qrow(x + (size_t)t * C, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, tokens[t]);
+    } else
+#endif
+    {
+        encoder_forward(x, tokens, p->wte, p->wpe, 1, n, C);
+    }
+    for (int l = 0; l < mc->L; l++) {
+        size_t lC = (size_t)l * C;
+        norm_rows(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
+        const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
+        if (nw) { /* three matrices in the file, written side by side into the rows of qkv */
+            const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
+            project_rows(qkv, Q, h, n, NULL, qb, C, C, nw + NATIVE_Q, ex);
+            project_rows(qkv + C, Q, h, n, NULL, qb ? qb + C : NULL, C, kvw, nw + NATIVE_K, ex);
+            project_rows(qkv + C + kvw, Q, h, n, NULL, qb ? qb + C + kvw : NULL, C, kvw,
+                         nw + NATIVE_V, ex);
+        } else {
+            matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
+                           p->qkvb ? p->qkvb + (size_t)l * Q : NULL, N, C, Q);
+        }
+        if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, n, NH, NKV, hs, mc->rope_theta, 0);
+        real* kc = c->k + ((size_t)l * c->cap) * kvw;
+        real* vc = c->v + ((size_t)l * c->cap) * kvw;
+        for (int t = 0; t < n; t++) {
+            memcpy(kc + (size_t)t * kvw, qkv + (size_t)t * Q + C, sizeof(real) * kvw);
+            memcpy(vc + (size_t)t * kvw, qkv + (size_t)t * Q + C + kvw, sizeof(real) * kvw);
+        }
+        const int routed = hard && !focus_layer_dense(f, l);
+        if (routed) {
+            router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
+                                  m->router.cent + (size_t)l * K * f->dg, N, C, f->dg, K);
+            routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, n, K, f->tau,
+                            f->iters);
+            routing_topk_mask(mask, G, 1, n, K, f->topk, f->topp, f->sinks, 0);
+            attention_hard_forward(att, lse, qkv, mask, K, f->w, 1, n, NH, NKV, hs);
+        } else {
+            attention_flash_forward(att, lse, qkv, 1, n, NH, NKV, hs);
+        }
+        /* the group lists, and the pairs decoding would have counted */
+        for (int t = 0; t < n; t++)
+            c->pairs += (long)token_keys(c, f, l, t, routed ? mask[t] : 0, routed) * NH;
+        project_rows(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
+                     p->attprojb ? p->attprojb + lC : NULL, C, C, nw ? nw + NATIVE_O : NULL, ex);
+        for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
+        norm_rows(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
+        if (nw) { /* gate then up in each row, as fcw holds them */
+            project_rows(fch, FC, h, n, NULL, NULL, C, F, nw + NATIVE_GATE, ex);
+            project_rows(fch + F, FC, h, n, NULL, NULL, C, F, nw + NATIVE_UP, ex);
+        } else {
+            matmul_forward(fch, h, p->fcw + (size_t)l * FC * C,
+                           p->fcb ? p->fcb + (size_t)l * FC : NULL, N, C, FC);
+        }
+        if (mc->arch == ARCH_GPT2)
+            gelu_forward(act, fch, N * F);
+        else
+            swiglu_forward(act, fch, N, F);
+        project_rows(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
+                     p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex);
+        for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
+    }
+    /* the head: every row's logits, or the last row's only (a prompt needs no more) */
+    const int rows = all ? n : 1;
+    const real* last = all ? x : x + (N - 1) * C;
+    norm_rows(m, h, last, p->lnfw, p->lnfb, rows, stat);
+    project_rows(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
+                 m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex);
+    c->n = n;
+    free(mask);
+    free(buf);
+}
+
+void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
+    check_mode(m);
+    if (n < 1) fatal("prefill: no tokens");
+    if (c->n + n > c->cap) fatal("KV cache full (%d + %d tokens, capacity %d)", c->n, n, c->cap);
+    if (m->cfg.arch == ARCH_GPT2 && c->n + n > m->cfg.maxT)
+        fatal("position %d exceeds the model's context (%d)", c->n + n - 1, m->cfg.maxT);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.V)
+            fatal("token id %d outside the vocabulary (V=%d)", tokens[i], m->cfg.V);
+    if (c->n > 0 || n == 1) { /* after earlier tokens: one step at a time */
+        for (int i = 0; i < n; i++)
+            model_decode_step(m, c, tokens[i], logits + (all ? (size_t)i * m->cfg.V : 0));
+        return;
+    }
+    prefill_batched(m, c, tokens, n, logits, all);
 }

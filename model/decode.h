@@ -26,5 +26,10 @@ void kvcache_init(KVCache* c, const Model* m, int cap);
 void kvcache_free(KVCache* c);
 /* Feed `token` at position c->n; logits (V) receive the next-token scores. */
 void model_decode_step(Model* m, KVCache* c, int token, real* logits);
+/* Feed n tokens (a prompt) at positions c->n ..: into an empty cache in one batched pass (the
+ * full-sequence kernels, the weights read once for all n tokens), else one step at a time; the
+ * cache ends as n decode steps would leave it. logits: the next-token scores after the last
+ * token (V), or after each token (n, V) when `all`. */
+void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all);
 
 #endif

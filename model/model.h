@@ -192,6 +192,7 @@ typedef struct {
      * loaded (model_load_lean), so only model_decode_step may run. */
     QMatrix* native;
     int decode_only;
+    int prefill_exact; /* a prompt's products from native weights in fp32, not int8 (qmatmul) */
     void* native_owner;
     void (*native_release)(void*);
 } Model;

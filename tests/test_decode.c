@@ -1,6 +1,8 @@
 /* test_decode.c: the KV-cache decode path. Feeding a sequence token by token gives the logits of
  * a full-sequence pass: dense (router off), and hard top-k (k = 1 and 2) in causal routing, for
- * tiny GPT-2 and LLaMA models. Also: the hard decode path evaluates fewer pairs than dense. */
+ * tiny GPT-2 and LLaMA models; so does a batched prefill of the first tokens followed by
+ * decoding, which leaves the cache (group lists, pair counts) as decoding would. Also: the hard
+ * decode path evaluates fewer pairs than dense. */
 #include <math.h>
 #include <string.h>
 
@@ -42,12 +44,34 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
             scale = fmax(scale, fabs(full[(size_t)t * cfg.V + v]));
         }
     }
+    /* the prompt in one batched pass (model_prefill), then decoding on from the cache it left */
+    enum { P = 41 };
+    KVCache c2;
+    kvcache_init(&c2, &m, T);
+    real* all = mallocCheck(sizeof(real) * P * cfg.V);
+    model_prefill(&m, &c2, tok, P, all, 1);
+    double wp = 0;
+    for (size_t i = 0; i < (size_t)P * cfg.V; i++) wp = fmax(wp, fabs(all[i] - full[i]));
+    model_prefill(&m, &c2, tok + P, T - P, all, 0); /* a cache in use: step by step */
+    for (int v = 0; v < cfg.V; v++)
+        wp = fmax(wp, fabs(all[v] - full[(size_t)(T - 1) * cfg.V + v]));
+    CHECK(wp < 1e-4 * (scale > 1 ? scale : 1) && c2.n == T,
+          "%s: prefill then decode differs from the full pass by %g", preset, wp);
+    CHECK(c2.pairs == c.pairs, "%s: prefill counted %ld pairs, decoding %ld", preset, c2.pairs,
+          c.pairs);
+    int same = !memcmp(c2.gn, c.gn, sizeof(int) * cfg.L * fc.K);
+    for (int l = 0; l < cfg.L; l++) /* the masks of the routed layers (the others keep none) */
+        if (attn == ATTN_HARD && !focus_layer_dense(&fc, l))
+            same &= !memcmp(c2.mask + l * T, c.mask + l * T, sizeof(uint32_t) * T);
+    CHECK(same, "%s: prefill left other group lists than decoding", preset);
+    kvcache_free(&c2);
+    free(all);
     double dense_pairs = (double)cfg.L * cfg.NH * T * (T + 1) / 2;
     printf(
         "  %-10s %-5s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e (max "
-        "|logit| %.1f), pairs %.3f of dense\n",
+        "|logit| %.1f), prefill %.2e, pairs %.3f of dense\n",
         preset, attn == ATTN_HARD ? "hard" : "dense", topk, (double)topp, sinks,
-        dense0 ? " layer 0 dense" : "", worst, scale, c.pairs / dense_pairs);
+        dense0 ? " layer 0 dense" : "", worst, scale, wp, c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
           "%s: decode path differs from the full pass by %g", preset, worst);
     if (attn == ATTN_HARD)

@@ -91,28 +91,47 @@ static void check_format(int type, const char* name, Rng* r) {
         rowerr = fmax(rowerr, fabs(row[j] - dense[(size_t)17 * cols + j]) /
                                   (fabs(dense[(size_t)17 * cols + j]) + 1e-30));
     CHECK(rowerr < 1e-6, "%s: qrow differs from dequantise (relative %g)", name, rowerr);
-    /* the batched product (a prompt's): fp32 panels, so against the exact product to round-off */
-    static float yb[n * rows];
-    qmatmul(yb, rows, &w, x, n, bias);
-    double errb = 0, scb = 0;
+    /* the batched product (a prompt's): int8 products on CPUs with VNNI for the formats with
+     * one scale per 32 weights (against their scalar reference to round-off, against the exact
+     * product like qmatvec), fp32 panels otherwise (against the exact product to round-off) */
+    static float yb[n * rows], yi[n * rows];
+    qmatmul(yb, rows, &w, x, n, bias, 0);
+    const int int8 = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0 ||
+                     type == QTYPE_Q4_K || type == QTYPE_Q5_K;
+    if (int8) qmatmul_int8_ref(yi, rows, &w, x, n, bias);
+    double errb = 0, scb = 0, seb = 0, swb = 0, erri = 0;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < rows; i++) {
             double want = bias[i];
             for (int j = 0; j < cols; j++)
                 want += (double)dense[(size_t)i * cols + j] * x[(size_t)t * cols + j];
-            errb = fmax(errb, fabs(yb[(size_t)t * rows + i] - want));
+            const double got = yb[(size_t)t * rows + i];
+            errb = fmax(errb, fabs(got - want));
             scb = fmax(scb, fabs(want));
+            seb += (got - want) * (got - want), swb += want * want;
+            if (int8) erri = fmax(erri, fabs(yi[(size_t)t * rows + i] - want));
         }
+    const int vnni = int8 && qmatmul_int8_available();
+    if (int8) {
+        double d = 0;
+        for (int i = 0; i < n * rows; i++) d = fmax(d, fabs(yb[i] - yi[i]));
+        if (vnni)
+            CHECK(d < 1e-5 * (scb + 1), "%s: VNNI and scalar batched products differ by %g", name,
+                  d);
+        CHECK(sqrt(seb / swb) < 1e-2 || !vnni, "%s: int8 batched product off by %g (RMS)", name,
+              sqrt(seb / swb));
+        CHECK(erri < 0.05 * (scb + 1), "%s: scalar int8 batched product off by %g", name, erri);
+    }
     printf(
         "  %-5s max |error| %.2e, relative RMS %.1e (vectorised - scalar %.1e) of max |y| %.2f; "
-        "batched %.1e\n",
-        name, err, rel, err_ref, scale, errb);
+        "batched (%s) relative RMS %.1e\n",
+        name, err, rel, err_ref, scale, vnni ? "int8 VNNI" : "fp32 panels", sqrt(seb / swb));
     CHECK(err_ref < 1e-5 * (scale + 1), "%s: vectorised and scalar paths differ by %g", name,
           err_ref);
     CHECK(blocks ? rel < 1e-2 : err < 1e-5 * (scale + 1),
           "%s: matvec differs from dequantise-then-multiply (max %g, relative RMS %g)", name, err,
           rel);
-    CHECK(errb < 1e-5 * (scb + 1), "%s: batched product differs by %g", name, errb);
+    CHECK(vnni || errb < 1e-5 * (scb + 1), "%s: batched product differs by %g", name, errb);
     free(dense);
     free((void*)w.data);
 }
@@ -175,6 +194,16 @@ int main(void) {
         for (int v = 0; v < cfg.V; v++) d = fmax(d, fabs(a[v] - b[v]));
         printf("  decode-only load: max |logit difference| %.2e\n", d);
         CHECK(rc == 0 && d < tol * (s + 1), "decode-only load differs by %g", d);
+        /* the prompt batched from the blocks: the fp32 parameters' logits (int8 products for
+         * the Q8_0 blocks where the CPU has VNNI) */
+        KVCache c;
+        kvcache_init(&c, &m, 12);
+        model_prefill(&m, &c, tok, 12, b, 0);
+        kvcache_free(&c);
+        d = 0;
+        for (int v = 0; v < cfg.V; v++) d = fmax(d, fabs(a[v] - b[v]));
+        printf("  batched prefill from the blocks: max |logit difference| %.2e\n", d);
+        CHECK(d < tol * (s + 1), "batched prefill from the blocks differs by %g", d);
         free(a);
         free(b);
         model_free(&m);

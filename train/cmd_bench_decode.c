@@ -1,5 +1,6 @@
 /* cmd_bench_decode.c: `focus bench decode`, the speed of generation: a prompt of --ctx random
- * tokens fed one at a time over the KV cache, then -n tokens decoded greedily, each timed apart;
+ * tokens (one batched prefill, or fed one at a time), then -n tokens decoded greedily over the
+ * KV cache, each phase timed apart;
  * from the file's own blocks or from fp32 weights, dense or with a router's hard top-k. */
 #include <math.h>
 #include <stdio.h>
@@ -34,10 +35,11 @@ static double log_softmax_at(const real* logits, int V, int target) {
 
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
-    "                          [--router router.h5 [--topk k]] [--seed s] [--data D [--tokenizer "
-    "T]]\n"
-    "Tokens/s of the prompt (--ctx random token ids fed one at a time, as generate does) and\n"
-    "of decoding -n more tokens greedily after it. --weights native (the default where the GGUF\n"
+    "                          [--router router.h5 [--topk k]] [--prefill batched|exact|steps]\n"
+    "                          [--seed s] [--data D [--tokenizer T]]\n"
+    "Tokens/s of the prompt (--ctx random token ids in one batched pass as generate feeds them:\n"
+    "int8 products where the CPU has VNNI, fp32 ones with --prefill exact; or with --prefill\n"
+    "steps one at a time) and of decoding -n more tokens greedily after it. --weights native (the default where the GGUF\n"
     "file allows) reads the projections in their stored blocks; f32 the expanded weights.\n"
     "With --router: hard top-k attention over the group KV cache (causal routing). With --data\n"
     "the prompt and the decoded tokens are the first ctx + n tokens of that text or shard\n"
@@ -46,19 +48,23 @@ static const char decode_usage[] =
 
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
-               *tok = NULL;
+               *tok = NULL, *prefill = "batched";
     int ctx = 1024, n = 64, seed = 1;
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
-                  "--seed:i --data:s --tokenizer:s",
-                  &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok))
+                  "--seed:i --data:s --tokenizer:s --prefill:s",
+                  &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill))
         return 0;
     if (!model) fatal("bench decode: needs --model");
+    const int steps = !strcmp(prefill, "steps"), exact = !strcmp(prefill, "exact");
+    if (!steps && !exact && strcmp(prefill, "batched"))
+        fatal("bench decode: --prefill must be batched, exact or steps, got '%s'", prefill);
     long anon0, file0, anon1, file1;
     resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
     ModelInfo info;
     cli_load_decoder(&m, &info, model, router, NULL, topk, weights);
+    m.prefill_exact = exact;
     if (m.cfg.arch == ARCH_GPT2 && ctx + n > m.cfg.maxT)
         fatal("bench decode: --ctx + -n = %d exceeds the model's context (%d)", ctx + n,
               m.cfg.maxT);
@@ -80,12 +86,26 @@ int cmd_bench_decode(int argc, char** argv) {
         free(t);
     }
     double nll = 0;
+    /* with --data the prompt's own tokens are scored too: a batched prefill then computes every
+     * position's logits (the head over ctx rows, about a fifth more work for SmolLM2) */
+    const int scored = data && !steps;
+    real* all = scored ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)ctx) : NULL;
     double t0 = now_seconds();
-    for (int i = 0; i < ctx; i++) {
-        if (i) nll += log_softmax_at(logits, m.cfg.V, ids[i]);
-        model_decode_step(&m, &c, ids[i], logits);
+    if (steps) {
+        for (int i = 0; i < ctx; i++) {
+            if (i) nll += log_softmax_at(logits, m.cfg.V, ids[i]);
+            model_decode_step(&m, &c, ids[i], logits);
+        }
+    } else {
+        model_prefill(&m, &c, ids, ctx, scored ? all : logits, scored);
     }
     double t1 = now_seconds();
+    if (scored) {
+        for (int i = 1; i < ctx; i++)
+            nll += log_softmax_at(all + (size_t)(i - 1) * m.cfg.V, m.cfg.V, ids[i]);
+        memcpy(logits, all + (size_t)(ctx - 1) * m.cfg.V, sizeof(real) * m.cfg.V);
+        free(all);
+    }
     long pairs0 = c.pairs;
     for (int i = 0; i < n; i++) {
         int next = 0;
@@ -103,9 +123,10 @@ int cmd_bench_decode(int argc, char** argv) {
            m.native ? "native (the file's blocks)" : "fp32", router ? "hard top-k" : "dense",
            omp_get_max_threads());
     printf(
-        "prompt %d tokens: %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s | "
-        "pairs kept %.3f\n",
-        ctx, ctx / (t1 - t0), n, ctx, n / (t2 - t1), (double)(c.pairs - pairs0) / dense_pairs);
+        "prompt %d tokens (%s%s): %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s "
+        "| pairs kept %.3f\n",
+        ctx, steps ? "one at a time" : exact ? "batched, fp32 products" : "batched", scored ? ", every position's logits" : "",
+        ctx / (t1 - t0), n, ctx, n / (t2 - t1), (double)(c.pairs - pairs0) / dense_pairs);
     if (data)
         printf("perplexity of the %d tokens after the first: %.4f\n", ctx + n - 1,
                exp(-nll / (ctx + n - 1)));

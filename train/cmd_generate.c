@@ -52,16 +52,18 @@ static const char generate_usage[] =
     "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
     "                      [--temperature t] [--top-p p] [--seed s] [--router router.h5 [--topk k] "
     "[--attn dense|hard]]\n"
-    "                      [--weights native|f32]\n"
-    "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). Tokens are\n"
-    "generated one at a time over a KV cache; with --router, each new token attends to its\n"
-    "window and the cached tokens of its top-k groups (causal routing). The projections read\n"
-    "the GGUF file's own blocks (F32, F16, BF16, Q4_0, Q4_1, Q8_0) where it has them\n"
-    "(--weights native; fp32 otherwise, or with --weights f32).\n";
+    "                      [--weights native|f32] [--prefill batched|exact]\n"
+    "Greedy decoding by default; with --temperature > 0, nucleus sampling (top-p). The prompt\n"
+    "goes through in one batched pass, then tokens are generated one at a time over a KV cache;\n"
+    "with --router, each new token attends to its window and the cached tokens of its top-k\n"
+    "groups (causal routing). The projections read the GGUF file's own blocks (F32, F16, BF16,\n"
+    "Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) where it has them (--weights native; fp32 otherwise,\n"
+    "or with --weights f32), with activations quantised to int8 per block as llama.cpp does;\n"
+    "--prefill exact keeps the prompt's products in fp32 (slower, no quantisation error).\n";
 
 int cmd_generate(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *prompt = NULL, *router = NULL, *attn = NULL,
-               *weights = NULL;
+               *weights = NULL, *prefill = "batched";
     int n = 64;
     const char* topk = NULL;
     double temperature = 0, top_p = 1;
@@ -69,15 +71,18 @@ int cmd_generate(int argc, char** argv) {
     if (cli_parse("generate", argc, argv, 1, generate_usage,
                   "--model:s --tokenizer:s --prompt:s -n:i[0,1048576] --temperature:x[0,100] "
                   "--top-p:x[1e-9,1] "
-                  "--seed:i[0,2147483647] --router:s --topk:s --attn:s --weights:s",
+                  "--seed:i[0,2147483647] --router:s --topk:s --attn:s --weights:s --prefill:s",
                   &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn,
-                  &weights))
+                  &weights, &prefill))
         return 0;
     if (!model || !prompt) fatal("generate: needs --model and --prompt");
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");
     if (n < 0) fatal("generate: -n must be >= 0");
+    if (strcmp(prefill, "batched") && strcmp(prefill, "exact"))
+        fatal("generate: --prefill must be batched or exact, got '%s'", prefill);
     Model m;
     cli_load_decoder(&m, NULL, model, router, attn, topk, weights);
+    m.prefill_exact = !strcmp(prefill, "exact");
     Tokenizer* t = tokenizer_load(tok ? tok : model);
     size_t np;
     int* p = tokenizer_encode(t, prompt, strlen(prompt), &np);
@@ -95,7 +100,7 @@ int cmd_generate(int argc, char** argv) {
     kvcache_init(&c, &m, (int)cap);
     real* logits = mallocCheck(sizeof(real) * m.cfg.V);
     double t0 = now_seconds();
-    for (size_t i = 0; i < len; i++) model_decode_step(&m, &c, ids[i], logits); /* the prompt */
+    model_prefill(&m, &c, ids, (int)len, logits, 0); /* the prompt, in one batched pass */
     fputs(prompt, stdout);
     fflush(stdout);
     int made = 0;
