@@ -281,6 +281,57 @@ __attribute__((target("avx2"))) static __m256i dot_u8s8(__m256i a, __m256i b) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
 }
 
+/* quantize_x eight lanes at a time: the same scale, the same rounding (the current mode, as
+ * lrintf), so the same integers; the float sum in another order. */
+__attribute__((target("avx2,fma"))) static void quantize_x_avx2(XBlock* xb, const float* x,
+                                                               int cols) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int i = 0; i < cols / 32; i++) {
+        const float* v = x + 32 * i;
+        __m256 a[4], mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            a[k] = _mm256_loadu_ps(v + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, a[k]));
+            sm = _mm256_add_ps(sm, a[k]);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float d = _mm_cvtss_f32(m4) / 127, inv = d > 0 ? 1 / d : 0;
+        const __m256 vi = _mm256_set1_ps(inv);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(a[k], vi));
+        /* int32 -> int16 -> int8 packs interleave the 128-bit halves: put them back in order */
+        const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i*)xb[i].q, p8);
+        const __m256i qs = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        xb[i].d = d, xb[i].sum = hsum8(sm), xb[i].qsum = _mm_cvtsi128_si32(s4);
+    }
+}
+
+static int has_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+/* The activations of one product, quantised (vector: the AVX2 code where the CPU has it). */
+static void quantize_rows(XBlock* xb, const float* x, int cols, int vector) {
+#if defined(__x86_64__)
+    if (vector && has_avx2()) {
+        quantize_x_avx2(xb, x, cols);
+        return;
+    }
+#endif
+    (void)vector;
+    quantize_x(xb, x, cols);
+}
+
+#if defined(__x86_64__)
 /* row_dot_q8_ref with the integer sums 32 lanes wide. */
 __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMatrix* w,
                                                                       const uint8_t* row,
@@ -363,7 +414,7 @@ static void matvec(float* y, const QMatrix* w, const float* x, const float* bias
     XBlock stack[256], *xb = NULL;
     if (blocks) {
         xb = w->cols <= 32 * 256 ? stack : mallocCheck(sizeof(XBlock) * (size_t)(w->cols / 32));
-        quantize_x(xb, x, w->cols);
+        quantize_rows(xb, x, w->cols, vector);
     }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < w->rows; r++) {
@@ -529,7 +580,7 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n4; i++) {
         if (i < n)
-            quantize_x(xb + (size_t)i * nb, x + (size_t)i * w->cols, w->cols);
+            quantize_rows(xb + (size_t)i * nb, x + (size_t)i * w->cols, w->cols, vector);
         else
             memset(xb + (size_t)i * nb, 0, sizeof(XBlock) * (size_t)nb);
     }
