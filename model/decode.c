@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
 
@@ -23,12 +25,16 @@ void kvcache_init(KVCache* c, const Model* m, int cap) {
     c->keys = mallocCheck(sizeof(int) * cap);
     size_t FC = mc->arch == ARCH_LLAMA ? 2 * (size_t)mc->F : (size_t)mc->F;
     c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg +
-                                             2 * m->fc.K + 8 + (size_t)mc->NH * cap));
+                                             2 * m->fc.K + 8));
+    c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
+    c->nparts = omp_get_max_threads();
+    c->split_min = 256;
+    c->part = mallocCheck(sizeof(real) * (size_t)c->nparts * mc->NH * (hs + 2));
 }
 
 void kvcache_free(KVCache* c) {
     free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->keys),
-        free(c->scratch);
+        free(c->scratch), free(c->scores), free(c->part);
     memset(c, 0, sizeof(*c));
 }
 
@@ -99,12 +105,82 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
     return nk;
 }
 
+/* att (NH * hs) = softmax(q k / sqrt(hs)) v over the nk keys in c->keys, for every head of
+ * qkv's query. The keys are split among the threads (each reads its keys and values once for
+ * the rep query heads of a KV head, keeping its own running maximum, sum and output per head);
+ * the parts are then merged, rescaled to the common maximum. Scores go to c->scratch's score
+ * rows (NH, cap), the parts to c->part. */
+static void attend_keys(real* att, const real* qkv, const real* kc, const real* vc, KVCache* c,
+                        int nk, const ModelConfig* mc) {
+    const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    real* sc = c->scores;
+    const int parts = nk >= c->split_min ? c->nparts : 1;
+#pragma omp parallel num_threads(parts) if (parts > 1)
+    {
+        const int np = omp_get_num_threads(), id = omp_get_thread_num();
+        const int t0 = (int)((long)nk * id / np), t1 = (int)((long)nk * (id + 1) / np);
+        real* part = c->part + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
+        for (int g = 0; g < NKV; g++) {
+            for (int r = 0; r < rep; r++) {
+                const int hh = g * rep + r;
+                const real* q = qkv + hh * hs;
+                real* sh = sc + (size_t)hh * c->cap;
+                real mx = -INFINITY;
+                for (int t = t0; t < t1; t++) {
+                    const real* kj = kc + (size_t)c->keys[t] * kvw + g * hs;
+                    real s = 0;
+#pragma omp simd reduction(+ : s)
+                    for (int e = 0; e < hs; e++) s += q[e] * kj[e];
+                    sh[t] = s * scale;
+                    mx = sh[t] > mx ? sh[t] : mx;
+                }
+                real* ph = part + (size_t)hh * (hs + 2);
+                ph[0] = mx, ph[1] = 0;
+                for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+            }
+            for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
+                const real* vj = vc + (size_t)c->keys[t] * kvw + g * hs;
+                for (int r = 0; r < rep; r++) {
+                    const int hh = g * rep + r;
+                    real* ph = part + (size_t)hh * (hs + 2);
+#ifdef FOCUS_DOUBLE
+                    const real pj = exp(sc[(size_t)hh * c->cap + t] - ph[0]);
+#else
+                    const real pj = expf(sc[(size_t)hh * c->cap + t] - ph[0]);
+#endif
+                    ph[1] += pj;
+                    real* o = ph + 2;
+#pragma omp simd
+                    for (int e = 0; e < hs; e++) o[e] += pj * vj[e];
+                }
+            }
+        }
+    }
+    for (int hh = 0; hh < NH; hh++) { /* merge the parts */
+        real mx = -INFINITY, sum = 0;
+        for (int id = 0; id < parts; id++) {
+            const real* ph = c->part + ((size_t)id * NH + hh) * (hs + 2);
+            if (ph[1] > 0 && ph[0] > mx) mx = ph[0];
+        }
+        real* o = att + hh * hs;
+        for (int e = 0; e < hs; e++) o[e] = 0;
+        for (int id = 0; id < parts; id++) {
+            const real* ph = c->part + ((size_t)id * NH + hh) * (hs + 2);
+            if (!(ph[1] > 0)) continue; /* no keys in this part */
+            const real wgt = (real)exp((double)(ph[0] - mx));
+            sum += wgt * ph[1];
+            for (int e = 0; e < hs; e++) o[e] += wgt * ph[2 + e];
+        }
+        for (int e = 0; e < hs; e++) o[e] /= sum;
+    }
+}
+
 void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
-    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K,
-              rep = NH / NKV;
+    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
     const int FC = mc->arch == ARCH_LLAMA ? 2 * mc->F : mc->F, kvw = NKV * hs;
     const int hard = f->attn == ATTN_HARD;
     check_mode(m);
@@ -124,7 +200,6 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     real* proj = act + mc->F;
     real* S = proj + f->dg;
     real* G = S + K;
-    real* sc = G + K + 8; /* scores over cached keys: (NH, cap) */
 #ifndef FOCUS_DOUBLE
     if (m->native) {
         qrow(x, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, token);
@@ -164,34 +239,7 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
         }
         const int nk = token_keys(c, f, l, n, mi, routed);
         c->pairs += (long)nk * NH;
-        const real scale = (real)(1.0 / sqrt((double)hs));
-        /* heads in parallel, each with its own score row; the sums may run in any order */
-#pragma omp parallel for schedule(static) if (nk >= 256)
-        for (int hh = 0; hh < NH; hh++) {
-            const real* q = qkv + hh * hs;
-            const int kvh = hh / rep;
-            real* sh = sc + (size_t)hh * c->cap;
-            real mx = -INFINITY;
-            for (int t = 0; t < nk; t++) {
-                const real* kj = kc + (size_t)c->keys[t] * kvw + kvh * hs;
-                real s = 0;
-#pragma omp simd reduction(+ : s)
-                for (int e = 0; e < hs; e++) s += q[e] * kj[e];
-                sh[t] = s * scale;
-                mx = sh[t] > mx ? sh[t] : mx;
-            }
-            real sum = 0;
-            real* o = att + hh * hs;
-            for (int e = 0; e < hs; e++) o[e] = 0;
-            for (int t = 0; t < nk; t++) {
-                const real pj = (real)exp(sh[t] - mx);
-                sum += pj;
-                const real* vj = vc + (size_t)c->keys[t] * kvw + kvh * hs;
-#pragma omp simd
-                for (int e = 0; e < hs; e++) o[e] += pj * vj[e];
-            }
-            for (int e = 0; e < hs; e++) o[e] = o[e] / sum;
-        }
+        attend_keys(att, qkv, kc, vc, c, nk, mc);
         project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
                 C, nw ? nw + NATIVE_O : NULL);
         for (int e = 0; e < C; e++) x[e] += tmp[e];

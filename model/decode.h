@@ -19,6 +19,10 @@ typedef struct {
     int* gn;        /* (L, K) group list lengths */
     int* keys;      /* (cap) the positions one query attends to */
     real* scratch;  /* one token's activations */
+    real* scores;   /* (NH, cap) one token's attention scores */
+    real* part;     /* (nparts, NH, hs + 2) the threads' partial softmax sums */
+    int nparts;     /* threads a token's attention is split among (OpenMP's maximum) */
+    int split_min;  /* ... when it has at least this many keys (256; fewer: one thread) */
     long pairs;     /* attention pairs evaluated so far, summed over layers */
 } KVCache;
 

@@ -1,15 +1,20 @@
 /* test_decode.c: the KV-cache decode path. Feeding a sequence token by token gives the logits of
  * a full-sequence pass: dense (router off), and hard top-k (k = 1 and 2) in causal routing, for
- * tiny GPT-2 and LLaMA models; so does a batched prefill of the first tokens followed by
+ * tiny GPT-2 and LLaMA models (each token's keys split among three threads and the parts
+ * merged, as long contexts are); so does a batched prefill of the first tokens followed by
  * decoding, which leaves the cache (group lists, pair counts) as decoding would. Also: the hard
  * decode path evaluates fewer pairs than dense. */
 #include <math.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "../model/decode.h"
 #include "testutil.h"
 
 enum { T = 70 };
+
+static int nthreads;
 
 static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
@@ -34,7 +39,10 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     real* full = mallocCheck(sizeof(real) * T * cfg.V);
     memcpy(full, model_logits(&m), sizeof(real) * T * cfg.V);
     KVCache c;
+    omp_set_num_threads(3); /* every token's attention split in three parts, merged */
     kvcache_init(&c, &m, T);
+    omp_set_num_threads(nthreads);
+    c.split_min = 1;
     real* lg = mallocCheck(sizeof(real) * cfg.V);
     double worst = 0, scale = 0;
     for (int t = 0; t < T; t++) {
@@ -82,6 +90,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
 }
 
 int main(void) {
+    nthreads = omp_get_max_threads();
     run("tiny-gpt2", ATTN_DENSE, 1, 0, 0, 0);
     run("tiny-llama", ATTN_DENSE, 1, 0, 0, 0);
     run("tiny-gpt2", ATTN_HARD, 1, 0, 0, 0);
