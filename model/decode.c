@@ -9,6 +9,9 @@
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
 
+/* the thread governor's step counts (see kvcache_govern) */
+enum { GOVERN_PERIOD = 128, GOVERN_PROBE = 6, GOVERN_MIN_GAP = 16 };
+
 static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
 
 void kvcache_init(KVCache* c, const Model* m, int cap) {
@@ -27,8 +30,10 @@ void kvcache_init(KVCache* c, const Model* m, int cap) {
     c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg +
                                              2 * m->fc.K + 8));
     c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
-    c->nparts = omp_get_max_threads();
+    c->nparts = c->th_max = omp_get_max_threads();
     c->split_min = 256;
+    c->govern = c->th_max > 1;
+    c->th_probe = GOVERN_PROBE; /* measure the full count first */
     c->part = mallocCheck(sizeof(real) * (size_t)c->nparts * mc->NH * (hs + 2));
 }
 
@@ -105,6 +110,8 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
     return nk;
 }
 
+static void decode_one(Model* m, KVCache* c, int token, real* logits);
+
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v over the nk keys in c->keys, for every head of
  * qkv's query. The keys are split among the threads (each reads its keys and values once for
  * the rep query heads of a KV head, keeping its own running maximum, sum and output per head);
@@ -115,7 +122,8 @@ static void attend_keys(real* att, const real* qkv, const real* kc, const real* 
     const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
     const real scale = (real)(1.0 / sqrt((double)hs));
     real* sc = c->scores;
-    const int parts = nk >= c->split_min ? c->nparts : 1;
+    const int threads = omp_get_max_threads();
+    const int parts = nk < c->split_min ? 1 : threads < c->nparts ? threads : c->nparts;
 #pragma omp parallel num_threads(parts) if (parts > 1)
     {
         const int np = omp_get_num_threads(), id = omp_get_thread_num();
@@ -176,7 +184,77 @@ static void attend_keys(real* att, const real* qkv, const real* kc, const real* 
     }
 }
 
+/* The thread governor. On a machine that is busy with other work, a thread of ours may wait
+ * for a core at the end of any of the few hundred parallel regions of a token: two threads on a
+ * loaded 2-core machine decoded at half the speed of one (docs/RESULTS.md). So each step's
+ * thread count is chosen by measurement among max, max / 2, ..., 1: the count in use keeps a
+ * moving average of its step times (about the last 8 steps, stalls included); another count is
+ * tried for PROBE steps (the first not counted: threads waking up) every PERIOD steps, or
+ * sooner when the count in use has become 1.3 times slower than the last measure of another,
+ * and the faster is kept. Every count is tried once at the start. On an idle machine the
+ * probes cost about 1 % of the steps. */
+static int candidate(const KVCache* c, int i) { /* i-th count: max >> i, the last one 1 */
+    const int v = c->th_max >> i;
+    return v < 1 ? 1 : v;
+}
+
+static int candidates(const KVCache* c) {
+    int n = 1;
+    while (candidate(c, n) != candidate(c, n - 1)) n++;
+    return n;
+}
+
+void kvcache_govern(KVCache* c, double dt) {
+    const int i = c->th_cur, n = candidates(c);
+    c->th_seen[i]++;
+    if (n < 2) return;
+    if (c->th_probe > 0) { /* measuring count i */
+        if (c->th_probe < GOVERN_PROBE) c->th_sum += dt;
+        if (--c->th_probe) return;
+        c->th_time[i] = c->th_sum / (GOVERN_PROBE - 1);
+        c->th_known |= 1u << i;
+        if (!((c->th_known >> c->th_best) & 1) || c->th_time[i] < c->th_time[c->th_best])
+            c->th_best = i;
+        c->th_cur = c->th_best;
+        c->th_since = 0;
+        return;
+    }
+    c->th_time[i] += (dt - c->th_time[i]) / 8;
+    c->th_since++;
+    /* the next count to try: one never measured, else the next after the one in use */
+    int next = -1, slower = 0;
+    for (int k = 0; k < n; k++) {
+        if (k == c->th_best) continue;
+        if (!((c->th_known >> k) & 1)) {
+            next = k;
+            break;
+        }
+        if (c->th_time[c->th_best] > 1.3 * c->th_time[k]) slower = 1;
+    }
+    if (next < 0) {
+        if (c->th_since < GOVERN_PERIOD && !(slower && c->th_since >= GOVERN_MIN_GAP)) return;
+        c->th_next = (c->th_next + 1) % n;
+        if (c->th_next == c->th_best) c->th_next = (c->th_next + 1) % n;
+        next = c->th_next;
+    }
+    c->th_cur = next;
+    c->th_probe = GOVERN_PROBE;
+    c->th_sum = 0;
+}
+
+int kvcache_threads(const KVCache* c) { return candidate(c, c->th_cur); }
+
 void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
+    const double t0 = c->govern ? now_seconds() : 0;
+    if (c->govern) omp_set_num_threads(kvcache_threads(c));
+    decode_one(m, c, token, logits);
+    if (c->govern) {
+        omp_set_num_threads(c->th_max);
+        kvcache_govern(c, now_seconds() - t0);
+    }
+}
+
+static void decode_one(Model* m, KVCache* c, int token, real* logits) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;

@@ -23,6 +23,11 @@ typedef struct {
     real* part;     /* (nparts, NH, hs + 2) the threads' partial softmax sums */
     int nparts;     /* threads a token's attention is split among (OpenMP's maximum) */
     int split_min;  /* ... when it has at least this many keys (256; fewer: one thread) */
+    /* the thread governor (decode.c): on by default with more than one thread; off, every
+     * step runs on OpenMP's threads as set */
+    int govern, th_max, th_cur, th_best, th_next, th_probe, th_since, th_seen[32];
+    unsigned th_known;
+    double th_time[32], th_sum;
     long pairs;     /* attention pairs evaluated so far, summed over layers */
 } KVCache;
 
@@ -30,6 +35,10 @@ void kvcache_init(KVCache* c, const Model* m, int cap);
 void kvcache_free(KVCache* c);
 /* Feed `token` at position c->n; logits (V) receive the next-token scores. */
 void model_decode_step(Model* m, KVCache* c, int token, real* logits);
+/* The threads the next decode step will run on, and the governor's update after a step of dt
+ * seconds on them (model_decode_step calls both when c->govern is set). */
+int kvcache_threads(const KVCache* c);
+void kvcache_govern(KVCache* c, double dt);
 /* Feed n tokens (a prompt) at positions c->n ..: into an empty cache in one batched pass (the
  * full-sequence kernels, the weights read once for all n tokens), else one step at a time; the
  * cache ends as n decode steps would leave it. logits: the next-token scores after the last

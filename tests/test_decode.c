@@ -89,8 +89,39 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     model_free(&m);
 }
 
+/* The thread governor on made-up step times: while the machine is busy (steps before
+ * idle_at), two threads take 8 ms a step and stall six times as long every seventh step, one
+ * thread 6 ms; once it is idle, two threads 4 ms and one 7 ms. Returns the share of steps 200
+ * to 399 run on one thread. */
+static double governed(KVCache* c, int idle_at) {
+    int on_one = 0;
+    for (int s = 0; s < 400; s++) {
+        const int t = kvcache_threads(c);
+        double ms = s >= idle_at ? (t == 1 ? 7 : 4) : (t == 1 ? 6 : s % 7 == 3 ? 48 : 8);
+        kvcache_govern(c, ms * 1e-3);
+        on_one += s >= 200 && t == 1;
+    }
+    return on_one / 200.0;
+}
+
+static void check_governor(void) {
+    KVCache c;
+    memset(&c, 0, sizeof c);
+    c.th_max = 2, c.govern = 1, c.th_probe = 6;
+    double share = governed(&c, 1000);
+    printf("  governor, busy machine: %.0f %% of the steps on one thread\n", 100 * share);
+    CHECK(share > 0.9, "the governor should keep one thread on a busy machine (%.2f)", share);
+    memset(&c, 0, sizeof c);
+    c.th_max = 2, c.govern = 1, c.th_probe = 6;
+    share = governed(&c, 100);
+    printf("  governor, load gone at step 100: %.0f %% on one thread after step 200\n",
+           100 * share);
+    CHECK(share < 0.1, "the governor should return to two threads (%.2f)", share);
+}
+
 int main(void) {
     nthreads = omp_get_max_threads();
+    check_governor();
     run("tiny-gpt2", ATTN_DENSE, 1, 0, 0, 0);
     run("tiny-llama", ATTN_DENSE, 1, 0, 0, 0);
     run("tiny-gpt2", ATTN_HARD, 1, 0, 0, 0);

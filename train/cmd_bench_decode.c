@@ -36,10 +36,12 @@ static double log_softmax_at(const real* logits, int V, int target) {
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
     "                          [--router router.h5 [--topk k]] [--prefill batched|exact|steps]\n"
-    "                          [--seed s] [--data D [--tokenizer T]]\n"
+    "                          [--threads N] [--seed s] [--data D [--tokenizer T]]\n"
     "Tokens/s of the prompt (--ctx random token ids in one batched pass as generate feeds them:\n"
     "int8 products where the CPU has VNNI, fp32 ones with --prefill exact; or with --prefill\n"
-    "steps one at a time) and of decoding -n more tokens greedily after it. --weights native (the default where the GGUF\n"
+    "steps one at a time) and of decoding -n more tokens greedily after it. Decode steps choose\n"
+    "their thread count (up to OMP_NUM_THREADS) by measurement, which keeps a busy machine\n"
+    "from halving the speed; --threads N runs every step on N threads instead. --weights native (the default where the GGUF\n"
     "file allows) reads the projections in their stored blocks; f32 the expanded weights.\n"
     "With --router: hard top-k attention over the group KV cache (causal routing). With --data\n"
     "the prompt and the decoded tokens are the first ctx + n tokens of that text or shard\n"
@@ -49,11 +51,12 @@ static const char decode_usage[] =
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
                *tok = NULL, *prefill = "batched";
-    int ctx = 1024, n = 64, seed = 1;
+    int ctx = 1024, n = 64, seed = 1, threads = 0;
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
-                  "--seed:i --data:s --tokenizer:s --prefill:s",
-                  &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill))
+                  "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024]",
+                  &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill,
+                  &threads))
         return 0;
     if (!model) fatal("bench decode: needs --model");
     const int steps = !strcmp(prefill, "steps"), exact = !strcmp(prefill, "exact");
@@ -68,8 +71,10 @@ int cmd_bench_decode(int argc, char** argv) {
     if (m.cfg.arch == ARCH_GPT2 && ctx + n > m.cfg.maxT)
         fatal("bench decode: --ctx + -n = %d exceeds the model's context (%d)", ctx + n,
               m.cfg.maxT);
+    if (threads) omp_set_num_threads(threads);
     KVCache c;
     kvcache_init(&c, &m, ctx + n);
+    if (threads) c.govern = 0;
     real* logits = mallocCheck(sizeof(real) * m.cfg.V);
     /* the token stream: random ids, or the text's (teacher-forced, scored) */
     int* ids = mallocCheck(sizeof(int) * (size_t)(ctx + n));
@@ -119,9 +124,19 @@ int cmd_bench_decode(int argc, char** argv) {
     /* of the causal pairs of the decoded tokens (each attends to every earlier one when dense) */
     double dense_pairs = 0;
     for (int i = 0; i < n; i++) dense_pairs += (double)(ctx + i + 1) * m.cfg.NH * m.cfg.L;
-    printf("model %s (%s), weights %s, attention %s, %d threads\n", info.name, info.format,
+    printf("model %s (%s), weights %s, attention %s, %d threads%s\n", info.name, info.format,
            m.native ? "native (the file's blocks)" : "fp32", router ? "hard top-k" : "dense",
-           omp_get_max_threads());
+           omp_get_max_threads(), c.govern ? " at most (chosen per decode step)" : "");
+    if (c.govern) {
+        int steps_all = 0;
+        for (int i = 0; i < 32; i++) steps_all += c.th_seen[i];
+        printf("decode steps by thread count:");
+        for (int i = 0; i < 32 && c.th_seen[i]; i++) {
+            const int t = c.th_max >> i;
+            printf(" %d: %.0f %%", t < 1 ? 1 : t, 100.0 * c.th_seen[i] / steps_all);
+        }
+        printf("\n");
+    }
     printf(
         "prompt %d tokens (%s%s): %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s "
         "| pairs kept %.3f\n",
