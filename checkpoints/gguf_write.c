@@ -44,27 +44,13 @@ typedef struct {
     uint32_t type;
 } WTensor;
 
-static uint16_t to_f16(float f) {
-    /* round-to-nearest conversion for normal values; enough for test weights */
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    int e = (int)((x >> 23) & 0xff) - 127 + 15;
-    uint32_t man = x & 0x7fffff;
-    if (e <= 0) return (uint16_t)sign;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00);
-    uint32_t h = sign | ((uint32_t)e << 10) | (man >> 13);
-    if (man & 0x1000) h++;
-    return (uint16_t)h;
-}
-
 static void encode_tensor(Buf* d, const WTensor* t) {
     uint64_t n = t->rows * t->cols;
     if (t->type == GGML_F32) {
         put(d, t->data, n * 4);
     } else if (t->type == GGML_F16) {
         for (uint64_t i = 0; i < n; i++) {
-            uint16_t h = to_f16(t->data[i]);
+            uint16_t h = f32_to_f16(t->data[i], 0);
             put(d, &h, 2);
         }
     } else { /* Q8_0 */
@@ -72,7 +58,7 @@ static void encode_tensor(Buf* d, const WTensor* t) {
             float amax = 0;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(t->data[b * 32 + j]));
             float dd = amax / 127;
-            uint16_t h = to_f16(dd);
+            uint16_t h = f32_to_f16(dd, 0);
             float dq = f16_to_f32(h);
             put(d, &h, 2);
             for (int j = 0; j < 32; j++) {

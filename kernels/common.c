@@ -104,6 +104,29 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
+uint16_t f32_to_f16(float f, int saturate) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00); /* NaN */
+    /* 65520 and above round to infinity (the largest half is 65504) */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | (saturate ? 0x7bff : 0x7c00));
+    if (ax < 0x38800000u) { /* below the smallest normal half (2^-14): subnormal or zero */
+        if (ax < 0x33000000u) return sign; /* below half the smallest subnormal (2^-25) */
+        const int e = (int)(ax >> 23);      /* 102 .. 112 */
+        const uint32_t man = (ax & 0x7fffff) | 0x800000;
+        const int shift = 126 - e; /* the value is man * 2^(e - 150); a unit is 2^-24 */
+        uint32_t h = man >> shift, rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((ax >> 13) - (112u << 10)) & 0xffff; /* rebias 127 -> 15 */
+    const uint32_t rest = ax & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
 float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;

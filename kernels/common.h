@@ -40,6 +40,9 @@ void fatal_forget(void* arg);
 /* IEEE half precision and bfloat16 to float. */
 float f16_to_f32(uint16_t h);
 float bf16_to_f32(uint16_t h);
+/* float to IEEE half precision, rounded to nearest even (subnormals kept); beyond the half
+ * range infinity, or the largest finite half when `saturate`; NaN stays NaN. */
+uint16_t f32_to_f16(float f, int saturate);
 
 void* malloc_check(size_t size, const char* file, int line);
 void* calloc_check(size_t n, size_t size, const char* file, int line);

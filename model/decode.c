@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
@@ -14,14 +17,15 @@ enum { GOVERN_PERIOD = 128, GOVERN_PROBE = 6, GOVERN_MIN_GAP = 16 };
 
 static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
 
-void kvcache_init(KVCache* c, const Model* m, int cap) {
+void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     const ModelConfig* mc = &m->cfg;
     int hs = mc->C / mc->NH, K = m->fc.K;
     memset(c, 0, sizeof(*c));
     c->cap = cap;
+    c->half = half;
     size_t kv = (size_t)mc->L * cap * mc->NKV * hs;
-    c->k = mallocCheck(sizeof(real) * kv);
-    c->v = mallocCheck(sizeof(real) * kv);
+    c->k = mallocCheck((half ? 2 : sizeof(real)) * kv);
+    c->v = mallocCheck((half ? 2 : sizeof(real)) * kv);
     c->mask = mallocCheck(sizeof(uint32_t) * (size_t)mc->L * cap);
     c->gpos = mallocCheck(sizeof(int) * (size_t)mc->L * K * cap);
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
@@ -112,14 +116,119 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
 
 static void decode_one(Model* m, KVCache* c, int token, real* logits);
 
+/* ---- the cache's rows: real, or IEEE half precision (c->half: half the bytes a token reads) */
+
+#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+#define KV_F16C 1
+static int has_f16c(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+/* every AVX2 CPU has F16C: 8 halves at a time; values beyond the half range saturate */
+__attribute__((target("avx2,fma,f16c"))) static void put_half_f16c(uint16_t* dst,
+                                                                   const float* src, int n) {
+    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(src + i), hi), lo);
+        _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++) dst[i] = f32_to_f16(src[i], 1);
+}
+__attribute__((target("avx2,fma,f16c"))) static float dot_half_f16c(const float* q,
+                                                                   const uint16_t* k, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i))), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++) r += q[i] * f16_to_f32(k[i]);
+    return r;
+}
+__attribute__((target("avx2,fma,f16c"))) static void axpy_half_f16c(float* o, float p,
+                                                                    const uint16_t* v, int n) {
+    const __m256 pv = _mm256_set1_ps(p);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128(
+                                                        (const __m128i*)(v + i))),
+                                                _mm256_loadu_ps(o + i)));
+    for (; i < n; i++) o[i] += p * f16_to_f32(v[i]);
+}
+#else
+#define KV_F16C 0
+static int has_f16c(void) { return 0; }
+#endif
+
+/* row `row` of layer l's keys (vals = 0) or values (1) := src (kvw values) */
+static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int kvw) {
+    const size_t at = ((size_t)l * c->cap + row) * kvw;
+    if (!c->half) {
+        memcpy((real*)(vals ? c->v : c->k) + at, src, sizeof(real) * kvw);
+        return;
+    }
+    uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
+#if KV_F16C
+    if (has_f16c()) {
+        put_half_f16c(dst, src, kvw);
+        return;
+    }
+#endif
+    for (int e = 0; e < kvw; e++) dst[e] = f32_to_f16((float)src[e], 1);
+}
+
+static real dot_kv(const real* q, const void* k, int half, int f16c, int n) {
+    if (!half) {
+        const real* kr = k;
+        real s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int e = 0; e < n; e++) s += q[e] * kr[e];
+        return s;
+    }
+#if KV_F16C
+    if (f16c) return dot_half_f16c(q, k, n);
+#endif
+    (void)f16c;
+    const uint16_t* kh = k;
+    real s = 0;
+    for (int e = 0; e < n; e++) s += q[e] * f16_to_f32(kh[e]);
+    return s;
+}
+
+static void axpy_kv(real* o, real p, const void* v, int half, int f16c, int n) {
+    if (!half) {
+        const real* vr = v;
+#pragma omp simd
+        for (int e = 0; e < n; e++) o[e] += p * vr[e];
+        return;
+    }
+#if KV_F16C
+    if (f16c) {
+        axpy_half_f16c(o, p, v, n);
+        return;
+    }
+#endif
+    (void)f16c;
+    const uint16_t* vh = v;
+    for (int e = 0; e < n; e++) o[e] += p * f16_to_f32(vh[e]);
+}
+
+
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v over the nk keys in c->keys, for every head of
  * qkv's query. The keys are split among the threads (each reads its keys and values once for
  * the rep query heads of a KV head, keeping its own running maximum, sum and output per head);
  * the parts are then merged, rescaled to the common maximum. Scores go to c->scratch's score
  * rows (NH, cap), the parts to c->part. */
-static void attend_keys(real* att, const real* qkv, const real* kc, const real* vc, KVCache* c,
-                        int nk, const ModelConfig* mc) {
+static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
+                        const ModelConfig* mc) {
     const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
+    const int half = c->half, f16c = half && has_f16c();
+    const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
+    const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+    const char* vc = (const char*)c->v + (size_t)l * c->cap * kvw * es;
     const real scale = (real)(1.0 / sqrt((double)hs));
     real* sc = c->scores;
     const int threads = omp_get_max_threads();
@@ -136,11 +245,8 @@ static void attend_keys(real* att, const real* qkv, const real* kc, const real* 
                 real* sh = sc + (size_t)hh * c->cap;
                 real mx = -INFINITY;
                 for (int t = t0; t < t1; t++) {
-                    const real* kj = kc + (size_t)c->keys[t] * kvw + g * hs;
-                    real s = 0;
-#pragma omp simd reduction(+ : s)
-                    for (int e = 0; e < hs; e++) s += q[e] * kj[e];
-                    sh[t] = s * scale;
+                    const void* kj = kc + ((size_t)c->keys[t] * kvw + g * hs) * es;
+                    sh[t] = dot_kv(q, kj, half, f16c, hs) * scale;
                     mx = sh[t] > mx ? sh[t] : mx;
                 }
                 real* ph = part + (size_t)hh * (hs + 2);
@@ -148,7 +254,7 @@ static void attend_keys(real* att, const real* qkv, const real* kc, const real* 
                 for (int e = 0; e < hs; e++) ph[2 + e] = 0;
             }
             for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
-                const real* vj = vc + (size_t)c->keys[t] * kvw + g * hs;
+                const void* vj = vc + ((size_t)c->keys[t] * kvw + g * hs) * es;
                 for (int r = 0; r < rep; r++) {
                     const int hh = g * rep + r;
                     real* ph = part + (size_t)hh * (hs + 2);
@@ -158,9 +264,7 @@ static void attend_keys(real* att, const real* qkv, const real* kc, const real* 
                     const real pj = expf(sc[(size_t)hh * c->cap + t] - ph[0]);
 #endif
                     ph[1] += pj;
-                    real* o = ph + 2;
-#pragma omp simd
-                    for (int e = 0; e < hs; e++) o[e] += pj * vj[e];
+                    axpy_kv(ph + 2, pj, vj, half, f16c, hs);
                 }
             }
         }
@@ -301,10 +405,8 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
                            p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
         }
         if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, 1, NH, NKV, hs, mc->rope_theta, n);
-        real* kc = c->k + ((size_t)l * c->cap) * kvw;
-        real* vc = c->v + ((size_t)l * c->cap) * kvw;
-        memcpy(kc + (size_t)n * kvw, qkv + C, sizeof(real) * kvw);
-        memcpy(vc + (size_t)n * kvw, qkv + C + kvw, sizeof(real) * kvw);
+        kv_put(c, 0, l, n, qkv + C, kvw);
+        kv_put(c, 1, l, n, qkv + C + kvw, kvw);
         uint32_t mi = 0;
         const int routed = hard && !focus_layer_dense(f, l);
         if (routed) {
@@ -317,7 +419,7 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
         }
         const int nk = token_keys(c, f, l, n, mi, routed);
         c->pairs += (long)nk * NH;
-        attend_keys(att, qkv, kc, vc, c, nk, mc);
+        attend_keys(att, qkv, l, c, nk, mc);
         project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
                 C, nw ? nw + NATIVE_O : NULL);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
@@ -385,11 +487,9 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
                            p->qkvb ? p->qkvb + (size_t)l * Q : NULL, N, C, Q);
         }
         if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, n, NH, NKV, hs, mc->rope_theta, 0);
-        real* kc = c->k + ((size_t)l * c->cap) * kvw;
-        real* vc = c->v + ((size_t)l * c->cap) * kvw;
         for (int t = 0; t < n; t++) {
-            memcpy(kc + (size_t)t * kvw, qkv + (size_t)t * Q + C, sizeof(real) * kvw);
-            memcpy(vc + (size_t)t * kvw, qkv + (size_t)t * Q + C + kvw, sizeof(real) * kvw);
+            kv_put(c, 0, l, t, qkv + (size_t)t * Q + C, kvw);
+            kv_put(c, 1, l, t, qkv + (size_t)t * Q + C + kvw, kvw);
         }
         const int routed = hard && !focus_layer_dense(f, l);
         if (routed) {

@@ -12,8 +12,9 @@
 
 typedef struct {
     int cap, n;     /* capacity and cached tokens */
-    real* k;        /* (L, cap, NKV*hs) keys after RoPE */
-    real* v;        /* (L, cap, NKV*hs) */
+    int half;       /* keys and values stored in IEEE half precision (else real) */
+    void* k;        /* (L, cap, NKV*hs) keys after RoPE */
+    void* v;        /* (L, cap, NKV*hs) */
     uint32_t* mask; /* (L, cap) top-k group masks */
     int* gpos;      /* (L, K, cap) positions of each group's tokens */
     int* gn;        /* (L, K) group list lengths */
@@ -31,7 +32,9 @@ typedef struct {
     long pairs;     /* attention pairs evaluated so far, summed over layers */
 } KVCache;
 
-void kvcache_init(KVCache* c, const Model* m, int cap);
+/* A cache for cap tokens; half: keys and values in half precision (half the memory and the
+ * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */
+void kvcache_init(KVCache* c, const Model* m, int cap, int half);
 void kvcache_free(KVCache* c);
 /* Feed `token` at position c->n; logits (V) receive the next-token scores. */
 void model_decode_step(Model* m, KVCache* c, int token, real* logits);

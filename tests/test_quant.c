@@ -139,12 +139,45 @@ static void check_format(int type, const char* name, Rng* r) {
 /* Decode n tokens of m, return the last logits (V) in out. */
 static void decode(Model* m, const int* tok, int n, real* out) {
     KVCache c;
-    kvcache_init(&c, m, n);
+    kvcache_init(&c, m, n, 0);
     for (int i = 0; i < n; i++) model_decode_step(m, &c, tok[i], out);
     kvcache_free(&c);
 }
 
+/* f32_to_f16: every half comes back as itself; ties to even; the range's edges. */
+static void check_f16(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaN payloads */
+        bad += f32_to_f16(f16_to_f32((uint16_t)h), 0) != h;
+    }
+    CHECK(bad == 0, "f32_to_f16: %d halves do not come back as themselves", bad);
+    const struct {
+        float f;
+        uint16_t want, want_sat;
+    } cases[] = {
+        {1.0f + 0x1p-11f, 0x3c00, 0x3c00},       /* a tie: to the even 1.0 */
+        {1.0f + 3 * 0x1p-11f, 0x3c02, 0x3c02},   /* a tie: to the even 1 + 2^-9 */
+        {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01, 0x3c01},
+        {65519.0f, 0x7bff, 0x7bff},
+        {65520.0f, 0x7c00, 0x7bff},
+        {-1e9f, 0xfc00, 0xfbff},
+        {0x1p-25f, 0x0000, 0x0000},              /* half the smallest subnormal: to 0 */
+        {3 * 0x1p-26f, 0x0001, 0x0001},
+        {0x1p-14f - 0x1p-25f, 0x0400, 0x0400},   /* rounds up into the normals */
+        {-0.0f, 0x8000, 0x8000},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint16_t got = f32_to_f16(cases[i].f, 0), sat = f32_to_f16(cases[i].f, 1);
+        CHECK(got == cases[i].want && sat == cases[i].want_sat,
+              "f32_to_f16(%a) = %04x / %04x (saturated), want %04x / %04x", (double)cases[i].f,
+              got, sat, cases[i].want, cases[i].want_sat);
+    }
+    CHECK(f32_to_f16(NAN, 1) == 0x7e00, "f32_to_f16(NaN) must be a NaN");
+}
+
 int main(void) {
+    check_f16();
     Rng r;
     rng_seed(&r, 5);
     const struct {
@@ -197,7 +230,7 @@ int main(void) {
         /* the prompt batched from the blocks: the fp32 parameters' logits (int8 products for
          * the Q8_0 blocks where the CPU has VNNI) */
         KVCache c;
-        kvcache_init(&c, &m, 12);
+        kvcache_init(&c, &m, 12, 0);
         model_prefill(&m, &c, tok, 12, b, 0);
         kvcache_free(&c);
         d = 0;

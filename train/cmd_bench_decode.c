@@ -36,12 +36,14 @@ static double log_softmax_at(const real* logits, int V, int target) {
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
     "                          [--router router.h5 [--topk k]] [--prefill batched|exact|steps]\n"
-    "                          [--threads N] [--seed s] [--data D [--tokenizer T]]\n"
+    "                          [--kv f16|f32] [--threads N] [--seed s]\n"
+    "                          [--data D [--tokenizer T]]\n"
     "Tokens/s of the prompt (--ctx random token ids in one batched pass as generate feeds them:\n"
     "int8 products where the CPU has VNNI, fp32 ones with --prefill exact; or with --prefill\n"
     "steps one at a time) and of decoding -n more tokens greedily after it. Decode steps choose\n"
     "their thread count (up to OMP_NUM_THREADS) by measurement, which keeps a busy machine\n"
-    "from halving the speed; --threads N runs every step on N threads instead. --weights native (the default where the GGUF\n"
+    "from halving the speed; --threads N runs every step on N threads instead. --kv: the KV\n"
+    "cache's keys and values in half precision (the default) or fp32. --weights native (the default where the GGUF\n"
     "file allows) reads the projections in their stored blocks; f32 the expanded weights.\n"
     "With --router: hard top-k attention over the group KV cache (causal routing). With --data\n"
     "the prompt and the decoded tokens are the first ctx + n tokens of that text or shard\n"
@@ -50,18 +52,20 @@ static const char decode_usage[] =
 
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
-               *tok = NULL, *prefill = "batched";
+               *tok = NULL, *prefill = "batched", *kv = "f16";
     int ctx = 1024, n = 64, seed = 1, threads = 0;
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
-                  "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024]",
+                  "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024] --kv:s",
                   &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill,
-                  &threads))
+                  &threads, &kv))
         return 0;
     if (!model) fatal("bench decode: needs --model");
     const int steps = !strcmp(prefill, "steps"), exact = !strcmp(prefill, "exact");
     if (!steps && !exact && strcmp(prefill, "batched"))
         fatal("bench decode: --prefill must be batched, exact or steps, got '%s'", prefill);
+    if (strcmp(kv, "f16") && strcmp(kv, "f32"))
+        fatal("bench decode: --kv must be f16 or f32, got '%s'", kv);
     long anon0, file0, anon1, file1;
     resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
@@ -73,7 +77,7 @@ int cmd_bench_decode(int argc, char** argv) {
               m.cfg.maxT);
     if (threads) omp_set_num_threads(threads);
     KVCache c;
-    kvcache_init(&c, &m, ctx + n);
+    kvcache_init(&c, &m, ctx + n, !strcmp(kv, "f16"));
     if (threads) c.govern = 0;
     real* logits = mallocCheck(sizeof(real) * m.cfg.V);
     /* the token stream: random ids, or the text's (teacher-forced, scored) */
@@ -124,9 +128,10 @@ int cmd_bench_decode(int argc, char** argv) {
     /* of the causal pairs of the decoded tokens (each attends to every earlier one when dense) */
     double dense_pairs = 0;
     for (int i = 0; i < n; i++) dense_pairs += (double)(ctx + i + 1) * m.cfg.NH * m.cfg.L;
-    printf("model %s (%s), weights %s, attention %s, %d threads%s\n", info.name, info.format,
-           m.native ? "native (the file's blocks)" : "fp32", router ? "hard top-k" : "dense",
-           omp_get_max_threads(), c.govern ? " at most (chosen per decode step)" : "");
+    printf("model %s (%s), weights %s, attention %s, KV cache %s, %d threads%s\n", info.name,
+           info.format, m.native ? "native (the file's blocks)" : "fp32",
+           router ? "hard top-k" : "dense", c.half ? "f16" : "f32", omp_get_max_threads(),
+           c.govern ? " at most (chosen per decode step)" : "");
     if (c.govern) {
         int steps_all = 0;
         for (int i = 0; i < 32; i++) steps_all += c.th_seen[i];
