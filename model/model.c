@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend.h"
 
@@ -486,3 +488,25 @@ void model_router_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip
 }
 
 void model_router_adamw_sync(Model* m, AdamW* opt) { m->backend->adamw_sync(m, opt); }
+
+/* The whole pages inside [p, p + n bytes) returned to the system (they read as zeros after). */
+static void drop_pages(void* p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) / page * page, b = ((uintptr_t)p + n) / page * page;
+    if (b > a) madvise((void*)a, b - a, MADV_DONTNEED);
+}
+
+void model_drop_native_copies(Model* m) {
+    if (!m->native) return;
+    const ModelConfig* c = &m->cfg;
+    Params* p = &m->params;
+    const size_t L = (size_t)c->L, C = (size_t)c->C;
+    const size_t Q = (size_t)model_qkv_width(c), FC = (size_t)model_fc_width(c);
+    drop_pages(p->qkvw, sizeof(real) * L * Q * C);
+    drop_pages(p->attprojw, sizeof(real) * L * C * C);
+    drop_pages(p->fcw, sizeof(real) * L * FC * C);
+    drop_pages(p->fcprojw, sizeof(real) * L * C * (size_t)c->F);
+    drop_pages(p->wte, sizeof(real) * (size_t)c->V * C);
+    if (!c->tied) drop_pages(p->lmhead, sizeof(real) * (size_t)c->V * C);
+    m->decode_only = 1;
+}

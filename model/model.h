@@ -191,7 +191,7 @@ typedef struct {
      * native_release in model_free. decode_only: the fp32 copies of those matrices were never
      * loaded (model_load_lean), so only model_decode_step may run. */
     QMatrix* native;
-    int decode_only;
+    int decode_only; /* see model_drop_native_copies too */
     int prefill_exact; /* a prompt's products from native weights in fp32, not int8 (qmatmul) */
     void* native_owner;
     void (*native_release)(void*);
@@ -230,6 +230,11 @@ void config_print(const ModelConfig* cfg, const FocusConfig* fc, FILE* f);
 /* Allocate parameters (zeroed) and the router (randomly initialised from fc->seed). */
 void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc);
 void model_free(Model* m);
+/* With native weights: the fp32 copies of the matrices they replace (projections, embedding,
+ * head) given back to the system, page by page (the process then holds about the file's
+ * size); the model is decode-only from then on. For a model loaded in full to check a router
+ * against it. */
+void model_drop_native_copies(Model* m);
 /* Replace the router settings (K, dg, ...): router buffers are reallocated and re-initialised. */
 void model_set_router_config(Model* m, const FocusConfig* fc);
 /* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */

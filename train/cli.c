@@ -417,4 +417,6 @@ void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* 
     model_load(m, model, &fc, info);
     apply_router_options(m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
     set_native(m, model, weights);
+    /* the router is checked against the fp32 weights: now the file's blocks suffice */
+    model_drop_native_copies(m);
 }

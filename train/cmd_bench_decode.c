@@ -153,11 +153,15 @@ int cmd_bench_decode(int argc, char** argv) {
     resident_kb(&anon1, &file1);
     struct stat st;
     const double file_mb = stat(model, &st) ? 0 : st.st_size / 1048576.0;
+    const int hs = m.cfg.C / m.cfg.NH;
+    const double kv_mb = 2.0 * m.cfg.L * c.cap * m.cfg.NKV * hs * (c.half ? 2 : sizeof(real)) /
+                         1048576.0;
+    const double all_mb = (anon1 - anon0 + file1 - file0) / 1024.0;
     printf(
-        "resident memory of the model and cache: %.1f MB (%.1f MB allocated, %.1f MB of mapped "
-        "file); the model file is %.1f MB\n",
-        (anon1 - anon0 + file1 - file0) / 1024.0, (anon1 - anon0) / 1024.0,
-        (file1 - file0) / 1024.0, file_mb);
+        "resident memory: %.1f MB (%.1f MB allocated, %.1f MB of mapped file), of which the KV "
+        "cache %.1f MB: the model and the rest %.1f MB; the model file is %.1f MB\n",
+        all_mb, (anon1 - anon0) / 1024.0, (file1 - file0) / 1024.0, kv_mb, all_mb - kv_mb,
+        file_mb);
     free(logits);
     kvcache_free(&c);
     model_free(&m);
