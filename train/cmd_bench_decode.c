@@ -116,14 +116,23 @@ int cmd_bench_decode(int argc, char** argv) {
         free(all);
     }
     long pairs0 = c.pairs;
+    /* with --data each step's logits are kept and scored after the clock stops */
+    real* kept = data ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)n) : NULL;
     for (int i = 0; i < n; i++) {
         int next = 0;
-        for (int v = 1; v < m.cfg.V; v++)
-            if (logits[v] > logits[next]) next = v;
-        if (data) nll += log_softmax_at(logits, m.cfg.V, ids[ctx + i]), next = ids[ctx + i];
+        if (data) {
+            memcpy(kept + (size_t)i * m.cfg.V, logits, sizeof(real) * m.cfg.V);
+            next = ids[ctx + i];
+        } else {
+            for (int v = 1; v < m.cfg.V; v++)
+                if (logits[v] > logits[next]) next = v;
+        }
         model_decode_step(&m, &c, next, logits);
     }
     double t2 = now_seconds();
+    for (int i = 0; data && i < n; i++)
+        nll += log_softmax_at(kept + (size_t)i * m.cfg.V, m.cfg.V, ids[ctx + i]);
+    free(kept);
     free(ids);
     /* of the causal pairs of the decoded tokens (each attends to every earlier one when dense) */
     double dense_pairs = 0;

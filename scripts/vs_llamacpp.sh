@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# scripts/vs_llamacpp.sh [OUT]: focus against llama.cpp on the same GGUF file, the same machine,
+# in the same run (the measurements interleaved, REPS rounds; medians reported).
+#   llama.cpp: llama-bench, built from the llama.cpp source vendored in the PyPI sdist of
+#              llama-cpp-python 0.3.36 (into cache/llama.cpp; checked by sha256), CPU only,
+#              GGML_NATIVE; tests pp1024, tg64 and tg64 at depth 1024.
+#   focus:     `focus bench decode` (native weights, f16 KV cache): the prompt of 1024 tokens,
+#              64 tokens decoded after a 1-token prompt, 64 decoded after the 1024-token prompt.
+# With BUSY=1 a second table: the same decode runs while a busy loop holds one core, focus
+# with its thread governor, with --threads THREADS and with --threads 1, llama.cpp with
+# -t THREADS and -t 1.
+# Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), THREADS (2),
+# REPS (3), BUSY (0). Writes OUT/raw.tsv and OUT/table.md (default OUT: runs/vs_llamacpp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/vs_llamacpp}
+threads=${THREADS:-2}
+reps=${REPS:-3}
+model=${MODEL:-$(bash scripts/fetch_model.sh)}
+mkdir -p "$out"
+
+# focus, release build
+if [ ! -x build/focus ]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+cmake --build build -j"$(nproc)" --target focus >/dev/null
+
+# llama-bench from the PyPI source package
+lc=cache/llama.cpp
+sdist=llama_cpp_python-0.3.36.tar.gz
+sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+bench=$lc/src/vendor/llama.cpp/build/bin/llama-bench
+if [ ! -x "$bench" ]; then
+  mkdir -p "$lc"
+  if [ ! -f "$lc/$sdist" ]; then
+    python3 -m pip download --quiet --no-deps --no-binary :all: -d "$lc" llama-cpp-python==0.3.36
+  fi
+  if ! echo "$sha  $lc/$sdist" | sha256sum -c --status; then
+    echo "vs_llamacpp: $lc/$sdist: sha256 mismatch (expected $sha)" >&2
+    exit 1
+  fi
+  rm -rf "$lc/src" && mkdir -p "$lc/src"
+  tar xzf "$lc/$sdist" -C "$lc/src" --strip-components=1
+  src=$lc/src/vendor/llama.cpp
+  echo "building llama-bench (log: $lc/build.log)" >&2
+  if ! { cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_OPENSSL=OFF && cmake --build "$src/build" --target llama-bench -j"$(nproc)"; } \
+    >"$lc/build.log" 2>&1; then
+    tail -n 20 "$lc/build.log" >&2
+    echo "vs_llamacpp: building llama-bench failed (log: $lc/build.log)" >&2
+    exit 1
+  fi
+fi
+
+raw=$out/raw.tsv
+printf 'round\tload\tsystem\ttest\tthreads\ttokens_per_s\n' >"$raw"
+
+# llama-bench: one test, one repetition; prints tokens/s
+lbench() { # threads, then llama-bench test arguments
+  local t=$1
+  shift
+  "$bench" -m "$model" -t "$t" -r 1 -o csv "$@" 2>/dev/null |
+    python3 -c 'import csv,sys; rows=list(csv.DictReader(sys.stdin)); print(rows[-1]["avg_ts"])'
+}
+# focus bench decode: prints "prompt_tokens_per_s decode_tokens_per_s"
+fbench() { # threads (0: the governor up to THREADS), ctx, more arguments
+  local t=$1 ctx=$2
+  shift 2
+  local extra=()
+  [ "$t" != 0 ] && extra=(--threads "$t")
+  OMP_NUM_THREADS=$threads build/focus bench decode --model "$model" --ctx "$ctx" -n 64 \
+    "${extra[@]}" "$@" | python3 -c '
+import re, sys
+t = sys.stdin.read()
+m = re.search(r"prompt \d+ tokens \([^)]*\): ([\d.]+) tokens/s \| decode \d+ tokens at context \d+: ([\d.]+)", t)
+if not m: sys.exit("vs_llamacpp: no speeds in focus output:\n" + t)
+print(m.group(1), m.group(2))'
+}
+row() { printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$@" >>"$raw"; }
+
+for r in $(seq 1 "$reps"); do
+  echo "round $r of $reps" >&2
+  row "$r" idle llama.cpp pp1024 "$threads" "$(lbench "$threads" -p 1024 -n 0)"
+  row "$r" idle llama.cpp tg64 "$threads" "$(lbench "$threads" -p 0 -n 64)"
+  row "$r" idle llama.cpp "tg64 at depth 1024" "$threads" "$(lbench "$threads" -p 0 -n 64 -d 1024)"
+  read -r p d < <(fbench 0 1024)
+  row "$r" idle focus pp1024 "$threads" "$p"
+  row "$r" idle focus "tg64 at depth 1024" "$threads" "$d"
+  read -r p d < <(fbench 0 1)
+  row "$r" idle focus tg64 "$threads" "$d"
+done
+
+if [ "${BUSY:-0}" = 1 ]; then
+  # one core held by a busy loop for the length of these runs
+  ( while :; do :; done ) &
+  busy=$!
+  trap 'kill $busy 2>/dev/null || true' EXIT
+  for r in $(seq 1 "$reps"); do
+    echo "busy round $r of $reps" >&2
+    row "$r" busy llama.cpp tg64 "$threads" "$(lbench "$threads" -p 0 -n 64)"
+    row "$r" busy llama.cpp tg64 1 "$(lbench 1 -p 0 -n 64)"
+    read -r p d < <(fbench 0 1)
+    row "$r" busy focus tg64 "governor up to $threads" "$d"
+    read -r p d < <(fbench "$threads" 1)
+    row "$r" busy focus tg64 "$threads" "$d"
+    read -r p d < <(fbench 1 1)
+    row "$r" busy focus tg64 1 "$d"
+  done
+  kill $busy
+  trap - EXIT
+fi
+
+python3 - "$raw" "$out/table.md" "$model" "$threads" "$reps" <<'PY'
+import csv, statistics, sys, datetime, platform
+raw, dest, model, threads, reps = sys.argv[1:]
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags)
+rows = list(csv.DictReader(open(raw), delimiter="\t"))
+med = {}
+for r in rows:
+    med.setdefault((r["load"], r["test"], r["threads"], r["system"]), []).append(float(r["tokens_per_s"]))
+lines = [f"Model {model}, {reps} rounds (medians, tokens/s), {datetime.date.today()}, "
+         f"{platform.node()} ({cpu}; {isa}; {len([l for l in open('/proc/cpuinfo') if l.startswith('processor')])} "
+         f"cores); written by scripts/vs_llamacpp.sh.", ""]
+lines += ["| test | threads | llama.cpp | focus | focus / llama.cpp |", "|---|---|---|---|---|"]
+for test in ["pp1024", "tg64", "tg64 at depth 1024"]:
+    a = med.get(("idle", test, threads, "llama.cpp")); b = med.get(("idle", test, threads, "focus"))
+    if a and b:
+        a, b = statistics.median(a), statistics.median(b)
+        lines.append(f"| {test} | {threads} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+busy = [k for k in med if k[0] == "busy"]
+if busy:
+    lines += ["", "One core held by a busy loop (tg64):", "",
+              "| system | threads | tokens/s |", "|---|---|---|"]
+    for k in sorted(busy, key=lambda k: (k[3], k[2])):
+        lines.append(f"| {k[3]} | {k[2]} | {statistics.median(med[k]):.1f} |")
+open(dest, "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
