@@ -6,7 +6,9 @@
 # layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
 # a malformed task file; eval passkey and eval curve run every mode; finetune (LoRA, full) writes
 # what eval loads back; pretrain trains dense and Focus models from scratch; runs killed at
-# several points resume to the same router.h5 byte for byte; a folder in use is refused. Needs ../shared/data (skips with 77).
+# several points resume to the same router.h5 byte for byte; a folder in use is refused; the
+# retrofitted model serves from its file (a batched prompt = the prompt token by token; generate
+# and bench decode with the router). Needs ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -52,6 +54,20 @@ out=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/dat
 echo "$out" | grep -q "pairs kept" && ok "eval ppl --router --attn hard" || bad "eval with router: $out"
 out=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --router "$work/full/router.h5" --routing sinkhorn 2>/dev/null)
 echo "$out" | grep -q "non-causal" && ok "sinkhorn evaluation marked non-causal" || bad "no non-causal mark: $out"
+# serving the retrofitted model from the file's blocks: a batched prompt gives the perplexity
+# of one fed token by token; generate and bench decode run with the router
+shk=../shared/data/tinyshakespeare/input.txt
+dec=(bench decode --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data "$shk" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 --kv f32)
+a=$("$focus" "${dec[@]}" --prefill exact 2>/dev/null | grep perplexity)
+b=$("$focus" "${dec[@]}" --prefill steps 2>/dev/null | grep perplexity)
+close=$(awk -v a="${a##* }" -v b="${b##* }" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a > 0 && d < 1e-5 * a) ? 1 : 0 }')
+[ -n "$a" ] && [ "$close" = 1 ] && ok "bench decode: batched prompt = token by token ($a)" || bad "bench decode: '$a' vs '$b'"
+out=$("$focus" bench decode --model "$work/full/base.gguf" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 2>/dev/null)
+echo "$out" | grep -q "native (the file's blocks), attention hard top-k, KV cache f16" && echo "$out" | grep -q "pairs kept" && ok "bench decode with a router, native weights, f16 cache" || bad "bench decode: $out"
+out=$("$focus" generate --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --topk 1 --prompt "ROMEO: what light" -n 8 2>&1)
+echo "$out" | grep -q "hard top-k over the group KV cache" && ok "generate with a router" || bad "generate: $out"
+err=$("$focus" bench decode --model "$work/full/base.gguf" --kv f8 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "kv must be f16 or f32" && ok "bench decode --kv f8 refused" || bad "--kv f8: rc=$rc $err"
 head -c 3000 "$work/full/router.h5" > "$work/trunc.h5"
 err=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --router "$work/trunc.h5" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "trunc.h5" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "truncated router.h5 refused: $err" || bad "truncated router.h5: rc=$rc $err"
