@@ -47,17 +47,26 @@ Comm* comm_world(int* argc, char*** argv) {
 Comm* comm_split(Comm* c, int color, int key) { return c->ops->split(c, color, key); }
 
 void comm_allreduce_sum(Comm* c, void* buf, size_t n, CommType type) {
-    if (c->size > 1 && n) c->ops->allreduce_sum(c, buf, n, type);
+    if (c->size < 2 || !n) return;
+    const double t0 = now_seconds();
+    c->ops->allreduce_sum(c, buf, n, type);
+    c->seconds += now_seconds() - t0;
 }
 
 void comm_broadcast(Comm* c, void* buf, size_t bytes, int root) {
     if (root < 0 || root >= c->size)
         fatal("comm: broadcast from rank %d of %d", root, c->size);
-    if (c->size > 1 && bytes) c->ops->broadcast(c, buf, bytes, root);
+    if (c->size < 2 || !bytes) return;
+    const double t0 = now_seconds();
+    c->ops->broadcast(c, buf, bytes, root);
+    c->seconds += now_seconds() - t0;
 }
 
 void comm_barrier(Comm* c) {
-    if (c->size > 1) c->ops->barrier(c);
+    if (c->size < 2) return;
+    const double t0 = now_seconds();
+    c->ops->barrier(c);
+    c->seconds += now_seconds() - t0;
 }
 
 void comm_free(Comm* c) {

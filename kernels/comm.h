@@ -26,8 +26,9 @@ typedef struct {
 struct Comm {
     const CommOps* ops;
     int rank, size;
-    void* handle; /* the backend's communicator */
-    int world;    /* the run's world (comm_free of it ends MPI) */
+    void* handle;   /* the backend's communicator */
+    int world;      /* the run's world (comm_free of it ends MPI) */
+    double seconds; /* time spent in its collectives so far */
 };
 
 /* All the processes of this run: MPI's world when mpirun (or another MPI launcher) started it and

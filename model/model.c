@@ -386,68 +386,90 @@ double model_attn_objective(Model* m, real weight, int backward) {
     return m->backend->attn_objective(m, weight, backward);
 }
 
-static void balanced_beta(real* out, const real* beta, const real* S, size_t N, size_t step, int K,
-                          real tau) {
-    double b[32], col[32];
-    for (int k = 0; k < K; k++) b[k] = beta[k];
+/* The causal routing bias that balances the groups on this batch, every layer's (targets, L x K):
+ * eight steps of the fixed point beta_k -= log(K share_k), the shares those of softmax(S / tau +
+ * beta) over (a subsample of at most about 2048 of) the batch's rows. With data-parallel ranks
+ * (m->dp) the batch is the union of theirs: the shares' sums are added up across the ranks at
+ * every step, so every rank finds the beta one process would on the whole batch. */
+static void balanced_beta(Model* m, real* targets) {
+    const FocusConfig* f = &m->fc;
+    const int L = m->cfg.L, K = f->K, ranks = m->dp ? m->dp->size : 1;
+    const size_t BT = (size_t)m->B * m->T, all = BT * ranks;
+    /* the global subsample: rows with a global index divisible by step */
+    const size_t step = all > 2048 ? all / 2048 : 1;
+    const size_t first = (step - ((size_t)(m->dp ? m->dp->rank : 0) * BT) % step) % step;
+    double* b = mallocCheck(sizeof(double) * (size_t)L * K);
+    double* col = mallocCheck(sizeof(double) * (size_t)L * (K + 1)); /* sums, then the count */
+    for (int i = 0; i < L * K; i++) b[i] = m->beta[i];
     for (int it = 0; it < 8; it++) {
-        for (int k = 0; k < K; k++) col[k] = 0;
-        size_t n = 0;
-        for (size_t t = 0; t < N; t += step, n++) {
-            const real* s = S + t * K;
-            double x[32], mx = -INFINITY, z = 0;
-            for (int k = 0; k < K; k++) {
-                x[k] = s[k] / tau + b[k];
-                mx = x[k] > mx ? x[k] : mx;
+#pragma omp parallel for schedule(static)
+        for (int l = 0; l < L; l++) {
+            const real* S = m->acts.rS + (size_t)l * BT * K;
+            double* cl = col + (size_t)l * (K + 1);
+            const double* bl = b + (size_t)l * K;
+            for (int k = 0; k <= K; k++) cl[k] = 0;
+            for (size_t t = first; t < BT; t += step) {
+                const real* s = S + t * K;
+                double x[32], mx = -INFINITY, z = 0;
+                for (int k = 0; k < K; k++) {
+                    x[k] = s[k] / f->tau + bl[k];
+                    mx = x[k] > mx ? x[k] : mx;
+                }
+                for (int k = 0; k < K; k++) z += x[k] = exp(x[k] - mx);
+                for (int k = 0; k < K; k++) cl[k] += x[k] / z;
+                cl[K] += 1;
             }
-            for (int k = 0; k < K; k++) z += x[k] = exp(x[k] - mx);
-            for (int k = 0; k < K; k++) col[k] += x[k] / z;
         }
-        double mean = 0;
-        for (int k = 0; k < K; k++) {
-            /* an empty group moves by at most log(K) a step */
-            double share = col[k] / n * K;
-            b[k] -= log(share > 1.0 / K ? share : 1.0 / K);
-            mean += b[k] / K;
+        if (ranks > 1) comm_allreduce_sum(m->dp, col, (size_t)L * (K + 1), COMM_F64);
+        for (int l = 0; l < L; l++) {
+            const double* cl = col + (size_t)l * (K + 1);
+            double* bl = b + (size_t)l * K;
+            double mean = 0;
+            for (int k = 0; k < K; k++) {
+                /* an empty group moves by at most log(K) a step */
+                double share = cl[k] / cl[K] * K;
+                bl[k] -= log(share > 1.0 / K ? share : 1.0 / K);
+                mean += bl[k] / K;
+            }
+            for (int k = 0; k < K; k++) bl[k] -= mean;
         }
-        for (int k = 0; k < K; k++) b[k] -= mean;
     }
-    for (int k = 0; k < K; k++) out[k] = (real)b[k];
+    for (int i = 0; i < L * K; i++) targets[i] = (real)b[i];
+    free(b);
+    free(col);
 }
 
 void model_update_beta(Model* m) {
     const FocusConfig* f = &m->fc;
+    const int L = m->cfg.L, K = f->K, ranks = m->dp ? m->dp->size : 1;
     if (f->beta_balance) {
         /* from the score rows of every layer (a keep = 1 forward pass with the router on) */
         if (!m->keep || !m->acts.rS) return;
         m->backend->pull(m, PULL_SCORES);
         /* at most about 2048 rows a layer, the layers in parallel: on the GPU this host work
          * runs every step (4096 rows on one thread halved the training throughput) */
-        const size_t BT = (size_t)m->B * m->T, step = BT > 2048 ? BT / 2048 : 1;
+        real* target = mallocCheck(sizeof(real) * (size_t)L * K);
+        balanced_beta(m, target);
         real mom = m->beta_updates ? f->beta_momentum : 0;
-#pragma omp parallel for schedule(static)
-        for (int l = 0; l < m->cfg.L; l++) {
-            real target[32];
-            real* beta = m->beta + (size_t)l * f->K;
-            balanced_beta(target, beta, m->acts.rS + (size_t)l * BT * f->K, BT, step, f->K, f->tau);
-            for (int k = 0; k < f->K; k++) beta[k] = mom * beta[k] + (1 - mom) * target[k];
-        }
+        for (int i = 0; i < L * K; i++) m->beta[i] = mom * m->beta[i] + (1 - mom) * target[i];
+        free(target);
         m->beta_updates++;
         m->backend->push_router(m);
         return;
     }
     if (f->attn == ATTN_DENSE || f->routing == ROUTE_CAUSAL || !m->acts.colofs) return;
-    /* Average of the batch's offsets; the first update takes it as is. */
+    /* Average of the batch's offsets (over every rank's rows); the first update takes it as is. */
     m->backend->pull(m, PULL_OFFSETS);
+    double* sum = callocCheck((size_t)L * K, sizeof(double));
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < K; k++)
+            for (int b = 0; b < m->B; b++)
+                sum[l * K + k] += m->acts.colofs[((size_t)l * m->B + b) * K + k];
+    if (ranks > 1) comm_allreduce_sum(m->dp, sum, (size_t)L * K, COMM_F64);
     real mom = m->beta_updates ? f->beta_momentum : 0;
-    for (int l = 0; l < m->cfg.L; l++) {
-        for (int k = 0; k < f->K; k++) {
-            double s = 0;
-            for (int b = 0; b < m->B; b++) s += m->acts.colofs[((size_t)l * m->B + b) * f->K + k];
-            real* beta = &m->beta[(size_t)l * f->K + k];
-            *beta = mom * *beta + (1 - mom) * (real)(s / m->B);
-        }
-    }
+    for (int i = 0; i < L * K; i++)
+        m->beta[i] = mom * m->beta[i] + (1 - mom) * (real)(sum[i] / ((double)m->B * ranks));
+    free(sum);
     m->beta_updates++;
     m->backend->push_router(m);
 }

@@ -10,6 +10,7 @@
 
 #include "../kernels/adamw.h"
 #include "../kernels/attention.h"
+#include "../kernels/comm.h"
 #include "../kernels/common.h"
 #include "../kernels/quant.h"
 #include "../kernels/router.h"
@@ -193,6 +194,9 @@ typedef struct {
     QMatrix* native;
     int decode_only; /* see model_drop_native_copies too */
     int prefill_exact; /* a prompt's products from native weights in fp32, not int8 (qmatmul) */
+    /* data-parallel training: the ranks whose batches together are the step's batch (NULL: this
+     * process alone); model_update_beta adds up its statistics across them */
+    Comm* dp;
     void* native_owner;
     void (*native_release)(void*);
 } Model;

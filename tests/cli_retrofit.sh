@@ -23,8 +23,8 @@ bad() { fail=$((fail + 1)); echo "  FAIL $1"; }
 "$focus" retrofit --config configs/tiny.conf "${small[@]}" --out "$work/full" > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
 "$focus" retrofit --config configs/tiny.conf "${small[@]}" --out "$work/part" --stop-after 3 > "$work/part.log" 2>&1 || { cat "$work/part.log"; exit 1; }
 "$focus" retrofit --resume "$work/part" > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; exit 1; }
-grep '"type": "train"' "$work/full/metrics.jsonl" | sed 's/"tokens_per_s": [0-9.]*, "ms": [0-9.]*, //' > "$work/a"
-grep '"type": "train"' "$work/part/metrics.jsonl" | sed 's/"tokens_per_s": [0-9.]*, "ms": [0-9.]*, //' > "$work/b"
+grep '"type": "train"' "$work/full/metrics.jsonl" | sed 's/"tokens_per_s": [0-9.]*, "ms": [0-9.]*, "comm_ms": [0-9.]*, //' > "$work/a"
+grep '"type": "train"' "$work/part/metrics.jsonl" | sed 's/"tokens_per_s": [0-9.]*, "ms": [0-9.]*, "comm_ms": [0-9.]*, //' > "$work/b"
 if [ "$(wc -l < "$work/a")" -eq 6 ] && cmp -s "$work/a" "$work/b"; then ok "resumed run reproduces all 6 steps bit for bit"; else bad "resumed losses differ"; diff "$work/a" "$work/b"; fi
 cmp -s "$work/full/router.h5" "$work/part/router.h5" && ok "resumed router.h5 equals the uninterrupted one byte for byte" || bad "resumed router.h5 differs in bytes"
 # killed (SIGKILL) at several points, during training or a checkpoint write, then resumed: the

@@ -13,6 +13,7 @@
 #include "../checkpoints/router_h5.h"
 #include "../data/tokenizer.h"
 #include "../io/io.h"
+#include "../kernels/comm.h"
 #include "cli.h"
 #include "commands.h"
 #include "loop.h"
@@ -21,6 +22,7 @@ static const char retrofit_usage[] =
     "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
     "                      [--device cpu|cuda]\n"
     "       focus retrofit --resume RUN_DIR [--stop-after N] [--device cpu|cuda]\n"
+    "       mpirun -np N focus retrofit ...   (data-parallel ranks; B a multiple of N)\n"
     "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 (checkpoint),\n"
     "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
     "--stop-after N stops after step N (the schedule still spans all steps); --resume continues.\n"
@@ -29,6 +31,11 @@ static const char retrofit_usage[] =
     "can be resumed on either device.\n";
 
 int cmd_retrofit(int argc, char** argv) {
+    /* started by mpirun: data-parallel ranks; rank 0 alone prints (the others' output is
+     * dropped, their errors are not) */
+    Comm* world = comm_world(&argc, &argv);
+    if (world->rank && !freopen("/dev/null", "w", stdout))
+        fatal("retrofit: rank %d: cannot silence its output", world->rank);
     const char *cfg_path = NULL, *out = NULL, *resume = NULL;
     CliList sets = {0};
     int stop_after = 0, on_gpu = 0;
@@ -64,12 +71,13 @@ int cmd_retrofit(int argc, char** argv) {
     for (int i = 0; i < sets.n; i++) runconfig_set(&rc, sets.v[i]);
     free(sets.v);
     Model m;
-    TrainData d;
+    TrainData d = {.rank = world->rank};
     char* conf_text = run_prepare(&rc, "retrofit", out, resume != NULL, &m, &d);
-    train_router(&m, &rc, &d, out, conf_text, resume != NULL, stop_after, device);
+    train_router(&m, &rc, &d, out, conf_text, resume != NULL, stop_after, device, world);
     free(conf_text);
     free(d.train_mem);
     free(d.val_mem);
     model_free(&m);
+    comm_free(world);
     return 0;
 }

@@ -108,6 +108,7 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
     free(inp);
     free(tgt);
     m->fc = keep;
+    if (!out) return; /* another rank writes it */
     char path[4096];
     path_join(path, sizeof path, out, "base.gguf");
     gguf_write_model(m, path, 0);
@@ -125,7 +126,15 @@ static const char* last_ckpt_words(long step, const char* path, char* buf, size_
 }
 
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
-                  const char* conf_text, int resume, long stop_after, const char* device) {
+                  const char* conf_text, int resume, long stop_after, const char* device,
+                  Comm* dp) {
+    const int ranks = dp->size, root = dp->rank == 0;
+    if (ranks > 1 && strcmp(device, "cpu"))
+        fatal("retrofit: data-parallel training over MPI ranks runs on the CPU (%d ranks asked "
+              "for --device %s)",
+              ranks, device);
+    if (rc->B % ranks)
+        fatal("retrofit: B=%d is not a multiple of the %d data-parallel ranks", rc->B, ranks);
     char ckpt[4096], metrics_path[4096];
     path_join(ckpt, sizeof ckpt, out, "router.h5");
     path_join(metrics_path, sizeof metrics_path, out, "metrics.jsonl");
@@ -151,22 +160,27 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         router_load(ckpt, m, &opt, &st, st.fingerprint);
         rng.state = st.rng_state;
         sampler.state = st.data_pos;
-        truncate_metrics(metrics_path, st.step);
+        if (root) truncate_metrics(metrics_path, st.step);
         printf("resumed from %s at step %ld\n", ckpt, st.step);
-    } else {
+    } else if (root) {
         remove(metrics_path);
     }
     model_place(m, device);
+    m->dp = ranks > 1 ? dp : NULL;
+    if (ranks > 1)
+        printf("data-parallel over %d %s ranks: %d of the B = %d rows each\n", ranks,
+               dp->ops->name, rc->B / ranks, rc->B);
     long ckpt_step = resume ? st.step : -1; /* the step of the checkpoint on disk, -1: none */
     char words[4200];
-    FILE* mf = fopen(metrics_path, "a");
+    FILE* mf = fopen(root ? metrics_path : "/dev/null", "a");
     if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
 
     /* perplexity before training */
     double ppl_dense = 0, ppl_soft0 = 0, ppl_hard0 = 0, kept0 = 0;
     char tk[32];
     focus_topk_str(&rc->fc, tk);
-    if (d->neval > 1) {
+    const int evaluate = root && d->neval > 1; /* rank 0 evaluates; the others wait for it */
+    if (evaluate) {
         PplResult dn = eval_mode(m, d->val, d->neval, rc->T, ATTN_DENSE, rc->fc.topk, ROUTE_CAUSAL);
         ppl_dense = exp(dn.nll / dn.count);
         if (!resume) {
@@ -189,6 +203,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     }
 
     int B = rc->B, T = rc->T;
+    const int Bl = B / ranks; /* this rank's rows of each batch, from row `first` */
+    const size_t first = (size_t)dp->rank * Bl * T;
     int use_kl, use_attn;
     runconfig_objective(rc, &use_kl, &use_attn);
     int* inp = mallocCheck(sizeof(int) * B * T);
@@ -197,20 +213,21 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     m->fc.attn = ATTN_SOFT;
     double t_start = now_seconds();
     for (long step = st.step; step < rc->steps; step++) {
-        double t0 = now_seconds();
+        double t0 = now_seconds(), comm0 = dp->seconds;
         float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
         model_zero_grad(m, GRAD_ROUTER);
         double loss = 0, lm_loss = 0;
         for (int micro = 0; micro < rc->grad_accum; micro++) {
             next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt);
             double obj = 0;
-            if (use_kl || use_attn) model_teacher_forward(m, inp, B, T, use_kl, use_attn);
+            if (use_kl || use_attn)
+                model_teacher_forward(m, inp + first, Bl, T, use_kl, use_attn);
             if (use_attn) {
                 obj += rc->attn_weight * model_attn_objective(m, rc->attn_weight, 1);
                 if (!use_kl) model_update_beta(m); /* the teacher pass ran the training routing */
             }
             if (!use_attn || use_kl) {
-                model_forward(m, inp, tgt, B, T, 1);
+                model_forward(m, inp + first, tgt + first, Bl, T, 1);
                 model_update_beta(m);
                 model_backward(m, GRAD_ROUTER);
                 obj += use_kl ? m->mean_kl : m->mean_loss;
@@ -221,32 +238,41 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
                       last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
             loss += obj / rc->grad_accum;
         }
+        if (ranks > 1) { /* every rank's rows: the gradients and losses of the whole batch */
+            comm_allreduce_sum(dp, m->rgrads_mem, m->num_router, COMM_F32);
+            for (size_t i = 0; i < m->num_router; i++) m->rgrads_mem[i] /= (real)ranks;
+            double sums[2] = {loss, lm_loss};
+            comm_allreduce_sum(dp, sums, 2, COMM_F64);
+            loss = sums[0] / ranks, lm_loss = sums[1] / ranks;
+        }
         /* mean over micro-batches, clip, AdamW: where the model runs */
         double gnorm = model_router_grad_norm(m, nopt, rc->grad_accum);
         if (!isfinite(gnorm))
             fatal("retrofit: gradient norm is %g at step %ld; %s; try a lower lr", gnorm, step + 1,
                   last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
         model_router_adamw(m, &opt, lr, gnorm, rc->clip, rc->grad_accum);
-        double dt = now_seconds() - t0;
+        double dt = now_seconds() - t0, comm = dp->seconds - comm0;
         double share = focus_largest_share(m), gate = focus_gate_far_mean(m, &rng);
         double tps = (double)B * T * rc->grad_accum / dt;
+        char commtxt[48] = "";
+        if (ranks > 1) snprintf(commtxt, sizeof commtxt, " (%.0f%% communicating)", 100 * comm / dt);
         printf(
-            "step %5ld/%d | %s %.4f | lr %.2e | %8.0f tok/s | %7.0f ms | largest group %.3f | "
+            "step %5ld/%d | %s %.4f | lr %.2e | %8.0f tok/s | %7.0f ms%s | largest group %.3f | "
             "gate(far) %.3f | |g| %.3f\n",
-            step + 1, rc->steps, rc->objective, loss, (double)lr, tps, dt * 1e3, share, gate,
-            gnorm);
+            step + 1, rc->steps, rc->objective, loss, (double)lr, tps, dt * 1e3, commtxt, share,
+            gate, gnorm);
         fflush(stdout);
         fprintf(
             mf,
             "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"lm_loss\": %.9g, \"lr\": %.9g, "
-            "\"tokens_per_s\": %.1f, \"ms\": %.1f, "
+            "\"tokens_per_s\": %.1f, \"ms\": %.1f, \"comm_ms\": %.1f, "
             "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
-            step + 1, loss, use_attn && !use_kl ? -1.0 : lm_loss, (double)lr, tps, dt * 1e3, share,
-            isfinite(gate) ? gate : -1.0, gnorm);
+            step + 1, loss, use_attn && !use_kl ? -1.0 : lm_loss, (double)lr, tps, dt * 1e3,
+            comm * 1e3, share, isfinite(gate) ? gate : -1.0, gnorm);
         fflush(mf);
         st.step = step + 1;
         int last = st.step == rc->steps || st.step == stop_after;
-        if (d->neval > 1 && (st.step % rc->eval_every == 0 || st.step == rc->steps)) {
+        if (evaluate && (st.step % rc->eval_every == 0 || st.step == rc->steps)) {
             PplResult s = eval_mode(m, d->val, d->neval, T, ATTN_SOFT, rc->fc.topk, ROUTE_CAUSAL);
             PplResult h = eval_mode(m, d->val, d->neval, T, ATTN_HARD, rc->fc.topk, ROUTE_CAUSAL);
             printf(
@@ -270,7 +296,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             if (!router_state_finite(m, &opt))
                 fatal("retrofit: the router holds NaN or inf after step %ld; %s; try a lower lr",
                       st.step, last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
-            router_save(ckpt, m, &opt, &st, conf_text);
+            if (root) router_save(ckpt, m, &opt, &st, conf_text);
             ckpt_step = st.step;
         }
         if (st.step == stop_after) {
@@ -283,7 +309,9 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     if (memcmp(base_copy, m->params_mem, sizeof(real) * m->num_params))
         fatal("internal: a backbone weight changed during router training");
     free(base_copy);
-    if (st.step == rc->steps && d->neval > 1) {
+    m->dp = NULL;
+    comm_barrier(dp); /* the others wait for rank 0's last checkpoint */
+    if (st.step == rc->steps && evaluate) {
         PplResult s = eval_mode(m, d->val, d->neval, T, ATTN_SOFT, rc->fc.topk, ROUTE_CAUSAL);
         PplResult h = eval_mode(m, d->val, d->neval, T, ATTN_HARD, rc->fc.topk, ROUTE_CAUSAL);
         printf("\nperplexity on %zu validation tokens (causal routing, T=%d):\n", s.count, T);
@@ -331,7 +359,8 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     if (!rc->model[0]) fatal("%s: no base model (set model = PATH or model = scratch)", cmd);
     if (!rc->train[0]) fatal("%s: no training data (set train = PATH)", cmd);
     if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
-    lock_run_folder(cmd, out);
+    const int rank = d->rank; /* rank 0 of a data-parallel run holds the folder and writes */
+    if (rank == 0) lock_run_folder(cmd, out);
 
     /* base model and tokenizer */
     ModelInfo info = {0};
@@ -390,19 +419,19 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         cmd, info.name, info.format[0] ? info.format : "built here", ntrain, nval, neval,
         omp_get_max_threads());
     runconfig_print(rc, stdout);
-    if (need_pretrain) {
-        train_pretrain(m, rc, train, ntrain, out);
+    if (need_pretrain) { /* every rank the same (same data, seed and code); rank 0 writes */
+        train_pretrain(m, rc, train, ntrain, rank == 0 ? out : NULL);
         snprintf(rc->model, sizeof rc->model, "scratch");
     }
     char* conf_text = runconfig_text(rc);
-    if (!resume) {
+    if (!resume && rank == 0) {
         char conf_path[4096];
         path_join(conf_path, sizeof conf_path, out, "config.conf");
         const void* parts[1] = {conf_text};
         size_t sz = strlen(conf_text);
         write_file_atomic(conf_path, parts, &sz, 1);
     }
-    *d = (TrainData){train, ntrain, val, neval, train, val};
+    *d = (TrainData){train, ntrain, val, neval, train, val, rank};
     return conf_text;
 }
 
@@ -544,7 +573,7 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
 
 void finetune_run(RunConfig* rc, const char* cmd, const char* out) {
     Model m;
-    TrainData d;
+    TrainData d = {0};
     char* conf_text = run_prepare(rc, cmd, out, 0, &m, &d);
     train_finetune(&m, rc, &d, out, conf_text);
     free(conf_text);

@@ -11,6 +11,7 @@ typedef struct {
     const int* val; /* validation tokens, the first neval of them evaluated */
     size_t neval;
     int *train_mem, *val_mem; /* what run_prepare allocated (free both) */
+    int rank;                 /* this process's rank in a data-parallel run (0 writes the files) */
 } TrainData;
 
 /* A run's common set-up, for command cmd: check rc, create the folder OUT, load the base model
@@ -21,15 +22,21 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
                   TrainData* d);
 
 /* Train the backbone from scratch (all parameters, dense attention) for a `scratch` base, then
- * write it to OUT/base.gguf. */
+ * write it to OUT/base.gguf (out NULL: nothing written; another rank writes it). */
 void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, const char* out);
 
 /* Train only the router of m (the backbone frozen, checked at the end) on device ("cpu",
  * "cuda") as rc says: OUT/router.h5 every ckpt_every steps (conf_text stored in it),
  * OUT/metrics.jsonl a line per step and evaluation, perplexities printed before and after.
- * resume: continue from OUT/router.h5. stop_after: stop after that step (0: run all). */
+ * resume: continue from OUT/router.h5. stop_after: stop after that step (0: run all).
+ * dp: the data-parallel ranks (one process: a communicator of one). Each step's batch of B rows
+ * is drawn the same on every rank, and rank r runs rows r B / n .. (r + 1) B / n; the router's
+ * gradients, the losses and beta's statistics are added up across the ranks, so every rank takes
+ * the same AdamW step one process would on the whole batch. Rank 0 alone evaluates, prints and
+ * writes files; the sampler is the whole batch's, so a run resumes with any rank count. */
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
-                  const char* conf_text, int resume, long stop_after, const char* device);
+                  const char* conf_text, int resume, long stop_after, const char* device,
+                  Comm* dp);
 
 /* The baselines a retrofit is compared with, on the same data, budget and data order: LoRA
  * adapters (rc->method "lora": only the adapters train; OUT/lora.h5) or full fine-tuning ("full":

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../kernels/common.h"
+#include "../kernels/comm.h"
 #include "commands.h"
 
 typedef struct {
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }
+    if (comm_launched_by_mpi() && strcmp(argv[1], "retrofit"))
+        fatal("focus %s runs in one process; of the commands only retrofit runs over MPI ranks",
+              argv[1]);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fatal("unknown command '%s' (see focus --help)", argv[1]);

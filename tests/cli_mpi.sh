@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Data-parallel router training over MPI ranks (focus retrofit under mpirun) against one process
+# with the same global batch, on configs/tiny.conf shrunk to seconds: 10 steps with 2 and with 4
+# ranks give the same losses and the same router (its perplexity on the same base) to round-off,
+# with the balanced beta, the EMA beta (beta_balance = 0) and the kl+attn objective; a run
+# stopped on 2 ranks resumes in one process to the same end; B not a multiple of the ranks, and
+# other commands under mpirun, are refused. Needs ../shared/data and mpirun (skips with 77).
+set -u
+focus=$1; src=$2; mpirun=${3:-mpirun}
+[ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_mpi: skipped (no ../shared/data)"; exit 77; }
+command -v "$mpirun" >/dev/null || { echo "cli_mpi: skipped (no mpirun)"; exit 77; }
+cd "$src"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi=("$mpirun" --oversubscribe)
+tok=../shared/data/gpt2-tokenizer
+shk=../shared/data/tinyshakespeare/input.txt
+fail=0; pass=0
+ok() { pass=$((pass + 1)); echo "  ok   $1"; }
+bad() { fail=$((fail + 1)); echo "  FAIL $1"; }
+# the base model, once: every run below starts from the same file
+"$focus" retrofit --config configs/tiny.conf --set pretrain_steps=30 --set pretrain_B=4 \
+  --set steps=1 --set T=64 --set B=2 --set eval_tokens=64 --out "$work/base" > "$work/base.log" 2>&1 ||
+  { cat "$work/base.log"; exit 1; }
+run=(--config configs/tiny.conf --set model="$work/base/base.gguf" --set steps=10 --set B=4
+     --set T=64 --set eval_every=5 --set eval_tokens=256 --set ckpt_every=5 --set warmup=2)
+losses() { grep '"type": "train"' "$1/metrics.jsonl" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
+same() { # two files of numbers, equal to a relative 1e-5
+    paste "$1" "$2" | awk 'BEGIN { n = 0; bad = 0 } { n++; d = $1 - $2; if (d < 0) d = -d;
+      if (d > 1e-5 * ($1 < 0 ? -$1 : $1) + 1e-7) bad++ } END { exit (n == 0 || bad > 0) }'
+}
+ppl() { # the router's hard top-1 perplexity on the base
+    "$focus" eval ppl --model "$work/base/base.gguf" --tokenizer "$tok" --data "$shk" \
+      --max-tokens 512 --ctx 64 --router "$1/router.h5" --attn hard --topk 1 2>/dev/null |
+      sed -n 's/^perplexity \([0-9.]*\).*/\1/p'
+}
+for variant in "balanced" "ema:--set beta_balance=0" "kl+attn:--set objective=kl+attn"; do
+    name=${variant%%:*}; extra=(); [ "$name" != "$variant" ] && read -r -a extra <<< "${variant#*:}"
+    "$focus" retrofit "${run[@]}" "${extra[@]}" --out "$work/one_$name" > "$work/one_$name.log" 2>&1 ||
+      { cat "$work/one_$name.log"; exit 1; }
+    losses "$work/one_$name" > "$work/one_$name.loss"
+    ref=$(ppl "$work/one_$name")
+    for np in 2 4; do
+        out=$work/np${np}_$name
+        "${mpi[@]}" -np $np "$focus" retrofit "${run[@]}" "${extra[@]}" --out "$out" > "$out.log" 2>&1 ||
+          { bad "$name, $np ranks: the run failed"; tail -5 "$out.log"; continue; }
+        losses "$out" > "$out.loss"
+        got=$(ppl "$out")
+        printf '%s\n' "$ref" > "$work/a"; printf '%s\n' "$got" > "$work/b"
+        if same "$work/one_$name.loss" "$out.loss" && same "$work/a" "$work/b" &&
+           [ "$(wc -l < "$out.loss")" -eq 10 ] && grep -q "data-parallel over $np mpi ranks" "$out.log"; then
+            ok "$name: $np ranks = one process (10 losses, router perplexity $got vs $ref)"
+        else
+            bad "$name: $np ranks differ (perplexity $got vs $ref)"; paste "$work/one_$name.loss" "$out.loss"
+        fi
+    done
+done
+# stopped after 5 steps on 2 ranks, resumed in one process
+"${mpi[@]}" -np 2 "$focus" retrofit "${run[@]}" --out "$work/switch" --stop-after 5 > "$work/switch.log" 2>&1
+"$focus" retrofit --resume "$work/switch" > "$work/switch2.log" 2>&1
+losses "$work/switch" > "$work/switch.loss"
+same "$work/one_balanced.loss" "$work/switch.loss" && [ "$(wc -l < "$work/switch.loss")" -eq 10 ] &&
+  ok "2 ranks for 5 steps, then one process: the run of one process" ||
+  { bad "resume with another rank count differs"; paste "$work/one_balanced.loss" "$work/switch.loss"; }
+# refusals
+err=$("${mpi[@]}" -np 3 "$focus" retrofit "${run[@]}" --out "$work/three" 2>&1 >/dev/null)
+echo "$err" | grep -q "B=4 is not a multiple of the 3 data-parallel ranks" && ok "B=4 on 3 ranks refused" || bad "3 ranks: $err"
+err=$("${mpi[@]}" -np 2 "$focus" eval ppl --model "$work/base/base.gguf" --data "$shk" 2>&1 >/dev/null)
+echo "$err" | grep -q "only retrofit runs over MPI ranks" && ok "eval under mpirun refused" || bad "eval under mpirun: $err"
+echo "cli_mpi: $pass passed, $fail failed"
+[ $fail -eq 0 ]
