@@ -201,7 +201,9 @@ typedef struct {
     void (*native_release)(void*);
 } Model;
 
-/* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama. 0 on success. */
+/* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama, and the shapes of
+ * llama2-7b, llama2-13b, llama2-70b, mistral-7b, qwen2.5-7b, llama3-8b (random weights, for
+ * benchmarks). 0 on success. */
 int model_config_preset(const char* name, ModelConfig* cfg);
 void focus_config_default(FocusConfig* fc);
 /* Set one key of MODEL_SETTINGS or FOCUS_SETTINGS (settings.h; e.g. "K", "tau", "routing",

@@ -1,4 +1,5 @@
-/* test_checkpoints.c: safetensors and llm.c import, on files this test writes.
+/* test_checkpoints.c: safetensors and llm.c import, on files this test writes; and the real-shape
+ * presets (llama2-7b ... llama3-8b) against their published parameter counts.
  * - GPT-2 as an llm.c checkpoint (fp32 version 3 with a padded vocabulary, and bf16 version 5);
  * - GPT-2 as Hugging Face safetensors (Conv1D weights stored transposed, "transformer." prefix);
  * - LLaMA with Q/K/V biases as Hugging Face safetensors + config.json (half-split rotary rows,
@@ -292,7 +293,27 @@ static void bad_inputs(Model* g, Model* l) {
           "a folder without a model: %s", msg);
 }
 
+/* The real-shape presets: valid configurations with their published parameter counts. */
+static void check_presets(void) {
+    const struct {
+        const char* name;
+        size_t params;
+    } p[] = {{"llama2-7b", 6738415616u},  {"llama2-13b", 13015864320u},
+             {"llama2-70b", 68976648192u}, {"mistral-7b", 7241732096u},
+             {"qwen2.5-7b", 7615616512u},  {"llama3-8b", 8030261248u}};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        ModelConfig c;
+        char err[256] = "";
+        int rc = model_config_preset(p[i].name, &c);
+        CHECK(rc == 0 && model_config_check(&c, err, sizeof err) == 0 &&
+                  model_param_count(&c) == p[i].params,
+              "preset %s: %s, %zu parameters (published: %zu)", p[i].name, err,
+              rc ? 0 : model_param_count(&c), p[i].params);
+    }
+}
+
 int main(void) {
+    check_presets();
     for (int i = 0; i < T; i++) tok[i] = (i * 11 + 3) % 64;
     Model g = make("tiny-gpt2", 0);
     real* ref = logits_of(&g);

@@ -222,8 +222,10 @@ static const char bench_usage[] =
     "\n"
     "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
     "router-only training step (forward + backward), at batch B x T on random tokens.\n"
-    "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m)\n"
-    "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal)\n"
+    "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m),\n"
+    "                  or a real shape with random weights: llama2-7b | llama2-13b | llama2-70b |\n"
+    "                  mistral-7b | qwen2.5-7b | llama3-8b (fewer layers with --set L=2)\n"
+    "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal, L=2)\n"
     "  --iters n       timed repetitions of each measurement (default 2)\n"
     "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
     "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]: generation\n"
@@ -298,7 +300,8 @@ int cmd_bench(int argc, char** argv) {
     if (strcmp(what, "forward"))
         fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention)", what);
     if (model_config_preset(preset, &cfg))
-        fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama)",
+        fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "
+              "llama2-7b | llama2-13b | llama2-70b | mistral-7b | qwen2.5-7b | llama3-8b)",
               preset);
     for (int i = 0; i < sets.n; i++) cli_apply_set(&cfg, &fc, sets.v[i]);
     free(sets.v);
