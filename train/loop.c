@@ -147,9 +147,9 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     Rng rng, sampler;
     rng_seed(&rng, rc->fc.seed ^ 0x5eedull);
     rng_seed(&sampler, rc->fc.seed ^ 0xda7aull);
-    real* base_copy = NULL; /* the backbone must not change: checked at the end */
-    base_copy = mallocCheck(sizeof(real) * m->num_params);
-    memcpy(base_copy, m->params_mem, sizeof(real) * m->num_params);
+    /* the backbone must not change: its fingerprint (a hash of every weight) checked at the end;
+     * a copy of the weights would double their memory */
+    const uint64_t base_fp = st.fingerprint;
     if (resume && access(ckpt, F_OK)) {
         /* killed before its first checkpoint: nothing to continue from, so start over */
         printf("%s: no checkpoint yet (the run stopped before its first); starting at step 0\n",
@@ -306,9 +306,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         }
     }
     fclose(mf);
-    if (memcmp(base_copy, m->params_mem, sizeof(real) * m->num_params))
+    if (model_fingerprint(m) != base_fp)
         fatal("internal: a backbone weight changed during router training");
-    free(base_copy);
     m->dp = NULL;
     comm_barrier(dp); /* the others wait for rank 0's last checkpoint */
     if (st.step == rc->steps && evaluate) {
