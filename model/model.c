@@ -532,3 +532,27 @@ void model_drop_native_copies(Model* m) {
     if (!c->tied) drop_pages(p->lmhead, sizeof(real) * (size_t)c->V * C);
     m->decode_only = 1;
 }
+
+MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,
+                             int objective_kl, int objective_attn, int weight_bytes) {
+    MemoryPlan p;
+    memset(&p, 0, sizeof p);
+    const size_t BT = (size_t)B * T, R = sizeof(real);
+    p.weights = model_param_count(c) * (size_t)weight_bytes;
+    ActSizes a = model_act_sizes(c, f, B, T, 1);
+    p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.n[20] * R;
+    p.logits = a.n[20] * R;
+    /* router tensors, gradients and AdamW's two moments */
+    const size_t router = (size_t)c->L * ((size_t)c->C * f->dg + (size_t)f->K * f->dg + 2);
+    p.router = 4 * router * R;
+    /* the backward pass's scratch (model_cpu.c cpu_backward) and the top-k masks */
+    p.workspace = BT *
+                      (2 * (size_t)c->C + model_qkv_width(c) + model_fc_width(c) + c->F +
+                       2 * (size_t)f->K + f->dg) *
+                      R +
+                  (size_t)c->L * BT * sizeof(uint32_t) + 3 * BT * sizeof(int);
+    if (objective_kl) p.teacher += BT * (size_t)c->V * R + 2 * BT * R;
+    if (objective_attn) p.teacher += (size_t)c->L * BT * f->K * R;
+    p.total = p.weights + p.activations + p.logits + p.router + p.workspace + p.teacher;
+    return p;
+}

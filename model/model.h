@@ -241,6 +241,18 @@ void model_free(Model* m);
  * size); the model is decode-only from then on. For a model loaded in full to check a router
  * against it. */
 void model_drop_native_copies(Model* m);
+
+/* What a router training step of B x T tokens holds in memory, in bytes, computed from the
+ * shapes alone (no model is built): the frozen weights (weight_bytes each: 4 for fp32), the
+ * activations kept for the input-gradient backward, the logits, the router with its gradients
+ * and AdamW moments, the backward's scratch and the masks, the teacher's buffers of the kl / attn
+ * objectives. The same sizes model_act_sizes and the CPU backward allocate; a data-parallel rank
+ * holds all of it for its B / N rows. */
+typedef struct {
+    size_t weights, activations, logits, router, workspace, teacher, total;
+} MemoryPlan;
+MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,
+                             int objective_kl, int objective_attn, int weight_bytes);
 /* Replace the router settings (K, dg, ...): router buffers are reallocated and re-initialised. */
 void model_set_router_config(Model* m, const FocusConfig* fc);
 /* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */

@@ -98,6 +98,24 @@ double peak_rss_mib(void) {
     return ru.ru_maxrss / 1024.0;
 }
 
+static double start_rss_mib = -1;
+
+double rss_mib(void) {
+    FILE* fp = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = 0;
+    while (fp && fgets(line, sizeof line, fp))
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+    if (fp) fclose(fp);
+    return kb / 1024.0;
+}
+
+void mark_start_rss(void) { start_rss_mib = rss_mib(); }
+
+double peak_rss_growth_mib(void) {
+    return peak_rss_mib() - (start_rss_mib > 0 ? start_rss_mib : 0);
+}
+
 int make_dirs(const char* path) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", path);

@@ -41,6 +41,11 @@ FocusConfig cli_serving_focus(void);
 int cli_device(const char* v);
 /* Peak resident memory of this process in MiB. */
 double peak_rss_mib(void);
+/* Resident memory now (MiB); mark_start_rss notes it (main does, before any command); the peak
+ * since then, the program and its libraries left out. */
+double rss_mib(void);
+void mark_start_rss(void);
+double peak_rss_growth_mib(void);
 /* mkdir -p; 0 on success. */
 int make_dirs(const char* path);
 /* out = dir/name */

@@ -323,6 +323,14 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             "router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
             "config.conf)\n",
             now_seconds() - t_start, out);
+        if (!strcmp(device, "cpu")) { /* what `focus plan` predicts, against what it took */
+            MemoryPlan p = model_memory_plan(&m->cfg, &rc->fc, Bl, T, use_kl, use_attn,
+                                             (int)sizeof(real));
+            const double data = (double)(d->ntrain + d->neval) * sizeof(int);
+            printf("memory: peak %.0f MiB above the program's own; the plan (focus plan) %.0f MiB "
+                   "and the tokens %.0f MiB\n",
+                   peak_rss_growth_mib(), p.total / 1048576.0, data / 1048576.0);
+        }
     }
     free(inp);
     free(tgt);

@@ -5,6 +5,7 @@
 
 #include "../kernels/common.h"
 #include "../kernels/comm.h"
+#include "cli.h"
 #include "commands.h"
 
 typedef struct {
@@ -37,6 +38,8 @@ static const Command commands[] = {
      "bench forward   forward and forward+backward (router-only) tokens/s of a model\n"
      "  bench decode    generation tokens/s (prompt, decode), native or fp32 weights\n"
      "  bench gemm      this machine's single-precision GEMM rate (GFLOP/s)"},
+    {"plan", cmd_plan,
+     "plan            the memory of a training run from the model's shape (before running it)"},
     {"settings", cmd_settings,
      "settings        every configuration setting, its default and meaning"},
 };
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
         usage(stdout);
         return argc < 2 ? 1 : 0;
     }
+    mark_start_rss();
     if (comm_launched_by_mpi() && strcmp(argv[1], "retrofit"))
         fatal("focus %s runs in one process; of the commands only retrofit runs over MPI ranks",
               argv[1]);

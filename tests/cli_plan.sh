@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# focus plan against what a run takes: a 2-step SmolLM2 router training (T = 512, on the Tiny
+# Shakespeare text) prints its peak memory next to the plan; they must agree within 10 %. Also:
+# plan's refusals and its fit search. Needs the SmolLM2 file (scripts/fetch_model.sh) and
+# ../shared/data (skips with 77).
+set -u
+focus=$1; src=$2
+cd "$src"
+model=cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$model" ] || { echo "cli_plan: skipped (no $model)"; exit 77; }
+[ -f ../shared/data/tinyshakespeare/input.txt ] || { echo "cli_plan: skipped (no ../shared/data)"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0; pass=0
+ok() { pass=$((pass + 1)); echo "  ok   $1"; }
+bad() { fail=$((fail + 1)); echo "  FAIL $1"; }
+out=$("$focus" retrofit --config configs/smollm2_quality.conf --set T=512 --set steps=2 \
+  --set eval_every=1000000 --set eval_tokens=1024 --set ckpt_every=1000 \
+  --set train=../shared/data/tinyshakespeare/input.txt --set val= --set val_fraction=0.01 \
+  --out "$work/run" 2>&1)
+line=$(echo "$out" | grep "^memory: peak")
+read -r peak plan tokens < <(echo "$line" | sed 's/memory: peak \([0-9]*\) MiB.* plan (focus plan) \([0-9]*\) MiB and the tokens \([0-9]*\) MiB/\1 \2 \3/')
+if [ -n "${peak:-}" ] && awk -v p="$peak" -v q="$plan" -v t="$tokens" 'BEGIN { r = p / (q + t); exit !(r > 0.9 && r < 1.1) }'; then
+  ok "measured peak $peak MiB, plan $plan + tokens $tokens MiB: within 10 %"
+else
+  bad "plan against the run: '$line'"; echo "$out" | tail -5
+fi
+p=$("$focus" plan --config smollm2-135m --T 512 | sed -n 's/^  total *\([0-9.]*\) GB/\1/p')
+awk -v a="$p" -v b="$plan" 'BEGIN { d = a * 1e9 / 1048576 - b; exit !(d < 2 && d > -2) }' &&
+  ok "focus plan prints the same total ($p GB)" || bad "focus plan total $p GB vs the run's plan $plan MiB"
+fit=$("$focus" plan --config llama2-7b --T 4096 --mem 80)
+echo "$fit" | grep -q "fits in 80 GB: yes (the longest T that fits at 1 row per rank: " && ok "llama2-7b at T=4096 fits 80 GB, with the longest T" || bad "fit: $fit"
+err=$("$focus" plan --B 3 --ranks 2 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "B=3 is not a multiple of the 2 ranks" && ok "B not a multiple of the ranks refused" || bad "rc=$rc $err"
+echo "cli_plan: $pass passed, $fail failed"
+[ $fail -eq 0 ]
