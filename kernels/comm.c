@@ -24,8 +24,8 @@ static Comm* single_split(Comm* c, int color, int key) {
 }
 static void single_release(Comm* c) { (void)c; }
 
-static const CommOps single_ops = {"single", single_allreduce, single_broadcast, single_barrier,
-                                   single_split, single_release};
+static const CommOps single_ops = {"single",       single_allreduce, single_broadcast,
+                                   single_barrier, single_split,     single_release};
 
 int comm_launched_by_mpi(void) {
     /* Open MPI, MPICH / Hydra and PMIx launchers set one of these in every rank */
@@ -35,8 +35,9 @@ int comm_launched_by_mpi(void) {
 Comm* comm_world(int* argc, char*** argv) {
     if (comm_launched_by_mpi()) {
         if (!comm_mpi_ops())
-            fatal("comm: started by an MPI launcher, but this focus was built without MPI "
-                  "(install libopenmpi-dev and configure again)");
+            fatal(
+                "comm: started by an MPI launcher, but this focus was built without MPI "
+                "(install libopenmpi-dev and configure again)");
         return comm_mpi_world(argc, argv);
     }
     Comm* c = callocCheck(1, sizeof *c);
@@ -54,8 +55,7 @@ void comm_allreduce_sum(Comm* c, void* buf, size_t n, CommType type) {
 }
 
 void comm_broadcast(Comm* c, void* buf, size_t bytes, int root) {
-    if (root < 0 || root >= c->size)
-        fatal("comm: broadcast from rank %d of %d", root, c->size);
+    if (root < 0 || root >= c->size) fatal("comm: broadcast from rank %d of %d", root, c->size);
     if (c->size < 2 || !bytes) return;
     const double t0 = now_seconds();
     c->ops->broadcast(c, buf, bytes, root);
@@ -73,8 +73,4 @@ void comm_free(Comm* c) {
     if (!c) return;
     c->ops->release(c);
     free(c);
-}
-
-Comm* comm_nccl(Comm* c, int device, char* why, size_t n) {
-    return comm_nccl_create(c, device, why, n);
 }

@@ -50,10 +50,9 @@ void comm_free(Comm* c);
  * was not built or the GPU cannot be used. Its buffers are device pointers. */
 Comm* comm_nccl(Comm* c, int device, char* why, size_t n);
 
-/* The backends a build has: NULL where not built (comm_mpi.c / comm_nompi.c,
- * kernels/cuda/comm_nccl.c / comm_nonccl.c). */
+/* The MPI backend a build has (comm_mpi.c), or NULL (comm_nompi.c); comm_nccl is defined by
+ * kernels/cuda/comm_nccl.c or comm_nonccl.c, whichever CMake builds. */
 const CommOps* comm_mpi_ops(void);
 Comm* comm_mpi_world(int* argc, char*** argv);
-Comm* comm_nccl_create(Comm* c, int device, char* why, size_t n);
 
 #endif

@@ -73,8 +73,8 @@ static void mpi_release(Comm* c) {
     free(c->handle);
 }
 
-static const CommOps mpi_ops = {"mpi", mpi_allreduce, mpi_broadcast, mpi_barrier, mpi_split,
-                                mpi_release};
+static const CommOps mpi_ops = {"mpi",       mpi_allreduce, mpi_broadcast,
+                                mpi_barrier, mpi_split,     mpi_release};
 
 const CommOps* comm_mpi_ops(void) { return &mpi_ops; }
 

@@ -3,7 +3,7 @@
 
 #include "comm.h"
 
-Comm* comm_nccl_create(Comm* c, int device, char* why, size_t n) {
+Comm* comm_nccl(Comm* c, int device, char* why, size_t n) {
     (void)c, (void)device;
     snprintf(why, n, "this focus was built without NCCL (it needs the CUDA toolkit and NCCL)");
     return NULL;

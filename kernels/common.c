@@ -114,7 +114,7 @@ uint16_t f32_to_f16(float f, int saturate) {
     if (ax >= 0x477ff000u) return (uint16_t)(sign | (saturate ? 0x7bff : 0x7c00));
     if (ax < 0x38800000u) { /* below the smallest normal half (2^-14): subnormal or zero */
         if (ax < 0x33000000u) return sign; /* below half the smallest subnormal (2^-25) */
-        const int e = (int)(ax >> 23);      /* 102 .. 112 */
+        const int e = (int)(ax >> 23);     /* 102 .. 112 */
         const uint32_t man = (ax & 0x7fffff) | 0x800000;
         const int shift = 126 - e; /* the value is man * 2^(e - 150); a unit is 2^-24 */
         uint32_t h = man >> shift, rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);

@@ -1,12 +1,12 @@
 /* quant.c: block-quantised matrix-vector products (see quant.h).
  *
  * Each row is a run of 32-weight blocks (the K formats: 256-weight super-blocks of eight
- * 32-weight sub-blocks with integer sub-scales, read 32 at a time); a block's dot product with 32 activations is computed
- * from its integers and scales without writing the weights out: the activations are quantised
- * to int8 per block once per product, the block sums are integer (exact). The scalar functions
- * are the reference; on x86 with AVX2 and FMA (checked at run time) the same sums run 32 lanes
- * wide. F32, F16 and BF16 rows are plain float dot products. A prompt's batched product
- * (qmatmul) expands panels of rows to fp32 for the BLAS instead. */
+ * 32-weight sub-blocks with integer sub-scales, read 32 at a time); a block's dot product with 32
+ * activations is computed from its integers and scales without writing the weights out: the
+ * activations are quantised to int8 per block once per product, the block sums are integer (exact).
+ * The scalar functions are the reference; on x86 with AVX2 and FMA (checked at run time) the same
+ * sums run 32 lanes wide. F32, F16 and BF16 rows are plain float dot products. A prompt's batched
+ * product (qmatmul) expands panels of rows to fp32 for the BLAS instead. */
 #include "quant.h"
 
 #include <cblas.h>
@@ -21,19 +21,26 @@ static uint16_t rd16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); 
 
 /* Weights per block and bytes per block of the block formats; 0 for the others. */
 static int block_elems(int type) {
-    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0 ? 32
+    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0   ? 32
            : type == QTYPE_Q4_K || type == QTYPE_Q5_K || type == QTYPE_Q6_K ? 256
                                                                             : 0;
 }
 static size_t block_bytes(int type) {
     switch (type) {
-        case QTYPE_Q4_0: return 18;
-        case QTYPE_Q4_1: return 20;
-        case QTYPE_Q8_0: return 34;
-        case QTYPE_Q4_K: return 144;
-        case QTYPE_Q5_K: return 176;
-        case QTYPE_Q6_K: return 210;
-        default: return 0;
+        case QTYPE_Q4_0:
+            return 18;
+        case QTYPE_Q4_1:
+            return 20;
+        case QTYPE_Q8_0:
+            return 34;
+        case QTYPE_Q4_K:
+            return 144;
+        case QTYPE_Q5_K:
+            return 176;
+        case QTYPE_Q6_K:
+            return 210;
+        default:
+            return 0;
     }
 }
 
@@ -49,9 +56,10 @@ size_t qtype_row_bytes(int type, int cols) {
     return (size_t)(cols / be) * block_bytes(type);
 }
 
-/* 6-bit scale and min number j (0..7) of a Q4_K / Q5_K super-block, packed in its 12 scale
- * bytes: j < 4 the low 6 bits of bytes j and j + 4; otherwise the nibbles of byte j + 4 with
- * the top two bits of bytes j - 4 (scale) and j (min). */
+/* 6-bit scale and min number j (0..7) of a Q4_K / Q5_K super-block (io/gguf.c's dequantiser
+ * reads it too, written apart on purpose: it is the independent reference test_quant checks
+ * these readers against), packed in its 12 scale bytes: j < 4 the low 6 bits of bytes j and j + 4;
+ * otherwise the nibbles of byte j + 4 with the top two bits of bytes j - 4 (scale) and j (min). */
 static void scale_min_k(int j, const uint8_t* q, int* sc, int* mn) {
     if (j < 4) {
         *sc = q[j] & 63;
@@ -284,7 +292,7 @@ __attribute__((target("avx2"))) static __m256i dot_u8s8(__m256i a, __m256i b) {
 /* quantize_x eight lanes at a time: the same scale, the same rounding (the current mode, as
  * lrintf), so the same integers; the float sum in another order. */
 __attribute__((target("avx2,fma"))) static void quantize_x_avx2(XBlock* xb, const float* x,
-                                                               int cols) {
+                                                                int cols) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int i = 0; i < cols / 32; i++) {
         const float* v = x + 32 * i;
@@ -306,7 +314,8 @@ __attribute__((target("avx2,fma"))) static void quantize_x_avx2(XBlock* xb, cons
         __m256i p8 = _mm256_packs_epi16(p16a, p16b);
         p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i*)xb[i].q, p8);
-        const __m256i qs = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        const __m256i qs =
+            _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
@@ -373,8 +382,8 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
             const __m256i pairs =
                 _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(qx, q));
             const int8_t* sc = (const int8_t*)(sb + 192) + 8 * n + 2 * k;
-            sum = _mm256_madd_epi16(
-                pairs, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
+            sum = _mm256_madd_epi16(pairs,
+                                    _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
             d = f16_fast(sb + 208);
         } else { /* Q4_K, Q5_K */
             const uint8_t* sb = row + (size_t)(i / 8) * bb;
@@ -387,7 +396,8 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
             q = _mm256_and_si256(q, low4);
             if (type == QTYPE_Q5_K) { /* bit j of qh[l] is the fifth bit */
                 const __m256i bit = _mm256_set1_epi8((char)(1 << j));
-                const __m256i h = _mm256_and_si256(_mm256_loadu_si256((const __m256i*)(sb + 16)), bit);
+                const __m256i h =
+                    _mm256_and_si256(_mm256_loadu_si256((const __m256i*)(sb + 16)), bit);
                 q = _mm256_or_si256(
                     q, _mm256_and_si256(_mm256_cmpeq_epi8(h, bit), _mm256_set1_epi8(16)));
             }
@@ -404,7 +414,7 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
 static void matvec(float* y, const QMatrix* w, const float* x, const float* bias, int vector) {
 #if defined(__x86_64__)
     /* every AVX2 CPU has F16C too (clang cannot test for it with this builtin) */
-    vector = vector && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    vector = vector && has_avx2();
 #else
     vector = 0;
 #endif
@@ -441,6 +451,74 @@ void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias) 
     matvec(y, w, x, bias, 0);
 }
 
+/* ------------------------------------------------------------------ half-precision rows */
+
+#if defined(__x86_64__)
+/* every AVX2 CPU has F16C: 8 halves at a time; values beyond the half range saturate */
+__attribute__((target("avx2,fma,f16c"))) static void f16_put_avx2(uint16_t* dst, const float* src,
+                                                                  int n) {
+    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(src + i), hi), lo);
+        _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; i++) dst[i] = f32_to_f16(src[i], 1);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static float f16_dot_avx2(const float* q,
+                                                                   const uint16_t* k, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i))), acc);
+    float r = hsum8(acc);
+    for (; i < n; i++) r += q[i] * f16_to_f32(k[i]);
+    return r;
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void f16_axpy_avx2(float* o, float p,
+                                                                   const uint16_t* v, int n) {
+    const __m256 pv = _mm256_set1_ps(p);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + i)));
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, vv, _mm256_loadu_ps(o + i)));
+    }
+    for (; i < n; i++) o[i] += p * f16_to_f32(v[i]);
+}
+#endif
+
+void f16_row_put(uint16_t* dst, const float* src, int n) {
+#if defined(__x86_64__)
+    if (has_avx2()) {
+        f16_put_avx2(dst, src, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = f32_to_f16(src[i], 1);
+}
+
+float f16_row_dot(const float* q, const uint16_t* k, int n) {
+#if defined(__x86_64__)
+    if (has_avx2()) return f16_dot_avx2(q, k, n);
+#endif
+    float s = 0;
+    for (int i = 0; i < n; i++) s += q[i] * f16_to_f32(k[i]);
+    return s;
+}
+
+void f16_row_axpy(float* o, float p, const uint16_t* v, int n) {
+#if defined(__x86_64__)
+    if (has_avx2()) {
+        f16_axpy_avx2(o, p, v, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) o[i] += p * f16_to_f32(v[i]);
+}
+
 /* ------------------------------------------------------------------ int8 products of a prompt */
 
 /* The weights of a panel of 16-row groups in the layout of the VNNI dot product: for group g,
@@ -454,15 +532,10 @@ typedef struct {
     int off;
 } Panel;
 
-static int panel_offset(int type) {
-    return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0;
-}
+static int panel_offset(int type) { return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0; }
 
-/* 1 when a block format has one scale per 32 weights (what the panel holds) */
-static int int8_panel_format(int type) {
-    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0 || type == QTYPE_Q4_K ||
-           type == QTYPE_Q5_K;
-}
+/* 1 when a block format has one scale per 32 weights (what the panel holds; Q6_K has two) */
+static int int8_panel_format(int type) { return block_elems(type) && type != QTYPE_Q6_K; }
 
 /* Rows r0 .. r0 + nr - 1 of w into panel groups (rows past nr zero). */
 static void pack_panel(Panel* p, const QMatrix* w, int r0, int nr) {
@@ -619,17 +692,17 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
 void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
              int exact) {
     if (n < 8 && !exact) { /* a few rows: the integer products, row by row */
-        for (int i = 0; i < n; i++)
-            qmatvec(y + (size_t)i * ldy, w, x + (size_t)i * w->cols, bias);
+        for (int i = 0; i < n; i++) qmatvec(y + (size_t)i * ldy, w, x + (size_t)i * w->cols, bias);
         return;
     }
     if (int8_panel_format(w->type) && qmatmul_int8_available() && !exact) {
         matmul_int8(y, ldy, w, x, n, bias, 1);
         return;
     }
-    /* Many rows (a prompt) without VNNI, or exact: expanding a panel of weight rows to fp32 costs once
-     * what the n rows then reuse, and the fp32 product of the BLAS is faster than int8 products
-     * without VNNI. The panel (about 4 MB) is the only fp32 copy of the weights that exists. */
+    /* Many rows (a prompt) without VNNI, or exact: expanding a panel of weight rows to fp32 costs
+     * once what the n rows then reuse, and the fp32 product of the BLAS is faster than int8
+     * products without VNNI. The panel (about 4 MB) is the only fp32 copy of the weights that
+     * exists. */
     int pr = (1 << 20) / w->cols;
     pr = pr < 16 ? 16 : pr - pr % 16;
     if (pr > w->rows) pr = w->rows;
@@ -648,7 +721,6 @@ void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const f
             for (int r = 0; r < w->rows; r++) y[(size_t)i * ldy + r] += bias[r];
     }
 }
-
 
 void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n,
                       const float* bias) {

@@ -55,4 +55,11 @@ int qmatmul_int8_available(void);
 void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n,
                       const float* bias);
 
+/* Rows of IEEE half-precision values (the KV cache): dst := src rounded to nearest, saturating
+ * at +-65504; the dot product of q with n halves; o += p times n halves. F16C where the CPU has
+ * AVX2, portable conversions elsewhere. */
+void f16_row_put(uint16_t* dst, const float* src, int n);
+float f16_row_dot(const float* q, const uint16_t* k, int n);
+void f16_row_axpy(float* o, float p, const uint16_t* v, int n);
+
 #endif

@@ -59,6 +59,9 @@ ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int 
 /* Carve mem into n consecutive tensors of the given sizes; size 0 gives NULL. */
 void model_carve(real** ptrs, real* mem, const size_t* sizes, int n);
 size_t model_sum_sizes(const size_t* s, int n);
+/* Reals of the backward pass's scratch for BT rows: dres, dbuf (BT, C); dqkv (BT, QKV); dfch
+ * (BT, FC); dact (BT, F); dG, dS (BT, K); dproj (BT, dg). */
+size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t BT);
 /* (Re)allocates a model's per-call host buffers for (B, T, keep): inputs, targets, losses; frees
  * acts_mem and rmask (NULL afterwards) for the backend to allocate as it needs. */
 void model_host_buffers(Model* m, int B, int T, int keep);

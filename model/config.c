@@ -43,7 +43,7 @@ int model_config_preset(const char* name, ModelConfig* c) {
         *c = (ModelConfig){ARCH_GPT2, 12, 768, 12, 12, 3072, 50257, 1024, 1e-5f, 0, 0, 1};
     } else if (!strcmp(name, "smollm2-135m")) {
         *c = (ModelConfig){ARCH_LLAMA, 30, 576, 9, 3, 1536, 49152, 8192, 1e-5f, 100000.0f, 0, 1};
-    /* real shapes (their published configurations), for benchmarks with random weights */
+        /* real shapes (their published configurations), for benchmarks with random weights */
     } else if (!strcmp(name, "llama2-7b")) {
         *c = (ModelConfig){ARCH_LLAMA, 32, 4096, 32, 32, 11008, 32000, 4096, 1e-5f, 10000.0f, 0, 0};
     } else if (!strcmp(name, "llama2-13b")) {
@@ -55,7 +55,8 @@ int model_config_preset(const char* name, ModelConfig* c) {
     } else if (!strcmp(name, "qwen2.5-7b")) {
         *c = (ModelConfig){ARCH_LLAMA, 28, 3584, 28, 4, 18944, 152064, 32768, 1e-6f, 1e6f, 1, 0};
     } else if (!strcmp(name, "llama3-8b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 32, 4096, 32, 8, 14336, 128256, 8192, 1e-5f, 500000.0f, 0, 0};
+        *c =
+            (ModelConfig){ARCH_LLAMA, 32, 4096, 32, 8, 14336, 128256, 8192, 1e-5f, 500000.0f, 0, 0};
     } else if (!strcmp(name, "tiny-gpt2")) {
         *c = (ModelConfig){ARCH_GPT2, 2, 32, 4, 4, 128, 64, 64, 1e-5f, 0, 0, 1};
     } else if (!strcmp(name, "tiny-llama")) {

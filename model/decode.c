@@ -5,9 +5,6 @@
 #include <string.h>
 
 #include <omp.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
@@ -31,8 +28,8 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
     c->keys = mallocCheck(sizeof(int) * cap);
     size_t FC = mc->arch == ARCH_LLAMA ? 2 * (size_t)mc->F : (size_t)mc->F;
-    c->scratch = mallocCheck(sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg +
-                                             2 * m->fc.K + 8));
+    c->scratch = mallocCheck(
+        sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg + 2 * m->fc.K + 8));
     c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
     c->nparts = c->th_max = omp_get_max_threads();
     c->split_min = 256;
@@ -48,8 +45,8 @@ void kvcache_free(KVCache* c) {
 }
 
 /* the layer norm of n rows; stat: 2 n scratch */
-static void norm_rows(const Model* m, real* out, const real* x, const real* w, const real* b,
-                      int n, real* stat) {
+static void norm_rows(const Model* m, real* out, const real* x, const real* w, const real* b, int n,
+                      real* stat) {
     if (m->cfg.arch == ARCH_GPT2)
         layernorm_forward(out, stat, stat + n, x, w, b, n, m->cfg.C, m->cfg.eps);
     else
@@ -116,52 +113,8 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
 
 static void decode_one(Model* m, KVCache* c, int token, real* logits);
 
-/* ---- the cache's rows: real, or IEEE half precision (c->half: half the bytes a token reads) */
-
-#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
-#define KV_F16C 1
-static int has_f16c(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-/* every AVX2 CPU has F16C: 8 halves at a time; values beyond the half range saturate */
-__attribute__((target("avx2,fma,f16c"))) static void put_half_f16c(uint16_t* dst,
-                                                                   const float* src, int n) {
-    const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(src + i), hi), lo);
-        _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    }
-    for (; i < n; i++) dst[i] = f32_to_f16(src[i], 1);
-}
-__attribute__((target("avx2,fma,f16c"))) static float dot_half_f16c(const float* q,
-                                                                   const uint16_t* k, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + i))), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    float r = _mm_cvtss_f32(s);
-    for (; i < n; i++) r += q[i] * f16_to_f32(k[i]);
-    return r;
-}
-__attribute__((target("avx2,fma,f16c"))) static void axpy_half_f16c(float* o, float p,
-                                                                    const uint16_t* v, int n) {
-    const __m256 pv = _mm256_set1_ps(p);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pv, _mm256_cvtph_ps(_mm_loadu_si128(
-                                                        (const __m128i*)(v + i))),
-                                                _mm256_loadu_ps(o + i)));
-    for (; i < n; i++) o[i] += p * f16_to_f32(v[i]);
-}
-#else
-#define KV_F16C 0
-static int has_f16c(void) { return 0; }
-#endif
+/* ---- the cache's rows: real, or IEEE half precision (c->half: half the bytes a token reads;
+ * the row kernels are kernels/quant.c's, float only, so the double build converts here) */
 
 /* row `row` of layer l's keys (vals = 0) or values (1) := src (kvw values) */
 static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int kvw) {
@@ -171,16 +124,14 @@ static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int kv
         return;
     }
     uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
-#if KV_F16C
-    if (has_f16c()) {
-        put_half_f16c(dst, src, kvw);
-        return;
-    }
-#endif
+#ifdef FOCUS_DOUBLE
     for (int e = 0; e < kvw; e++) dst[e] = f32_to_f16((float)src[e], 1);
+#else
+    f16_row_put(dst, src, kvw);
+#endif
 }
 
-static real dot_kv(const real* q, const void* k, int half, int f16c, int n) {
+static real dot_kv(const real* q, const void* k, int half, int n) {
     if (!half) {
         const real* kr = k;
         real s = 0;
@@ -188,34 +139,30 @@ static real dot_kv(const real* q, const void* k, int half, int f16c, int n) {
         for (int e = 0; e < n; e++) s += q[e] * kr[e];
         return s;
     }
-#if KV_F16C
-    if (f16c) return dot_half_f16c(q, k, n);
-#endif
-    (void)f16c;
+#ifdef FOCUS_DOUBLE
     const uint16_t* kh = k;
     real s = 0;
     for (int e = 0; e < n; e++) s += q[e] * f16_to_f32(kh[e]);
     return s;
+#else
+    return f16_row_dot(q, k, n);
+#endif
 }
 
-static void axpy_kv(real* o, real p, const void* v, int half, int f16c, int n) {
+static void axpy_kv(real* o, real p, const void* v, int half, int n) {
     if (!half) {
         const real* vr = v;
 #pragma omp simd
         for (int e = 0; e < n; e++) o[e] += p * vr[e];
         return;
     }
-#if KV_F16C
-    if (f16c) {
-        axpy_half_f16c(o, p, v, n);
-        return;
-    }
-#endif
-    (void)f16c;
+#ifdef FOCUS_DOUBLE
     const uint16_t* vh = v;
     for (int e = 0; e < n; e++) o[e] += p * f16_to_f32(vh[e]);
+#else
+    f16_row_axpy(o, p, v, n);
+#endif
 }
-
 
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v over the nk keys in c->keys, for every head of
  * qkv's query. The keys are split among the threads (each reads its keys and values once for
@@ -225,7 +172,7 @@ static void axpy_kv(real* o, real p, const void* v, int half, int f16c, int n) {
 static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
                         const ModelConfig* mc) {
     const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
-    const int half = c->half, f16c = half && has_f16c();
+    const int half = c->half;
     const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
     const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
     const char* vc = (const char*)c->v + (size_t)l * c->cap * kvw * es;
@@ -246,7 +193,7 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
                 real mx = -INFINITY;
                 for (int t = t0; t < t1; t++) {
                     const void* kj = kc + ((size_t)c->keys[t] * kvw + g * hs) * es;
-                    sh[t] = dot_kv(q, kj, half, f16c, hs) * scale;
+                    sh[t] = dot_kv(q, kj, half, hs) * scale;
                     mx = sh[t] > mx ? sh[t] : mx;
                 }
                 real* ph = part + (size_t)hh * (hs + 2);
@@ -264,7 +211,7 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
                     const real pj = expf(sc[(size_t)hh * c->cap + t] - ph[0]);
 #endif
                     ph[1] += pj;
-                    axpy_kv(ph + 2, pj, vj, half, f16c, hs);
+                    axpy_kv(ph + 2, pj, vj, half, hs);
                 }
             }
         }
@@ -449,8 +396,7 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
  * products, the full-sequence attention kernels: the sparse executor on routed layers, the
  * flash kernel elsewhere), each layer's keys, values and group lists written to the cache as
  * model_decode_step would have left them. */
-static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real* logits,
-                            int all) {
+static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
@@ -458,7 +404,8 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
     const int F = mc->F, FC = mc->arch == ARCH_LLAMA ? 2 * F : F, kvw = NKV * hs;
     const size_t N = (size_t)n;
     const int hard = f->attn == ATTN_HARD, ex = m->prefill_exact;
-    real* buf = mallocCheck(sizeof(real) * N * (4 * (size_t)C + Q + FC + F + NH + 2 + f->dg + 2 * K));
+    real* buf =
+        mallocCheck(sizeof(real) * N * (4 * (size_t)C + Q + FC + F + NH + 2 + f->dg + 2 * K));
     real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
     real *fch = qkv + N * Q, *act = fch + N * FC, *lse = act + N * F, *stat = lse + N * NH;
     real *proj = stat + 2 * N, *S = proj + N * f->dg, *G = S + N * K;

@@ -29,7 +29,7 @@ typedef struct {
     int govern, th_max, th_cur, th_best, th_next, th_probe, th_since, th_seen[32];
     unsigned th_known;
     double th_time[32], th_sum;
-    long pairs;     /* attention pairs evaluated so far, summed over layers */
+    long pairs; /* attention pairs evaluated so far, summed over layers */
 } KVCache;
 
 /* A cache for cap tokens; half: keys and values in half precision (half the memory and the

@@ -533,6 +533,11 @@ void model_drop_native_copies(Model* m) {
     m->decode_only = 1;
 }
 
+size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t BT) {
+    return BT * (2 * (size_t)c->C + model_qkv_width(c) + model_fc_width(c) + c->F +
+                 2 * (size_t)f->K + f->dg);
+}
+
 MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,
                              int objective_kl, int objective_attn, int weight_bytes) {
     MemoryPlan p;
@@ -546,11 +551,8 @@ MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, 
     const size_t router = (size_t)c->L * ((size_t)c->C * f->dg + (size_t)f->K * f->dg + 2);
     p.router = 4 * router * R;
     /* the backward pass's scratch (model_cpu.c cpu_backward) and the top-k masks */
-    p.workspace = BT *
-                      (2 * (size_t)c->C + model_qkv_width(c) + model_fc_width(c) + c->F +
-                       2 * (size_t)f->K + f->dg) *
-                      R +
-                  (size_t)c->L * BT * sizeof(uint32_t) + 3 * BT * sizeof(int);
+    p.workspace = model_backward_scratch(c, f, BT) * R + (size_t)c->L * BT * sizeof(uint32_t) +
+                  3 * BT * sizeof(int);
     if (objective_kl) p.teacher += BT * (size_t)c->V * R + 2 * BT * R;
     if (objective_attn) p.teacher += (size_t)c->L * BT * f->K * R;
     p.total = p.weights + p.activations + p.logits + p.router + p.workspace + p.teacher;

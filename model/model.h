@@ -192,7 +192,7 @@ typedef struct {
      * native_release in model_free. decode_only: the fp32 copies of those matrices were never
      * loaded (model_load_lean), so only model_decode_step may run. */
     QMatrix* native;
-    int decode_only; /* see model_drop_native_copies too */
+    int decode_only;   /* see model_drop_native_copies too */
     int prefill_exact; /* a prompt's products from native weights in fp32, not int8 (qmatmul) */
     /* data-parallel training: the ranks whose batches together are the step's batch (NULL: this
      * process alone); model_update_beta adds up its statistics across them */

@@ -257,7 +257,7 @@ static void cpu_backward(Model* m, GradMode mode) {
 
     /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
      * dproj (BT, dg) */
-    size_t need = BT * (2 * (size_t)C + QKV + FC + c->F + 2 * (size_t)f->K + f->dg);
+    size_t need = model_backward_scratch(c, f, BT);
     if (m->scratch_size < need) {
         free(m->scratch_mem);
         m->scratch_mem = mallocCheck(need * sizeof(real));

@@ -298,7 +298,7 @@ static void check_presets(void) {
     const struct {
         const char* name;
         size_t params;
-    } p[] = {{"llama2-7b", 6738415616u},  {"llama2-13b", 13015864320u},
+    } p[] = {{"llama2-7b", 6738415616u},   {"llama2-13b", 13015864320u},
              {"llama2-70b", 68976648192u}, {"mistral-7b", 7241732096u},
              {"qwen2.5-7b", 7615616512u},  {"llama3-8b", 8030261248u}};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {

@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
     float f[N];
     double d[N];
     int64_t q[N];
-    for (int i = 0; i < N; i++) f[i] = (float)(r + 1) * i, d[i] = 0.5 * r + i, q[i] = (int64_t)r << 33;
+    for (int i = 0; i < N; i++)
+        f[i] = (float)(r + 1) * i, d[i] = 0.5 * r + i, q[i] = (int64_t)r << 33;
     comm_allreduce_sum(w, f, N, COMM_F32);
     comm_allreduce_sum(w, d, N, COMM_F64);
     comm_allreduce_sum(w, q, N, COMM_I64);
@@ -47,7 +48,8 @@ int main(int argc, char** argv) {
     char why[256];
     Comm* g = comm_nccl(w, -1, why, sizeof why); /* no GPU -1: refused with a reason */
     CHECK(!g && why[0], "rank %d: comm_nccl must refuse device -1", r);
-    if (r == 0) printf("  %d rank(s), backend %s: sums, broadcasts, split, barrier\n", n, w->ops->name);
+    if (r == 0)
+        printf("  %d rank(s), backend %s: sums, broadcasts, split, barrier\n", n, w->ops->name);
     int failed = tu_finish("test_comm");
     comm_free(w);
     return failed;

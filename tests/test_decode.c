@@ -61,8 +61,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     double wp = 0;
     for (size_t i = 0; i < (size_t)P * cfg.V; i++) wp = fmax(wp, fabs(all[i] - full[i]));
     model_prefill(&m, &c2, tok + P, T - P, all, 0); /* a cache in use: step by step */
-    for (int v = 0; v < cfg.V; v++)
-        wp = fmax(wp, fabs(all[v] - full[(size_t)(T - 1) * cfg.V + v]));
+    for (int v = 0; v < cfg.V; v++) wp = fmax(wp, fabs(all[v] - full[(size_t)(T - 1) * cfg.V + v]));
     CHECK(wp < 1e-4 * (scale > 1 ? scale : 1) && c2.n == T,
           "%s: prefill then decode differs from the full pass by %g", preset, wp);
     CHECK(c2.pairs == c.pairs, "%s: prefill counted %ld pairs, decoding %ld", preset, c2.pairs,

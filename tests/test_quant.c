@@ -156,22 +156,22 @@ static void check_f16(void) {
         float f;
         uint16_t want, want_sat;
     } cases[] = {
-        {1.0f + 0x1p-11f, 0x3c00, 0x3c00},       /* a tie: to the even 1.0 */
-        {1.0f + 3 * 0x1p-11f, 0x3c02, 0x3c02},   /* a tie: to the even 1 + 2^-9 */
+        {1.0f + 0x1p-11f, 0x3c00, 0x3c00},     /* a tie: to the even 1.0 */
+        {1.0f + 3 * 0x1p-11f, 0x3c02, 0x3c02}, /* a tie: to the even 1 + 2^-9 */
         {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01, 0x3c01},
         {65519.0f, 0x7bff, 0x7bff},
         {65520.0f, 0x7c00, 0x7bff},
         {-1e9f, 0xfc00, 0xfbff},
-        {0x1p-25f, 0x0000, 0x0000},              /* half the smallest subnormal: to 0 */
+        {0x1p-25f, 0x0000, 0x0000}, /* half the smallest subnormal: to 0 */
         {3 * 0x1p-26f, 0x0001, 0x0001},
-        {0x1p-14f - 0x1p-25f, 0x0400, 0x0400},   /* rounds up into the normals */
+        {0x1p-14f - 0x1p-25f, 0x0400, 0x0400}, /* rounds up into the normals */
         {-0.0f, 0x8000, 0x8000},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint16_t got = f32_to_f16(cases[i].f, 0), sat = f32_to_f16(cases[i].f, 1);
         CHECK(got == cases[i].want && sat == cases[i].want_sat,
-              "f32_to_f16(%a) = %04x / %04x (saturated), want %04x / %04x", (double)cases[i].f,
-              got, sat, cases[i].want, cases[i].want_sat);
+              "f32_to_f16(%a) = %04x / %04x (saturated), want %04x / %04x", (double)cases[i].f, got,
+              sat, cases[i].want, cases[i].want_sat);
     }
     CHECK(f32_to_f16(NAN, 1) == 0x7e00, "f32_to_f16(NaN) must be a NaN");
 }

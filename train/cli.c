@@ -100,15 +100,19 @@ double peak_rss_mib(void) {
 
 static double start_rss_mib = -1;
 
-double rss_mib(void) {
+long proc_status_kb(const char* key) {
     FILE* fp = fopen("/proc/self/status", "r");
     char line[256];
     long kb = 0;
+    const size_t n = strlen(key);
     while (fp && fgets(line, sizeof line, fp))
-        if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+        if (!strncmp(line, key, n) && line[n] == ':' && sscanf(line + n + 1, "%ld", &kb) == 1)
+            break;
     if (fp) fclose(fp);
-    return kb / 1024.0;
+    return kb;
 }
+
+double rss_mib(void) { return proc_status_kb("VmRSS") / 1024.0; }
 
 void mark_start_rss(void) { start_rss_mib = rss_mib(); }
 

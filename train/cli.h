@@ -43,6 +43,7 @@ int cli_device(const char* v);
 double peak_rss_mib(void);
 /* Resident memory now (MiB); mark_start_rss notes it (main does, before any command); the peak
  * since then, the program and its libraries left out. */
+long proc_status_kb(const char* key); /* a kB line of /proc/self/status (RssAnon...), or 0 */
 double rss_mib(void);
 void mark_start_rss(void);
 double peak_rss_growth_mib(void);

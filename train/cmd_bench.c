@@ -300,9 +300,10 @@ int cmd_bench(int argc, char** argv) {
     if (strcmp(what, "forward"))
         fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention)", what);
     if (model_config_preset(preset, &cfg))
-        fatal("bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "
-              "llama2-7b | llama2-13b | llama2-70b | mistral-7b | qwen2.5-7b | llama3-8b)",
-              preset);
+        fatal(
+            "bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "
+            "llama2-7b | llama2-13b | llama2-70b | mistral-7b | qwen2.5-7b | llama3-8b)",
+            preset);
     for (int i = 0; i < sets.n; i++) cli_apply_set(&cfg, &fc, sets.v[i]);
     free(sets.v);
     if (cfg.maxT < T) cfg.maxT = T;

@@ -13,16 +13,10 @@
 #include "cli.h"
 #include "commands.h"
 
-/* Resident kilobytes of this process now: anonymous memory and mapped files (/proc). */
+/* Resident kilobytes of this process now: anonymous memory and mapped files. */
 static void resident_kb(long* anon, long* file) {
-    *anon = *file = 0;
-    FILE* fp = fopen("/proc/self/status", "r");
-    char line[256];
-    while (fp && fgets(line, sizeof line, fp)) {
-        sscanf(line, "RssAnon: %ld", anon);
-        sscanf(line, "RssFile: %ld", file);
-    }
-    if (fp) fclose(fp);
+    *anon = proc_status_kb("RssAnon");
+    *file = proc_status_kb("RssFile");
 }
 
 /* log p(target) under the distribution softmax(logits) */
@@ -43,7 +37,8 @@ static const char decode_usage[] =
     "steps one at a time) and of decoding -n more tokens greedily after it. Decode steps choose\n"
     "their thread count (up to OMP_NUM_THREADS) by measurement, which keeps a busy machine\n"
     "from halving the speed; --threads N runs every step on N threads instead. --kv: the KV\n"
-    "cache's keys and values in half precision (the default) or fp32. --weights native (the default where the GGUF\n"
+    "cache's keys and values in half precision (the default) or fp32. --weights native (the "
+    "default where the GGUF\n"
     "file allows) reads the projections in their stored blocks; f32 the expanded weights.\n"
     "With --router: hard top-k attention over the group KV cache (causal routing). With --data\n"
     "the prompt and the decoded tokens are the first ctx + n tokens of that text or shard\n"
@@ -154,8 +149,12 @@ int cmd_bench_decode(int argc, char** argv) {
     printf(
         "prompt %d tokens (%s%s): %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s "
         "| pairs kept %.3f\n",
-        ctx, steps ? "one at a time" : exact ? "batched, fp32 products" : "batched", scored ? ", every position's logits" : "",
-        ctx / (t1 - t0), n, ctx, n / (t2 - t1), (double)(c.pairs - pairs0) / dense_pairs);
+        ctx,
+        steps   ? "one at a time"
+        : exact ? "batched, fp32 products"
+                : "batched",
+        scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
+        (double)(c.pairs - pairs0) / dense_pairs);
     if (data)
         printf("perplexity of the %d tokens after the first: %.4f\n", ctx + n - 1,
                exp(-nll / (ctx + n - 1)));
@@ -163,14 +162,13 @@ int cmd_bench_decode(int argc, char** argv) {
     struct stat st;
     const double file_mb = stat(model, &st) ? 0 : st.st_size / 1048576.0;
     const int hs = m.cfg.C / m.cfg.NH;
-    const double kv_mb = 2.0 * m.cfg.L * c.cap * m.cfg.NKV * hs * (c.half ? 2 : sizeof(real)) /
-                         1048576.0;
+    const double kv_mb =
+        2.0 * m.cfg.L * c.cap * m.cfg.NKV * hs * (c.half ? 2 : sizeof(real)) / 1048576.0;
     const double all_mb = (anon1 - anon0 + file1 - file0) / 1024.0;
     printf(
         "resident memory: %.1f MB (%.1f MB allocated, %.1f MB of mapped file), of which the KV "
         "cache %.1f MB: the model and the rest %.1f MB; the model file is %.1f MB\n",
-        all_mb, (anon1 - anon0) / 1024.0, (file1 - file0) / 1024.0, kv_mb, all_mb - kv_mb,
-        file_mb);
+        all_mb, (anon1 - anon0) / 1024.0, (file1 - file0) / 1024.0, kv_mb, all_mb - kv_mb, file_mb);
     free(logits);
     kvcache_free(&c);
     model_free(&m);

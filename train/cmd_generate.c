@@ -70,12 +70,13 @@ int cmd_generate(int argc, char** argv) {
     const char* topk = NULL;
     double temperature = 0, top_p = 1;
     int seed = 1;
-    if (cli_parse("generate", argc, argv, 1, generate_usage,
-                  "--model:s --tokenizer:s --prompt:s -n:i[0,1048576] --temperature:x[0,100] "
-                  "--top-p:x[1e-9,1] "
-                  "--seed:i[0,2147483647] --router:s --topk:s --attn:s --weights:s --prefill:s --kv:s",
-                  &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn,
-                  &weights, &prefill, &kv))
+    if (cli_parse(
+            "generate", argc, argv, 1, generate_usage,
+            "--model:s --tokenizer:s --prompt:s -n:i[0,1048576] --temperature:x[0,100] "
+            "--top-p:x[1e-9,1] "
+            "--seed:i[0,2147483647] --router:s --topk:s --attn:s --weights:s --prefill:s --kv:s",
+            &model, &tok, &prompt, &n, &temperature, &top_p, &seed, &router, &topk, &attn, &weights,
+            &prefill, &kv))
         return 0;
     if (!model || !prompt) fatal("generate: needs --model and --prompt");
     if (top_p <= 0 || top_p > 1) fatal("generate: --top-p must be in (0, 1]");

@@ -45,10 +45,11 @@ int cmd_plan(int argc, char** argv) {
     if (B % ranks) fatal("plan: B=%d is not a multiple of the %d ranks", B, ranks);
     const int Bl = B / ranks;
     MemoryPlan p = model_memory_plan(&cfg, &fc, Bl, T, kl, attn, 4);
-    printf("memory plan: %s (%.3fB parameters, L=%d C=%d heads %d/%d F=%d V=%d), router training,\n"
-           "B=%d x T=%d%s, objective %s, fp32 weights\n",
-           preset, model_param_count(&cfg) / 1e9, cfg.L, cfg.C, cfg.NH, cfg.NKV, cfg.F, cfg.V, B,
-           T, ranks > 1 ? " over the ranks" : "", objective);
+    printf(
+        "memory plan: %s (%.3fB parameters, L=%d C=%d heads %d/%d F=%d V=%d), router training,\n"
+        "B=%d x T=%d%s, objective %s, fp32 weights\n",
+        preset, model_param_count(&cfg) / 1e9, cfg.L, cfg.C, cfg.NH, cfg.NKV, cfg.F, cfg.V, B, T,
+        ranks > 1 ? " over the ranks" : "", objective);
     printf("  %-42s %10.3f GB\n", "frozen weights (fp32)", gb(p.weights));
     printf("  %-42s %10.3f GB\n", "activations kept for the backward", gb(p.activations));
     printf("  %-42s %10.3f GB\n", "logits (and their gradient, in place)", gb(p.logits));
@@ -59,12 +60,13 @@ int cmd_plan(int argc, char** argv) {
     if (ranks > 1) {
         /* a step's all-reduces: router gradients (fp32), the two losses, beta's column sums
          * (8 iterations of L x (K + 1) doubles); a ring sends 2 (N - 1) / N of the bytes */
-        const double bytes = (double)cfg.L * ((double)cfg.C * fc.dg + (double)fc.K * fc.dg + 2) *
-                                 4 +
-                             16 + 8.0 * cfg.L * (fc.K + 1) * 8;
-        printf("data-parallel over %d ranks, %d rows each: %.0f bytes all-reduced per step, about "
-               "%.0f sent by each rank (ring)\n",
-               ranks, Bl, bytes, 2.0 * (ranks - 1) / ranks * bytes);
+        const double bytes =
+            (double)cfg.L * ((double)cfg.C * fc.dg + (double)fc.K * fc.dg + 2) * 4 + 16 +
+            8.0 * cfg.L * (fc.K + 1) * 8;
+        printf(
+            "data-parallel over %d ranks, %d rows each: %.0f bytes all-reduced per step, about "
+            "%.0f sent by each rank (ring)\n",
+            ranks, Bl, bytes, 2.0 * (ranks - 1) / ranks * bytes);
     }
     if (mem > 0) {
         const size_t have = (size_t)(mem * 1e9);

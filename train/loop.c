@@ -130,9 +130,10 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
                   Comm* dp) {
     const int ranks = dp->size, root = dp->rank == 0;
     if (ranks > 1 && strcmp(device, "cpu"))
-        fatal("retrofit: data-parallel training over MPI ranks runs on the CPU (%d ranks asked "
-              "for --device %s)",
-              ranks, device);
+        fatal(
+            "retrofit: data-parallel training over MPI ranks runs on the CPU (%d ranks asked "
+            "for --device %s)",
+            ranks, device);
     if (rc->B % ranks)
         fatal("retrofit: B=%d is not a multiple of the %d data-parallel ranks", rc->B, ranks);
     char ckpt[4096], metrics_path[4096];
@@ -168,8 +169,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     model_place(m, device);
     m->dp = ranks > 1 ? dp : NULL;
     if (ranks > 1)
-        printf("data-parallel over %d %s ranks: %d of the B = %d rows each\n", ranks,
-               dp->ops->name, rc->B / ranks, rc->B);
+        printf("data-parallel over %d %s ranks: %d of the B = %d rows each\n", ranks, dp->ops->name,
+               rc->B / ranks, rc->B);
     long ckpt_step = resume ? st.step : -1; /* the step of the checkpoint on disk, -1: none */
     char words[4200];
     FILE* mf = fopen(root ? metrics_path : "/dev/null", "a");
@@ -220,8 +221,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         for (int micro = 0; micro < rc->grad_accum; micro++) {
             next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt);
             double obj = 0;
-            if (use_kl || use_attn)
-                model_teacher_forward(m, inp + first, Bl, T, use_kl, use_attn);
+            if (use_kl || use_attn) model_teacher_forward(m, inp + first, Bl, T, use_kl, use_attn);
             if (use_attn) {
                 obj += rc->attn_weight * model_attn_objective(m, rc->attn_weight, 1);
                 if (!use_kl) model_update_beta(m); /* the teacher pass ran the training routing */
@@ -255,7 +255,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         double share = focus_largest_share(m), gate = focus_gate_far_mean(m, &rng);
         double tps = (double)B * T * rc->grad_accum / dt;
         char commtxt[48] = "";
-        if (ranks > 1) snprintf(commtxt, sizeof commtxt, " (%.0f%% communicating)", 100 * comm / dt);
+        if (ranks > 1)
+            snprintf(commtxt, sizeof commtxt, " (%.0f%% communicating)", 100 * comm / dt);
         printf(
             "step %5ld/%d | %s %.4f | lr %.2e | %8.0f tok/s | %7.0f ms%s | largest group %.3f | "
             "gate(far) %.3f | |g| %.3f\n",
@@ -324,12 +325,13 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             "config.conf)\n",
             now_seconds() - t_start, out);
         if (!strcmp(device, "cpu")) { /* what `focus plan` predicts, against what it took */
-            MemoryPlan p = model_memory_plan(&m->cfg, &rc->fc, Bl, T, use_kl, use_attn,
-                                             (int)sizeof(real));
+            MemoryPlan p =
+                model_memory_plan(&m->cfg, &rc->fc, Bl, T, use_kl, use_attn, (int)sizeof(real));
             const double data = (double)(d->ntrain + d->neval) * sizeof(int);
-            printf("memory: peak %.0f MiB above the program's own; the plan (focus plan) %.0f MiB "
-                   "and the tokens %.0f MiB\n",
-                   peak_rss_growth_mib(), p.total / 1048576.0, data / 1048576.0);
+            printf(
+                "memory: peak %.0f MiB above the program's own; the plan (focus plan) %.0f MiB "
+                "and the tokens %.0f MiB\n",
+                peak_rss_growth_mib(), p.total / 1048576.0, data / 1048576.0);
         }
     }
     free(inp);

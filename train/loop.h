@@ -35,8 +35,7 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
  * the same AdamW step one process would on the whole batch. Rank 0 alone evaluates, prints and
  * writes files; the sampler is the whole batch's, so a run resumes with any rank count. */
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
-                  const char* conf_text, int resume, long stop_after, const char* device,
-                  Comm* dp);
+                  const char* conf_text, int resume, long stop_after, const char* device, Comm* dp);
 
 /* The baselines a retrofit is compared with, on the same data, budget and data order: LoRA
  * adapters (rc->method "lora": only the adapters train; OUT/lora.h5) or full fine-tuning ("full":

@@ -22,13 +22,13 @@ static void check(const Comm* c, ncclResult_t rc, const char* what) {
               ncclGetErrorString(rc));
     cudaError_t e = cudaStreamSynchronize(nc(c)->stream);
     if (e != cudaSuccess)
-        fatal("comm (NCCL): rank %d of %d: %s: %s", c->rank, c->size, what,
-              cudaGetErrorString(e));
+        fatal("comm (NCCL): rank %d of %d: %s: %s", c->rank, c->size, what, cudaGetErrorString(e));
 }
 
 static void nccl_allreduce(Comm* c, void* buf, size_t n, CommType type) {
-    const ncclDataType_t t = type == COMM_F32 ? ncclFloat32 : type == COMM_F64 ? ncclFloat64
-                                                                               : ncclInt64;
+    const ncclDataType_t t = type == COMM_F32   ? ncclFloat32
+                             : type == COMM_F64 ? ncclFloat64
+                                                : ncclInt64;
     check(c, ncclAllReduce(buf, buf, n, t, ncclSum, nc(c)->comm, nc(c)->stream), "all-reduce");
 }
 
@@ -38,8 +38,8 @@ static void nccl_broadcast(Comm* c, void* buf, size_t bytes, int root) {
 }
 
 static void nccl_barrier(Comm* c) {
-    check(c, ncclAllReduce(nc(c)->one, nc(c)->one, 1, ncclInt32, ncclSum, nc(c)->comm,
-                           nc(c)->stream),
+    check(c,
+          ncclAllReduce(nc(c)->one, nc(c)->one, 1, ncclInt32, ncclSum, nc(c)->comm, nc(c)->stream),
           "barrier");
 }
 
@@ -73,10 +73,10 @@ static void nccl_release(Comm* c) {
     free(h);
 }
 
-static const CommOps nccl_ops = {"nccl", nccl_allreduce, nccl_broadcast, nccl_barrier,
-                                 nccl_split, nccl_release};
+static const CommOps nccl_ops = {"nccl",       nccl_allreduce, nccl_broadcast,
+                                 nccl_barrier, nccl_split,     nccl_release};
 
-Comm* comm_nccl_create(Comm* c, int device, char* why, size_t n) {
+Comm* comm_nccl(Comm* c, int device, char* why, size_t n) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
         snprintf(why, n, "rank %d: no GPU %d (%d found)", c->rank, device, count);
