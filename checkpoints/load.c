@@ -206,7 +206,8 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
     /* F = 4 C is formed only once C is known to be small (no signed overflow) */
     ModelConfig cfg = {
         ARCH_GPT2, h[4], h[6],  h[5], h[5], h[6] > 0 && h[6] <= 65536 ? 4 * h[6] : -1,
-        h[3],      h[2], 1e-5f, 0,    0,    1};
+        h[3],      h[2], 1e-5f, 0,    0,    1,
+        0,         0};
     int Vp = h[7];
     char err[512];
     if (model_config_check(&cfg, err, sizeof err) || Vp < cfg.V || Vp > (1 << 24))
@@ -541,7 +542,9 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
                             (float)json_num(hc, "layer_norm_epsilon", 1e-5),
                             0,
                             0,
-                            1};
+                            1,
+                            0,
+                            0};
         cfg.NKV = cfg.NH;
         cfg.F = json_int(hc, "n_inner", 4 * cfg.C);
     } else {
@@ -701,16 +704,6 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
         fatal("%s: unrecognised model format (expected GGUF, safetensors or an llm.c checkpoint)",
               path);
     }
-}
-
-uint64_t model_fingerprint(const Model* m) {
-    /* FNV-1a over the configuration and the parameter bytes. */
-    uint64_t h = 0xcbf29ce484222325ull;
-    const uint8_t* bytes[2] = {(const uint8_t*)&m->cfg, (const uint8_t*)m->params_mem};
-    size_t lens[2] = {sizeof(m->cfg), m->num_params * sizeof(real)};
-    for (int k = 0; k < 2; k++)
-        for (size_t i = 0; i < lens[k]; i++) h = (h ^ bytes[k][i]) * 0x100000001b3ull;
-    return h;
 }
 
 /* ------------------------------------------------------------------ native decode weights */

@@ -34,8 +34,4 @@ int model_load_native(Model* m, const char* path, char* why, size_t n);
 int model_load_lean(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, char* why,
                     size_t n);
 
-/* 64-bit fingerprint of the backbone (configuration and every parameter bit); a router
- * trained on one base model is refused on another (see the retrofit issue). */
-uint64_t model_fingerprint(const Model* m);
-
 #endif

@@ -44,9 +44,6 @@ extern const ModelBackend model_cpu_backend;
 /* The backend for a device name ("cpu", "cuda"), or NULL with *why saying what is missing. */
 const ModelBackend* model_find_backend(const char* device, const char** why);
 
-int model_qkv_width(const ModelConfig* c);
-int model_fc_width(const ModelConfig* c);
-
 /* Sizes of the activation tensors for (B, T, keep), by name or as the array carve() takes. */
 typedef union {
     size_t n[NUM_ACT_TENSORS];

@@ -40,27 +40,33 @@ int model_config_preset(const char* name, ModelConfig* c) {
     c->rope_theta = 10000.0f;
     c->tied = 1;
     if (!strcmp(name, "gpt2-124m")) {
-        *c = (ModelConfig){ARCH_GPT2, 12, 768, 12, 12, 3072, 50257, 1024, 1e-5f, 0, 0, 1};
+        *c = (ModelConfig){ARCH_GPT2, 12, 768, 12, 12, 3072, 50257, 1024, 1e-5f, 0, 0, 1, 0, 0};
     } else if (!strcmp(name, "smollm2-135m")) {
-        *c = (ModelConfig){ARCH_LLAMA, 30, 576, 9, 3, 1536, 49152, 8192, 1e-5f, 100000.0f, 0, 1};
+        *c = (ModelConfig){ARCH_LLAMA, 30,    576,       9, 3, 1536, 49152,
+                           8192,       1e-5f, 100000.0f, 0, 1, 0,    0};
         /* real shapes (their published configurations), for benchmarks with random weights */
     } else if (!strcmp(name, "llama2-7b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 32, 4096, 32, 32, 11008, 32000, 4096, 1e-5f, 10000.0f, 0, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 32,    4096,     32, 32, 11008, 32000,
+                           4096,       1e-5f, 10000.0f, 0,  0,  0,     0};
     } else if (!strcmp(name, "llama2-13b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 40, 5120, 40, 40, 13824, 32000, 4096, 1e-5f, 10000.0f, 0, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 40,    5120,     40, 40, 13824, 32000,
+                           4096,       1e-5f, 10000.0f, 0,  0,  0,     0};
     } else if (!strcmp(name, "llama2-70b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 80, 8192, 64, 8, 28672, 32000, 4096, 1e-5f, 10000.0f, 0, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 80,    8192,     64, 8, 28672, 32000,
+                           4096,       1e-5f, 10000.0f, 0,  0, 0,     0};
     } else if (!strcmp(name, "mistral-7b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 32, 4096, 32, 8, 14336, 32000, 32768, 1e-5f, 10000.0f, 0, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 32,    4096,     32, 8, 14336, 32000,
+                           32768,      1e-5f, 10000.0f, 0,  0, 0,     0};
     } else if (!strcmp(name, "qwen2.5-7b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 28, 3584, 28, 4, 18944, 152064, 32768, 1e-6f, 1e6f, 1, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 28,    3584, 28, 4, 18944, 152064,
+                           32768,      1e-6f, 1e6f, 1,  0, 0,     0};
     } else if (!strcmp(name, "llama3-8b")) {
-        *c =
-            (ModelConfig){ARCH_LLAMA, 32, 4096, 32, 8, 14336, 128256, 8192, 1e-5f, 500000.0f, 0, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 32,    4096,      32, 8, 14336, 128256,
+                           8192,       1e-5f, 500000.0f, 0,  0, 0,     0};
     } else if (!strcmp(name, "tiny-gpt2")) {
-        *c = (ModelConfig){ARCH_GPT2, 2, 32, 4, 4, 128, 64, 64, 1e-5f, 0, 0, 1};
+        *c = (ModelConfig){ARCH_GPT2, 2, 32, 4, 4, 128, 64, 64, 1e-5f, 0, 0, 1, 0, 0};
     } else if (!strcmp(name, "tiny-llama")) {
-        *c = (ModelConfig){ARCH_LLAMA, 2, 32, 4, 2, 96, 64, 64, 1e-5f, 10000.0f, 0, 0};
+        *c = (ModelConfig){ARCH_LLAMA, 2, 32, 4, 2, 96, 64, 64, 1e-5f, 10000.0f, 0, 0, 0, 0};
     } else {
         return -1;
     }
@@ -365,6 +371,11 @@ int model_config_check(const ModelConfig* c, char* err, size_t n) {
     if (c->arch == ARCH_LLAMA && !(c->rope_theta >= 1))
         return snprintf(err, n, "model config: rope_theta = %g; a rotary base must be at least 1",
                         (double)c->rope_theta),
+               -1;
+    if (c->tp > 1 && model_tp_check(c, c->tp, err, n)) return -1;
+    if (c->tp_rank < 0 || c->tp_rank >= model_tp(c))
+        return snprintf(err, n, "model config: slice %d of %d tensor-parallel slices", c->tp_rank,
+                        model_tp(c)),
                -1;
     if (!(c->eps > 0))
         return snprintf(err, n, "model config: eps = %g; a norm epsilon must be positive",

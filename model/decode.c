@@ -15,6 +15,7 @@ enum { GOVERN_PERIOD = 128, GOVERN_PROBE = 6, GOVERN_MIN_GAP = 16 };
 static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
 
 void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
+    if (m->tp) fatal("decoding runs in one process: this model is a tensor-parallel slice");
     const ModelConfig* mc = &m->cfg;
     int hs = mc->C / mc->NH, K = m->fc.K;
     memset(c, 0, sizeof(*c));

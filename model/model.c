@@ -22,11 +22,44 @@
 
 _Static_assert(sizeof(ActSizes) == NUM_ACT_TENSORS * sizeof(size_t), "ActSizes names every tensor");
 
-int model_qkv_width(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
-int model_fc_width(const ModelConfig* c) { return c->arch == ARCH_LLAMA ? 2 * c->F : c->F; }
+int model_kv_heads(const ModelConfig* c) {
+    const int tp = model_tp(c), nh = c->NH / tp, group = c->NH / c->NKV;
+    if (c->NKV % tp == 0) return c->NKV / tp; /* split with the query heads */
+    return group % nh == 0 ? 1 : nh;          /* a copy of the one they share, or one each */
+}
+
+int model_kv_head(const ModelConfig* c, int j) {
+    const int nh = model_heads(c), h0 = c->tp_rank * nh, group = c->NH / c->NKV;
+    if (model_tp(c) == 1 || c->NKV % model_tp(c) == 0) return h0 / group + j;
+    return model_kv_heads(c) == 1 ? h0 / group : (h0 + j) / group;
+}
+
+int model_qkv_width(const ModelConfig* c) {
+    return (model_heads(c) + 2 * model_kv_heads(c)) * (c->C / c->NH);
+}
+int model_att_width(const ModelConfig* c) { return model_heads(c) * (c->C / c->NH); }
+int model_fc_width(const ModelConfig* c) {
+    return c->arch == ARCH_LLAMA ? 2 * model_ffn(c) : model_ffn(c);
+}
+
+int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
+    if (tp < 1) return snprintf(err, n, "tensor parallelism: tp=%d must be at least 1", tp), -1;
+    if (c->NH % tp)
+        return snprintf(err, n,
+                        "tensor parallelism: tp=%d does not divide the model's %d attention heads",
+                        tp, c->NH),
+               -1;
+    if (c->F % tp)
+        return snprintf(err, n,
+                        "tensor parallelism: tp=%d does not divide the feed-forward width F=%d", tp,
+                        c->F),
+               -1;
+    return 0;
+}
 
 static void param_sizes(size_t* s, const ModelConfig* c) {
-    size_t L = c->L, C = c->C, V = c->V, Q = model_qkv_width(c), FC = model_fc_width(c), F = c->F;
+    size_t L = c->L, C = c->C, V = c->V, Q = model_qkv_width(c), FC = model_fc_width(c),
+           F = model_ffn(c), A = model_att_width(c);
     int g = c->arch == ARCH_GPT2;
     s[0] = V * C;
     s[1] = g ? (size_t)c->maxT * C : 0;
@@ -34,7 +67,7 @@ static void param_sizes(size_t* s, const ModelConfig* c) {
     s[3] = g ? L * C : 0;
     s[4] = L * Q * C;
     s[5] = (g || c->qkv_bias) ? L * Q : 0;
-    s[6] = L * C * C;
+    s[6] = L * C * A;
     s[7] = g ? L * C : 0;
     s[8] = L * C;
     s[9] = g ? L * C : 0;
@@ -103,6 +136,106 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     alloc_router(m);
 }
 
+uint64_t model_weights_hash(const Model* m) {
+    /* FNV-1a over the shape (the fields before the slice's) and the parameter bytes */
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint8_t* bytes[2] = {(const uint8_t*)&m->cfg, (const uint8_t*)m->params_mem};
+    size_t lens[2] = {offsetof(ModelConfig, tp), m->num_params * sizeof(real)};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < lens[k]; i++) h = (h ^ bytes[k][i]) * 0x100000001b3ull;
+    return h;
+}
+
+uint64_t model_fingerprint(const Model* m) {
+    return model_tp(&m->cfg) > 1 ? m->whole_fingerprint : model_weights_hash(m);
+}
+
+/* Rows [r0, r0 + n) of the (rows, cols) matrix src to dst. */
+static real* copy_rows(real* dst, const real* src, size_t r0, size_t n, size_t cols) {
+    memcpy(dst, src + r0 * cols, sizeof(real) * n * cols);
+    return dst + n * cols;
+}
+
+/* Columns [c0, c0 + n) of the (rows, cols) matrix src to dst (rows, n). */
+static void copy_cols(real* dst, const real* src, size_t rows, size_t cols, size_t c0, size_t n) {
+    for (size_t r = 0; r < rows; r++) memcpy(dst + r * n, src + r * cols + c0, sizeof(real) * n);
+}
+
+void model_shard(Model* m, Comm* tp) {
+    const ModelConfig whole = m->cfg;
+    char err[256];
+    if (model_tp_check(&whole, tp->size, err, sizeof err)) fatal("%s", err);
+    if (model_tp(&whole) != 1) fatal("internal: model_shard of a model already sharded");
+    if (m->backend != &model_cpu_backend || m->lora.rank || m->grads_mem)
+        fatal("internal: model_shard wants a CPU model without adapters or gradients");
+    m->whole_fingerprint = model_weights_hash(m);
+    if (tp->size == 1) return;
+    ModelConfig c = whole;
+    c.tp = tp->size;
+    c.tp_rank = tp->rank;
+    Params o = m->params; /* the whole model's */
+    real* old_mem = m->params_mem;
+    param_sizes(m->param_sizes, &c);
+    m->num_params = model_sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
+    m->params_mem = callocCheck(m->num_params, sizeof(real));
+    model_carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+    m->cfg = c;
+    Params* p = &m->params;
+    const size_t C = whole.C, hs = C / whole.NH, F = whole.F, L = whole.L;
+    const size_t nh = model_heads(&c), nkv = model_kv_heads(&c), h0 = (size_t)tp->rank * nh;
+    const size_t Fl = model_ffn(&c), f0 = (size_t)tp->rank * Fl, A = nh * hs;
+    const size_t Qw = model_qkv_width(&whole), Ql = model_qkv_width(&c);
+    const size_t FCw = model_fc_width(&whole), FCl = model_fc_width(&c);
+    /* whole tensors: copied as they are */
+    real* const* src = (real* const*)&o;
+    real** dst = (real**)p;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (dst[i] == p->qkvw || dst[i] == p->qkvb || dst[i] == p->attprojw || dst[i] == p->fcw ||
+            dst[i] == p->fcb || dst[i] == p->fcprojw || !dst[i])
+            continue;
+        memcpy(dst[i], src[i], sizeof(real) * m->param_sizes[i]);
+    }
+    for (size_t l = 0; l < L; l++) {
+        /* column-parallel: this slice's q heads, then the k and v heads they read */
+        const size_t cols[2] = {C, 1};
+        real* const wd[2] = {p->qkvw, p->qkvb};
+        const real* const ws[2] = {o.qkvw, o.qkvb};
+        for (int t = 0; t < 2; t++) {
+            if (!wd[t]) continue;
+            real* d = wd[t] + l * Ql * cols[t];
+            const real* s = ws[t] + l * Qw * cols[t];
+            d = copy_rows(d, s, h0 * hs, nh * hs, cols[t]);
+            for (int kv = 0; kv < 2; kv++)
+                for (size_t j = 0; j < nkv; j++) {
+                    size_t g = (size_t)model_kv_head(&c, (int)j);
+                    d = copy_rows(d, s, (whole.NH + kv * whole.NKV + g) * hs, hs, cols[t]);
+                }
+        }
+        /* column-parallel MLP rows (llama: the gate rows, then the up rows) */
+        const real* const fs[2] = {o.fcw, o.fcb};
+        real* const fd[2] = {p->fcw, p->fcb};
+        for (int t = 0; t < 2; t++) {
+            if (!fd[t]) continue;
+            real* d = fd[t] + l * FCl * cols[t];
+            const real* s = fs[t] + l * FCw * cols[t];
+            for (size_t part = 0; part < FCw / F; part++)
+                d = copy_rows(d, s, part * F + f0, Fl, cols[t]);
+        }
+        /* row-parallel: the input columns of this slice's heads and feed-forward units */
+        copy_cols(p->attprojw + l * C * A, o.attprojw + l * C * C, C, C, h0 * hs, A);
+        copy_cols(p->fcprojw + l * C * Fl, o.fcprojw + l * C * F, C, F, f0, Fl);
+    }
+    free(old_mem);
+    if (m->native_release) m->native_release(m->native_owner);
+    free(m->native);
+    m->native = NULL;
+    m->native_release = NULL;
+    m->native_owner = NULL;
+    free(m->acts_mem);
+    m->acts_mem = NULL;
+    m->tp = tp;
+}
+
 void model_set_router_config(Model* m, const FocusConfig* fc) {
     config_validate(&m->cfg, fc);
     m->fc = *fc;
@@ -164,6 +297,7 @@ static void lora_shapes(const Model* m, size_t* s, int* in, int* out) {
 }
 
 void model_lora_init(Model* m, const LoraConfig* lc, uint64_t seed) {
+    if (m->tp) fatal("lora: a tensor-parallel model takes no adapters (LoRA runs in one process)");
     if (lc->rank < 1 || lc->targets <= 0 || lc->targets > 15 || !(lc->alpha > 0))
         fatal("lora: rank must be >= 1, alpha > 0 and targets a subset of qkv,o,fc,fcproj");
     free(m->lora_mem);
@@ -269,14 +403,14 @@ ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int 
     s[2] = Ls * BT;
     s[3] = Ls * BT;
     s[4] = Ls * BT * model_qkv_width(c);
-    s[5] = Ls * BT * C;
-    s[6] = Ls * B * c->NH * (size_t)T;
+    s[5] = Ls * BT * model_att_width(c);
+    s[6] = Ls * B * model_heads(c) * (size_t)T;
     s[7] = Ls * BT * C;
     s[8] = Ls * BT * C;
     s[9] = Ls * BT;
     s[10] = Ls * BT;
     s[11] = Ls * BT * model_fc_width(c);
-    s[12] = Ls * BT * c->F;
+    s[12] = Ls * BT * model_ffn(c);
     s[13] = Ls * BT * C;
     s[14] = router ? Ls * BT * f->dg : 0;
     s[15] = router ? Ls * BT * f->K : 0;
@@ -317,9 +451,10 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
     const FocusConfig* f = &m->fc;
     const size_t BT = (size_t)m->B * m->T, slot = m->keep ? (size_t)l : 0;
     /* ln1 .. rS: a slice of BT rows of these widths in slot l (slot 0 when not keeping) */
-    const size_t width[15] = {c->C, 1, 1, model_qkv_width(c), c->C, c->NH, c->C,
-                              c->C, 1, 1, model_fc_width(c),  c->F, c->C,  f->dg,
-                              f->K};
+    const size_t width[15] = {
+        c->C, 1, 1, model_qkv_width(c), model_att_width(c), model_heads(c), c->C,
+        c->C, 1, 1, model_fc_width(c),  model_ffn(c),       c->C,           f->dg,
+        f->K};
     LayerActs r;
     real** out = &r.ln1;
     real* const* in = &a->ln1;
@@ -491,6 +626,11 @@ void model_place(Model* m, const char* device) {
     if (!be) fatal("--device %s: %s", device, why);
     if (be == m->backend) return;
     if (m->lora.rank) fatal("--device %s: LoRA adapters run on the CPU (merge them first)", device);
+    if (m->tp)
+        fatal(
+            "--device %s: a tensor-parallel model runs on CPU ranks (MPI) in this version; its "
+            "GPU path (NCCL) is not built yet",
+            device);
     if (m->backend != &model_cpu_backend)
         fatal("internal: a model is placed on a device once (it is on %s)", m->backend->name);
     m->backend = be;
@@ -525,16 +665,16 @@ void model_drop_native_copies(Model* m) {
     const size_t L = (size_t)c->L, C = (size_t)c->C;
     const size_t Q = (size_t)model_qkv_width(c), FC = (size_t)model_fc_width(c);
     drop_pages(p->qkvw, sizeof(real) * L * Q * C);
-    drop_pages(p->attprojw, sizeof(real) * L * C * C);
+    drop_pages(p->attprojw, sizeof(real) * L * C * (size_t)model_att_width(c));
     drop_pages(p->fcw, sizeof(real) * L * FC * C);
-    drop_pages(p->fcprojw, sizeof(real) * L * C * (size_t)c->F);
+    drop_pages(p->fcprojw, sizeof(real) * L * C * (size_t)model_ffn(c));
     drop_pages(p->wte, sizeof(real) * (size_t)c->V * C);
     if (!c->tied) drop_pages(p->lmhead, sizeof(real) * (size_t)c->V * C);
     m->decode_only = 1;
 }
 
 size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t BT) {
-    return BT * (2 * (size_t)c->C + model_qkv_width(c) + model_fc_width(c) + c->F +
+    return BT * (2 * (size_t)c->C + model_qkv_width(c) + model_fc_width(c) + model_ffn(c) +
                  2 * (size_t)f->K + f->dg);
 }
 

@@ -30,7 +30,29 @@ typedef struct {
     float rope_theta; /* LLaMA rotary base */
     int qkv_bias;     /* LLaMA family: Q/K/V projections carry biases (Qwen2) */
     int tied;         /* output head shares the token embedding */
+    /* Tensor parallelism (Megatron-LM): this model holds one of tp slices of the shape above
+     * (0 or 1: the whole model). Slice tp_rank has query heads [tp_rank NH/tp, ...) and their
+     * key/value heads (model_kv_head), feed-forward columns [tp_rank F/tp, ...); the norms,
+     * embeddings, output head and output biases are whole on every rank. See model_shard. */
+    int tp, tp_rank;
 } ModelConfig;
+
+/* The tensor-parallel ranks of a model (1 without), and its slice's shape: query heads, key/value
+ * heads, feed-forward width. Key/value heads are split with the query heads when tp divides NKV;
+ * otherwise each rank keeps copies of the ones its query heads read: one when its query heads
+ * all share it, else one per query head (the kernels' mapping, local query head i to local
+ * key/value head i / (heads / kv_heads), then holds in every case). */
+static inline int model_tp(const ModelConfig* c) { return c->tp > 1 ? c->tp : 1; }
+static inline int model_heads(const ModelConfig* c) { return c->NH / model_tp(c); }
+static inline int model_ffn(const ModelConfig* c) { return c->F / model_tp(c); }
+int model_kv_heads(const ModelConfig* c);
+/* The whole model's key/value head that the slice's key/value head j holds. */
+int model_kv_head(const ModelConfig* c, int j);
+/* Widths of the slice's tensors: q, k, v rows (NH_l + 2 NKV_l) hs; attention output NH_l hs;
+ * first MLP projection F_l (gpt2) or 2 F_l (llama: gate rows, then up rows). */
+int model_qkv_width(const ModelConfig* c);
+int model_att_width(const ModelConfig* c);
+int model_fc_width(const ModelConfig* c);
 
 typedef enum { ATTN_DENSE = 0, ATTN_SOFT = 1, ATTN_HARD = 2 } AttnMode;
 
@@ -197,6 +219,11 @@ typedef struct {
     /* data-parallel training: the ranks whose batches together are the step's batch (NULL: this
      * process alone); model_update_beta adds up its statistics across them */
     Comm* dp;
+    /* tensor parallelism: the ranks holding the other slices of this model (cfg.tp of them; NULL
+     * for a whole model). Their partial sums are added up after the attention output and MLP
+     * down projections (forward) and after the QKV and MLP up projections (backward). */
+    Comm* tp;
+    uint64_t whole_fingerprint; /* of the whole model this slice was cut from (model_shard) */
     void* native_owner;
     void (*native_release)(void*);
 } Model;
@@ -232,6 +259,23 @@ size_t model_param_count(const ModelConfig* c);
 /* Check a configuration for consistency; fatal() with a message naming the problem. */
 void config_validate(const ModelConfig* cfg, const FocusConfig* fc);
 void config_print(const ModelConfig* cfg, const FocusConfig* fc, FILE* f);
+
+/* 64-bit fingerprint of the backbone (configuration and every parameter bit; for a slice, of the
+ * whole model it was cut from); a router trained on one base model is refused on another. */
+uint64_t model_fingerprint(const Model* m);
+/* The same hash over the weights this process holds (a slice's own): what must not change while
+ * a router trains. */
+uint64_t model_weights_hash(const Model* m);
+
+/* Keep only slice cfg.tp_rank of cfg.tp of a whole model (Megatron-LM tensor parallelism):
+ * column-parallel Q/K/V and MLP up/gate rows, row-parallel attention output and MLP down columns;
+ * the rest stays whole. tp: the ranks of the slices, rank i holding slice i. The router stays
+ * whole (replicated). The model must be on the CPU, without LoRA adapters or native weights
+ * (they are dropped). Fatal with a one-line reason when the layout is impossible (tp does not
+ * divide the heads or the feed-forward width). */
+void model_shard(Model* m, Comm* tp);
+/* The layout of cfg split over tp ranks is possible: 0, or -1 with a one-line reason in err. */
+int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n);
 
 /* Allocate parameters (zeroed) and the router (randomly initialised from fc->seed). */
 void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc);

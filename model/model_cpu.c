@@ -77,13 +77,25 @@ static void norm_backward(const Model* m, real* dinp, real* dw, real* db, const 
         rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
 }
 
+/* Tensor parallelism: x (n reals), a partial sum over this slice's heads or feed-forward units,
+ * becomes the whole model's sum (a no-op for a whole model). */
+static void tp_sum(const Model* m, real* x, size_t n) {
+    if (m->tp) comm_allreduce_sum(m->tp, x, n, COMM_F32);
+}
+
+/* A bias added after a row-parallel product: by one slice only, before the partial sums are
+ * added up. */
+static const real* tp_bias(const Model* m, const real* b) { return m->cfg.tp_rank ? NULL : b; }
+
 static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     ensure_acts(m, B, T, keep);
     memcpy(m->inputs, inputs, sizeof(int) * B * T);
     const size_t BT = (size_t)B * T;
+    /* this slice's heads and feed-forward width (the whole model's without tensor parallelism) */
     const int C = c->C, hs = C / c->NH, QKV = model_qkv_width(c), FC = model_fc_width(c);
+    const int NH = model_heads(c), NKV = model_kv_heads(c), F = model_ffn(c), A = NH * hs;
     const Params* p = &m->params;
     Acts* a = &m->acts;
     encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
@@ -95,7 +107,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                      model_slice(p->ln1b, l, C), BT);
         linear(la.qkv, la.ln1, p->qkvw, p->qkvb, l, BT, C, QKV);
         lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
-        if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, NH, NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
         if (f->attn != ATTN_DENSE || m->routed_dense) {
             /* a dense layer's groups are still computed (reports and statistics read them) */
@@ -112,29 +124,31 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         AttnGate gate = model_layer_gate(m, l, &la);
         switch (model_attn_kernel(mode, keep)) {
             case ATTN_KERNEL_SPARSE:
-                attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, c->NH,
-                                       c->NKV, hs);
+                attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, NH, NKV,
+                                       hs);
                 break;
             case ATTN_KERNEL_DENSE:
-                attention_flash_forward(la.att, la.lse, la.qkv, B, T, c->NH, c->NKV, hs);
+                attention_flash_forward(la.att, la.lse, la.qkv, B, T, NH, NKV, hs);
                 break;
             case ATTN_KERNEL_GATED:
-                attention_forward(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+                attention_forward(la.att, la.lse, la.qkv, &gate, B, T, NH, NKV, hs);
                 break;
         }
-        linear(la.res2, la.att, p->attprojw, p->attprojb, l, BT, C, C);
+        linear(la.res2, la.att, p->attprojw, tp_bias(m, p->attprojb), l, BT, A, C);
         lora_add(m, 1, l, la.res2, la.att, BT, C, C);
+        tp_sum(m, la.res2, BT * C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
         linear(la.fch, la.ln2, p->fcw, p->fcb, l, BT, C, FC);
         lora_add(m, 2, l, la.fch, la.ln2, BT, C, FC);
         if (c->arch == ARCH_GPT2)
-            gelu_forward(la.fch_act, la.fch, BT * c->F);
+            gelu_forward(la.fch_act, la.fch, BT * F);
         else
-            swiglu_forward(la.fch_act, la.fch, BT, c->F);
-        linear(la.res3, la.fch_act, p->fcprojw, p->fcprojb, l, BT, c->F, C);
-        lora_add(m, 3, l, la.res3, la.fch_act, BT, c->F, C);
+            swiglu_forward(la.fch_act, la.fch, BT, F);
+        linear(la.res3, la.fch_act, p->fcprojw, tp_bias(m, p->fcprojb), l, BT, F, C);
+        lora_add(m, 3, l, la.res3, la.fch_act, BT, F, C);
+        tp_sum(m, la.res3, BT * C);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
         x = la.res3;
     }
@@ -184,8 +198,9 @@ static void cpu_teacher(Model* m, int want_logp, int want_mass) {
         for (int l = 0; l < c->L; l++) {
             LayerActs la = layer_acts(m, l);
             attention_group_mass(m->atarget + (size_t)l * BT * f->K, la.qkv, la.lse, la.rG, f->K,
-                                 f->w, f->sinks, B, T, c->NH, c->NKV, hs);
+                                 f->w, f->sinks, B, T, model_heads(c), model_kv_heads(c), hs);
         }
+        tp_sum(m, m->atarget, m->atarget_n); /* summed over heads: this slice's, then all */
     }
 }
 
@@ -246,10 +261,13 @@ static void cpu_backward(Model* m, GradMode mode) {
     const FocusConfig* f = &m->fc;
     if (mode == GRAD_ALL && !m->grads_mem) model_zero_grad(m, GRAD_ALL);
     const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = model_qkv_width(c),
-              FC = model_fc_width(c);
+              FC = model_fc_width(c), NH = model_heads(c), NKV = model_kv_heads(c),
+              F = model_ffn(c), A = NH * hs;
     const size_t BT = (size_t)B * T;
     const int all = mode == GRAD_ALL, lora = mode == GRAD_LORA;
     if (lora && !m->lora.rank) fatal("internal: GRAD_LORA on a model without LoRA adapters");
+    if (m->tp && (all || lora))
+        fatal("a tensor-parallel model trains its router only (no weight or adapter gradients)");
     const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
     const Params* p = &m->params;
     Params* g = all ? &m->grads : &(Params){0};
@@ -268,7 +286,7 @@ static void cpu_backward(Model* m, GradMode mode) {
     real* dqkv = dbuf + BT * C;
     real* dfch = dqkv + BT * QKV;
     real* dact = dfch + BT * FC;
-    real* dG = dact + BT * c->F;
+    real* dG = dact + BT * F;
     real* dS = dG + BT * f->K;
     real* dproj = dS + BT * f->K;
 
@@ -295,45 +313,60 @@ static void cpu_backward(Model* m, GradMode mode) {
         LayerActs la = layer_acts(m, l);
         const real* x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * BT * C;
         size_t lC = (size_t)l * C;
-        /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. */
-        memset(dact, 0, sizeof(real) * BT * c->F);
-        matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * c->F),
+        /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. With tensor
+         * parallelism dres is whole on every rank, and the input gradients of the column-parallel
+         * products are partial sums: added up across the slices (tp_sum). */
+        memset(dact, 0, sizeof(real) * BT * F);
+        matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * F),
                         model_slice(g->fcprojb, l, C), dres, la.fch_act,
-                        p->fcprojw + (size_t)l * C * c->F, BT, c->F, C);
-        if (lora) lora_grad(m, 3, l, dact, dres, la.fch_act, BT, c->F, C);
+                        p->fcprojw + (size_t)l * C * F, BT, F, C);
+        if (lora) lora_grad(m, 3, l, dact, dres, la.fch_act, BT, F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
         if (c->arch == ARCH_GPT2)
-            gelu_backward(dfch, la.fch, dact, BT * c->F);
+            gelu_backward(dfch, la.fch, dact, BT * F);
         else
-            swiglu_backward(dfch, la.fch, dact, BT, c->F);
+            swiglu_backward(dfch, la.fch, dact, BT, F);
         memset(dbuf, 0, sizeof(real) * BT * C);
         matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
                         model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
                         p->fcw + (size_t)l * FC * C, BT, C, FC);
         if (lora) lora_grad(m, 2, l, dbuf, dfch, la.ln2, BT, C, FC);
+        tp_sum(m, dbuf, BT * C);
         norm_backward(m, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
                       la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
-        /* attention */
-        memset(dbuf, 0, sizeof(real) * BT * C);
-        matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * C),
+        /* attention (dbuf: this slice's heads' d(att), (BT, A)) */
+        memset(dbuf, 0, sizeof(real) * BT * A);
+        matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * A),
                         model_slice(g->attprojb, l, C), dres, la.att,
-                        p->attprojw + (size_t)l * C * C, BT, C, C);
+                        p->attprojw + (size_t)l * C * A, BT, A, C);
         if (lora) lora_grad(m, 1, l, dbuf, dres, la.att, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         const int router = router_on && !focus_layer_dense(f, l);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
-        attention_backward(dqkv, router ? dG : NULL,
-                           router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL, dbuf, la.qkv,
-                           la.att, la.lse, &gate, B, T, c->NH, c->NKV, hs);
+        real* dgate = router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL;
+        real gate_before[2] = {dgate ? dgate[0] : 0, dgate ? dgate[1] : 0};
+        if (dgate && m->tp) dgate[0] = dgate[1] = 0;
+        attention_backward(dqkv, router ? dG : NULL, dgate, dbuf, la.qkv, la.att, la.lse, &gate, B,
+                           T, NH, NKV, hs);
+        if (router && m->tp) {
+            /* the gate is shared by every head of the layer: its gradients so far cover this
+             * slice's heads, the router's backward needs all of them */
+            tp_sum(m, dG, BT * f->K);
+            if (dgate) {
+                tp_sum(m, dgate, 2);
+                dgate[0] += gate_before[0], dgate[1] += gate_before[1];
+            }
+        }
         /* Layer 0's input gradient is needed only for the embeddings. */
         if (l == 0 && !all && !router && !(lora && (m->lora.targets & LORA_QKV))) break;
-        if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
+        if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, NH, NKV, hs, c->rope_theta, 0);
         memset(dbuf, 0, sizeof(real) * BT * C);
         if (l > 0 || all) {
             matmul_backward(dbuf, model_slice(g->qkvw, l, (size_t)QKV * C),
                             model_slice(g->qkvb, l, (size_t)QKV), dqkv, la.ln1,
                             p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
+            tp_sum(m, dbuf, BT * C); /* before the router's share, which every rank has whole */
         }
         if (lora) lora_grad(m, 0, l, l > 0 ? dbuf : NULL, dqkv, la.ln1, BT, C, QKV);
         if (router) {
