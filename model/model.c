@@ -621,16 +621,16 @@ void model_backward(Model* m, GradMode mode) {
 }
 
 void model_place(Model* m, const char* device) {
+    if (m->tp && strcmp(device, "cpu"))
+        fatal(
+            "--device %s: a tensor-parallel model runs on CPU ranks (MPI) in this version; its "
+            "GPU path (NCCL) is not built yet",
+            device);
     const char* why = NULL;
     const ModelBackend* be = model_find_backend(device, &why);
     if (!be) fatal("--device %s: %s", device, why);
     if (be == m->backend) return;
     if (m->lora.rank) fatal("--device %s: LoRA adapters run on the CPU (merge them first)", device);
-    if (m->tp)
-        fatal(
-            "--device %s: a tensor-parallel model runs on CPU ranks (MPI) in this version; its "
-            "GPU path (NCCL) is not built yet",
-            device);
     if (m->backend != &model_cpu_backend)
         fatal("internal: a model is placed on a device once (it is on %s)", m->backend->name);
     m->backend = be;

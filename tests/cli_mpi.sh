@@ -4,7 +4,9 @@
 # ranks give the same losses and the same router (its perplexity on the same base) to round-off,
 # with the balanced beta, the EMA beta (beta_balance = 0) and the kl+attn objective; a run
 # stopped on 2 ranks resumes in one process to the same end; B not a multiple of the ranks, and
-# other commands under mpirun, are refused. Needs ../shared/data and mpirun (skips with 77).
+# other commands under mpirun, are refused. Tensor parallelism (--tp): tp = 2 on 2 ranks, tp = 2
+# with 2 data-parallel groups on 4, tp = 4 on 4 give the one-process run; a run stopped as tp = 2
+# x dp = 2 resumes as dp = 2; ranks not a multiple of tp, and tp not dividing the heads, refused. Needs ../shared/data and mpirun (skips with 77).
 set -u
 focus=$1; src=$2; mpirun=${3:-mpirun}
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_mpi: skipped (no ../shared/data)"; exit 77; }
@@ -56,6 +58,29 @@ for variant in "balanced" "ema:--set beta_balance=0" "kl+attn:--set objective=kl
         fi
     done
 done
+# tensor parallelism (the model's 4 heads and 2 kv heads: tp = 2 splits them, tp = 4 keeps one
+# shared kv copy per rank), alone and with data-parallel replicas of its groups
+for layout in "2:2" "4:2" "4:4"; do
+    np=${layout%%:*}; tp=${layout#*:}; out=$work/tp${tp}_np$np
+    "${mpi[@]}" -np $np "$focus" retrofit "${run[@]}" --tp $tp --out "$out" > "$out.log" 2>&1 ||
+      { bad "tp=$tp on $np ranks: the run failed"; tail -5 "$out.log"; continue; }
+    losses "$out" > "$out.loss"
+    got=$(ppl "$out"); ref=$(ppl "$work/one_balanced")
+    printf '%s\n' "$ref" > "$work/a"; printf '%s\n' "$got" > "$work/b"
+    if same "$work/one_balanced.loss" "$out.loss" && same "$work/a" "$work/b" &&
+       [ "$(wc -l < "$out.loss")" -eq 10 ] && grep -q "tensor-parallel over $tp mpi ranks" "$out.log"; then
+        ok "tp=$tp on $np ranks = one process (10 losses, router perplexity $got vs $ref)"
+    else
+        bad "tp=$tp on $np ranks differs (perplexity $got vs $ref)"; paste "$work/one_balanced.loss" "$out.loss"
+    fi
+done
+# stopped after 5 steps with tp = 2 and dp = 2, resumed on 2 ranks as 2 data-parallel replicas
+"${mpi[@]}" -np 4 "$focus" retrofit "${run[@]}" --tp 2 --out "$work/tpswitch" --stop-after 5 > "$work/tpswitch.log" 2>&1
+"${mpi[@]}" -np 2 "$focus" retrofit --resume "$work/tpswitch" > "$work/tpswitch2.log" 2>&1
+losses "$work/tpswitch" > "$work/tpswitch.loss"
+same "$work/one_balanced.loss" "$work/tpswitch.loss" && [ "$(wc -l < "$work/tpswitch.loss")" -eq 10 ] &&
+  ok "tp=2 x dp=2 for 5 steps, then dp=2: the run of one process" ||
+  { bad "resume from tp=2 with another layout differs"; paste "$work/one_balanced.loss" "$work/tpswitch.loss"; }
 # stopped after 5 steps on 2 ranks, resumed in one process
 "${mpi[@]}" -np 2 "$focus" retrofit "${run[@]}" --out "$work/switch" --stop-after 5 > "$work/switch.log" 2>&1
 "$focus" retrofit --resume "$work/switch" > "$work/switch2.log" 2>&1
@@ -66,6 +91,13 @@ same "$work/one_balanced.loss" "$work/switch.loss" && [ "$(wc -l < "$work/switch
 # refusals
 err=$("${mpi[@]}" -np 3 "$focus" retrofit "${run[@]}" --out "$work/three" 2>&1 >/dev/null)
 echo "$err" | grep -q "B=4 is not a multiple of the 3 data-parallel ranks" && ok "B=4 on 3 ranks refused" || bad "3 ranks: $err"
+err=$("${mpi[@]}" -np 3 "$focus" retrofit "${run[@]}" --tp 2 --out "$work/tp3" 2>&1 >/dev/null)
+echo "$err" | grep -q "3 MPI ranks are not a multiple of --tp 2" && ok "3 ranks with tp=2 refused" || bad "3 ranks, tp=2: $err"
+err=$("${mpi[@]}" -np 3 "$focus" retrofit "${run[@]}" --tp 3 --out "$work/tp3" 2>&1 >/dev/null)
+echo "$err" | grep -q "tp=3 does not divide the model's 4 attention heads" && ok "tp=3 of 4 heads refused" || bad "tp=3: $err"
+# (where no GPU is, the device is refused first)
+err=$("${mpi[@]}" -np 2 "$focus" retrofit "${run[@]}" --tp 2 --device cuda --out "$work/tpgpu" 2>&1 >/dev/null)
+echo "$err" | grep -q "a tensor-parallel model runs on CPU ranks (MPI)\\|--device cuda: no usable CUDA device" && ok "tp on --device cuda refused with a reason" || bad "tp cuda: $err"
 err=$("${mpi[@]}" -np 2 "$focus" eval ppl --model "$work/base/base.gguf" --data "$shk" 2>&1 >/dev/null)
 echo "$err" | grep -q "only retrofit runs over MPI ranks" && ok "eval under mpirun refused" || bad "eval under mpirun: $err"
 echo "cli_mpi: $pass passed, $fail failed"

@@ -22,7 +22,10 @@ static const char retrofit_usage[] =
     "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"
     "                      [--device cpu|cuda]\n"
     "       focus retrofit --resume RUN_DIR [--stop-after N] [--device cpu|cuda]\n"
-    "       mpirun -np N focus retrofit ...   (data-parallel ranks; B a multiple of N)\n"
+    "       mpirun -np N focus retrofit ... [--tp T]\n"
+    "MPI ranks: groups of T consecutive ranks each hold one copy of the model cut into T\n"
+    "tensor-parallel slices (T divides the heads and F; default 1), and the N / T groups are\n"
+    "data-parallel replicas (B a multiple of N / T).\n"
     "Trains only the Focus router of a frozen base model. Writes RUN_DIR/router.h5 (checkpoint),\n"
     "RUN_DIR/metrics.jsonl and RUN_DIR/config.conf; prints perplexity before and after.\n"
     "--stop-after N stops after step N (the schedule still spans all steps); --resume continues.\n"
@@ -38,11 +41,18 @@ int cmd_retrofit(int argc, char** argv) {
         fatal("retrofit: rank %d: cannot silence its output", world->rank);
     const char *cfg_path = NULL, *out = NULL, *resume = NULL;
     CliList sets = {0};
-    int stop_after = 0, on_gpu = 0;
+    int stop_after = 0, on_gpu = 0, tp = 1;
     if (cli_parse("retrofit", argc, argv, 1, retrofit_usage,
-                  "--config:s --out:s --resume:s --stop-after:i[1,2147483647] --device:d --set:*",
-                  &cfg_path, &out, &resume, &stop_after, &on_gpu, &sets))
+                  "--config:s --out:s --resume:s --stop-after:i[1,2147483647] --device:d "
+                  "--tp:i[1,4096] --set:*",
+                  &cfg_path, &out, &resume, &stop_after, &on_gpu, &tp, &sets))
         return 0;
+    if (world->size % tp)
+        fatal("retrofit: %d MPI ranks are not a multiple of --tp %d", world->size, tp);
+    /* ranks r with the same r / tp hold the slices of one model; those with the same r % tp
+     * hold the same slice of the data-parallel replicas */
+    Comm* tpc = comm_split(world, world->rank / tp, world->rank % tp);
+    Comm* dpc = comm_split(world, world->rank % tp, world->rank / tp);
     const char* device = on_gpu ? "cuda" : "cpu";
     if (!resume && (!cfg_path || !out))
         fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
@@ -73,11 +83,14 @@ int cmd_retrofit(int argc, char** argv) {
     Model m;
     TrainData d = {.rank = world->rank};
     char* conf_text = run_prepare(&rc, "retrofit", out, resume != NULL, &m, &d);
-    train_router(&m, &rc, &d, out, conf_text, resume != NULL, stop_after, device, world);
+    if (tp > 1) model_shard(&m, tpc);
+    train_router(&m, &rc, &d, out, conf_text, resume != NULL, stop_after, device, dpc);
     free(conf_text);
     free(d.train_mem);
     free(d.val_mem);
     model_free(&m);
+    comm_free(dpc);
+    comm_free(tpc);
     comm_free(world);
     return 0;
 }

@@ -128,7 +128,9 @@ static const char* last_ckpt_words(long step, const char* path, char* buf, size_
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device,
                   Comm* dp) {
-    const int ranks = dp->size, root = dp->rank == 0;
+    /* with tensor parallelism (m->tp) each data-parallel rank is a group of tp ranks holding the
+     * slices of one model: the whole group runs every pass, its first rank writes */
+    const int ranks = dp->size, root = dp->rank == 0 && m->cfg.tp_rank == 0;
     if (ranks > 1 && strcmp(device, "cpu"))
         fatal(
             "retrofit: data-parallel training over MPI ranks runs on the CPU (%d ranks asked "
@@ -150,7 +152,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     rng_seed(&sampler, rc->fc.seed ^ 0xda7aull);
     /* the backbone must not change: its fingerprint (a hash of every weight) checked at the end;
      * a copy of the weights would double their memory */
-    const uint64_t base_fp = st.fingerprint;
+    const uint64_t base_fp = model_weights_hash(m);
     if (resume && access(ckpt, F_OK)) {
         /* killed before its first checkpoint: nothing to continue from, so start over */
         printf("%s: no checkpoint yet (the run stopped before its first); starting at step 0\n",
@@ -171,6 +173,12 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     if (ranks > 1)
         printf("data-parallel over %d %s ranks: %d of the B = %d rows each\n", ranks, dp->ops->name,
                rc->B / ranks, rc->B);
+    if (m->tp)
+        printf(
+            "tensor-parallel over %d %s ranks: %d of the %d heads and %d of the F = %d units "
+            "each\n",
+            m->tp->size, m->tp->ops->name, model_heads(&m->cfg), m->cfg.NH, model_ffn(&m->cfg),
+            m->cfg.F);
     long ckpt_step = resume ? st.step : -1; /* the step of the checkpoint on disk, -1: none */
     char words[4200];
     FILE* mf = fopen(root ? metrics_path : "/dev/null", "a");
@@ -180,7 +188,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     double ppl_dense = 0, ppl_soft0 = 0, ppl_hard0 = 0, kept0 = 0;
     char tk[32];
     focus_topk_str(&rc->fc, tk);
-    const int evaluate = root && d->neval > 1; /* rank 0 evaluates; the others wait for it */
+    /* the first data-parallel rank (all of its tensor-parallel group) evaluates; the others wait */
+    const int evaluate = dp->rank == 0 && d->neval > 1;
     if (evaluate) {
         PplResult dn = eval_mode(m, d->val, d->neval, rc->T, ATTN_DENSE, rc->fc.topk, ROUTE_CAUSAL);
         ppl_dense = exp(dn.nll / dn.count);
@@ -214,7 +223,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     m->fc.attn = ATTN_SOFT;
     double t_start = now_seconds();
     for (long step = st.step; step < rc->steps; step++) {
-        double t0 = now_seconds(), comm0 = dp->seconds;
+        double t0 = now_seconds(), comm0 = dp->seconds + (m->tp ? m->tp->seconds : 0);
         float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
         model_zero_grad(m, GRAD_ROUTER);
         double loss = 0, lm_loss = 0;
@@ -251,11 +260,11 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             fatal("retrofit: gradient norm is %g at step %ld; %s; try a lower lr", gnorm, step + 1,
                   last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
         model_router_adamw(m, &opt, lr, gnorm, rc->clip, rc->grad_accum);
-        double dt = now_seconds() - t0, comm = dp->seconds - comm0;
+        double dt = now_seconds() - t0, comm = dp->seconds + (m->tp ? m->tp->seconds : 0) - comm0;
         double share = focus_largest_share(m), gate = focus_gate_far_mean(m, &rng);
         double tps = (double)B * T * rc->grad_accum / dt;
         char commtxt[48] = "";
-        if (ranks > 1)
+        if (ranks > 1 || m->tp)
             snprintf(commtxt, sizeof commtxt, " (%.0f%% communicating)", 100 * comm / dt);
         printf(
             "step %5ld/%d | %s %.4f | lr %.2e | %8.0f tok/s | %7.0f ms%s | largest group %.3f | "
@@ -307,7 +316,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         }
     }
     fclose(mf);
-    if (model_fingerprint(m) != base_fp)
+    if (model_weights_hash(m) != base_fp)
         fatal("internal: a backbone weight changed during router training");
     m->dp = NULL;
     comm_barrier(dp); /* the others wait for rank 0's last checkpoint */

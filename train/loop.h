@@ -33,7 +33,10 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
  * is drawn the same on every rank, and rank r runs rows r B / n .. (r + 1) B / n; the router's
  * gradients, the losses and beta's statistics are added up across the ranks, so every rank takes
  * the same AdamW step one process would on the whole batch. Rank 0 alone evaluates, prints and
- * writes files; the sampler is the whole batch's, so a run resumes with any rank count. */
+ * writes files; the sampler is the whole batch's, so a run resumes with any rank count. A model
+ * cut into tensor-parallel slices (model_shard; m->tp) trains the same way: each data-parallel
+ * rank is then its group of slices, which run every pass together; the group of dp rank 0
+ * evaluates and its first rank writes. */
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device, Comm* dp);
 
