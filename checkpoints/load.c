@@ -85,10 +85,101 @@ static int gguf_need_int(const GGUFFile* f, const char* arch, const char* key) {
     return (int)v;
 }
 
-/* lean: leave the projection matrices and embeddings out of the fp32 parameters (zero pages,
- * never touched: they cost no memory), for a model that decodes from the file's blocks. */
-static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                      int lean) {
+typedef struct {
+    const GGUFFile* f;
+    ModelConfig cfg;
+    int lean;
+} GGUFSource;
+
+/* Slab l of parameter tensor t (model_fill) from the GGUF tensors that hold it. lean: the
+ * projection matrices and embeddings are left out (zero pages, never touched: they cost no
+ * memory), for a model that decodes from the file's blocks. */
+static void gguf_slab(void* ctx, int t, int l, real* dst) {
+    const GGUFSource* s = ctx;
+    const GGUFFile* f = s->f;
+    const ModelConfig* c = &s->cfg;
+    const int llama = c->arch == ARCH_LLAMA;
+    const size_t C = c->C, F = c->F, hs = C / c->NH, nq = (size_t)c->NH * hs,
+                 nk = (size_t)c->NKV * hs;
+    if (s->lean && (t == 0 || t == 4 || t == 6 || t == 10 || t == 12 || t == 16)) return;
+    char n[96];
+#define T(name, d, rows, cols) \
+    (snprintf(n, sizeof n, "blk.%d.%s", l, name), gguf_load_tensor(f, n, d, rows, cols))
+    switch (t) {
+        case 0:
+            gguf_load_tensor(f, "token_embd.weight", dst, c->V, C);
+            break;
+        case 1:
+            gguf_load_tensor(f, "position_embd.weight", dst, c->maxT, C);
+            break;
+        case 2:
+            T("attn_norm.weight", dst, 1, C);
+            break;
+        case 3:
+            T("attn_norm.bias", dst, 1, C);
+            break;
+        case 4:
+            if (!llama) {
+                T("attn_qkv.weight", dst, nq + 2 * nk, C);
+                break;
+            }
+            T("attn_q.weight", dst, nq, C);
+            T("attn_k.weight", dst + nq * C, nk, C);
+            T("attn_v.weight", dst + (nq + nk) * C, nk, C);
+            break;
+        case 5:
+            if (!llama) {
+                T("attn_qkv.bias", dst, 1, nq + 2 * nk);
+                break;
+            }
+            T("attn_q.bias", dst, 1, nq);
+            T("attn_k.bias", dst + nq, 1, nk);
+            T("attn_v.bias", dst + nq + nk, 1, nk);
+            break;
+        case 6:
+            T("attn_output.weight", dst, C, C);
+            break;
+        case 7:
+            T("attn_output.bias", dst, 1, C);
+            break;
+        case 8:
+            T("ffn_norm.weight", dst, 1, C);
+            break;
+        case 9:
+            T("ffn_norm.bias", dst, 1, C);
+            break;
+        case 10:
+            if (llama) {
+                T("ffn_gate.weight", dst, F, C);
+                T("ffn_up.weight", dst + F * C, F, C);
+            } else {
+                T("ffn_up.weight", dst, F, C);
+            }
+            break;
+        case 11:
+            T("ffn_up.bias", dst, 1, F);
+            break;
+        case 12:
+            T("ffn_down.weight", dst, C, F);
+            break;
+        case 13:
+            T("ffn_down.bias", dst, 1, C);
+            break;
+        case 14:
+            gguf_load_tensor(f, "output_norm.weight", dst, 1, C);
+            break;
+        case 15:
+            gguf_load_tensor(f, "output_norm.bias", dst, 1, C);
+            break;
+        case 16:
+            gguf_load_tensor(f, "output.weight", dst, c->V, C);
+            break;
+    }
+#undef T
+}
+
+static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, int lean,
+                      Comm* tp) {
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
@@ -134,53 +225,9 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
             "supported",
             path, (unsigned long long)rdim, hs);
     check_shape(path, &cfg, (double)f.size, 0.5); /* no supported type takes under 4 bits */
-    model_build(m, &cfg, fc);
-    Params* p = &m->params;
-    const size_t C = cfg.C, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs, F = cfg.F;
-    const size_t FC = cfg.arch == ARCH_LLAMA ? 2 * F : F;
-    if (!lean) gguf_load_tensor(&f, "token_embd.weight", p->wte, cfg.V, C);
-    if (cfg.arch == ARCH_GPT2) gguf_load_tensor(&f, "position_embd.weight", p->wpe, cfg.maxT, C);
-    for (int l = 0; l < cfg.L; l++) {
-        char n[96];
-#define T(fmt, dst, rows, cols) \
-    (snprintf(n, sizeof n, "blk.%d." fmt, l), gguf_load_tensor(&f, n, dst, rows, cols))
-        T("attn_norm.weight", p->ln1w + l * C, 1, C);
-        T("ffn_norm.weight", p->ln2w + l * C, 1, C);
-        if (!lean) T("attn_output.weight", p->attprojw + l * C * C, C, C);
-        if (!lean) T("ffn_down.weight", p->fcprojw + l * C * F, C, F);
-        float* qkv = p->qkvw + l * Q * C;
-        if (cfg.arch == ARCH_LLAMA) {
-            if (!lean) {
-                T("attn_q.weight", qkv, (size_t)cfg.NH * hs, C);
-                T("attn_k.weight", qkv + (size_t)cfg.NH * hs * C, (size_t)cfg.NKV * hs, C);
-                T("attn_v.weight", qkv + (size_t)(cfg.NH + cfg.NKV) * hs * C, (size_t)cfg.NKV * hs,
-                  C);
-            }
-            if (cfg.qkv_bias) {
-                float* b = p->qkvb + l * Q;
-                T("attn_q.bias", b, 1, (size_t)cfg.NH * hs);
-                T("attn_k.bias", b + (size_t)cfg.NH * hs, 1, (size_t)cfg.NKV * hs);
-                T("attn_v.bias", b + (size_t)(cfg.NH + cfg.NKV) * hs, 1, (size_t)cfg.NKV * hs);
-            }
-            if (!lean) {
-                T("ffn_gate.weight", p->fcw + l * FC * C, F, C);
-                T("ffn_up.weight", p->fcw + l * FC * C + F * C, F, C);
-            }
-        } else {
-            T("attn_norm.bias", p->ln1b + l * C, 1, C);
-            T("ffn_norm.bias", p->ln2b + l * C, 1, C);
-            T("attn_qkv.weight", qkv, Q, C);
-            T("attn_qkv.bias", p->qkvb + l * Q, 1, Q);
-            T("attn_output.bias", p->attprojb + l * C, 1, C);
-            T("ffn_up.weight", p->fcw + l * FC * C, F, C);
-            T("ffn_up.bias", p->fcb + l * FC, 1, F);
-            T("ffn_down.bias", p->fcprojb + l * C, 1, C);
-        }
-#undef T
-    }
-    gguf_load_tensor(&f, "output_norm.weight", p->lnfw, 1, C);
-    if (cfg.arch == ARCH_GPT2) gguf_load_tensor(&f, "output_norm.bias", p->lnfb, 1, C);
-    if (!cfg.tied && !lean) gguf_load_tensor(&f, "output.weight", p->lmhead, cfg.V, C);
+    model_build_slice(m, &cfg, fc, tp);
+    GGUFSource src = {&f, cfg, lean};
+    model_fill(m, &cfg, &(WeightSource){&src, gguf_slab});
     uint64_t nlen;
     const char* name = gguf_get_str(&f, "general.name", &nlen);
     snprintf(info->format, sizeof info->format, "gguf");
@@ -197,8 +244,33 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
 /* llm.c checkpoint: 256 int32 header (magic 20240326, version 3 = fp32 or 5 = bf16, maxT, V,
  * L, NH, C, padded V), then the GPT-2 parameters in llm.c order, which is the order of our
  * Params struct; wte has padded-V rows, of which the first V are kept. */
-static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* fc,
-                      ModelInfo* info) {
+typedef struct {
+    FILE* fp;
+    const char* path;
+    ModelConfig cfg;
+    int Vp;
+    size_t esz;
+    uint16_t* tmp;
+} LlmcSource;
+
+/* The file holds the slabs in the order model_fill asks for them (llm.c's order is ours): read
+ * on. wte has Vp rows, of which the first V are kept. */
+static void llmc_slab(void* ctx, int t, int l, real* dst) {
+    (void)l;
+    LlmcSource* s = ctx;
+    const size_t n = model_param_slab(&s->cfg, t), nfile = t == 0 ? (size_t)s->Vp * s->cfg.C : n;
+    if (s->esz == 4) {
+        if (fread(dst, 4, n, s->fp) != n) fatal("%s: truncated parameter data", s->path);
+        if (nfile > n && fseek(s->fp, (long)((nfile - n) * 4), SEEK_CUR))
+            fatal("%s: seek failed", s->path);
+        return;
+    }
+    if (fread(s->tmp, 2, nfile, s->fp) != nfile) fatal("%s: truncated parameter data", s->path);
+    for (size_t j = 0; j < n; j++) dst[j] = bf16_to_f32(s->tmp[j]);
+}
+
+static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* fc, ModelInfo* info,
+                      Comm* tp) {
     int32_t h[256];
     if (fread(h, 4, 256, fp) != 256) fatal("%s: truncated llm.c header", path);
     if (h[1] != 3 && h[1] != 5)
@@ -219,26 +291,14 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
     if (fstat(fileno(fp), &st) || (size_t)st.st_size != expect)
         fatal("%s: file is %lld bytes, the header implies %zu; truncated or corrupt", path,
               (long long)st.st_size, expect);
-    model_build(m, &cfg, fc);
-    real** ptrs = (real**)&m->params;
-    size_t biggest = (size_t)Vp * cfg.C;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
-        biggest = m->param_sizes[i] > biggest ? m->param_sizes[i] : biggest;
-    uint16_t* tmp = mallocCheck(sizeof(uint16_t) * biggest);
-    fatal_defer(free, tmp);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        if (!ptrs[i]) continue;
-        size_t n = m->param_sizes[i], nfile = i == 0 ? (size_t)Vp * cfg.C : n;
-        if (esz == 4) {
-            if (fread(ptrs[i], 4, n, fp) != n) fatal("%s: truncated parameter data", path);
-            if (nfile > n && fseek(fp, (long)((nfile - n) * 4), SEEK_CUR))
-                fatal("%s: seek failed", path);
-        } else {
-            if (fread(tmp, 2, nfile, fp) != nfile) fatal("%s: truncated parameter data", path);
-            for (size_t j = 0; j < n; j++) ptrs[i][j] = bf16_to_f32(tmp[j]);
-        }
-    }
-    fatal_release(tmp);
+    model_build_slice(m, &cfg, fc, tp);
+    size_t biggest = (size_t)Vp * cfg.C; /* the bf16 staging of the largest slab */
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+        if (model_param_slab(&cfg, t) > biggest) biggest = model_param_slab(&cfg, t);
+    LlmcSource src = {fp, path, cfg, Vp, esz, mallocCheck(sizeof(uint16_t) * biggest)};
+    fatal_defer(free, src.tmp);
+    model_fill(m, &cfg, &(WeightSource){&src, llmc_slab});
+    fatal_release(src.tmp);
     snprintf(info->format, sizeof info->format, "llm.c");
     snprintf(info->arch, sizeof info->arch, "gpt2");
     snprintf(info->name, sizeof info->name, "%s", base_name(path));
@@ -373,22 +433,37 @@ static void safe_close(SafeFile* s) {
     munmap(s->map, s->size);
 }
 
-static void safe_release(void* p) {
-    safe_close(p);
-    free(p);
-}
-
 static void json_release(void* p) { cJSON_Delete(p); }
 
 /* Load tensor name (shape rows x cols in the file; 1-D when rows == 0) into dst; transposed
  * (stored as cols x rows, GPT-2's Conv1D) when transpose is set. Returns 0, or -1 if absent
  * and optional. */
-static int safe_tensor(const SafeFile* s, const char* name, float* dst, size_t rows, size_t cols,
+/* The files of one checkpoint: one, or the shards a model.safetensors.index.json names. */
+typedef struct {
+    int n;
+    SafeFile* f;
+    const char* name; /* what errors name for the whole checkpoint */
+} SafeSet;
+
+/* Tensor `name`'s header entry, and the file that holds it in *in; NULL when no file has it. */
+static cJSON* safe_entry(const SafeSet* set, const char* name, const SafeFile** in) {
+    for (int i = 0; i < set->n; i++) {
+        cJSON* t = cJSON_GetObjectItemCaseSensitive(set->f[i].header, name);
+        if (t && strcmp(name, "__metadata__")) {
+            if (in) *in = &set->f[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static int safe_tensor(const SafeSet* set, const char* name, float* dst, size_t rows, size_t cols,
                        int transpose, int optional) {
-    cJSON* t = cJSON_GetObjectItemCaseSensitive(s->header, name);
+    const SafeFile* s = NULL;
+    cJSON* t = safe_entry(set, name, &s);
     if (!t) {
         if (optional) return -1;
-        fatal("%s: tensor '%s' is missing", s->path, name);
+        fatal("%s: tensor '%s' is missing", set->name, name);
     }
     cJSON* dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
     cJSON* shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
@@ -467,24 +542,179 @@ static void unpermute_rope(float* w, int heads, int hs, size_t cols) {
     free(tmp);
 }
 
-static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
-    char file[4096], cfgpath[4096];
+typedef struct {
+    const SafeSet* set;
+    ModelConfig cfg;
+    const char* pre; /* GPT-2 names' prefix: "" or "transformer." */
+} SafeSource;
+
+/* Slab l of parameter tensor t (model_fill) from the safetensors tensors that hold it: GPT-2's
+ * Conv1D matrices transposed, LLaMA's q and k rows from the half-split rotation to ours. */
+static void safe_slab(void* ctx, int t, int l, real* dst) {
+    const SafeSource* s = ctx;
+    const SafeSet* set = s->set;
+    const ModelConfig* c = &s->cfg;
+    const size_t C = c->C, F = c->F, hs = C / c->NH, nq = (size_t)c->NH * hs,
+                 nk = (size_t)c->NKV * hs, Q = nq + 2 * nk;
+    char n[256];
+    if (c->arch == ARCH_GPT2) {
+        static const char* const names[NUM_PARAM_TENSORS] = {"wte.weight",
+                                                             "wpe.weight",
+                                                             "ln_1.weight",
+                                                             "ln_1.bias",
+                                                             "attn.c_attn.weight",
+                                                             "attn.c_attn.bias",
+                                                             "attn.c_proj.weight",
+                                                             "attn.c_proj.bias",
+                                                             "ln_2.weight",
+                                                             "ln_2.bias",
+                                                             "mlp.c_fc.weight",
+                                                             "mlp.c_fc.bias",
+                                                             "mlp.c_proj.weight",
+                                                             "mlp.c_proj.bias",
+                                                             "ln_f.weight",
+                                                             "ln_f.bias",
+                                                             NULL};
+        const size_t rows[NUM_PARAM_TENSORS] = {c->V, c->maxT, 0, 0, Q, 0, C, 0, 0,
+                                                0,    F,       0, C, 0, 0, 0, 0};
+        const size_t cols[NUM_PARAM_TENSORS] = {C, C, C, C, C, Q, C, C, C, C, C, F, F, C, C, C, 0};
+        if (!names[t]) fatal("%s: internal: GPT-2 has no tensor %d", set->name, t);
+        if (t >= 2 && t <= 13)
+            snprintf(n, sizeof n, "%sh.%d.%s", s->pre, l, names[t]);
+        else
+            snprintf(n, sizeof n, "%s%s", s->pre, names[t]);
+        safe_tensor(set, n, dst, rows[t], cols[t], t == 4 || t == 6 || t == 10 || t == 12, 0);
+        return;
+    }
+#define G(name, d, rows, cols) \
+    (snprintf(n, sizeof n, "model.layers.%d.%s", l, name), safe_tensor(set, n, d, rows, cols, 0, 0))
+    switch (t) {
+        case 0:
+            safe_tensor(set, "model.embed_tokens.weight", dst, c->V, C, 0, 0);
+            break;
+        case 2:
+            G("input_layernorm.weight", dst, 0, C);
+            break;
+        case 4:
+            G("self_attn.q_proj.weight", dst, nq, C);
+            G("self_attn.k_proj.weight", dst + nq * C, nk, C);
+            G("self_attn.v_proj.weight", dst + (nq + nk) * C, nk, C);
+            unpermute_rope(dst, c->NH, (int)hs, C);
+            unpermute_rope(dst + nq * C, c->NKV, (int)hs, C);
+            break;
+        case 5:
+            G("self_attn.q_proj.bias", dst, 0, nq);
+            G("self_attn.k_proj.bias", dst + nq, 0, nk);
+            G("self_attn.v_proj.bias", dst + nq + nk, 0, nk);
+            unpermute_rope(dst, c->NH, (int)hs, 1);
+            unpermute_rope(dst + nq, c->NKV, (int)hs, 1);
+            break;
+        case 6:
+            G("self_attn.o_proj.weight", dst, C, C);
+            break;
+        case 8:
+            G("post_attention_layernorm.weight", dst, 0, C);
+            break;
+        case 10:
+            G("mlp.gate_proj.weight", dst, F, C);
+            G("mlp.up_proj.weight", dst + F * C, F, C);
+            break;
+        case 12:
+            G("mlp.down_proj.weight", dst, C, F);
+            break;
+        case 14:
+            safe_tensor(set, "model.norm.weight", dst, 0, C, 0, 0);
+            break;
+        case 16:
+            safe_tensor(set, "lm_head.weight", dst, c->V, C, 0, 0);
+            break;
+        default:
+            fatal("%s: internal: LLaMA has no tensor %d", set->name, t);
+    }
+#undef G
+}
+
+static void safe_set_release(void* p) {
+    SafeSet* set = p;
+    for (int i = 0; i < set->n; i++) safe_close(&set->f[i]);
+    free(set->f);
+    free(set);
+}
+
+/* The shards a model.safetensors.index.json names in its weight_map (each once), opened and
+ * checked, into set. */
+static void safe_open_index(SafeSet* set, const char* index, const char* dir) {
+    char* text = read_file_opt(index, NULL);
+    if (!text) fatal("%s: cannot read: %s", index, strerror(errno));
+    cJSON* j = cJSON_Parse(text);
+    free(text);
+    if (!j) fatal("%s: not valid JSON", index);
+    fatal_defer(json_release, j);
+    cJSON* map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    if (!cJSON_IsObject(map) || !map->child)
+        fatal("%s: no weight_map naming the checkpoint's files", index);
+    const cJSON* e;
+    cJSON_ArrayForEach(e, map) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || !e->valuestring[0])
+            fatal("%s: weight_map entry '%s' is not a file name in the same folder", index,
+                  e->string);
+        int seen = 0;
+        for (int i = 0; i < set->n && !seen; i++)
+            seen = !strcmp(base_name(set->f[i].path), e->valuestring);
+        if (seen) continue;
+        char* path = mallocCheck(strlen(dir) + strlen(e->valuestring) + 2);
+        sprintf(path, "%s/%s", dir, e->valuestring);
+        set->f = reallocCheck(set->f, sizeof(SafeFile) * (size_t)(set->n + 1));
+        safe_open(&set->f[set->n], path);
+        set->n++;
+        safe_check_entries(&set->f[set->n - 1]);
+    }
+    cJSON_ArrayForEach(e, map) { /* each tensor in the file the index says */
+        const SafeFile* in = NULL;
+        if (!safe_entry(set, e->string, &in) || strcmp(base_name(in->path), e->valuestring))
+            fatal("%s: tensor '%s' is not in %s, where the index puts it", index, e->string,
+                  e->valuestring);
+    }
+    fatal_release(j);
+}
+
+static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
+                             Comm* tp) {
+    char file[4096], cfgpath[4096], index[4096];
     struct stat st;
-    if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
+    const int dir = !stat(path, &st) && S_ISDIR(st.st_mode);
+    const size_t plen = strlen(path);
+    const int is_index = !dir && plen >= 11 && !strcmp(path + plen - 11, ".index.json");
+    if (dir) {
         snprintf(file, sizeof file, "%s/model.safetensors", path);
+        snprintf(index, sizeof index, "%s/model.safetensors.index.json", path);
         snprintf(cfgpath, sizeof cfgpath, "%s/config.json", path);
     } else {
         snprintf(file, sizeof file, "%s", path);
+        snprintf(index, sizeof index, "%s", path);
         const char* slash = strrchr(path, '/');
         snprintf(cfgpath, sizeof cfgpath, "%.*sconfig.json", slash ? (int)(slash - path + 1) : 0,
                  path);
     }
-    SafeFile s;
-    safe_open(&s, file);
-    SafeFile* held = mallocCheck(sizeof *held); /* released by fatal_release at the end */
-    *held = s;
-    fatal_defer(safe_release, held);
-    safe_check_entries(&s);
+    SafeSet* set = callocCheck(1, sizeof *set); /* released by fatal_release at the end */
+    fatal_defer(safe_set_release, set);
+    if (is_index || (dir && access(file, F_OK) && !access(index, F_OK))) {
+        char folder[4096];
+        const char* slash = strrchr(index, '/');
+        snprintf(folder, sizeof folder, "%.*s", slash ? (int)(slash - index) : 1,
+                 slash ? index : ".");
+        set->name = index;
+        safe_open_index(set, index, folder);
+        snprintf(file, sizeof file, "%s", index);
+    } else {
+        set->name = file;
+        set->f = mallocCheck(sizeof(SafeFile));
+        safe_open(&set->f[0], file);
+        set->n = 1;
+        safe_check_entries(&set->f[0]);
+    }
+    size_t total = 0;
+    for (int i = 0; i < set->n; i++) total += set->f[i].size;
     char* cfgtext = read_file_opt(cfgpath, NULL);
     const int have_cfg = cfgtext != NULL;
     cJSON* hc = cfgtext ? cJSON_Parse(cfgtext) : NULL;
@@ -494,19 +724,18 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
     else if (have_cfg)
         fatal("%s: not valid JSON", cfgpath);
     /* Names may carry a "transformer." (GPT-2) prefix. */
-    const char* pre =
-        cJSON_GetObjectItemCaseSensitive(s.header, "transformer.wte.weight") ? "transformer." : "";
+    const char* pre = safe_entry(set, "transformer.wte.weight", NULL) ? "transformer." : "";
     char n[256];
     snprintf(n, sizeof n, "%swte.weight", pre);
-    int gpt2 = cJSON_GetObjectItemCaseSensitive(s.header, n) != NULL;
-    int llama = cJSON_GetObjectItemCaseSensitive(s.header, "model.embed_tokens.weight") != NULL;
+    int gpt2 = safe_entry(set, n, NULL) != NULL;
+    int llama = safe_entry(set, "model.embed_tokens.weight", NULL) != NULL;
     if (!gpt2 && !llama)
         fatal(
             "%s: neither GPT-2 ('wte.weight') nor LLaMA ('model.embed_tokens.weight') tensor names "
             "found",
             file);
     ModelConfig cfg = {0};
-    cJSON* emb = cJSON_GetObjectItemCaseSensitive(s.header, gpt2 ? n : "model.embed_tokens.weight");
+    cJSON* emb = safe_entry(set, gpt2 ? n : "model.embed_tokens.weight", NULL);
     cJSON* shp = cJSON_GetObjectItemCaseSensitive(emb, "shape");
     if (cJSON_GetArraySize(shp) != 2) fatal("%s: the token embedding is not a matrix", file);
     /* shapes are integers below 2^40 (safe_open); larger than an int is refused later */
@@ -517,13 +746,12 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
         snprintf(n, sizeof n,
                  gpt2 ? "%sh.%d.ln_1.weight" : "%smodel.layers.%d.input_layernorm.weight",
                  gpt2 ? pre : "", cfg.L);
-        if (!cJSON_GetObjectItemCaseSensitive(s.header, n)) break;
+        if (!safe_entry(set, n, NULL)) break;
     }
     if (cfg.L == 0) fatal("%s: no transformer layers found", file);
     if (gpt2) {
         snprintf(n, sizeof n, "%swpe.weight", pre);
-        cJSON* wpe = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s.header, n),
-                                                      "shape");
+        cJSON* wpe = cJSON_GetObjectItemCaseSensitive(safe_entry(set, n, NULL), "shape");
         if (cJSON_GetArraySize(wpe) != 2)
             fatal("%s: tensor '%s' is missing or not a matrix", file, n);
         if (!hc && cfg.C % 64)
@@ -558,7 +786,7 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
         cfg.maxT = json_int(hc, "max_position_embeddings", 2048);
         cfg.eps = (float)json_num(hc, "rms_norm_eps", 1e-5);
         cfg.rope_theta = (float)json_num(hc, "rope_theta", 10000);
-        cfg.tied = cJSON_GetObjectItemCaseSensitive(s.header, "lm_head.weight") == NULL;
+        cfg.tied = safe_entry(set, "lm_head.weight", NULL) == NULL;
         /* biases on any of q, k, v, or a config that says so (Qwen2): all three are needed */
         cJSON* ab = cJSON_GetObjectItemCaseSensitive(hc, "attention_bias");
         cJSON* mt = cJSON_GetObjectItemCaseSensitive(hc, "model_type");
@@ -566,87 +794,33 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
             cJSON_IsTrue(ab) || (cJSON_IsString(mt) && !strcmp(mt->valuestring, "qwen2"));
         for (const char* const* b = (const char* const[]){"q", "k", "v", NULL}; *b; b++) {
             snprintf(n, sizeof n, "model.layers.0.self_attn.%s_proj.bias", *b);
-            if (cJSON_GetObjectItemCaseSensitive(s.header, n)) cfg.qkv_bias = 1;
+            if (safe_entry(set, n, NULL)) cfg.qkv_bias = 1;
         }
     }
-    check_shape(file, &cfg, (double)s.size, 2.0);
-    model_build(m, &cfg, fc);
-    Params* p = &m->params;
-    const int hs = cfg.C / cfg.NH;
-    const size_t C = cfg.C, F = cfg.F, Q = (size_t)(cfg.NH + 2 * cfg.NKV) * hs,
-                 FC = gpt2 ? F : 2 * F;
-    if (gpt2) {
-        snprintf(n, sizeof n, "%swte.weight", pre);
-        safe_tensor(&s, n, p->wte, cfg.V, C, 0, 0);
-        snprintf(n, sizeof n, "%swpe.weight", pre);
-        safe_tensor(&s, n, p->wpe, cfg.maxT, C, 0, 0);
-        for (int l = 0; l < cfg.L; l++) {
-#define G(fmt, dst, rows, cols, tr) \
-    (snprintf(n, sizeof n, "%sh.%d." fmt, pre, l), safe_tensor(&s, n, dst, rows, cols, tr, 0))
-            G("ln_1.weight", p->ln1w + l * C, 0, C, 0);
-            G("ln_1.bias", p->ln1b + l * C, 0, C, 0);
-            G("attn.c_attn.weight", p->qkvw + l * Q * C, Q, C, 1);
-            G("attn.c_attn.bias", p->qkvb + l * Q, 0, Q, 0);
-            G("attn.c_proj.weight", p->attprojw + l * C * C, C, C, 1);
-            G("attn.c_proj.bias", p->attprojb + l * C, 0, C, 0);
-            G("ln_2.weight", p->ln2w + l * C, 0, C, 0);
-            G("ln_2.bias", p->ln2b + l * C, 0, C, 0);
-            G("mlp.c_fc.weight", p->fcw + l * FC * C, F, C, 1);
-            G("mlp.c_fc.bias", p->fcb + l * FC, 0, F, 0);
-            G("mlp.c_proj.weight", p->fcprojw + l * C * F, C, F, 1);
-            G("mlp.c_proj.bias", p->fcprojb + l * C, 0, C, 0);
-#undef G
-        }
-        snprintf(n, sizeof n, "%sln_f.weight", pre);
-        safe_tensor(&s, n, p->lnfw, 0, C, 0, 0);
-        snprintf(n, sizeof n, "%sln_f.bias", pre);
-        safe_tensor(&s, n, p->lnfb, 0, C, 0, 0);
-    } else {
-        safe_tensor(&s, "model.embed_tokens.weight", p->wte, cfg.V, C, 0, 0);
-        for (int l = 0; l < cfg.L; l++) {
-#define G(fmt, dst, rows, cols) \
-    (snprintf(n, sizeof n, "model.layers.%d." fmt, l), safe_tensor(&s, n, dst, rows, cols, 0, 0))
-            float* qkv = p->qkvw + l * Q * C;
-            size_t nq = (size_t)cfg.NH * hs, nk = (size_t)cfg.NKV * hs;
-            G("input_layernorm.weight", p->ln1w + l * C, 0, C);
-            G("self_attn.q_proj.weight", qkv, nq, C);
-            G("self_attn.k_proj.weight", qkv + nq * C, nk, C);
-            G("self_attn.v_proj.weight", qkv + (nq + nk) * C, nk, C);
-            unpermute_rope(qkv, cfg.NH, hs, C);
-            unpermute_rope(qkv + nq * C, cfg.NKV, hs, C);
-            if (cfg.qkv_bias) {
-                float* b = p->qkvb + l * Q;
-                G("self_attn.q_proj.bias", b, 0, nq);
-                G("self_attn.k_proj.bias", b + nq, 0, nk);
-                G("self_attn.v_proj.bias", b + nq + nk, 0, nk);
-                unpermute_rope(b, cfg.NH, hs, 1);
-                unpermute_rope(b + nq, cfg.NKV, hs, 1);
-            }
-            G("self_attn.o_proj.weight", p->attprojw + l * C * C, C, C);
-            G("post_attention_layernorm.weight", p->ln2w + l * C, 0, C);
-            G("mlp.gate_proj.weight", p->fcw + l * FC * C, F, C);
-            G("mlp.up_proj.weight", p->fcw + l * FC * C + F * C, F, C);
-            G("mlp.down_proj.weight", p->fcprojw + l * C * F, C, F);
-#undef G
-        }
-        safe_tensor(&s, "model.norm.weight", p->lnfw, 0, C, 0, 0);
-        if (!cfg.tied) safe_tensor(&s, "lm_head.weight", p->lmhead, cfg.V, C, 0, 0);
-    }
+    check_shape(file, &cfg, (double)total, 2.0);
+    model_build_slice(m, &cfg, fc, tp);
+    SafeSource src = {set, cfg, pre};
+    model_fill(m, &cfg, &(WeightSource){&src, safe_slab});
     snprintf(info->format, sizeof info->format, "safetensors");
     snprintf(info->arch, sizeof info->arch, "%s", gpt2 ? "gpt2" : "llama");
     snprintf(info->name, sizeof info->name, "%s", base_name(path));
     if (hc) fatal_release(hc);
-    fatal_release(held);
+    fatal_release(set);
 }
 
 /* ------------------------------------------------------------------ dispatch */
 
 static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                           int lean);
+                           int lean, Comm* tp);
 static void close_file(void* fp) { fclose(fp); }
 
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
-    model_load_any(m, path, fc, info, 0);
+    model_load_slice(m, path, fc, info, NULL);
+}
+
+void model_load_slice(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
+                      Comm* tp) {
+    model_load_any(m, path, fc, info, 0, tp);
     check_finite(m, path);
 }
 
@@ -662,7 +836,7 @@ int model_load_lean(Model* m, const char* path, const FocusConfig* fc, ModelInfo
         a && ((alen == 5 && !memcmp(a, "llama", 5)) || (alen == 5 && !memcmp(a, "qwen2", 5)));
     gguf_close(&f);
     if (!llama) return snprintf(why, n, "native weights are read for llama models only"), -1;
-    model_load_any(m, path, fc, info, 1);
+    model_load_any(m, path, fc, info, 1, NULL);
     if (model_load_native(m, path, why, n)) {
         model_free(m);
         return -1;
@@ -672,14 +846,15 @@ int model_load_lean(Model* m, const char* path, const FocusConfig* fc, ModelInfo
 }
 
 static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                           int lean) {
+                           int lean, Comm* tp) {
     ModelInfo local;
     if (!info) info = &local;
     memset(info, 0, sizeof(*info));
     struct stat st;
     if (stat(path, &st)) fatal("%s: cannot open model: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) {
-        load_safetensors(m, path, fc, info);
+    const size_t plen = strlen(path);
+    if (S_ISDIR(st.st_mode) || (plen >= 11 && !strcmp(path + plen - 11, ".index.json"))) {
+        load_safetensors(m, path, fc, info, tp); /* a folder, or a sharded checkpoint's index */
         return;
     }
     FILE* fp = fopen(path, "rb");
@@ -690,15 +865,15 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
     memcpy(&magic, head, 4);
     if (got >= 4 && !memcmp(head, "GGUF", 4)) {
         fclose(fp);
-        load_gguf(m, path, fc, info, lean);
+        load_gguf(m, path, fc, info, lean, tp);
     } else if (got >= 4 && magic == 20240326) {
         rewind(fp);
         fatal_defer(close_file, fp); /* closed on the way out of an error too */
-        load_llmc(m, path, fp, fc, info);
+        load_llmc(m, path, fp, fc, info, tp);
         fatal_release(fp);
     } else if (got == 9 && head[8] == '{') {
         fclose(fp);
-        load_safetensors(m, path, fc, info);
+        load_safetensors(m, path, fc, info, tp);
     } else {
         fclose(fp);
         fatal("%s: unrecognised model format (expected GGUF, safetensors or an llm.c checkpoint)",

@@ -18,6 +18,13 @@ typedef struct {
 
 /* Build m from the file at path with the router settings fc. */
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info);
+/* The same, keeping only tensor-parallel slice tp->rank of tp->size (model.h, model_shard; a whole
+ * model when tp is NULL or of one rank): the file is mapped (GGUF, safetensors) or read in order
+ * (llm.c), and each whole layer tensor passes through one buffer, so the process never holds
+ * more than its slice and one layer's tensor. m->tp is tp. A safetensors checkpoint split over
+ * several files is read through its model.safetensors.index.json (the folder, or the index's
+ * path). */
+void model_load_slice(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, Comm* tp);
 
 /* Serialise a llama-architecture model as GGUF (quant: Q8_0 matrices and an F16 embedding
  * instead of F32) into a malloc'd buffer, or write it to path atomically. */

@@ -161,71 +161,106 @@ static void copy_cols(real* dst, const real* src, size_t rows, size_t cols, size
     for (size_t r = 0; r < rows; r++) memcpy(dst + r * n, src + r * cols + c0, sizeof(real) * n);
 }
 
+/* Tensors 2 .. 13 of Params (ln1w .. fcprojb) are stacked over layers. */
+static int param_layers(const ModelConfig* c, int t) { return t >= 2 && t <= 13 ? c->L : 1; }
+
+/* Slab l of parameter tensor t of the whole model w (in stage) to the slice m holds. */
+static void slice_slab(Model* m, const ModelConfig* w, int t, int l, const real* stage) {
+    const ModelConfig* c = &m->cfg;
+    real* dst = ((real**)&m->params)[t] + (size_t)l * (m->param_sizes[t] / param_layers(c, t));
+    const size_t C = w->C, hs = C / w->NH, F = w->F, cols = t == 4 ? C : 1;
+    const size_t nh = model_heads(c), h0 = (size_t)c->tp_rank * nh, Fl = model_ffn(c);
+    const size_t f0 = (size_t)c->tp_rank * Fl;
+    switch (t) {
+        case 4: /* qkvw, qkvb: column-parallel, this slice's q heads, then the k and v heads */
+        case 5:
+            dst = copy_rows(dst, stage, h0 * hs, nh * hs, cols);
+            for (int kv = 0; kv < 2; kv++)
+                for (int j = 0; j < model_kv_heads(c); j++)
+                    dst = copy_rows(
+                        dst, stage,
+                        ((size_t)w->NH + (size_t)kv * w->NKV + model_kv_head(c, j)) * hs, hs, cols);
+            break;
+        case 6: /* attprojw: row-parallel, the input columns of this slice's heads */
+            copy_cols(dst, stage, C, C, h0 * hs, nh * hs);
+            break;
+        case 10: /* fcw, fcb: column-parallel (llama: the gate rows, then the up rows) */
+        case 11:
+            for (size_t part = 0; part < (size_t)model_fc_width(w) / F; part++)
+                dst = copy_rows(dst, stage, part * F + f0, Fl, t == 10 ? C : 1);
+            break;
+        case 12: /* fcprojw: row-parallel, the input columns of this slice's units */
+            copy_cols(dst, stage, C, F, f0, Fl);
+            break;
+        default: /* norms, embeddings, head, output biases: whole */
+            memcpy(dst, stage, sizeof(real) * (m->param_sizes[t] / param_layers(c, t)));
+    }
+}
+
+size_t model_param_slab(const ModelConfig* c, int t) {
+    size_t s[NUM_PARAM_TENSORS];
+    param_sizes(s, c);
+    return s[t] / param_layers(c, t);
+}
+
+void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src) {
+    real** p = (real**)&m->params;
+    size_t ws[NUM_PARAM_TENSORS];
+    param_sizes(ws, whole);
+    if (model_tp(&m->cfg) == 1) {
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+            for (int l = 0; ws[t] && l < param_layers(whole, t); l++)
+                src->slab(src->ctx, t, l, p[t] + (size_t)l * (ws[t] / param_layers(whole, t)));
+        return;
+    }
+    /* a slice: each whole slab passes through stage, hashed in the order model_weights_hash
+     * reads a whole model's parameters (so the fingerprint is the whole model's) */
+    size_t most = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+        if (ws[t] / param_layers(whole, t) > most) most = ws[t] / param_layers(whole, t);
+    real* stage = mallocCheck(sizeof(real) * most);
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint8_t* cb = (const uint8_t*)whole;
+    for (size_t i = 0; i < offsetof(ModelConfig, tp); i++) h = (h ^ cb[i]) * 0x100000001b3ull;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        const size_t n = ws[t] / param_layers(whole, t);
+        for (int l = 0; ws[t] && l < param_layers(whole, t); l++) {
+            src->slab(src->ctx, t, l, stage);
+            const uint8_t* b = (const uint8_t*)stage;
+            for (size_t i = 0; i < n * sizeof(real); i++) h = (h ^ b[i]) * 0x100000001b3ull;
+            slice_slab(m, whole, t, l, stage);
+        }
+    }
+    free(stage);
+    m->whole_fingerprint = h;
+}
+
+/* model_shard's source: the whole model's own parameters */
+static void whole_slab(void* ctx, int t, int l, real* dst) {
+    const Model* w = ctx;
+    const size_t n = w->param_sizes[t] / param_layers(&w->cfg, t);
+    memcpy(dst, ((real* const*)&w->params)[t] + (size_t)l * n, sizeof(real) * n);
+}
+
 void model_shard(Model* m, Comm* tp) {
-    const ModelConfig whole = m->cfg;
     char err[256];
-    if (model_tp_check(&whole, tp->size, err, sizeof err)) fatal("%s", err);
-    if (model_tp(&whole) != 1) fatal("internal: model_shard of a model already sharded");
+    if (model_tp_check(&m->cfg, tp->size, err, sizeof err)) fatal("%s", err);
+    if (model_tp(&m->cfg) != 1) fatal("internal: model_shard of a model already sharded");
     if (m->backend != &model_cpu_backend || m->lora.rank || m->grads_mem)
         fatal("internal: model_shard wants a CPU model without adapters or gradients");
-    m->whole_fingerprint = model_weights_hash(m);
-    if (tp->size == 1) return;
-    ModelConfig c = whole;
-    c.tp = tp->size;
-    c.tp_rank = tp->rank;
-    Params o = m->params; /* the whole model's */
-    real* old_mem = m->params_mem;
-    param_sizes(m->param_sizes, &c);
+    if (tp->size == 1) {
+        m->whole_fingerprint = model_weights_hash(m);
+        return;
+    }
+    Model whole = *m; /* its parameters; the rest is m's */
+    m->cfg.tp = tp->size;
+    m->cfg.tp_rank = tp->rank;
+    param_sizes(m->param_sizes, &m->cfg);
     m->num_params = model_sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
     m->params_mem = callocCheck(m->num_params, sizeof(real));
     model_carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
-    m->cfg = c;
-    Params* p = &m->params;
-    const size_t C = whole.C, hs = C / whole.NH, F = whole.F, L = whole.L;
-    const size_t nh = model_heads(&c), nkv = model_kv_heads(&c), h0 = (size_t)tp->rank * nh;
-    const size_t Fl = model_ffn(&c), f0 = (size_t)tp->rank * Fl, A = nh * hs;
-    const size_t Qw = model_qkv_width(&whole), Ql = model_qkv_width(&c);
-    const size_t FCw = model_fc_width(&whole), FCl = model_fc_width(&c);
-    /* whole tensors: copied as they are */
-    real* const* src = (real* const*)&o;
-    real** dst = (real**)p;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        if (dst[i] == p->qkvw || dst[i] == p->qkvb || dst[i] == p->attprojw || dst[i] == p->fcw ||
-            dst[i] == p->fcb || dst[i] == p->fcprojw || !dst[i])
-            continue;
-        memcpy(dst[i], src[i], sizeof(real) * m->param_sizes[i]);
-    }
-    for (size_t l = 0; l < L; l++) {
-        /* column-parallel: this slice's q heads, then the k and v heads they read */
-        const size_t cols[2] = {C, 1};
-        real* const wd[2] = {p->qkvw, p->qkvb};
-        const real* const ws[2] = {o.qkvw, o.qkvb};
-        for (int t = 0; t < 2; t++) {
-            if (!wd[t]) continue;
-            real* d = wd[t] + l * Ql * cols[t];
-            const real* s = ws[t] + l * Qw * cols[t];
-            d = copy_rows(d, s, h0 * hs, nh * hs, cols[t]);
-            for (int kv = 0; kv < 2; kv++)
-                for (size_t j = 0; j < nkv; j++) {
-                    size_t g = (size_t)model_kv_head(&c, (int)j);
-                    d = copy_rows(d, s, (whole.NH + kv * whole.NKV + g) * hs, hs, cols[t]);
-                }
-        }
-        /* column-parallel MLP rows (llama: the gate rows, then the up rows) */
-        const real* const fs[2] = {o.fcw, o.fcb};
-        real* const fd[2] = {p->fcw, p->fcb};
-        for (int t = 0; t < 2; t++) {
-            if (!fd[t]) continue;
-            real* d = fd[t] + l * FCl * cols[t];
-            const real* s = fs[t] + l * FCw * cols[t];
-            for (size_t part = 0; part < FCw / F; part++)
-                d = copy_rows(d, s, part * F + f0, Fl, cols[t]);
-        }
-        /* row-parallel: the input columns of this slice's heads and feed-forward units */
-        copy_cols(p->attprojw + l * C * A, o.attprojw + l * C * C, C, C, h0 * hs, A);
-        copy_cols(p->fcprojw + l * C * Fl, o.fcprojw + l * C * F, C, F, f0, Fl);
-    }
-    free(old_mem);
+    model_fill(m, &whole.cfg, &(WeightSource){&whole, whole_slab});
+    free(whole.params_mem);
     if (m->native_release) m->native_release(m->native_owner);
     free(m->native);
     m->native = NULL;
@@ -234,6 +269,13 @@ void model_shard(Model* m, Comm* tp) {
     free(m->acts_mem);
     m->acts_mem = NULL;
     m->tp = tp;
+}
+
+void model_build_slice(Model* m, const ModelConfig* whole, const FocusConfig* fc, Comm* tp) {
+    ModelConfig c = *whole;
+    if (tp && tp->size > 1) c.tp = tp->size, c.tp_rank = tp->rank;
+    model_build(m, &c, fc);
+    m->tp = tp && tp->size > 1 ? tp : NULL;
 }
 
 void model_set_router_config(Model* m, const FocusConfig* fc) {

@@ -274,6 +274,23 @@ uint64_t model_weights_hash(const Model* m);
  * (they are dropped). Fatal with a one-line reason when the layout is impossible (tp does not
  * divide the heads or the feed-forward width). */
 void model_shard(Model* m, Comm* tp);
+/* The whole model's weights, one slab at a time: slab(ctx, t, l, dst) writes layer l of
+ * parameter tensor t (Params order; 0 for tensors not stacked over layers) of the whole model,
+ * fp32, to dst. What a model loader offers model_fill. */
+typedef struct {
+    void* ctx;
+    void (*slab)(void* ctx, int t, int l, real* dst);
+} WeightSource;
+/* The reals of one slab (one layer's part of a tensor stacked over layers, or the whole of
+ * another) of parameter tensor t of a model of shape c. */
+size_t model_param_slab(const ModelConfig* c, int t);
+/* Fill m's parameters from the whole model of shape `whole`: all of them, or, for a slice
+ * (model_build_slice), its part, each whole slab passing through one buffer (the process never
+ * holds more than its slice and one slab) and hashed for the whole model's fingerprint. */
+void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src);
+/* model_build for slice tp->rank of tp->size of the shape whole (a whole model when tp is NULL
+ * or of one rank); fill it with model_fill. */
+void model_build_slice(Model* m, const ModelConfig* whole, const FocusConfig* fc, Comm* tp);
 /* The layout of cfg split over tp ranks is possible: 0, or -1 with a one-line reason in err. */
 int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n);
 

@@ -181,7 +181,12 @@ static void permute_to_hf(real* dst, const real* src, int heads, int hs, size_t 
                        src + ((size_t)h * hs + 2 * i + c) * cols, sizeof(real) * cols);
 }
 
-static void write_hf_llama(const Model* m, const char* dir) {
+/* shards > 1: the tensors dealt round-robin over that many files (model-0000i-of-0000n), named
+ * by a model.safetensors.index.json, as Hugging Face saves a large model */
+static void write_hf_llama_shards(const Model* m, const char* dir, int shards);
+static void write_hf_llama(const Model* m, const char* dir) { write_hf_llama_shards(m, dir, 1); }
+
+static void write_hf_llama_shards(const Model* m, const char* dir, int shards) {
     const Params* p = &m->params;
     const ModelConfig* c = &m->cfg;
     int hs = c->C / c->NH;
@@ -218,8 +223,27 @@ static void write_hf_llama(const Model* m, const char* dir) {
     st_add(ts, &n, "lm_head.weight", p->lmhead, c->V, C, 0);
     mkdir(dir, 0755);
     char path[512];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st_write(path, ts, n);
+    if (shards == 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        st_write(path, ts, n);
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        FILE* ix = fopen(path, "w");
+        fprintf(ix, "{\"metadata\": {}, \"weight_map\": {");
+        for (int i = 0; i < n; i++)
+            fprintf(ix, "%s\"%s\": \"model-%05d-of-%05d.safetensors\"", i ? ", " : "", ts[i].name,
+                    i % shards + 1, shards);
+        fprintf(ix, "}}\n");
+        fclose(ix);
+        STensor* part = mallocCheck(sizeof(STensor) * (size_t)n);
+        for (int k = 0; k < shards; k++) {
+            int np = 0;
+            for (int i = k; i < n; i += shards) part[np++] = ts[i];
+            snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, k + 1, shards);
+            st_write(path, part, np);
+        }
+        free(part);
+    }
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE* fp = fopen(path, "w");
     fprintf(fp,
@@ -337,6 +361,29 @@ int main(void) {
     ref = logits_of(&l);
     write_hf_llama(&l, tu_path("tiny_llama_hf"));
     compare("LLaMA + QKV bias, HF safetensors dir", tu_path("tiny_llama_hf"), ref, l.cfg.V, 1e-5);
+    write_hf_llama_shards(&l, tu_path("tiny_llama_3"), 3);
+    compare("LLaMA + QKV bias, 3 safetensors files and their index", tu_path("tiny_llama_3"), ref,
+            l.cfg.V, 1e-5);
+    compare("the same, given the index's path",
+            tu_path("tiny_llama_3/model.safetensors.index.json"), ref, l.cfg.V, 1e-5);
+    {
+        char msg[512];
+        /* the index names a tensor in a file that does not hold it */
+        FILE* ix = fopen(tu_path("tiny_llama_3/model.safetensors.index.json"), "w");
+        fprintf(ix,
+                "{\"weight_map\": {\"model.norm.weight\": "
+                "\"model-00001-of-00003.safetensors\", \"lm_head.weight\": "
+                "\"model-00002-of-00003.safetensors\", \"model.embed_tokens.weight\": "
+                "\"model-00003-of-00003.safetensors\"}}\n");
+        fclose(ix);
+        CHECK(tu_fails_with(load_path, tu_path("tiny_llama_3"), "where the index puts it", msg,
+                            sizeof msg),
+              "a tensor not where the index says: %s", msg);
+        remove(tu_path("tiny_llama_3/model-00002-of-00003.safetensors"));
+        CHECK(tu_fails_with(load_path, tu_path("tiny_llama_3"), "model-00002-of-00003", msg,
+                            sizeof msg),
+              "a shard missing: %s", msg);
+    }
     free(ref);
     g = make("tiny-gpt2", 0);
     bad_inputs(&g, &l);

@@ -6,10 +6,13 @@
  * whose gradient is summed over the slices' heads), the attn objective's loss and gradients and
  * the KL loss must equal the whole model's to round-off: both families, grouped-query attention
  * split, one shared copy and one copy per query head, the soft gate and hard top-k, Sinkhorn and
- * causal routing. Alone, it checks the layouts and the refusals. Rank 0 reports. */
+ * causal routing; and a slice loaded from a GGUF file (model_load_slice) is the one model_shard
+ * cuts, with the whole model's fingerprint. Alone, it checks the layouts and the refusals. Rank 0
+ * reports. */
 #include <math.h>
 #include <string.h>
 
+#include "../checkpoints/load.h"
 #include "../model/model.h"
 #include "testutil.h"
 
@@ -175,6 +178,22 @@ int main(int argc, char** argv) {
                     CHECK(fabs(a.kl - b.kl) < 1e-5 * (fabs(a.kl) + 1e-3),
                           "tp=%d %s %s %s: kl %.8g vs %.8g", tp, shapes[s].name, what, how, b.kl,
                           a.kl);
+                }
+                if (mode == 0 && c.arch == ARCH_LLAMA) {
+                    /* a slice loaded from a file (model_load_slice) is the slice model_shard cuts
+                     */
+                    char path[64];
+                    snprintf(path, sizeof path, "whole_%zu.gguf", s);
+                    gguf_write_model(&whole, tu_path(path), 0);
+                    Model loaded;
+                    model_load_slice(&loaded, tu_path(path), &whole.fc, NULL, group);
+                    CHECK(loaded.num_params == slice.num_params && loaded.tp == group &&
+                              !memcmp(loaded.params_mem, slice.params_mem,
+                                      sizeof(real) * slice.num_params) &&
+                              model_fingerprint(&loaded) == model_fingerprint(&whole),
+                          "tp=%d %s: the slice loaded from a file differs from model_shard's", tp,
+                          shapes[s].name);
+                    model_free(&loaded);
                 }
                 ran++;
                 free_result(&a);

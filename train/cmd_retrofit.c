@@ -81,9 +81,8 @@ int cmd_retrofit(int argc, char** argv) {
     for (int i = 0; i < sets.n; i++) runconfig_set(&rc, sets.v[i]);
     free(sets.v);
     Model m;
-    TrainData d = {.rank = world->rank};
+    TrainData d = {.rank = world->rank, .tp = tp > 1 ? tpc : NULL};
     char* conf_text = run_prepare(&rc, "retrofit", out, resume != NULL, &m, &d);
-    if (tp > 1) model_shard(&m, tpc);
     train_router(&m, &rc, &d, out, conf_text, resume != NULL, stop_after, device, dpc);
     free(conf_text);
     free(d.train_mem);

@@ -389,7 +389,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     if (!tok_path) fatal("%s: a scratch model needs tokenizer = PATH", cmd);
     int need_pretrain = 0;
     if (scratch && access(base_path, R_OK) == 0 && resume) {
-        model_load(m, base_path, &rc->fc, &info);
+        model_load_slice(m, base_path, &rc->fc, &info, d->tp);
     } else if (scratch) {
         Tokenizer* t = tokenizer_load(tok_path);
         rc->mcfg.V = tokenizer_vocab_size(t);
@@ -401,9 +401,10 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
                  rc->mcfg.arch == ARCH_GPT2 ? "gpt2" : "llama", m->num_params / 1e6);
         need_pretrain = 1;
     } else {
-        model_load(m, rc->model, &rc->fc, &info);
+        model_load_slice(m, rc->model, &rc->fc, &info, d->tp);
     }
     rc->mcfg = m->cfg;
+    rc->mcfg.tp = rc->mcfg.tp_rank = 0; /* the whole model's shape */
     if (rc->T > m->cfg.maxT)
         fatal("%s: T=%d exceeds the model's context %d", cmd, rc->T, m->cfg.maxT);
 
@@ -440,6 +441,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     if (need_pretrain) { /* every rank the same (same data, seed and code); rank 0 writes */
         train_pretrain(m, rc, train, ntrain, rank == 0 ? out : NULL);
         snprintf(rc->model, sizeof rc->model, "scratch");
+        if (d->tp) model_shard(m, d->tp); /* pretrained whole, then sliced */
     }
     char* conf_text = runconfig_text(rc);
     if (!resume && rank == 0) {
@@ -449,7 +451,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         size_t sz = strlen(conf_text);
         write_file_atomic(conf_path, parts, &sz, 1);
     }
-    *d = (TrainData){train, ntrain, val, neval, train, val, rank};
+    *d = (TrainData){train, ntrain, val, neval, train, val, rank, d->tp};
     return conf_text;
 }
 

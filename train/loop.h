@@ -12,6 +12,8 @@ typedef struct {
     size_t neval;
     int *train_mem, *val_mem; /* what run_prepare allocated (free both) */
     int rank;                 /* this process's rank in a data-parallel run (0 writes the files) */
+    Comm* tp; /* tensor parallelism: run_prepare loads this group's slice of the model (NULL: whole)
+               */
 } TrainData;
 
 /* A run's common set-up, for command cmd: check rc, create the folder OUT, load the base model
