@@ -8,27 +8,44 @@
 #include "commands.h"
 
 static const char plan_usage[] =
-    "usage: focus plan [--config NAME] [--set key=value]... [--B 1] [--T 1024] [--ranks N]\n"
+    "usage: focus plan [--config NAME] [--set key=value]... [--B 1] [--T 1024]\n"
+    "                  [--ranks N | --gpus N] [--tp T] [--weights fp32|bf16]\n"
     "                  [--objective lm|kl|attn|kl+attn] [--mem GB]\n"
-    "The memory of a router training step (focus retrofit) from the model's shape alone: frozen\n"
-    "weights (fp32), activations kept for the input-gradient backward, logits, the router with\n"
-    "its gradients and AdamW state, scratch, the teacher of the kl / attn objectives. NAME: a\n"
-    "preset (focus bench --help lists them; default smollm2-135m); --set changes a shape or\n"
-    "Focus key (L=2, K=16). --ranks N: data-parallel ranks (B a multiple of N): per-rank memory\n"
-    "and the bytes each step all-reduces. --mem GB: does it fit, and the longest T that does.\n"
-    "focus retrofit prints its measured peak next to this plan.\n";
+    "The memory of a router training step (focus retrofit) from the model's shape alone, per\n"
+    "rank: frozen weights, activations kept for the input-gradient backward, logits, the router\n"
+    "with its gradients and AdamW state, scratch, the teacher of the kl / attn objectives.\n"
+    "NAME: a preset (focus bench --help lists them; default smollm2-135m); --set changes a shape\n"
+    "or Focus key (L=2, K=16). --ranks N (CPU processes) or --gpus N (the same count, named for\n"
+    "GPUs): N ranks in N / T data-parallel groups of --tp T tensor-parallel slices (T divides the\n"
+    "heads and F; B a multiple of N / T), and the bytes each step all-reduces. --weights bf16:\n"
+    "2-byte frozen weights (the GPU layout the plan is for; focus trains with fp32 weights "
+    "today).\n"
+    "--mem GB: does it fit, the longest T that does, and the smallest T (tensor parallelism)\n"
+    "that fits. focus retrofit prints its measured peak next to this plan.\n";
 
 static double gb(size_t b) { return b / 1e9; }
 
+/* The reals a step all-reduces within a tensor-parallel group, over the passes it runs: two
+ * (BT, C) partial sums per layer in the forward pass, two in the backward (after the MLP up and
+ * the QKV products) plus the gate's dG (BT, K) and its lambda, b; a teacher pass (kl / attn)
+ * adds a forward and, for attn, the group mass (L, BT, K). */
+static double tp_reals(const ModelConfig* c, const FocusConfig* f, double BT, int kl, int attn) {
+    const double fwd = 2.0 * c->L * BT * c->C;
+    double r = fwd + 2.0 * c->L * BT * c->C + c->L * (BT * f->K + 2);
+    if (kl || attn) r += fwd;
+    if (attn) r += (double)c->L * BT * f->K;
+    return r;
+}
+
 int cmd_plan(int argc, char** argv) {
-    const char *preset = "smollm2-135m", *objective = "lm";
+    const char *preset = "smollm2-135m", *objective = "lm", *weights = "fp32";
     CliList sets = {0};
-    int B = 1, T = 1024, ranks = 1;
+    int B = 1, T = 1024, ranks = 0, gpus = 0, tp = 1;
     double mem = 0;
     if (cli_parse("plan", argc, argv, 1, plan_usage,
                   "--config:s --set:* --B:i[1,1048576] --T:i[2,1048576] --ranks:i[1,1048576] "
-                  "--objective:s --mem:x[0.001,1e9]",
-                  &preset, &sets, &B, &T, &ranks, &objective, &mem))
+                  "--gpus:i[1,1048576] --tp:i[1,4096] --weights:s --objective:s --mem:x[0.001,1e9]",
+                  &preset, &sets, &B, &T, &ranks, &gpus, &tp, &weights, &objective, &mem))
         return 0;
     ModelConfig cfg;
     FocusConfig fc;
@@ -42,43 +59,65 @@ int cmd_plan(int argc, char** argv) {
     const int kl = strstr(objective, "kl") != NULL, attn = strstr(objective, "attn") != NULL;
     if (!kl && !attn && strcmp(objective, "lm"))
         fatal("plan: --objective must be lm, kl, attn or kl+attn, got '%s'", objective);
-    if (B % ranks) fatal("plan: B=%d is not a multiple of the %d ranks", B, ranks);
-    const int Bl = B / ranks;
-    MemoryPlan p = model_memory_plan(&cfg, &fc, Bl, T, kl, attn, 4);
+    const int wbytes = !strcmp(weights, "bf16") ? 2 : !strcmp(weights, "fp32") ? 4 : 0;
+    if (!wbytes) fatal("plan: --weights must be fp32 or bf16, got '%s'", weights);
+    if (ranks && gpus) fatal("plan: give --ranks or --gpus, not both");
+    const char* unit = gpus ? "GPU" : "rank";
+    const int N = gpus ? gpus : ranks ? ranks : tp;
+    if (N % tp) fatal("plan: %d %ss are not a multiple of --tp %d", N, unit, tp);
+    if (model_tp_check(&cfg, tp, err, sizeof err)) fatal("plan: %s", err);
+    const int dp = N / tp;
+    if (B % dp) fatal("plan: B=%d is not a multiple of the %d data-parallel groups", B, dp);
+    const int Bl = B / dp;
+    ModelConfig slice = cfg;
+    slice.tp = tp; /* slice 0's shapes: every slice's are the same */
+    MemoryPlan p = model_memory_plan(&slice, &fc, Bl, T, kl, attn, wbytes);
     printf(
         "memory plan: %s (%.3fB parameters, L=%d C=%d heads %d/%d F=%d V=%d), router training,\n"
-        "B=%d x T=%d%s, objective %s, fp32 weights\n",
+        "B=%d x T=%d, objective %s, %s weights, %d %s%s",
         preset, model_param_count(&cfg) / 1e9, cfg.L, cfg.C, cfg.NH, cfg.NKV, cfg.F, cfg.V, B, T,
-        ranks > 1 ? " over the ranks" : "", objective);
-    printf("  %-42s %10.3f GB\n", "frozen weights (fp32)", gb(p.weights));
+        objective, weights, N, unit, N > 1 ? "s" : "");
+    if (N > 1) printf(" (tp %d x dp %d, %d row%s per group)", tp, dp, Bl, Bl > 1 ? "s" : "");
+    printf("\n");
+    char what[64];
+    snprintf(what, sizeof what, "frozen weights (%s%s)", weights, tp > 1 ? ", this slice" : "");
+    printf("  %-42s %10.3f GB\n", what, gb(p.weights));
     printf("  %-42s %10.3f GB\n", "activations kept for the backward", gb(p.activations));
     printf("  %-42s %10.3f GB\n", "logits (and their gradient, in place)", gb(p.logits));
     printf("  %-42s %10.3f GB\n", "router, gradients, AdamW moments", gb(p.router));
     printf("  %-42s %10.3f GB\n", "backward scratch, masks, token ids", gb(p.workspace));
     printf("  %-42s %10.3f GB\n", "teacher (kl / attn objectives)", gb(p.teacher));
-    printf("  %-42s %10.3f GB%s\n", "total", gb(p.total), ranks > 1 ? " per rank" : "");
-    if (ranks > 1) {
+    printf("  %-42s %10.3f GB%s\n", "total", gb(p.total), N > 1 ? " per rank" : "");
+    if (tp > 1) {
+        const double bytes = 4 * tp_reals(&cfg, &fc, (double)Bl * T, kl, attn);
+        printf(
+            "tensor-parallel over %d: %.3f GB all-reduced per step in each group, about %.3f GB "
+            "sent by each %s (ring)\n",
+            tp, bytes / 1e9, 2.0 * (tp - 1) / tp * bytes / 1e9, unit);
+    }
+    if (dp > 1) {
         /* a step's all-reduces: router gradients (fp32), the two losses, beta's column sums
          * (8 iterations of L x (K + 1) doubles); a ring sends 2 (N - 1) / N of the bytes */
         const double bytes =
             (double)cfg.L * ((double)cfg.C * fc.dg + (double)fc.K * fc.dg + 2) * 4 + 16 +
             8.0 * cfg.L * (fc.K + 1) * 8;
         printf(
-            "data-parallel over %d ranks, %d rows each: %.0f bytes all-reduced per step, about "
-            "%.0f sent by each rank (ring)\n",
-            ranks, Bl, bytes, 2.0 * (ranks - 1) / ranks * bytes);
+            "data-parallel over %d groups, %d rows each: %.0f bytes all-reduced per step, about "
+            "%.0f sent by each %s (ring)\n",
+            dp, Bl, bytes, 2.0 * (dp - 1) / dp * bytes, unit);
     }
     if (mem > 0) {
         const size_t have = (size_t)(mem * 1e9);
         printf("fits in %.3g GB: %s", mem, p.total <= have ? "yes" : "no");
         int t = 2;
-        while (t < (1 << 24) && model_memory_plan(&cfg, &fc, Bl, 2 * t, kl, attn, 4).total <= have)
+        while (t < (1 << 24) &&
+               model_memory_plan(&slice, &fc, Bl, 2 * t, kl, attn, wbytes).total <= have)
             t *= 2;
-        if (model_memory_plan(&cfg, &fc, Bl, t, kl, attn, 4).total <= have) {
+        if (model_memory_plan(&slice, &fc, Bl, t, kl, attn, wbytes).total <= have) {
             int lo = t, hi = 2 * t; /* the longest T in [lo, hi) that fits */
             while (hi - lo > 1) {
                 int mid = lo + (hi - lo) / 2;
-                if (model_memory_plan(&cfg, &fc, Bl, mid, kl, attn, 4).total <= have)
+                if (model_memory_plan(&slice, &fc, Bl, mid, kl, attn, wbytes).total <= have)
                     lo = mid;
                 else
                     hi = mid;
@@ -88,6 +127,23 @@ int cmd_plan(int argc, char** argv) {
         } else {
             printf(" (not even T=2: the weights alone take %.3f GB)\n", gb(p.weights));
         }
+        /* the smallest tensor parallelism that fits, B rows per group (tp dividing the heads and
+         * F; with --gpus / --ranks, also the count) */
+        int best = 0;
+        for (int t2 = 1; t2 <= cfg.NH && !best; t2++) {
+            if (model_tp_check(&cfg, t2, err, sizeof err) || ((gpus || ranks) && N % t2)) continue;
+            ModelConfig s2 = cfg;
+            s2.tp = t2;
+            const int b2 = (gpus || ranks) ? B / (N / t2) : B;
+            if (b2 >= 1 && model_memory_plan(&s2, &fc, b2, T, kl, attn, wbytes).total <= have)
+                best = t2;
+        }
+        if (best)
+            printf("smallest tensor parallelism that fits %.3g GB per %s at T=%d: tp %d\n", mem,
+                   unit, T, best);
+        else
+            printf("no tensor parallelism that divides the heads fits %.3g GB per %s at T=%d\n",
+                   mem, unit, T);
     }
     return 0;
 }
