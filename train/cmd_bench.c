@@ -216,6 +216,18 @@ static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, in
 }
 #endif
 
+/* bench forward's weights: N(0, 0.02) matrices, unit norms, zero biases, each slab drawn from
+ * its own seed, so a tensor-parallel slice holds exactly its part of the one-process model (and
+ * prints the same loss) */
+static void random_slab(void* ctx, int t, int l, real* dst) {
+    const ModelConfig* c = ctx;
+    const size_t n = model_param_slab(c, t);
+    const int norm = t == 2 || t == 8 || t == 14, bias = t % 2 == 1 && t >= 3 && t <= 15;
+    Rng rng;
+    rng_seed(&rng, 0x5eed0000ull + (uint64_t)t * 4096 + (uint64_t)l);
+    for (size_t i = 0; i < n; i++) dst[i] = norm ? 1 : bias ? 0 : (real)(0.02 * rng_normal(&rng));
+}
+
 static const char bench_usage[] =
     "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
     "       focus bench gemm [--n size]\n"
@@ -227,6 +239,8 @@ static const char bench_usage[] =
     "                  mistral-7b | qwen2.5-7b | llama3-8b (fewer layers with --set L=2)\n"
     "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal, L=2)\n"
     "  --iters n       timed repetitions of each measurement (default 2)\n"
+    "  --tp T          under mpirun -np T: the model cut into T tensor-parallel slices, one\n"
+    "                  per rank (rank 0 prints; the share of time in all-reduces is shown)\n"
     "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
     "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]: generation\n"
     "        speed (focus bench decode --help).\n"
@@ -253,7 +267,7 @@ int cmd_bench(int argc, char** argv) {
     FocusConfig fc;
     focus_config_default(&fc);
     CliList sets = {0};
-    int device = 0, Ks[16] = {8}, nK = 1;
+    int device = 0, Ks[16] = {8}, nK = 1, tp = 1;
     const char* json = NULL;
     const char *Tlist = NULL, *Klist = NULL;
     if (cli_parse(
@@ -261,10 +275,12 @@ int cmd_bench(int argc, char** argv) {
             "--config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] --K:s "
             "--device:d "
             "--json:s --topk:i[1,32] --heads:i[1,1024] --kv-heads:i[1,1024] --dhead:i[1,1024] "
-            "--w:i[0,1048576]",
+            "--w:i[0,1048576] --tp:i[1,4096]",
             &preset, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk, &heads,
-            &kv_heads, &dhead, &w))
+            &kv_heads, &dhead, &w, &tp))
         return 0;
+    if (comm_launched_by_mpi() && strcmp(what, "forward"))
+        fatal("bench %s runs in one process; under mpirun only bench forward --tp runs", what);
     /* attention takes lists of lengths and group counts; forward one length */
     if (Tlist && !strcmp(what, "attention"))
         nT = parse_list(Tlist, Ts);
@@ -309,11 +325,24 @@ int cmd_bench(int argc, char** argv) {
     if (cfg.maxT < T) cfg.maxT = T;
     fc.attn = ATTN_SOFT;
     config_validate(&cfg, &fc);
+    Comm* world = comm_world(&argc, &argv);
+    if (world->size != tp)
+        fatal("bench forward: --tp %d needs mpirun -np %d (this run has %d rank%s)", tp, tp,
+              world->size, world->size > 1 ? "s" : "");
+    if (world->rank && !freopen("/dev/null", "w", stdout))
+        fatal("bench: rank %d: cannot silence its output", world->rank);
+    if (tp > 1 && device) fatal("bench forward: --tp runs on CPU ranks (--device cuda: one GPU)");
     config_print(&cfg, &fc, stdout);
 
     Model m;
-    model_build(&m, &cfg, &fc);
-    model_init_backbone(&m, 1);
+    model_build_slice(&m, &cfg, &fc, tp > 1 ? world : NULL);
+    model_fill(&m, &cfg, &(WeightSource){&cfg, random_slab});
+    if (tp > 1)
+        printf(
+            "tensor-parallel over %d %s ranks: %d of the %d heads (%d kv) and %d of F = %d "
+            "each\n",
+            tp, world->ops->name, model_heads(&m.cfg), cfg.NH, model_kv_heads(&m.cfg),
+            model_ffn(&m.cfg), cfg.F);
     size_t n = (size_t)B * T;
     int* tok = mallocCheck(sizeof(int) * n);
     int* tgt = mallocCheck(sizeof(int) * n);
@@ -322,13 +351,16 @@ int cmd_bench(int argc, char** argv) {
     for (size_t i = 0; i < n; i++)
         tok[i] = (int)(rng_u64(&rng) % cfg.V), tgt[i] = (int)(rng_u64(&rng) % cfg.V);
     printf(
-        "model: %.1fM backbone parameters, %zu router parameters (%.3f %%), B=%d T=%d, %d "
-        "threads\n",
-        m.num_params / 1e6, m.num_router, 100.0 * m.num_router / m.num_params, B, T, nthreads);
+        "model: %.1fM backbone parameters (%.1fM on this rank), %zu router parameters (%.3f %%), "
+        "B=%d T=%d, %d threads\n",
+        model_param_count(&cfg) / 1e6, m.num_params / 1e6, m.num_router,
+        100.0 * m.num_router / model_param_count(&cfg), B, T, nthreads);
 
     /* on the GPU, percentages are of the CPU's rate make no sense: report TFLOP/s only */
     double gf = device ? 0 : gemm_gflops(gemm_n, 3);
-    if (!device) printf("machine sgemm rate (%d^3): %.1f GFLOP/s\n", gemm_n, gf);
+    if (!device)
+        printf("machine sgemm rate (%d^3): %.1f GFLOP/s%s\n", gemm_n, gf,
+               tp > 1 ? " per rank (percentages below: of all ranks together)" : "");
     model_place(&m, device ? "cuda" : "cpu");
 #ifdef FOCUS_CUDA
     if (device) {
@@ -343,19 +375,23 @@ int cmd_bench(int argc, char** argv) {
      */
     double matflops =
         2.0 *
-        (double)(m.num_params - (cfg.arch == ARCH_GPT2 ? (size_t)cfg.maxT * cfg.C : 0) +
+        (double)(model_param_count(&cfg) - (cfg.arch == ARCH_GPT2 ? (size_t)cfg.maxT * cfg.C : 0) +
                  (cfg.tied ? (size_t)cfg.V * cfg.C : 0) - (size_t)cfg.V * cfg.C) *
         n;
     double attflops = 4.0 * cfg.L * cfg.C * (double)T * (T + 1) / 2 * B;
 
     const char* modes[2] = {"dense", "focus soft"};
     double fwd_tps[2] = {0, 0};
+    char commtxt[64] = "";
     for (int mode = 0; mode < 2; mode++) {
         m.fc.attn = mode ? ATTN_SOFT : ATTN_DENSE;
         model_forward(&m, tok, tgt, B, T, 0); /* warm-up and allocation */
-        double t0 = now_seconds();
+        double t0 = now_seconds(), c0 = world->seconds;
         for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 0);
         double dt = (now_seconds() - t0) / iters;
+        if (tp > 1)
+            snprintf(commtxt, sizeof commtxt, "  (%.0f %% in all-reduces)",
+                     100 * (world->seconds - c0) / iters / dt);
         if (device)
             printf("forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f TFLOP/s  loss %.4f\n",
                    modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e12,
@@ -363,9 +399,9 @@ int cmd_bench(int argc, char** argv) {
         else
             printf(
                 "forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f GFLOP/s (%.0f %% of sgemm)  loss "
-                "%.4f\n",
+                "%.4f%s\n",
                 modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e9,
-                100.0 * (matflops + attflops) / dt / 1e9 / gf, (double)m.mean_loss);
+                100.0 * (matflops + attflops) / dt / 1e9 / (gf * tp), (double)m.mean_loss, commtxt);
         fwd_tps[mode] = n / dt;
     }
     m.fc.attn = ATTN_SOFT;
@@ -375,13 +411,16 @@ int cmd_bench(int argc, char** argv) {
 #ifdef FOCUS_CUDA
     if (device) cuda_prof_report(NULL); /* FOCUS_PROFILE=1: time the training steps alone */
 #endif
-    double t0 = now_seconds();
+    double t0 = now_seconds(), c0 = world->seconds;
     for (int r = 0; r < iters; r++) {
         model_forward(&m, tok, tgt, B, T, 1);
         model_zero_grad(&m, GRAD_ROUTER);
         model_backward(&m, GRAD_ROUTER);
     }
     double dt = (now_seconds() - t0) / iters;
+    if (tp > 1)
+        snprintf(commtxt, sizeof commtxt, "  (%.0f %% in all-reduces)",
+                 100 * (world->seconds - c0) / iters / dt);
 #ifdef FOCUS_CUDA
     if (device) cuda_prof_report("router training steps, all iterations");
 #endif
@@ -390,8 +429,8 @@ int cmd_bench(int argc, char** argv) {
     double dtf = (now_seconds() - t0) / iters;
     printf(
         "train step (router-only fwd+bwd) %8.1f tokens/s  %8.1f ms (forward %.1f ms, backward %.1f "
-        "ms)\n",
-        n / dt, dt * 1e3, dtf * 1e3, (dt - dtf) * 1e3);
+        "ms)%s\n",
+        n / dt, dt * 1e3, dtf * 1e3, (dt - dtf) * 1e3, commtxt);
     printf("peak RSS %.0f MiB\n", peak_rss_mib());
     if (json) {
         FILE* jf = fopen(json, "w");
@@ -408,5 +447,6 @@ int cmd_bench(int argc, char** argv) {
     free(tok);
     free(tgt);
     model_free(&m);
+    comm_free(world);
     return 0;
 }

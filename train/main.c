@@ -66,9 +66,11 @@ int main(int argc, char** argv) {
         return argc < 2 ? 1 : 0;
     }
     mark_start_rss();
-    if (comm_launched_by_mpi() && strcmp(argv[1], "retrofit"))
-        fatal("focus %s runs in one process; of the commands only retrofit runs over MPI ranks",
-              argv[1]);
+    if (comm_launched_by_mpi() && strcmp(argv[1], "retrofit") && strcmp(argv[1], "bench"))
+        fatal(
+            "focus %s runs in one process; of the commands only retrofit and bench forward run "
+            "over MPI ranks",
+            argv[1]);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fatal("unknown command '%s' (see focus --help)", argv[1]);
