@@ -72,6 +72,7 @@ static void encode_tensor(Buf* d, const WTensor* t) {
 /* Write m as a GGUF `llama` file; quant: 0 all F32, 1 matrices in Q8_0 / F16. */
 static Buf write_gguf(const Model* m, int quant) {
     if (m->cfg.arch != ARCH_LLAMA) fatal("GGUF export supports the llama architecture only");
+    if (m->wbf16 || m->tp) fatal("internal: writing a bf16-stored or sliced model");
     const ModelConfig* c = &m->cfg;
     const Params* p = &m->params;
     int hs = c->C / c->NH;

@@ -179,7 +179,7 @@ static void gguf_slab(void* ctx, int t, int l, real* dst) {
 }
 
 static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, int lean,
-                      Comm* tp) {
+                      const ModelLayout* lay) {
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) fatal("%s: %s", path, err);
@@ -225,7 +225,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
             "supported",
             path, (unsigned long long)rdim, hs);
     check_shape(path, &cfg, (double)f.size, 0.5); /* no supported type takes under 4 bits */
-    model_build_slice(m, &cfg, fc, tp);
+    model_build_slice(m, &cfg, fc, lay);
     GGUFSource src = {&f, cfg, lean};
     model_fill(m, &cfg, &(WeightSource){&src, gguf_slab});
     uint64_t nlen;
@@ -270,7 +270,7 @@ static void llmc_slab(void* ctx, int t, int l, real* dst) {
 }
 
 static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* fc, ModelInfo* info,
-                      Comm* tp) {
+                      const ModelLayout* lay) {
     int32_t h[256];
     if (fread(h, 4, 256, fp) != 256) fatal("%s: truncated llm.c header", path);
     if (h[1] != 3 && h[1] != 5)
@@ -291,7 +291,7 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
     if (fstat(fileno(fp), &st) || (size_t)st.st_size != expect)
         fatal("%s: file is %lld bytes, the header implies %zu; truncated or corrupt", path,
               (long long)st.st_size, expect);
-    model_build_slice(m, &cfg, fc, tp);
+    model_build_slice(m, &cfg, fc, lay);
     size_t biggest = (size_t)Vp * cfg.C; /* the bf16 staging of the largest slab */
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
         if (model_param_slab(&cfg, t) > biggest) biggest = model_param_slab(&cfg, t);
@@ -679,7 +679,7 @@ static void safe_open_index(SafeSet* set, const char* index, const char* dir) {
 }
 
 static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                             Comm* tp) {
+                             const ModelLayout* lay) {
     char file[4096], cfgpath[4096], index[4096];
     struct stat st;
     const int dir = !stat(path, &st) && S_ISDIR(st.st_mode);
@@ -798,7 +798,7 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
         }
     }
     check_shape(file, &cfg, (double)total, 2.0);
-    model_build_slice(m, &cfg, fc, tp);
+    model_build_slice(m, &cfg, fc, lay);
     SafeSource src = {set, cfg, pre};
     model_fill(m, &cfg, &(WeightSource){&src, safe_slab});
     snprintf(info->format, sizeof info->format, "safetensors");
@@ -811,7 +811,7 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
 /* ------------------------------------------------------------------ dispatch */
 
 static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                           int lean, Comm* tp);
+                           int lean, const ModelLayout* lay);
 static void close_file(void* fp) { fclose(fp); }
 
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info) {
@@ -819,8 +819,8 @@ void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* in
 }
 
 void model_load_slice(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                      Comm* tp) {
-    model_load_any(m, path, fc, info, 0, tp);
+                      const ModelLayout* lay) {
+    model_load_any(m, path, fc, info, 0, lay);
     check_finite(m, path);
 }
 
@@ -846,7 +846,7 @@ int model_load_lean(Model* m, const char* path, const FocusConfig* fc, ModelInfo
 }
 
 static void model_load_any(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
-                           int lean, Comm* tp) {
+                           int lean, const ModelLayout* lay) {
     ModelInfo local;
     if (!info) info = &local;
     memset(info, 0, sizeof(*info));
@@ -854,7 +854,7 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
     if (stat(path, &st)) fatal("%s: cannot open model: %s", path, strerror(errno));
     const size_t plen = strlen(path);
     if (S_ISDIR(st.st_mode) || (plen >= 11 && !strcmp(path + plen - 11, ".index.json"))) {
-        load_safetensors(m, path, fc, info, tp); /* a folder, or a sharded checkpoint's index */
+        load_safetensors(m, path, fc, info, lay); /* a folder, or a sharded checkpoint's index */
         return;
     }
     FILE* fp = fopen(path, "rb");
@@ -865,15 +865,15 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
     memcpy(&magic, head, 4);
     if (got >= 4 && !memcmp(head, "GGUF", 4)) {
         fclose(fp);
-        load_gguf(m, path, fc, info, lean, tp);
+        load_gguf(m, path, fc, info, lean, lay);
     } else if (got >= 4 && magic == 20240326) {
         rewind(fp);
         fatal_defer(close_file, fp); /* closed on the way out of an error too */
-        load_llmc(m, path, fp, fc, info, tp);
+        load_llmc(m, path, fp, fc, info, lay);
         fatal_release(fp);
     } else if (got == 9 && head[8] == '{') {
         fclose(fp);
-        load_safetensors(m, path, fc, info, tp);
+        load_safetensors(m, path, fc, info, lay);
     } else {
         fclose(fp);
         fatal("%s: unrecognised model format (expected GGUF, safetensors or an llm.c checkpoint)",

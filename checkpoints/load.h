@@ -18,13 +18,14 @@ typedef struct {
 
 /* Build m from the file at path with the router settings fc. */
 void model_load(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info);
-/* The same, keeping only tensor-parallel slice tp->rank of tp->size (model.h, model_shard; a whole
- * model when tp is NULL or of one rank): the file is mapped (GGUF, safetensors) or read in order
- * (llm.c), and each whole layer tensor passes through one buffer, so the process never holds
- * more than its slice and one layer's tensor. m->tp is tp. A safetensors checkpoint split over
- * several files is read through its model.safetensors.index.json (the folder, or the index's
- * path). */
-void model_load_slice(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, Comm* tp);
+/* The same in the layout lay (model.h; NULL: whole, fp32): only tensor-parallel slice
+ * lay->tp->rank of lay->tp->size (model_shard), and/or the projections in the bf16 store
+ * (model_store_bf16). The file is mapped (GGUF, safetensors) or read in order (llm.c), and each
+ * whole layer tensor passes through one buffer, so the process never holds more than its
+ * weights and one layer's tensor. A safetensors checkpoint split over several files is read
+ * through its model.safetensors.index.json (the folder, or the index's path). */
+void model_load_slice(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info,
+                      const ModelLayout* lay);
 
 /* Serialise a llama-architecture model as GGUF (quant: Q8_0 matrices and an F16 embedding
  * instead of F32) into a malloc'd buffer, or write it to path atomically. */

@@ -134,6 +134,24 @@ float bf16_to_f32(uint16_t h) {
     return f;
 }
 
+uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1); /* to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+void bf16_to_real_rows(real* dst, const uint16_t* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t b = (uint32_t)src[i] << 16;
+        float f;
+        memcpy(&f, &b, 4);
+        dst[i] = (real)f;
+    }
+}
+
 double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -16,6 +16,7 @@ static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c-
 
 void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     if (m->tp) fatal("decoding runs in one process: this model is a tensor-parallel slice");
+    if (m->wbf16) fatal("decoding reads the file's or fp32 weights, not the bf16 store");
     const ModelConfig* mc = &m->cfg;
     int hs = mc->C / mc->NH, K = m->fc.K;
     memset(c, 0, sizeof(*c));

@@ -136,18 +136,95 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     alloc_router(m);
 }
 
+static size_t bf16_bytes(const Model* m) {
+    const ModelConfig* c = &m->cfg;
+    return sizeof(uint16_t) * c->L *
+           ((size_t)model_qkv_width(c) * c->C + (size_t)c->C * model_att_width(c) +
+            (size_t)model_fc_width(c) * c->C + (size_t)c->C * model_ffn(c));
+}
+
 uint64_t model_weights_hash(const Model* m) {
     /* FNV-1a over the shape (the fields before the slice's) and the parameter bytes */
     uint64_t h = 0xcbf29ce484222325ull;
-    const uint8_t* bytes[2] = {(const uint8_t*)&m->cfg, (const uint8_t*)m->params_mem};
-    size_t lens[2] = {offsetof(ModelConfig, tp), m->num_params * sizeof(real)};
-    for (int k = 0; k < 2; k++)
+    const uint8_t* bytes[3] = {(const uint8_t*)&m->cfg, (const uint8_t*)m->params_mem,
+                               (const uint8_t*)m->wbf16};
+    size_t lens[3] = {offsetof(ModelConfig, tp), m->num_params * sizeof(real), 0};
+    if (m->wbf16) lens[2] = bf16_bytes(m);
+    for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < lens[k]; i++) h = (h ^ bytes[k][i]) * 0x100000001b3ull;
     return h;
 }
 
 uint64_t model_fingerprint(const Model* m) {
-    return model_tp(&m->cfg) > 1 ? m->whole_fingerprint : model_weights_hash(m);
+    return model_tp(&m->cfg) > 1 || m->wbf16 ? m->whole_fingerprint : model_weights_hash(m);
+}
+
+static const int bf16_tensors[4] = {4, 6, 10, 12}; /* qkvw, attprojw, fcw, fcprojw */
+
+/* The store's index of parameter tensor t, or -1 for a tensor kept in fp32. */
+static int bf16_index(int t) {
+    for (int k = 0; k < 4; k++)
+        if (bf16_tensors[k] == t) return k;
+    return -1;
+}
+
+static void drop_pages(void* p, size_t n);
+
+/* The bf16 store's buffers for m's shape (its slice's) and the parameter sizes without the
+ * projections (param_sizes and num_params updated; params_mem left to the caller). */
+static void bf16_layout(Model* m) {
+    size_t total = 0, stage = 0;
+    for (int k = 0; k < 4; k++) {
+        const size_t n = model_param_slab(&m->cfg, bf16_tensors[k]);
+        m->wbf16_off[k] = total;
+        total += n * m->cfg.L;
+        stage = n > stage ? n : stage;
+        m->param_sizes[bf16_tensors[k]] = 0;
+    }
+    m->num_params = model_sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
+    m->wbf16 = mallocCheck(sizeof(uint16_t) * total);
+    m->wstage = mallocCheck(sizeof(real) * stage);
+    m->wstage_n = stage;
+}
+
+void model_store_bf16(Model* m) {
+    if (m->wbf16) return;
+    if (m->backend != &model_cpu_backend || m->lora.rank || m->grads_mem)
+        fatal("--weights bf16: a CPU model without adapters or weight gradients only");
+    if (model_tp(&m->cfg) == 1) m->whole_fingerprint = model_weights_hash(m);
+    size_t old[NUM_PARAM_TENSORS];
+    memcpy(old, m->param_sizes, sizeof old);
+    real* const* src = (real* const*)&m->params;
+    bf16_layout(m);
+    /* each projection rounded into the store, its fp32 pages given back at once (the process
+     * never holds much more than the fp32 model it had) */
+    for (int k = 0; k < 4; k++) {
+        const int t = bf16_tensors[k];
+        uint16_t* d = m->wbf16 + m->wbf16_off[k];
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < old[t]; i++) d[i] = f32_to_bf16(src[t][i]);
+        drop_pages(src[t], sizeof(real) * old[t]);
+    }
+    /* the other tensors moved down over the projections' places, in order, then the tail cut */
+    real* at = m->params_mem;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (!m->param_sizes[t]) continue;
+        memmove(at, src[t], sizeof(real) * m->param_sizes[t]);
+        at += m->param_sizes[t];
+    }
+    m->params_mem = reallocCheck(m->params_mem, sizeof(real) * (m->num_params ? m->num_params : 1));
+    model_carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+    free(m->acts_mem); /* the passes start over with fresh buffers */
+    m->acts_mem = NULL;
+}
+
+const real* model_layer_weight(Model* m, int t, int l) {
+    const int k = bf16_index(t);
+    if (k < 0) fatal("internal: model_layer_weight of tensor %d", t);
+    const size_t n = model_param_slab(&m->cfg, t);
+    if (!m->wbf16) return ((real* const*)&m->params)[t] + (size_t)l * n;
+    bf16_to_real_rows(m->wstage, m->wbf16 + m->wbf16_off[k] + (size_t)l * n, n);
+    return m->wstage;
 }
 
 /* Rows [r0, r0 + n) of the (rows, cols) matrix src to dst. */
@@ -164,10 +241,9 @@ static void copy_cols(real* dst, const real* src, size_t rows, size_t cols, size
 /* Tensors 2 .. 13 of Params (ln1w .. fcprojb) are stacked over layers. */
 static int param_layers(const ModelConfig* c, int t) { return t >= 2 && t <= 13 ? c->L : 1; }
 
-/* Slab l of parameter tensor t of the whole model w (in stage) to the slice m holds. */
-static void slice_slab(Model* m, const ModelConfig* w, int t, int l, const real* stage) {
-    const ModelConfig* c = &m->cfg;
-    real* dst = ((real**)&m->params)[t] + (size_t)l * (m->param_sizes[t] / param_layers(c, t));
+/* Slab l of parameter tensor t of the whole model w (in stage): the part slice c holds, to dst. */
+static void slice_slab(const ModelConfig* c, const ModelConfig* w, int t, const real* stage,
+                       real* dst) {
     const size_t C = w->C, hs = C / w->NH, F = w->F, cols = t == 4 ? C : 1;
     const size_t nh = model_heads(c), h0 = (size_t)c->tp_rank * nh, Fl = model_ffn(c);
     const size_t f0 = (size_t)c->tp_rank * Fl;
@@ -193,7 +269,7 @@ static void slice_slab(Model* m, const ModelConfig* w, int t, int l, const real*
             copy_cols(dst, stage, C, F, f0, Fl);
             break;
         default: /* norms, embeddings, head, output biases: whole */
-            memcpy(dst, stage, sizeof(real) * (m->param_sizes[t] / param_layers(c, t)));
+            memcpy(dst, stage, sizeof(real) * model_param_slab(c, t));
     }
 }
 
@@ -203,32 +279,48 @@ size_t model_param_slab(const ModelConfig* c, int t) {
     return s[t] / param_layers(c, t);
 }
 
+/* Tensor t passes through model_fill's stage: cut into slices (tp) or stored in bf16. */
+static int staged(int t, int tp, int bf16) {
+    return (tp && (t == 4 || t == 5 || t == 6 || t == 10 || t == 11 || t == 12)) ||
+           (bf16 && bf16_index(t) >= 0);
+}
+
 void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src) {
     real** p = (real**)&m->params;
     size_t ws[NUM_PARAM_TENSORS];
     param_sizes(ws, whole);
-    if (model_tp(&m->cfg) == 1) {
+    if (model_tp(&m->cfg) == 1 && !m->wbf16) {
         for (int t = 0; t < NUM_PARAM_TENSORS; t++)
             for (int l = 0; ws[t] && l < param_layers(whole, t); l++)
                 src->slab(src->ctx, t, l, p[t] + (size_t)l * (ws[t] / param_layers(whole, t)));
         return;
     }
-    /* a slice: each whole slab passes through stage, hashed in the order model_weights_hash
-     * reads a whole model's parameters (so the fingerprint is the whole model's) */
+    /* a slice or a bf16 store: the slabs hashed in the order model_weights_hash reads a whole
+     * model's parameters (so the fingerprint is the whole fp32 model's). Those cut into slices
+     * or stored in bf16 pass through stage (a projection's part then through wstage into the
+     * store); the others go where they belong and are hashed there. */
+    const int tp = model_tp(&m->cfg) > 1;
     size_t most = 0;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)
-        if (ws[t] / param_layers(whole, t) > most) most = ws[t] / param_layers(whole, t);
-    real* stage = mallocCheck(sizeof(real) * most);
+        if ((staged(t, tp, m->wbf16 != NULL)) && ws[t] / param_layers(whole, t) > most)
+            most = ws[t] / param_layers(whole, t);
+    real* stage = mallocCheck(sizeof(real) * (most ? most : 1));
     uint64_t h = 0xcbf29ce484222325ull;
     const uint8_t* cb = (const uint8_t*)whole;
     for (size_t i = 0; i < offsetof(ModelConfig, tp); i++) h = (h ^ cb[i]) * 0x100000001b3ull;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        const size_t n = ws[t] / param_layers(whole, t);
+        const size_t n = ws[t] / param_layers(whole, t), nl = model_param_slab(&m->cfg, t);
+        const int k = m->wbf16 ? bf16_index(t) : -1, via = staged(t, tp, m->wbf16 != NULL);
         for (int l = 0; ws[t] && l < param_layers(whole, t); l++) {
-            src->slab(src->ctx, t, l, stage);
-            const uint8_t* b = (const uint8_t*)stage;
+            real* dst = via ? stage : p[t] + (size_t)l * nl;
+            src->slab(src->ctx, t, l, dst);
+            const uint8_t* b = (const uint8_t*)dst;
             for (size_t i = 0; i < n * sizeof(real); i++) h = (h ^ b[i]) * 0x100000001b3ull;
-            slice_slab(m, whole, t, l, stage);
+            if (!via) continue;
+            slice_slab(&m->cfg, whole, t, stage, k >= 0 ? m->wstage : p[t] + (size_t)l * nl);
+            if (k < 0) continue;
+            uint16_t* d = m->wbf16 + m->wbf16_off[k] + (size_t)l * nl;
+            for (size_t i = 0; i < nl; i++) d[i] = f32_to_bf16(m->wstage[i]);
         }
     }
     free(stage);
@@ -271,11 +363,21 @@ void model_shard(Model* m, Comm* tp) {
     m->tp = tp;
 }
 
-void model_build_slice(Model* m, const ModelConfig* whole, const FocusConfig* fc, Comm* tp) {
+void model_build_slice(Model* m, const ModelConfig* whole, const FocusConfig* fc,
+                       const ModelLayout* lay) {
     ModelConfig c = *whole;
-    if (tp && tp->size > 1) c.tp = tp->size, c.tp_rank = tp->rank;
+    Comm* tp = lay && lay->tp && lay->tp->size > 1 ? lay->tp : NULL;
+    if (tp) c.tp = tp->size, c.tp_rank = tp->rank;
     model_build(m, &c, fc);
-    m->tp = tp && tp->size > 1 ? tp : NULL;
+    m->tp = tp;
+    if (lay && lay->store == WEIGHTS_BF16_PROJ) {
+        free(m->params_mem); /* (never touched: it cost no memory) */
+        bf16_layout(m);
+        m->params_mem = callocCheck(m->num_params ? m->num_params : 1, sizeof(real));
+        model_carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
+    } else if (lay && lay->store != WEIGHTS_FP32) {
+        fatal("internal: a model's weights are held fp32 or with the bf16 store");
+    }
 }
 
 void model_set_router_config(Model* m, const FocusConfig* fc) {
@@ -289,6 +391,8 @@ void model_free(Model* m) {
     if (m->native_release) m->native_release(m->native_owner);
     free(m->native);
     free(m->params_mem);
+    free(m->wbf16);
+    free(m->wstage);
     free(m->grads_mem);
     free(m->router_mem);
     free(m->rgrads_mem);
@@ -340,6 +444,7 @@ static void lora_shapes(const Model* m, size_t* s, int* in, int* out) {
 
 void model_lora_init(Model* m, const LoraConfig* lc, uint64_t seed) {
     if (m->tp) fatal("lora: a tensor-parallel model takes no adapters (LoRA runs in one process)");
+    if (m->wbf16) fatal("lora: adapters need the fp32 weights (not --weights bf16)");
     if (lc->rank < 1 || lc->targets <= 0 || lc->targets > 15 || !(lc->alpha > 0))
         fatal("lora: rank must be >= 1, alpha > 0 and targets a subset of qkv,o,fc,fcproj");
     free(m->lora_mem);
@@ -663,6 +768,8 @@ void model_backward(Model* m, GradMode mode) {
 }
 
 void model_place(Model* m, const char* device) {
+    if (m->wbf16 && strcmp(device, "cpu"))
+        fatal("--device %s: the bf16 weight store is the CPU's (--weights bf16)", device);
     if (m->tp && strcmp(device, "cpu"))
         fatal(
             "--device %s: a tensor-parallel model runs on CPU ranks (MPI) in this version; its "
@@ -701,7 +808,7 @@ static void drop_pages(void* p, size_t n) {
 }
 
 void model_drop_native_copies(Model* m) {
-    if (!m->native) return;
+    if (!m->native || m->wbf16) return;
     const ModelConfig* c = &m->cfg;
     Params* p = &m->params;
     const size_t L = (size_t)c->L, C = (size_t)c->C;
@@ -721,11 +828,22 @@ size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t
 }
 
 MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,
-                             int objective_kl, int objective_attn, int weight_bytes) {
+                             int objective_kl, int objective_attn, WeightStore w) {
     MemoryPlan p;
     memset(&p, 0, sizeof p);
     const size_t BT = (size_t)B * T, R = sizeof(real);
-    p.weights = model_param_count(c) * (size_t)weight_bytes;
+    p.weights = model_param_count(c) * (w == WEIGHTS_BF16 ? 2 : 4);
+    if (w == WEIGHTS_BF16_PROJ) { /* the four projections at 2 bytes, one layer's at 4 */
+        size_t proj = 0, most = 0;
+        const int t[4] = {4, 6, 10, 12};
+        for (int k = 0; k < 4; k++) {
+            const size_t n = model_param_slab(c, t[k]);
+            proj += n * c->L;
+            most = n > most ? n : most;
+        }
+        p.weights -= 2 * proj;
+        p.weights += 4 * most;
+    }
     ActSizes a = model_act_sizes(c, f, B, T, 1);
     p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.n[20] * R;
     p.logits = a.n[20] * R;

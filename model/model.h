@@ -149,6 +149,18 @@ typedef struct {
 
 typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1, GRAD_LORA = 2 } GradMode;
 
+/* How the frozen weights are held: fp32; bf16 throughout (the GPU layout focus plan plans for);
+ * the CPU's bf16 store (model_store_bf16: the projections in bf16, the rest fp32, one layer's
+ * fp32 buffer). */
+typedef enum { WEIGHTS_FP32 = 0, WEIGHTS_BF16 = 1, WEIGHTS_BF16_PROJ = 2 } WeightStore;
+
+/* Where a process's model comes from: its tensor-parallel group (NULL or of one rank: the whole
+ * model) and how it holds the weights (WEIGHTS_FP32 or WEIGHTS_BF16_PROJ). */
+typedef struct {
+    Comm* tp;
+    WeightStore store;
+} ModelLayout;
+
 enum {
     NATIVE_Q,
     NATIVE_K,
@@ -223,7 +235,15 @@ typedef struct {
      * for a whole model). Their partial sums are added up after the attention output and MLP
      * down projections (forward) and after the QKV and MLP up projections (backward). */
     Comm* tp;
-    uint64_t whole_fingerprint; /* of the whole model this slice was cut from (model_shard) */
+    uint64_t whole_fingerprint; /* of the whole model this slice was cut from (model_shard), or
+                                 * of the fp32 weights a bf16 store was rounded from */
+    /* The frozen projections (qkvw, attprojw, fcw, fcprojw) in bf16 (model_store_bf16), each
+     * (L, rows, cols) from its offset; NULL: they are fp32 in params. wstage: one layer's matrix
+     * widened to fp32 for the pass that uses it. */
+    uint16_t* wbf16;
+    size_t wbf16_off[4];
+    real* wstage;
+    size_t wstage_n;
     void* native_owner;
     void (*native_release)(void*);
 } Model;
@@ -267,6 +287,17 @@ uint64_t model_fingerprint(const Model* m);
  * a router trains. */
 uint64_t model_weights_hash(const Model* m);
 
+/* Store the frozen projection matrices (Q/K/V, attention output, MLP up/gate and down) in bf16,
+ * rounded to nearest even: half their memory (the norms, biases, embeddings and head stay fp32);
+ * a pass widens each layer's matrix to fp32 in one buffer when it uses it. The passes then use
+ * the rounded weights; the fingerprint stays that of the fp32 weights (a router trained on the
+ * store is the file's model's). For router training and evaluation on the CPU: weight or adapter
+ * gradients, decoding, writing the model and other devices are refused afterwards. */
+void model_store_bf16(Model* m);
+/* Layer l's matrix of projection tensor t (4 qkvw, 6 attprojw, 10 fcw, 12 fcprojw; Params
+ * order): in params, or widened from the bf16 store into m->wstage (valid until the next call). */
+const real* model_layer_weight(Model* m, int t, int l);
+
 /* Keep only slice cfg.tp_rank of cfg.tp of a whole model (Megatron-LM tensor parallelism):
  * column-parallel Q/K/V and MLP up/gate rows, row-parallel attention output and MLP down columns;
  * the rest stays whole. tp: the ranks of the slices, rank i holding slice i. The router stays
@@ -284,13 +315,15 @@ typedef struct {
 /* The reals of one slab (one layer's part of a tensor stacked over layers, or the whole of
  * another) of parameter tensor t of a model of shape c. */
 size_t model_param_slab(const ModelConfig* c, int t);
-/* Fill m's parameters from the whole model of shape `whole`: all of them, or, for a slice
- * (model_build_slice), its part, each whole slab passing through one buffer (the process never
- * holds more than its slice and one slab) and hashed for the whole model's fingerprint. */
+/* Fill m's parameters from the whole model of shape `whole`: all of them, or, for a slice or a
+ * bf16 store (model_build_slice), its part, each whole slab passing through one buffer (the
+ * process never holds more than its weights and one slab) and hashed for the whole fp32 model's
+ * fingerprint. */
 void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src);
-/* model_build for slice tp->rank of tp->size of the shape whole (a whole model when tp is NULL
- * or of one rank); fill it with model_fill. */
-void model_build_slice(Model* m, const ModelConfig* whole, const FocusConfig* fc, Comm* tp);
+/* model_build for the layout lay (NULL: whole, fp32) of the shape whole: slice tp->rank of
+ * tp->size, the projections in a bf16 store; fill it with model_fill. */
+void model_build_slice(Model* m, const ModelConfig* whole, const FocusConfig* fc,
+                       const ModelLayout* lay);
 /* The layout of cfg split over tp ranks is possible: 0, or -1 with a one-line reason in err. */
 int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n);
 
@@ -304,7 +337,7 @@ void model_free(Model* m);
 void model_drop_native_copies(Model* m);
 
 /* What a router training step of B x T tokens holds in memory, in bytes, computed from the
- * shapes alone (no model is built): the frozen weights (weight_bytes each: 4 for fp32), the
+ * shapes alone (no model is built): the frozen weights (held as w says), the
  * activations kept for the input-gradient backward, the logits, the router with its gradients
  * and AdamW moments, the backward's scratch and the masks, the teacher's buffers of the kl / attn
  * objectives. The same sizes model_act_sizes and the CPU backward allocate; a data-parallel rank
@@ -313,7 +346,7 @@ typedef struct {
     size_t weights, activations, logits, router, workspace, teacher, total;
 } MemoryPlan;
 MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,
-                             int objective_kl, int objective_attn, int weight_bytes);
+                             int objective_kl, int objective_attn, WeightStore w);
 /* Replace the router settings (K, dg, ...): router buffers are reallocated and re-initialised. */
 void model_set_router_config(Model* m, const FocusConfig* fc);
 /* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */

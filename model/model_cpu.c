@@ -22,11 +22,11 @@ static LayerActs layer_acts(const Model* m, int l) {
     return model_layer_acts(m, &m->acts, m->rmask, l);
 }
 
-/* out (BT, rows) = in (BT, cols) W^T + b with layer l's W (rows, cols) and b (rows, or none) */
-static void linear(real* out, const real* in, const real* W, const real* b, int l, size_t BT,
+/* out (BT, rows) = in (BT, cols) W^T + b with layer l's W (rows, cols; projection tensor t,
+ * model_layer_weight) and b (rows, or none) */
+static void linear(Model* m, real* out, const real* in, int t, const real* b, int l, size_t BT,
                    int cols, int rows) {
-    matmul_forward(out, in, model_slice(W, l, (size_t)rows * cols), model_slice(b, l, rows), BT,
-                   cols, rows);
+    matmul_forward(out, in, model_layer_weight(m, t, l), model_slice(b, l, rows), BT, cols, rows);
 }
 
 /* LoRA adapter k (0 qkv, 1 o, 2 fc, 3 fcproj) of layer l, when m has one: out (BT, OC) of the
@@ -105,7 +105,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         size_t lC = (size_t)l * C;
         norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
                      model_slice(p->ln1b, l, C), BT);
-        linear(la.qkv, la.ln1, p->qkvw, p->qkvb, l, BT, C, QKV);
+        linear(m, la.qkv, la.ln1, 4, p->qkvb, l, BT, C, QKV);
         lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, NH, NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
@@ -134,19 +134,19 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 attention_forward(la.att, la.lse, la.qkv, &gate, B, T, NH, NKV, hs);
                 break;
         }
-        linear(la.res2, la.att, p->attprojw, tp_bias(m, p->attprojb), l, BT, A, C);
+        linear(m, la.res2, la.att, 6, tp_bias(m, p->attprojb), l, BT, A, C);
         lora_add(m, 1, l, la.res2, la.att, BT, C, C);
         tp_sum(m, la.res2, BT * C);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
         norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
-        linear(la.fch, la.ln2, p->fcw, p->fcb, l, BT, C, FC);
+        linear(m, la.fch, la.ln2, 10, p->fcb, l, BT, C, FC);
         lora_add(m, 2, l, la.fch, la.ln2, BT, C, FC);
         if (c->arch == ARCH_GPT2)
             gelu_forward(la.fch_act, la.fch, BT * F);
         else
             swiglu_forward(la.fch_act, la.fch, BT, F);
-        linear(la.res3, la.fch_act, p->fcprojw, tp_bias(m, p->fcprojb), l, BT, F, C);
+        linear(m, la.res3, la.fch_act, 12, tp_bias(m, p->fcprojb), l, BT, F, C);
         lora_add(m, 3, l, la.res3, la.fch_act, BT, F, C);
         tp_sum(m, la.res3, BT * C);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
@@ -266,6 +266,8 @@ static void cpu_backward(Model* m, GradMode mode) {
     const size_t BT = (size_t)B * T;
     const int all = mode == GRAD_ALL, lora = mode == GRAD_LORA;
     if (lora && !m->lora.rank) fatal("internal: GRAD_LORA on a model without LoRA adapters");
+    if (m->wbf16 && (all || lora))
+        fatal("the bf16 weight store trains the router only (no weight or adapter gradients)");
     if (m->tp && (all || lora))
         fatal("a tensor-parallel model trains its router only (no weight or adapter gradients)");
     const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
@@ -319,7 +321,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         memset(dact, 0, sizeof(real) * BT * F);
         matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * F),
                         model_slice(g->fcprojb, l, C), dres, la.fch_act,
-                        p->fcprojw + (size_t)l * C * F, BT, F, C);
+                        model_layer_weight(m, 12, l), BT, F, C);
         if (lora) lora_grad(m, 3, l, dact, dres, la.fch_act, BT, F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
         if (c->arch == ARCH_GPT2)
@@ -329,7 +331,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         memset(dbuf, 0, sizeof(real) * BT * C);
         matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
                         model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
-                        p->fcw + (size_t)l * FC * C, BT, C, FC);
+                        model_layer_weight(m, 10, l), BT, C, FC);
         if (lora) lora_grad(m, 2, l, dbuf, dfch, la.ln2, BT, C, FC);
         tp_sum(m, dbuf, BT * C);
         norm_backward(m, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
@@ -337,8 +339,8 @@ static void cpu_backward(Model* m, GradMode mode) {
         /* attention (dbuf: this slice's heads' d(att), (BT, A)) */
         memset(dbuf, 0, sizeof(real) * BT * A);
         matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * A),
-                        model_slice(g->attprojb, l, C), dres, la.att,
-                        p->attprojw + (size_t)l * C * A, BT, A, C);
+                        model_slice(g->attprojb, l, C), dres, la.att, model_layer_weight(m, 6, l),
+                        BT, A, C);
         if (lora) lora_grad(m, 1, l, dbuf, dres, la.att, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         const int router = router_on && !focus_layer_dense(f, l);
@@ -365,7 +367,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         if (l > 0 || all) {
             matmul_backward(dbuf, model_slice(g->qkvw, l, (size_t)QKV * C),
                             model_slice(g->qkvb, l, (size_t)QKV), dqkv, la.ln1,
-                            p->qkvw + (size_t)l * QKV * C, BT, C, QKV);
+                            model_layer_weight(m, 4, l), BT, C, QKV);
             tp_sum(m, dbuf, BT * C); /* before the router's share, which every rank has whole */
         }
         if (lora) lora_grad(m, 0, l, l > 0 ? dbuf : NULL, dqkv, la.ln1, BT, C, QKV);

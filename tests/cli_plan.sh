@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # focus plan against what a run takes: a 2-step SmolLM2 router training (T = 512, on the Tiny
 # Shakespeare text) prints its peak memory next to the plan; they must agree within 10 %. Also:
-# plan's refusals and its fit search; and the same comparison for 3 tensor-parallel ranks
+# plan's refusals and its fit search; the bf16 weight store (weights = bf16) the same way, its
+# router accepted by the fp32 model; and the same comparison for 3 tensor-parallel ranks
 # (mpirun -np 3 ... --tp 3: rank 0's peak against focus plan --tp 3). Needs the SmolLM2 file (scripts/fetch_model.sh) and
 # ../shared/data (skips with 77). A third argument 1 (a sanitizer build, whose shadow memory and
 # redzones add a fifth to the peak) leaves the 10 % comparison out.
@@ -29,6 +30,25 @@ elif [ -n "${peak:-}" ] && awk -v p="$peak" -v q="$plan" -v t="$tokens" 'BEGIN {
 else
   bad "plan against the run: '$line'"; echo "$out" | tail -5
 fi
+# the same with the bf16 weight store; its router then serves the fp32 model (same fingerprint)
+outb=$("$focus" retrofit --config configs/smollm2_quality.conf --set T=512 --set steps=2 \
+  --set eval_every=1000000 --set eval_tokens=1024 --set ckpt_every=1000 --set weights=bf16 \
+  --set train=../shared/data/tinyshakespeare/input.txt --set val= --set val_fraction=0.01 \
+  --out "$work/runb" 2>&1)
+lineb=$(echo "$outb" | grep "^memory: peak")
+read -r peakb planb tokensb < <(echo "$lineb" | sed 's/memory: peak \([0-9]*\) MiB.* plan (focus plan) \([0-9]*\) MiB and the tokens \([0-9]*\) MiB/\1 \2 \3/')
+pb=$("$focus" plan --config smollm2-135m --T 512 --weights bf16-proj | sed -n 's/^  total *\([0-9.]*\) GB/\1/p')
+if [ "$sanitized" = 1 ] && [ -n "${peakb:-}" ]; then
+  ok "sanitizer build: the bf16 run printed its peak ($peakb MiB); not compared"
+elif [ -n "${peakb:-}" ] && [ -n "${peak:-}" ] && awk -v p="$peakb" -v q="$planb" -v t="$tokensb" -v a="$pb" -v f="$peak" \
+     'BEGIN { r = p / (q + t); d = a * 1e9 / 1048576 - q; exit !(r > 0.9 && r < 1.1 && d < 2 && d > -2 && p < 0.9 * f) }'; then
+  ok "weights=bf16: peak $peakb MiB (fp32: $peak), plan $planb + tokens $tokensb MiB: within 10 %"
+else
+  bad "bf16 plan against the run: '$lineb', focus plan --weights bf16-proj $pb GB"; echo "$outb" | tail -5
+fi
+ev=$("$focus" eval ppl --model "$model" --data ../shared/data/tinyshakespeare/input.txt --max-tokens 256 \
+  --ctx 128 --router "$work/runb/router.h5" --attn hard --topk 2 2>&1)
+echo "$ev" | grep -q "^perplexity" && ok "the bf16-trained router evaluates on the fp32 model" || bad "bf16 router on fp32: $ev"
 # the same with tensor parallelism: 3 ranks, each a third of the heads and F (mpirun, 4th argument)
 mpirun=${4:-}
 if [ "$sanitized" != 1 ] && [ -n "$mpirun" ] && command -v "$mpirun" >/dev/null; then

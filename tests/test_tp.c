@@ -7,8 +7,9 @@
  * the KL loss must equal the whole model's to round-off: both families, grouped-query attention
  * split, one shared copy and one copy per query head, the soft gate and hard top-k, Sinkhorn and
  * causal routing; and a slice loaded from a GGUF file (model_load_slice) is the one model_shard
- * cuts, with the whole model's fingerprint. Alone, it checks the layouts and the refusals. Rank 0
- * reports. */
+ * cuts, with the whole model's fingerprint; a bf16-stored slice matches the whole model's store.
+ * Alone, it checks the layouts and the refusals, and the bf16 store (model_store_bf16) against
+ * weights rounded by hand. Rank 0 reports. */
 #include <math.h>
 #include <string.h>
 
@@ -127,10 +128,74 @@ static void check_layouts(void) {
           "an odd F must be refused for tp=2, got '%s'", err);
 }
 
+/* The bf16 store (model_store_bf16): the passes equal a model whose projections were rounded to
+ * bf16 by hand, the fingerprint is the fp32 model's, the weights' hash sees the store, and what
+ * needs fp32 weights is refused. */
+static void refuse_lora(const void* arg) {
+    Model* m = (Model*)arg;
+    model_lora_init(m, &(LoraConfig){4, 8, LORA_QKV}, 1);
+}
+static void refuse_grad_all(const void* arg) { model_backward((Model*)arg, GRAD_ALL); }
+static void refuse_cuda(const void* arg) { model_place((Model*)arg, "cuda"); }
+
+static void check_bf16_store(void) {
+    const Shape sh = {"", ARCH_LLAMA, 4, 2};
+    ModelConfig c = shape_config(&sh);
+    int in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) in[i] = (i * 7 + 3) % c.V, tg[i] = (i * 5 + 1) % c.V;
+    Model ref, st;
+    build(&ref, &c, ATTN_SOFT, ROUTE_SINKHORN);
+    build(&st, &c, ATTN_SOFT, ROUTE_SINKHORN);
+    const uint64_t fp = model_fingerprint(&st);
+    real* w[4] = {ref.params.qkvw, ref.params.attprojw, ref.params.fcw, ref.params.fcprojw};
+    const size_t n[4] = {ref.param_sizes[4], ref.param_sizes[6], ref.param_sizes[10],
+                         ref.param_sizes[12]};
+    for (int k = 0; k < 4; k++)
+        for (size_t i = 0; i < n[k]; i++) w[k][i] = bf16_to_f32(f32_to_bf16(w[k][i]));
+    gguf_write_model(&st, tu_path("bf16.gguf"), 0);
+    model_store_bf16(&st);
+    CHECK(st.num_params + n[0] + n[1] + n[2] + n[3] == ref.num_params,
+          "the store keeps the projections out of the fp32 parameters");
+    /* loaded straight into the store: the same store, never the fp32 projections */
+    Model ld;
+    model_load_slice(&ld, tu_path("bf16.gguf"), &st.fc, NULL,
+                     &(ModelLayout){NULL, WEIGHTS_BF16_PROJ});
+    const size_t nb = n[0] + n[1] + n[2] + n[3];
+    CHECK(ld.num_params == st.num_params && ld.wbf16 &&
+              !memcmp(ld.wbf16, st.wbf16, sizeof(uint16_t) * nb) &&
+              !memcmp(ld.params_mem, st.params_mem, sizeof(real) * st.num_params) &&
+              model_fingerprint(&ld) == fp,
+          "a model loaded into the bf16 store differs from one stored after loading");
+    model_free(&ld);
+    Result a = run(&ref, in, tg), b = run(&st, in, tg);
+    const size_t nl = (size_t)B * T * c.V;
+    CHECK(!memcmp(a.logits, b.logits, sizeof(real) * nl) &&
+              !memcmp(a.rgrads, b.rgrads, sizeof(real) * ref.num_router) && a.loss == b.loss,
+          "bf16 store: the passes differ from hand-rounded fp32 weights (logits %.2e)",
+          rel_diff(a.logits, b.logits, nl));
+    CHECK(model_fingerprint(&st) == fp, "bf16 store: the fingerprint must stay the fp32 model's");
+    const uint64_t h = model_weights_hash(&st);
+    st.wbf16[5] ^= 1;
+    CHECK(model_weights_hash(&st) != h, "the weights' hash must cover the bf16 store");
+    st.wbf16[5] ^= 1;
+    char msg[256];
+    CHECK(tu_fails_with(refuse_lora, &st, "adapters need the fp32 weights", msg, sizeof msg),
+          "lora on the bf16 store: %s", msg);
+    model_forward(&st, in, tg, B, T, 1); /* here: a forked child must not start threads */
+    CHECK(tu_fails_with(refuse_grad_all, &st, "trains the router only", msg, sizeof msg),
+          "weight gradients on the bf16 store: %s", msg);
+    CHECK(tu_fails_with(refuse_cuda, &st, "bf16 weight store is the CPU's", msg, sizeof msg),
+          "cuda with the bf16 store: %s", msg);
+    free_result(&a);
+    free_result(&b);
+    model_free(&ref);
+    model_free(&st);
+}
+
 int main(int argc, char** argv) {
     Comm* w = comm_world(&argc, &argv);
     const int r = w->rank, n = w->size;
-    if (n == 1) check_layouts();
+    if (n == 1) check_layouts(), check_bf16_store();
     const Shape shapes[] = {{"gpt2", ARCH_GPT2, 4, 4},
                             {"llama, kv heads split", ARCH_LLAMA, 4, 2},
                             {"llama, one kv head shared", ARCH_LLAMA, 4, 1},
@@ -179,6 +244,25 @@ int main(int argc, char** argv) {
                           "tp=%d %s %s %s: kl %.8g vs %.8g", tp, shapes[s].name, what, how, b.kl,
                           a.kl);
                 }
+                if (mode == 0) {
+                    /* the bf16 store of a slice is the slice of the whole model's store */
+                    Model wb, sb;
+                    build(&wb, &c, attn, routing);
+                    model_store_bf16(&wb);
+                    build(&sb, &c, attn, routing);
+                    model_shard(&sb, group);
+                    model_store_bf16(&sb);
+                    Result x = run(&wb, in, tg), y = run(&sb, in, tg);
+                    CHECK(rel_diff(x.logits, y.logits, (size_t)B * T * c.V) < 1e-5 &&
+                              rel_diff(x.rgrads, y.rgrads, wb.num_router) < 1e-4 &&
+                              model_fingerprint(&sb) == model_fingerprint(&whole),
+                          "tp=%d %s: a bf16-stored slice differs from the whole store", tp,
+                          shapes[s].name);
+                    free_result(&x);
+                    free_result(&y);
+                    model_free(&wb);
+                    model_free(&sb);
+                }
                 if (mode == 0 && c.arch == ARCH_LLAMA) {
                     /* a slice loaded from a file (model_load_slice) is the slice model_shard cuts
                      */
@@ -186,7 +270,8 @@ int main(int argc, char** argv) {
                     snprintf(path, sizeof path, "whole_%zu.gguf", s);
                     gguf_write_model(&whole, tu_path(path), 0);
                     Model loaded;
-                    model_load_slice(&loaded, tu_path(path), &whole.fc, NULL, group);
+                    model_load_slice(&loaded, tu_path(path), &whole.fc, NULL,
+                                     &(ModelLayout){group, WEIGHTS_FP32});
                     CHECK(loaded.num_params == slice.num_params && loaded.tp == group &&
                               !memcmp(loaded.params_mem, slice.params_mem,
                                       sizeof(real) * slice.num_params) &&
@@ -194,6 +279,20 @@ int main(int argc, char** argv) {
                           "tp=%d %s: the slice loaded from a file differs from model_shard's", tp,
                           shapes[s].name);
                     model_free(&loaded);
+                    Model lb; /* into a slice's bf16 store */
+                    model_load_slice(&lb, tu_path(path), &whole.fc, NULL,
+                                     &(ModelLayout){group, WEIGHTS_BF16_PROJ});
+                    model_store_bf16(&slice);
+                    CHECK(
+                        lb.num_params == slice.num_params &&
+                            !memcmp(lb.params_mem, slice.params_mem,
+                                    sizeof(real) * slice.num_params) &&
+                            !memcmp(lb.wbf16, slice.wbf16,
+                                    sizeof(uint16_t) * (slice.wbf16_off[3] +
+                                                        (size_t)c.L * c.C * model_ffn(&lb.cfg))) &&
+                            model_fingerprint(&lb) == model_fingerprint(&whole),
+                        "tp=%d %s: a slice loaded into the bf16 store differs", tp, shapes[s].name);
+                    model_free(&lb);
                 }
                 ran++;
                 free_result(&a);

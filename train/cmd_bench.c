@@ -239,6 +239,7 @@ static const char bench_usage[] =
     "                  mistral-7b | qwen2.5-7b | llama3-8b (fewer layers with --set L=2)\n"
     "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal, L=2)\n"
     "  --iters n       timed repetitions of each measurement (default 2)\n"
+    "  --weights bf16  the frozen projections stored in bf16 (CPU; default fp32)\n"
     "  --tp T          under mpirun -np T: the model cut into T tensor-parallel slices, one\n"
     "                  per rank (rank 0 prints; the share of time in all-reduces is shown)\n"
     "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
@@ -268,6 +269,7 @@ int cmd_bench(int argc, char** argv) {
     focus_config_default(&fc);
     CliList sets = {0};
     int device = 0, Ks[16] = {8}, nK = 1, tp = 1;
+    const char* weights = "fp32";
     const char* json = NULL;
     const char *Tlist = NULL, *Klist = NULL;
     if (cli_parse(
@@ -275,9 +277,9 @@ int cmd_bench(int argc, char** argv) {
             "--config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] --K:s "
             "--device:d "
             "--json:s --topk:i[1,32] --heads:i[1,1024] --kv-heads:i[1,1024] --dhead:i[1,1024] "
-            "--w:i[0,1048576] --tp:i[1,4096]",
+            "--w:i[0,1048576] --tp:i[1,4096] --weights:s",
             &preset, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk, &heads,
-            &kv_heads, &dhead, &w, &tp))
+            &kv_heads, &dhead, &w, &tp, &weights))
         return 0;
     if (comm_launched_by_mpi() && strcmp(what, "forward"))
         fatal("bench %s runs in one process; under mpirun only bench forward --tp runs", what);
@@ -335,7 +337,11 @@ int cmd_bench(int argc, char** argv) {
     config_print(&cfg, &fc, stdout);
 
     Model m;
-    model_build_slice(&m, &cfg, &fc, tp > 1 ? world : NULL);
+    if (strcmp(weights, "bf16") && strcmp(weights, "fp32"))
+        fatal("bench forward: --weights must be fp32 or bf16, got '%s'", weights);
+    const ModelLayout lay = {tp > 1 ? world : NULL,
+                             strcmp(weights, "bf16") ? WEIGHTS_FP32 : WEIGHTS_BF16_PROJ};
+    model_build_slice(&m, &cfg, &fc, &lay);
     model_fill(&m, &cfg, &(WeightSource){&cfg, random_slab});
     if (tp > 1)
         printf(

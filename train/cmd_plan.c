@@ -9,7 +9,7 @@
 
 static const char plan_usage[] =
     "usage: focus plan [--config NAME] [--set key=value]... [--B 1] [--T 1024]\n"
-    "                  [--ranks N | --gpus N] [--tp T] [--weights fp32|bf16]\n"
+    "                  [--ranks N | --gpus N] [--tp T] [--weights fp32|bf16|bf16-proj]\n"
     "                  [--objective lm|kl|attn|kl+attn] [--mem GB]\n"
     "The memory of a router training step (focus retrofit) from the model's shape alone, per\n"
     "rank: frozen weights, activations kept for the input-gradient backward, logits, the router\n"
@@ -18,8 +18,8 @@ static const char plan_usage[] =
     "or Focus key (L=2, K=16). --ranks N (CPU processes) or --gpus N (the same count, named for\n"
     "GPUs): N ranks in N / T data-parallel groups of --tp T tensor-parallel slices (T divides the\n"
     "heads and F; B a multiple of N / T), and the bytes each step all-reduces. --weights bf16:\n"
-    "2-byte frozen weights (the GPU layout the plan is for; focus trains with fp32 weights "
-    "today).\n"
+    "every frozen weight in 2 bytes (the GPU layout; focus's GPU path holds fp32 today);\n"
+    "bf16-proj: the CPU's bf16 store (retrofit --set weights=bf16: the projections in bf16).\n"
     "--mem GB: does it fit, the longest T that does, and the smallest T (tensor parallelism)\n"
     "that fits. focus retrofit prints its measured peak next to this plan.\n";
 
@@ -59,8 +59,11 @@ int cmd_plan(int argc, char** argv) {
     const int kl = strstr(objective, "kl") != NULL, attn = strstr(objective, "attn") != NULL;
     if (!kl && !attn && strcmp(objective, "lm"))
         fatal("plan: --objective must be lm, kl, attn or kl+attn, got '%s'", objective);
-    const int wbytes = !strcmp(weights, "bf16") ? 2 : !strcmp(weights, "fp32") ? 4 : 0;
-    if (!wbytes) fatal("plan: --weights must be fp32 or bf16, got '%s'", weights);
+    const WeightStore wbytes = !strcmp(weights, "bf16")        ? WEIGHTS_BF16
+                               : !strcmp(weights, "bf16-proj") ? WEIGHTS_BF16_PROJ
+                                                               : WEIGHTS_FP32;
+    if (strcmp(weights, "fp32") && wbytes == WEIGHTS_FP32)
+        fatal("plan: --weights must be fp32, bf16 or bf16-proj, got '%s'", weights);
     if (ranks && gpus) fatal("plan: give --ranks or --gpus, not both");
     const char* unit = gpus ? "GPU" : "rank";
     const int N = gpus ? gpus : ranks ? ranks : tp;

@@ -334,8 +334,8 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             "config.conf)\n",
             now_seconds() - t_start, out);
         if (!strcmp(device, "cpu")) { /* what `focus plan` predicts, against what it took */
-            MemoryPlan p =
-                model_memory_plan(&m->cfg, &rc->fc, Bl, T, use_kl, use_attn, (int)sizeof(real));
+            MemoryPlan p = model_memory_plan(&m->cfg, &rc->fc, Bl, T, use_kl, use_attn,
+                                             m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32);
             const double data = (double)(d->ntrain + d->neval) * sizeof(int);
             printf(
                 "memory: peak %.0f MiB above the program's own; the plan (focus plan) %.0f MiB "
@@ -388,8 +388,12 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     const char* tok_path = rc->tokenizer[0] ? rc->tokenizer : (scratch ? NULL : rc->model);
     if (!tok_path) fatal("%s: a scratch model needs tokenizer = PATH", cmd);
     int need_pretrain = 0;
+    if (strcmp(rc->weights, "fp32") && strcmp(rc->weights, "bf16"))
+        fatal("%s: weights = %s; expected fp32 or bf16", cmd, rc->weights);
+    const int bf16 = !strcmp(rc->weights, "bf16");
+    const ModelLayout lay = {d->tp, bf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32};
     if (scratch && access(base_path, R_OK) == 0 && resume) {
-        model_load_slice(m, base_path, &rc->fc, &info, d->tp);
+        model_load_slice(m, base_path, &rc->fc, &info, &lay);
     } else if (scratch) {
         Tokenizer* t = tokenizer_load(tok_path);
         rc->mcfg.V = tokenizer_vocab_size(t);
@@ -401,7 +405,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
                  rc->mcfg.arch == ARCH_GPT2 ? "gpt2" : "llama", m->num_params / 1e6);
         need_pretrain = 1;
     } else {
-        model_load_slice(m, rc->model, &rc->fc, &info, d->tp);
+        model_load_slice(m, rc->model, &rc->fc, &info, &lay);
     }
     rc->mcfg = m->cfg;
     rc->mcfg.tp = rc->mcfg.tp_rank = 0; /* the whole model's shape */
@@ -443,6 +447,11 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         snprintf(rc->model, sizeof rc->model, "scratch");
         if (d->tp) model_shard(m, d->tp); /* pretrained whole, then sliced */
     }
+    if (bf16 && need_pretrain) { /* pretrained in fp32 (a loaded model is stored already) */
+        model_store_bf16(m);
+        printf("frozen projections stored in bf16 (the norms, embeddings and head in fp32)\n");
+    }
+
     char* conf_text = runconfig_text(rc);
     if (!resume && rank == 0) {
         char conf_path[4096];

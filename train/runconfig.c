@@ -17,6 +17,8 @@
 #define RUN_SETTINGS(X)                                                                            \
     X(model, model, STR, model, "", 0, 0, 0, "model file, or scratch (trained here first)")        \
     X(model, tokenizer, STR, tokenizer, "", 0, 0, 0, "tokenizer (default: the model file)")        \
+    X(model, weights, STR, weights, "fp32", 0, 0, 0,                                               \
+      "frozen weights: fp32, or bf16 (the projections, CPU)")                                      \
     X(data, train, STR, train, "", 0, 0, 0,                                                        \
       "training data: shard folder or file, text folder or file")                                  \
     X(data, val, STR, val, "", 0, 0, 0, "validation data (default: the end of train)")             \

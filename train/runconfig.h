@@ -8,6 +8,8 @@
 typedef struct {
     char model[1024];     /* a model file, or scratch:PRESET (trained here from scratch first) */
     char tokenizer[1024]; /* default: the model file (GGUF) */
+    char weights[8];      /* how the frozen weights are held on the CPU: fp32, or bf16 (the
+                           * projections; model_store_bf16) */
     char train[1024];     /* training data: shard folder or file, text folder or file */
     char val[1024];       /* validation data; empty: the last val_fraction of train */
     float val_fraction;
