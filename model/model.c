@@ -537,7 +537,8 @@ void model_init_router(Model* m, uint64_t seed) {
     m->beta_updates = 0;
 }
 
-/* Activation sizes for (B, T); per-layer tensors hold L layers when keep, else one. */
+/* Activation sizes for (B, T); per-layer tensors hold L layers when keep, else one; with
+ * keep = KEEP_ROUTER one for ln2 and fch_act as well. */
 ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int T, int keep) {
     ActSizes r;
     size_t* s = r.n;
@@ -553,11 +554,14 @@ ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int 
     s[5] = Ls * BT * model_att_width(c);
     s[6] = Ls * B * model_heads(c) * (size_t)T;
     s[7] = Ls * BT * C;
-    s[8] = Ls * BT * C;
+    /* ln2 and the MLP's activation only feed weight gradients: a router's backward (frozen
+     * weights) does without them, and they share one slot */
+    const size_t Lw = keep == KEEP_ROUTER ? 1 : Ls;
+    s[8] = Lw * BT * C;
     s[9] = Ls * BT;
     s[10] = Ls * BT;
     s[11] = Ls * BT * model_fc_width(c);
-    s[12] = Ls * BT * model_ffn(c);
+    s[12] = Lw * BT * model_ffn(c);
     s[13] = Ls * BT * C;
     s[14] = router ? Ls * BT * f->dg : 0;
     s[15] = router ? Ls * BT * f->K : 0;
@@ -606,6 +610,7 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
     real** out = &r.ln1;
     real* const* in = &a->ln1;
     for (int i = 0; i < 15; i++) out[i] = in[i] + slot * BT * width[i];
+    if (m->keep == KEEP_ROUTER) r.ln2 = a->ln2, r.fch_act = a->fch_act; /* one slot (above) */
     /* the groups and Sinkhorn offsets keep every layer's (reports read them after the pass) */
     r.rG = a->rG + (size_t)l * BT * f->K;
     r.colofs = a->colofs + (size_t)l * m->B * f->K;
@@ -641,6 +646,8 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
     if (m->kl_active && (B != m->B || T != m->T)) m->kl_active = 0; /* not this batch's teacher */
     if (!m->routed_dense)
         m->mass_ready = 0; /* the attn objective reads the teacher's activations */
+    /* router training on the CPU keeps only what its backward reads (model.h, lean_acts) */
+    if (keep && m->lean_acts && m->backend == &model_cpu_backend) keep = KEEP_ROUTER;
     m->backend->forward(m, inputs, targets, B, T, keep);
 }
 
@@ -764,6 +771,10 @@ void model_zero_grad(Model* m, GradMode mode) {
 void model_backward(Model* m, GradMode mode) {
     if (!m->keep || m->mean_loss < 0)
         fatal("internal: model_backward needs a forward pass with targets and keep = 1");
+    if (m->keep == KEEP_ROUTER && mode != GRAD_ROUTER)
+        fatal(
+            "internal: weight or adapter gradients after a forward pass that kept the router's "
+            "activations only (lean_acts)");
     m->backend->backward(m, mode);
 }
 
@@ -844,7 +855,7 @@ MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, 
         p.weights -= 2 * proj;
         p.weights += 4 * most;
     }
-    ActSizes a = model_act_sizes(c, f, B, T, 1);
+    ActSizes a = model_act_sizes(c, f, B, T, KEEP_ROUTER);
     p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.n[20] * R;
     p.logits = a.n[20] * R;
     /* router tensors, gradients and AdamW's two moments */

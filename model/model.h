@@ -213,6 +213,10 @@ typedef struct {
     int mass_ready;   /* the group mass of the last teacher pass is there (host or device) */
     int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
     int have_dlogits;
+    /* A keep = 1 forward pass on the CPU keeps only what a router's backward reads (keep becomes
+     * KEEP_ROUTER: ln2 and the MLP activation are not kept per layer; they feed only weight
+     * gradients). Set by router training; a GRAD_ALL or GRAD_LORA backward is then refused. */
+    int lean_acts;
     /* backward scratch */
     real* scratch_mem;
     size_t scratch_size;
@@ -353,6 +357,9 @@ void model_set_router_config(Model* m, const FocusConfig* fc);
 void model_init_backbone(Model* m, uint64_t seed);
 /* W_g ~ N(0, 1/C), C ~ N(0, 1/dg), lambda and b from the config, beta = 0. */
 void model_init_router(Model* m, uint64_t seed);
+
+/* model->keep after a keep = 1 pass with lean_acts (backend.h: model_act_sizes). */
+enum { KEEP_ROUTER = 2 };
 
 /* Forward pass over tokens (B, T). With targets (or NULL) it sets mean_loss. keep = 1 stores
  * every layer's activations for a backward pass; keep = 0 uses one layer's worth. */

@@ -192,10 +192,42 @@ static void check_bf16_store(void) {
     model_free(&st);
 }
 
+/* lean_acts: a router's backward from the activations it reads (no per-layer ln2 and MLP
+ * activation) gives the same gradients, bit for bit, in less memory; weight gradients refused. */
+static void check_lean_acts(void) {
+    const Shape sh = {"", ARCH_LLAMA, 4, 2};
+    ModelConfig c = shape_config(&sh);
+    c.L = 3;
+    int in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) in[i] = (i * 7 + 3) % c.V, tg[i] = (i * 5 + 1) % c.V;
+    Model full, lean;
+    build(&full, &c, ATTN_SOFT, ROUTE_CAUSAL);
+    build(&lean, &c, ATTN_SOFT, ROUTE_CAUSAL);
+    lean.lean_acts = 1;
+    Result a = run(&full, in, tg), b = run(&lean, in, tg);
+    const size_t nl = (size_t)B * T * c.V;
+    CHECK(!memcmp(a.logits, b.logits, sizeof(real) * nl) &&
+              !memcmp(a.rgrads, b.rgrads, sizeof(real) * full.num_router) &&
+              !memcmp(a.attn_grads, b.attn_grads, sizeof(real) * full.num_router) &&
+              lean.keep == KEEP_ROUTER,
+          "lean_acts: the router's gradients must not change");
+    /* the tensors are carved one after another: ln2 .. lnf spans fewer reals */
+    CHECK(lean.acts.lnf - lean.acts.ln2 < full.acts.lnf - full.acts.ln2,
+          "lean_acts keeps fewer activations");
+    char msg[256];
+    CHECK(tu_fails_with(refuse_grad_all, &lean, "kept the router's activations only", msg,
+                        sizeof msg),
+          "weight gradients after a lean pass: %s", msg);
+    free_result(&a);
+    free_result(&b);
+    model_free(&full);
+    model_free(&lean);
+}
+
 int main(int argc, char** argv) {
     Comm* w = comm_world(&argc, &argv);
     const int r = w->rank, n = w->size;
-    if (n == 1) check_layouts(), check_bf16_store();
+    if (n == 1) check_layouts(), check_bf16_store(), check_lean_acts();
     const Shape shapes[] = {{"gpt2", ARCH_GPT2, 4, 4},
                             {"llama, kv heads split", ARCH_LLAMA, 4, 2},
                             {"llama, one kv head shared", ARCH_LLAMA, 4, 1},
