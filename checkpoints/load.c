@@ -443,6 +443,7 @@ typedef struct {
     int n;
     SafeFile* f;
     const char* name; /* what errors name for the whole checkpoint */
+    int own_paths;    /* the files' paths were allocated here (an index's shards) */
 } SafeSet;
 
 /* Tensor `name`'s header entry, and the file that holds it in *in; NULL when no file has it. */
@@ -636,7 +637,10 @@ static void safe_slab(void* ctx, int t, int l, real* dst) {
 
 static void safe_set_release(void* p) {
     SafeSet* set = p;
-    for (int i = 0; i < set->n; i++) safe_close(&set->f[i]);
+    for (int i = 0; i < set->n; i++) {
+        safe_close(&set->f[i]);
+        if (set->own_paths) free((char*)set->f[i].path);
+    }
     free(set->f);
     free(set);
 }
@@ -665,7 +669,10 @@ static void safe_open_index(SafeSet* set, const char* index, const char* dir) {
         char* path = mallocCheck(strlen(dir) + strlen(e->valuestring) + 2);
         sprintf(path, "%s/%s", dir, e->valuestring);
         set->f = reallocCheck(set->f, sizeof(SafeFile) * (size_t)(set->n + 1));
+        set->own_paths = 1;
+        fatal_defer(free, path); /* until the set holds it */
         safe_open(&set->f[set->n], path);
+        fatal_forget(path);
         set->n++;
         safe_check_entries(&set->f[set->n - 1]);
     }

@@ -37,25 +37,30 @@ ppl() { # the router's hard top-1 perplexity on the base
       --max-tokens 512 --ctx 64 --router "$1/router.h5" --attn hard --topk 1 2>/dev/null |
       sed -n 's/^perplexity \([0-9.]*\).*/\1/p'
 }
+# against_one WHAT REF OUT WANT: run OUT (done) has the 10 losses of one-process run REF, the same
+# router perplexity, and its log says WANT
+against_one() {
+    local what=$1 ref=$2 out=$3 want=$4 got one
+    losses "$out" > "$out.loss"
+    got=$(ppl "$out"); one=$(ppl "$ref")
+    printf '%s\n' "$one" > "$work/a"; printf '%s\n' "$got" > "$work/b"
+    if same "$ref.loss" "$out.loss" && same "$work/a" "$work/b" &&
+       [ "$(wc -l < "$out.loss")" -eq 10 ] && grep -q "$want" "$out.log"; then
+        ok "$what = one process (10 losses, router perplexity $got vs $one)"
+    else
+        bad "$what differs (perplexity $got vs $one)"; paste "$ref.loss" "$out.loss"
+    fi
+}
 for variant in "balanced" "ema:--set beta_balance=0" "kl+attn:--set objective=kl+attn"; do
     name=${variant%%:*}; extra=(); [ "$name" != "$variant" ] && read -r -a extra <<< "${variant#*:}"
     "$focus" retrofit "${run[@]}" "${extra[@]}" --out "$work/one_$name" > "$work/one_$name.log" 2>&1 ||
       { cat "$work/one_$name.log"; exit 1; }
     losses "$work/one_$name" > "$work/one_$name.loss"
-    ref=$(ppl "$work/one_$name")
     for np in 2 4; do
         out=$work/np${np}_$name
         "${mpi[@]}" -np $np "$focus" retrofit "${run[@]}" "${extra[@]}" --out "$out" > "$out.log" 2>&1 ||
           { bad "$name, $np ranks: the run failed"; tail -5 "$out.log"; continue; }
-        losses "$out" > "$out.loss"
-        got=$(ppl "$out")
-        printf '%s\n' "$ref" > "$work/a"; printf '%s\n' "$got" > "$work/b"
-        if same "$work/one_$name.loss" "$out.loss" && same "$work/a" "$work/b" &&
-           [ "$(wc -l < "$out.loss")" -eq 10 ] && grep -q "data-parallel over $np mpi ranks" "$out.log"; then
-            ok "$name: $np ranks = one process (10 losses, router perplexity $got vs $ref)"
-        else
-            bad "$name: $np ranks differ (perplexity $got vs $ref)"; paste "$work/one_$name.loss" "$out.loss"
-        fi
+        against_one "$name: $np ranks" "$work/one_$name" "$out" "data-parallel over $np mpi ranks"
     done
 done
 # tensor parallelism (the model's 4 heads and 2 kv heads: tp = 2 splits them, tp = 4 keeps one
@@ -64,15 +69,7 @@ for layout in "2:2" "4:2" "4:4"; do
     np=${layout%%:*}; tp=${layout#*:}; out=$work/tp${tp}_np$np
     "${mpi[@]}" -np $np "$focus" retrofit "${run[@]}" --tp $tp --out "$out" > "$out.log" 2>&1 ||
       { bad "tp=$tp on $np ranks: the run failed"; tail -5 "$out.log"; continue; }
-    losses "$out" > "$out.loss"
-    got=$(ppl "$out"); ref=$(ppl "$work/one_balanced")
-    printf '%s\n' "$ref" > "$work/a"; printf '%s\n' "$got" > "$work/b"
-    if same "$work/one_balanced.loss" "$out.loss" && same "$work/a" "$work/b" &&
-       [ "$(wc -l < "$out.loss")" -eq 10 ] && grep -q "tensor-parallel over $tp mpi ranks" "$out.log"; then
-        ok "tp=$tp on $np ranks = one process (10 losses, router perplexity $got vs $ref)"
-    else
-        bad "tp=$tp on $np ranks differs (perplexity $got vs $ref)"; paste "$work/one_balanced.loss" "$out.loss"
-    fi
+    against_one "tp=$tp on $np ranks" "$work/one_balanced" "$out" "tensor-parallel over $tp mpi ranks"
 done
 # stopped after 5 steps with tp = 2 and dp = 2, resumed on 2 ranks as 2 data-parallel replicas
 "${mpi[@]}" -np 4 "$focus" retrofit "${run[@]}" --tp 2 --out "$work/tpswitch" --stop-after 5 > "$work/tpswitch.log" 2>&1
