@@ -152,6 +152,11 @@ void bf16_to_real_rows(real* dst, const uint16_t* src, size_t n) {
     }
 }
 
+void real_to_bf16_rows(uint16_t* dst, const real* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) dst[i] = f32_to_bf16((float)src[i]);
+}
+
 double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -45,8 +45,10 @@ float bf16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f, int saturate);
 /* float to bfloat16, rounded to nearest even; NaN stays NaN. */
 uint16_t f32_to_bf16(float f);
-/* n bfloat16 values widened to reals (threads share the work). */
+/* n bfloat16 values widened to reals, and n reals rounded to bfloat16 (f32_to_bf16); threads
+ * share the work. */
 void bf16_to_real_rows(real* dst, const uint16_t* src, size_t n);
+void real_to_bf16_rows(uint16_t* dst, const real* src, size_t n);
 
 void* malloc_check(size_t size, const char* file, int line);
 void* calloc_check(size_t n, size_t size, const char* file, int line);

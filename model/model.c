@@ -136,23 +136,19 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     alloc_router(m);
 }
 
-static size_t bf16_bytes(const Model* m) {
-    const ModelConfig* c = &m->cfg;
-    return sizeof(uint16_t) * c->L *
-           ((size_t)model_qkv_width(c) * c->C + (size_t)c->C * model_att_width(c) +
-            (size_t)model_fc_width(c) * c->C + (size_t)c->C * model_ffn(c));
+/* FNV-1a: h advanced over n bytes at p */
+static uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
+    const uint8_t* b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
+#define FNV1A_START 0xcbf29ce484222325ull
 
 uint64_t model_weights_hash(const Model* m) {
-    /* FNV-1a over the shape (the fields before the slice's) and the parameter bytes */
-    uint64_t h = 0xcbf29ce484222325ull;
-    const uint8_t* bytes[3] = {(const uint8_t*)&m->cfg, (const uint8_t*)m->params_mem,
-                               (const uint8_t*)m->wbf16};
-    size_t lens[3] = {offsetof(ModelConfig, tp), m->num_params * sizeof(real), 0};
-    if (m->wbf16) lens[2] = bf16_bytes(m);
-    for (int k = 0; k < 3; k++)
-        for (size_t i = 0; i < lens[k]; i++) h = (h ^ bytes[k][i]) * 0x100000001b3ull;
-    return h;
+    /* the shape (the fields before the slice's), the fp32 parameters, the bf16 store */
+    uint64_t h = fnv1a(FNV1A_START, &m->cfg, offsetof(ModelConfig, tp));
+    h = fnv1a(h, m->params_mem, m->num_params * sizeof(real));
+    return fnv1a(h, m->wbf16, m->wbf16_n * sizeof(uint16_t));
 }
 
 uint64_t model_fingerprint(const Model* m) {
@@ -183,6 +179,7 @@ static void bf16_layout(Model* m) {
     }
     m->num_params = model_sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
     m->wbf16 = mallocCheck(sizeof(uint16_t) * total);
+    m->wbf16_n = total;
     m->wstage = mallocCheck(sizeof(real) * stage);
     m->wstage_n = stage;
 }
@@ -200,9 +197,7 @@ void model_store_bf16(Model* m) {
      * never holds much more than the fp32 model it had) */
     for (int k = 0; k < 4; k++) {
         const int t = bf16_tensors[k];
-        uint16_t* d = m->wbf16 + m->wbf16_off[k];
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < old[t]; i++) d[i] = f32_to_bf16(src[t][i]);
+        real_to_bf16_rows(m->wbf16 + m->wbf16_off[k], src[t], old[t]);
         drop_pages(src[t], sizeof(real) * old[t]);
     }
     /* the other tensors moved down over the projections' places, in order, then the tail cut */
@@ -305,26 +300,31 @@ void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src) {
         if ((staged(t, tp, m->wbf16 != NULL)) && ws[t] / param_layers(whole, t) > most)
             most = ws[t] / param_layers(whole, t);
     real* stage = mallocCheck(sizeof(real) * (most ? most : 1));
-    uint64_t h = 0xcbf29ce484222325ull;
-    const uint8_t* cb = (const uint8_t*)whole;
-    for (size_t i = 0; i < offsetof(ModelConfig, tp); i++) h = (h ^ cb[i]) * 0x100000001b3ull;
+    uint64_t h = fnv1a(FNV1A_START, whole, offsetof(ModelConfig, tp));
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const size_t n = ws[t] / param_layers(whole, t), nl = model_param_slab(&m->cfg, t);
         const int k = m->wbf16 ? bf16_index(t) : -1, via = staged(t, tp, m->wbf16 != NULL);
         for (int l = 0; ws[t] && l < param_layers(whole, t); l++) {
             real* dst = via ? stage : p[t] + (size_t)l * nl;
             src->slab(src->ctx, t, l, dst);
-            const uint8_t* b = (const uint8_t*)dst;
-            for (size_t i = 0; i < n * sizeof(real); i++) h = (h ^ b[i]) * 0x100000001b3ull;
+            h = fnv1a(h, dst, n * sizeof(real));
             if (!via) continue;
             slice_slab(&m->cfg, whole, t, stage, k >= 0 ? m->wstage : p[t] + (size_t)l * nl);
-            if (k < 0) continue;
-            uint16_t* d = m->wbf16 + m->wbf16_off[k] + (size_t)l * nl;
-            for (size_t i = 0; i < nl; i++) d[i] = f32_to_bf16(m->wstage[i]);
+            if (k >= 0)
+                real_to_bf16_rows(m->wbf16 + m->wbf16_off[k] + (size_t)l * nl, m->wstage, nl);
         }
     }
     free(stage);
     m->whole_fingerprint = h;
+}
+
+/* Native weights (decode's view of the mapped file) given back; m has none afterwards. */
+static void release_native(Model* m) {
+    if (m->native_release) m->native_release(m->native_owner);
+    free(m->native);
+    m->native = NULL;
+    m->native_release = NULL;
+    m->native_owner = NULL;
 }
 
 /* model_shard's source: the whole model's own parameters */
@@ -353,11 +353,7 @@ void model_shard(Model* m, Comm* tp) {
     model_carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
     model_fill(m, &whole.cfg, &(WeightSource){&whole, whole_slab});
     free(whole.params_mem);
-    if (m->native_release) m->native_release(m->native_owner);
-    free(m->native);
-    m->native = NULL;
-    m->native_release = NULL;
-    m->native_owner = NULL;
+    release_native(m); /* the file's blocks are the whole model's */
     free(m->acts_mem);
     m->acts_mem = NULL;
     m->tp = tp;
@@ -388,8 +384,7 @@ void model_set_router_config(Model* m, const FocusConfig* fc) {
 
 void model_free(Model* m) {
     if (m->backend && m->backend->release) m->backend->release(m);
-    if (m->native_release) m->native_release(m->native_owner);
-    free(m->native);
+    release_native(m);
     free(m->params_mem);
     free(m->wbf16);
     free(m->wstage);

@@ -245,7 +245,7 @@ typedef struct {
      * (L, rows, cols) from its offset; NULL: they are fp32 in params. wstage: one layer's matrix
      * widened to fp32 for the pass that uses it. */
     uint16_t* wbf16;
-    size_t wbf16_off[4];
+    size_t wbf16_off[4], wbf16_n;
     real* wstage;
     size_t wstage_n;
     void* native_owner;

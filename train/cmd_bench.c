@@ -228,6 +228,12 @@ static void random_slab(void* ctx, int t, int l, real* dst) {
     for (size_t i = 0; i < n; i++) dst[i] = norm ? 1 : bias ? 0 : (real)(0.02 * rng_normal(&rng));
 }
 
+/* "  (N % in all-reduces)" of a tensor-parallel run's comm seconds out of total, else "" */
+static void comm_share(char* buf, size_t n, int tp, double comm, double total) {
+    buf[0] = 0;
+    if (tp > 1) snprintf(buf, n, "  (%.0f %% in all-reduces)", 100 * comm / total);
+}
+
 static const char bench_usage[] =
     "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
     "       focus bench gemm [--n size]\n"
@@ -395,9 +401,7 @@ int cmd_bench(int argc, char** argv) {
         double t0 = now_seconds(), c0 = world->seconds;
         for (int r = 0; r < iters; r++) model_forward(&m, tok, tgt, B, T, 0);
         double dt = (now_seconds() - t0) / iters;
-        if (tp > 1)
-            snprintf(commtxt, sizeof commtxt, "  (%.0f %% in all-reduces)",
-                     100 * (world->seconds - c0) / iters / dt);
+        comm_share(commtxt, sizeof commtxt, tp, world->seconds - c0, iters * dt);
         if (device)
             printf("forward %-11s %8.1f tokens/s  %8.1f ms  ~%.1f TFLOP/s  loss %.4f\n",
                    modes[mode], n / dt, dt * 1e3, (matflops + attflops) / dt / 1e12,
@@ -424,9 +428,7 @@ int cmd_bench(int argc, char** argv) {
         model_backward(&m, GRAD_ROUTER);
     }
     double dt = (now_seconds() - t0) / iters;
-    if (tp > 1)
-        snprintf(commtxt, sizeof commtxt, "  (%.0f %% in all-reduces)",
-                 100 * (world->seconds - c0) / iters / dt);
+    comm_share(commtxt, sizeof commtxt, tp, world->seconds - c0, iters * dt);
 #ifdef FOCUS_CUDA
     if (device) cuda_prof_report("router training steps, all iterations");
 #endif

@@ -125,6 +125,11 @@ static const char* last_ckpt_words(long step, const char* path, char* buf, size_
     return buf;
 }
 
+/* Seconds this rank has spent in collectives: data- and tensor-parallel. */
+static double comm_seconds(const Model* m, const Comm* dp) {
+    return dp->seconds + (m->tp ? m->tp->seconds : 0);
+}
+
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device,
                   Comm* dp) {
@@ -224,7 +229,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     m->fc.attn = ATTN_SOFT;
     double t_start = now_seconds();
     for (long step = st.step; step < rc->steps; step++) {
-        double t0 = now_seconds(), comm0 = dp->seconds + (m->tp ? m->tp->seconds : 0);
+        double t0 = now_seconds(), comm0 = comm_seconds(m, dp);
         float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
         model_zero_grad(m, GRAD_ROUTER);
         double loss = 0, lm_loss = 0;
@@ -261,7 +266,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             fatal("retrofit: gradient norm is %g at step %ld; %s; try a lower lr", gnorm, step + 1,
                   last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
         model_router_adamw(m, &opt, lr, gnorm, rc->clip, rc->grad_accum);
-        double dt = now_seconds() - t0, comm = dp->seconds + (m->tp ? m->tp->seconds : 0) - comm0;
+        double dt = now_seconds() - t0, comm = comm_seconds(m, dp) - comm0;
         double share = focus_largest_share(m), gate = focus_gate_far_mean(m, &rng);
         double tps = (double)B * T * rc->grad_accum / dt;
         char commtxt[48] = "";
