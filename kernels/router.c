@@ -230,3 +230,29 @@ int routing_parse(const char* s, Routing* out) {
         return -1;
     return 0;
 }
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+void routing_random_mask(uint32_t* mask, int B, int T, int K, int topk, int sinks, int pos0,
+                         uint64_t seed) {
+    const int k = topk > 0 && topk < K ? topk : K;
+    for (int t = 0; t < T; t++) {
+        const int p = pos0 + t;
+        uint32_t m = 0;
+        if (p < sinks || k == K) {
+            m = K >= 32 ? 0xffffffffu : (1u << K) - 1u;
+        } else {
+            uint64_t h = mix64(seed ^ mix64((uint64_t)p));
+            while (__builtin_popcount(m) < k) {
+                m |= 1u << (h % (uint64_t)K);
+                h = mix64(h);
+            }
+        }
+        for (int b = 0; b < B; b++) mask[(size_t)b * T + t] = m;
+    }
+}

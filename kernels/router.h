@@ -63,6 +63,13 @@ static inline FOCUS_HOST_DEVICE uint32_t topk_mask_row(const real* g, int K, int
     return m;
 }
 
+/* The random-groups control of a router (`--attn random`): each token at position p = pos0 + t
+ * keeps topk distinct groups of K drawn from a hash of (seed, p), so a position's groups are the
+ * same in every window and in decoding, and depend on nothing after it; sinks keep every group,
+ * as in routing_topk_mask. */
+void routing_random_mask(uint32_t* mask, int B, int T, int K, int topk, int sinks, int pos0,
+                         uint64_t seed);
+
 /* Share of the N tokens whose most likely group is the most popular group (ideal 1/K). */
 double routing_largest_share(const real* G, size_t N, int K);
 

@@ -34,58 +34,79 @@ static inline float exp_f(float x) {
     return p * s.f;
 }
 
-/* Causal attention for the query rows [i0, i1) of one head over a sequence of n tokens stored
- * with row strides ldq / ldk / ldv (keys and values of the same positions). Pairs with
- * (gm[i] & gm[j] & skip) != 0 are left out (lowest-shared-group de-duplication); gm may be NULL.
- * o rows have stride ldo, lse entries stride ldl. S, acc: scratch of BQ x BK and BQ x hs floats. */
-static void flash_rows(real* o, int ldo, real* lse, int ldl, const real* q, int ldq, const real* k,
+/* Attention of the query rows [i0, i1) of one head over a sequence stored with row strides ldq /
+ * ldk / ldv (keys and values of the same positions), with an online softmax over key tiles. Query
+ * i keeps the keys j <= i that are
+ *   - all of them when w < 0 (causal dense), or
+ *   - its band when w >= 0: i - j <= w, or j < sinks (attention sinks);
+ * less the pairs with (gm[i] & gm[j] & skip) != 0 (gm may be NULL): the executor's lowest-shared-
+ * group de-duplication inside a group (skip = the lower groups' bits), or in the band the keys that
+ * a shared group already covers (skip = ~0). Each key range is walked in tiles of BK keys, so a
+ * band costs about (w + BQ) keys per query whatever w is. o rows have stride ldo, lse entries
+ * stride ldl (a row that keeps no key gets o = 0, lse = -inf). S, acc: scratch of BQ x BK and
+ * BQ x hs floats. */
+static void flash_span(real* o, int ldo, real* lse, int ldl, const real* q, int ldq, const real* k,
                        int ldk, const real* v, int ldv, int i0, int i1, int hs, real scale,
-                       const uint32_t* gm, uint32_t skip, real* S, real* acc) {
+                       const uint32_t* gm, uint32_t skip, int w, int sinks, real* S, real* acc) {
     int nq = i1 - i0;
     real m[BQ], l[BQ];
     for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
     memset(acc, 0, sizeof(real) * nq * hs);
-    for (int j0 = 0; j0 < i1; j0 += BK) {
-        int nk = i1 - j0 < BK ? i1 - j0 : BK;
-        gemm(0, 1, nq, nk, hs, scale, q + (size_t)i0 * ldq, ldq, k + (size_t)j0 * ldk, ldk, 0, S,
-             BK);
-        int diag = j0 + nk > i0; /* block reaches the causal boundary */
-        for (int r = 0; r < nq; r++) {
-            real* s = S + (size_t)r * BK;
-            int i = i0 + r;
-            int lim = diag ? (i - j0 + 1 < nk ? i - j0 + 1 : nk) : nk;
-            if (lim <= 0) {
-                for (int c = 0; c < nk; c++) s[c] = 0;
-                continue;
-            }
-            if (gm && skip) {
-                uint32_t mi = gm[i] & skip;
-                for (int c = 0; c < lim; c++)
-                    if (mi & gm[j0 + c]) s[c] = -INFINITY;
-            }
-            real mx = m[r];
-            for (int c = 0; c < lim; c++) mx = s[c] > mx ? s[c] : mx;
-            if (mx == -INFINITY) {
-                for (int c = 0; c < nk; c++) s[c] = 0;
-                continue;
-            }
-            real alpha = exp_f(m[r] - mx);
-            real sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int c = 0; c < lim; c++) {
-                s[c] = exp_f(s[c] - mx);
-                sum += s[c];
-            }
-            for (int c = lim; c < nk; c++) s[c] = 0;
-            l[r] = l[r] * alpha + sum;
-            m[r] = mx;
-            if (alpha != 1) {
-                real* a = acc + (size_t)r * hs;
-                for (int e = 0; e < hs; e++) a[e] *= alpha;
-            }
-        }
-        gemm(0, 0, nq, hs, nk, 1, S, BK, v + (size_t)j0 * ldv, ldv, 1, acc, hs);
+    /* the key ranges: [0, i1) for dense; the sinks [0, s) and the band [max(s, i0 - w), i1) */
+    int lo_key[2], hi_key[2], nr = 0;
+    if (w < 0) {
+        lo_key[0] = 0, hi_key[0] = i1, nr = 1;
+    } else {
+        const int s = sinks < i1 ? sinks : i1, b0 = i0 - w > s ? i0 - w : s;
+        if (s > 0) lo_key[nr] = 0, hi_key[nr++] = s;
+        if (b0 < i1) lo_key[nr] = b0, hi_key[nr++] = i1;
     }
+    for (int rg = 0; rg < nr; rg++)
+        for (int j0 = lo_key[rg]; j0 < hi_key[rg]; j0 += BK) {
+            const int nk = hi_key[rg] - j0 < BK ? hi_key[rg] - j0 : BK;
+            const int in_sinks = w >= 0 && j0 + nk <= sinks; /* a tile of sinks: no band limit */
+            gemm(0, 1, nq, nk, hs, scale, q + (size_t)i0 * ldq, ldq, k + (size_t)j0 * ldk, ldk, 0,
+                 S, BK);
+            for (int r = 0; r < nq; r++) {
+                real* s = S + (size_t)r * BK;
+                const int i = i0 + r;
+                /* the row's keys in this tile: [lo, hi) */
+                const int hi = i - j0 + 1 < nk ? i - j0 + 1 : nk;
+                const int lo = w < 0 || in_sinks ? 0 : (i - w - j0 > 0 ? i - w - j0 : 0);
+                if (hi <= lo) {
+                    for (int c = 0; c < nk; c++) s[c] = 0;
+                    continue;
+                }
+                if (gm && skip) {
+                    const uint32_t mi = gm[i] & skip;
+                    if (mi)
+                        for (int c = lo; c < hi; c++)
+                            if (mi & gm[j0 + c]) s[c] = -INFINITY;
+                }
+                real mx = m[r];
+                for (int c = lo; c < hi; c++) mx = s[c] > mx ? s[c] : mx;
+                if (mx == -INFINITY) {
+                    for (int c = 0; c < nk; c++) s[c] = 0;
+                    continue;
+                }
+                const real alpha = exp_f(m[r] - mx);
+                real sum = 0;
+                for (int c = 0; c < lo; c++) s[c] = 0;
+#pragma omp simd reduction(+ : sum)
+                for (int c = lo; c < hi; c++) {
+                    s[c] = exp_f(s[c] - mx);
+                    sum += s[c];
+                }
+                for (int c = hi; c < nk; c++) s[c] = 0;
+                l[r] = l[r] * alpha + sum;
+                m[r] = mx;
+                if (alpha != 1) {
+                    real* a = acc + (size_t)r * hs;
+                    for (int e = 0; e < hs; e++) a[e] *= alpha;
+                }
+            }
+            gemm(0, 0, nq, hs, nk, 1, S, BK, v + (size_t)j0 * ldv, ldv, 1, acc, hs);
+        }
     for (int r = 0; r < nq; r++) {
         real inv = l[r] > 0 ? 1 / l[r] : 0;
         real* out = o + (size_t)(i0 + r) * ldo;
@@ -94,8 +115,10 @@ static void flash_rows(real* o, int ldo, real* lse, int ldl, const real* q, int 
     }
 }
 
-void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
-                             int hs) {
+/* One call of flash_span for every (sequence, head, query block) task, threads over the tasks
+ * (the longest blocks first). out (B, T, NH hs), lse (B, NH, T); gm (B, T) or NULL. */
+static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* gm, uint32_t skip,
+                      int w, int sinks, int B, int T, int NH, int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nblk = (T + BQ - 1) / BQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
@@ -108,13 +131,24 @@ void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T
                 b = (int)(task / nblk / NH);
             const real* base = qkv + (size_t)b * T * QKV;
             int kvh = h / rep, i0 = blk * BQ, i1 = i0 + BQ < T ? i0 + BQ : T;
-            flash_rows(out + (size_t)b * T * C + h * hs, C, lse + ((size_t)b * NH + h) * T, 1,
+            flash_span(out + (size_t)b * T * C + h * hs, C, lse + ((size_t)b * NH + h) * T, 1,
                        base + h * hs, QKV, base + C + kvh * hs, QKV, base + C + NKV * hs + kvh * hs,
-                       QKV, i0, i1, hs, scale, NULL, 0, S, acc);
+                       QKV, i0, i1, hs, scale, gm ? gm + (size_t)b * T : NULL, skip, w, sinks, S,
+                       acc);
         }
         free(S);
         free(acc);
     }
+}
+
+void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
+                             int hs) {
+    flash_all(out, lse, qkv, NULL, 0, -1, 0, B, T, NH, NKV, hs);
+}
+
+void attention_band_forward(real* out, real* lse, const real* qkv, int w, int sinks, int B, int T,
+                            int NH, int NKV, int hs) {
+    flash_all(out, lse, qkv, NULL, 0, w, sinks, B, T, NH, NKV, hs);
 }
 
 double hard_pair_count(const uint32_t* mask, int K, int w, int T) {
@@ -152,6 +186,9 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
     const real scale = (real)(1.0 / sqrt((double)hs));
     int* count = mallocCheck(sizeof(int) * (K + 1));
     int* start = mallocCheck(sizeof(int) * (K + 1));
+    /* set B first, into out and lse: each query's band keys that share no group with it (a tiled
+     * kernel, so a wide window runs at the dense kernel's speed per pair) */
+    flash_all(out, lse, qkv, mask, ~0u, w, 0, B, T, NH, NKV, hs);
     for (int b = 0; b < B; b++) {
         const uint32_t* mb = mask + (size_t)b * T;
         const real* base = qkv + (size_t)b * T * QKV;
@@ -197,19 +234,17 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                 int h = local / nb, blk = local % nb, kvh = h / rep;
                 const real* gc = g + (size_t)start[c] * QKV;
                 int i0 = blk * BQ, i1 = i0 + BQ < count[c] ? i0 + BQ : count[c];
-                flash_rows(oA + (size_t)start[c] * C + h * hs, C, lA + (size_t)start[c] * NH + h,
+                flash_span(oA + (size_t)start[c] * C + h * hs, C, lA + (size_t)start[c] * NH + h,
                            NH, gc + h * hs, QKV, gc + C + kvh * hs, QKV,
                            gc + C + NKV * hs + kvh * hs, QKV, i0, i1, hs, scale, gm + start[c],
-                           (1u << c) - 1, S, acc);
+                           (1u << c) - 1, -1, 0, S, acc);
             }
             free(S);
             free(acc);
         }
-        /* set B (local keys sharing no group) and the merge, per query */
+        /* the merge of set B (already in out and lse) with the query's groups, per query */
 #pragma omp parallel
         {
-            real* p = mallocCheck(sizeof(real) * (w + 1));
-            real* ob_tmp = mallocCheck(sizeof(real) * hs);
             int* pos = mallocCheck(sizeof(int) * (K + 1));
 #pragma omp for schedule(static)
             for (int i = 0; i < T; i++) {
@@ -227,51 +262,14 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                     }
                     pos[np++] = lo;
                 }
-                int j0 = i - w < 0 ? 0 : i - w;
                 for (int h = 0; h < NH; h++) {
-                    int kvh = h / rep;
                     real* o = ob + (size_t)i * C + h * hs;
-                    real l = -INFINITY;
+                    real* l = lse + ((size_t)b * NH + h) * T + i;
                     for (int q = 0; q < np; q++)
-                        merge_into(o, &l, oA + (size_t)pos[q] * C + h * hs,
+                        merge_into(o, l, oA + (size_t)pos[q] * C + h * hs,
                                    lA[(size_t)pos[q] * NH + h], hs);
-                    /* set B */
-                    const real* qi = base + (size_t)i * QKV + h * hs;
-                    real mx = -INFINITY;
-                    int nbk = 0;
-                    for (int j = j0; j <= i; j++) {
-                        if (mb[i] & mb[j]) {
-                            p[j - j0] = -INFINITY;
-                            continue;
-                        }
-                        const real* kj = base + (size_t)j * QKV + C + kvh * hs;
-                        real s = 0;
-#pragma omp simd reduction(+ : s)
-                        for (int e = 0; e < hs; e++) s += qi[e] * kj[e];
-                        s *= scale;
-                        p[j - j0] = s;
-                        mx = s > mx ? s : mx;
-                        nbk++;
-                    }
-                    if (nbk) {
-                        real sum = 0;
-                        for (int e = 0; e < hs; e++) ob_tmp[e] = 0;
-                        for (int j = j0; j <= i; j++) {
-                            if (p[j - j0] == -INFINITY) continue;
-                            real pe = exp_f(p[j - j0] - mx);
-                            sum += pe;
-                            const real* vj = base + (size_t)j * QKV + C + NKV * hs + kvh * hs;
-#pragma omp simd
-                            for (int e = 0; e < hs; e++) ob_tmp[e] += pe * vj[e];
-                        }
-                        for (int e = 0; e < hs; e++) ob_tmp[e] /= sum;
-                        merge_into(o, &l, ob_tmp, mx + logf(sum), hs);
-                    }
-                    lse[((size_t)b * NH + h) * T + i] = l;
                 }
             }
-            free(p);
-            free(ob_tmp);
             free(pos);
         }
         free(tstart);
@@ -283,4 +281,184 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
     }
     free(count);
     free(start);
+}
+
+double band_pairs_kept(int i, int w, int sinks) {
+    const int local = i < w ? i + 1 : w + 1, far_sinks = sinks < i - w ? sinks : i - w;
+    return (double)local + (far_sinks > 0 ? far_sinks : 0);
+}
+
+double mask_pairs_kept(const uint32_t* mask, int T, int w, int sinks) {
+    double kept = 0;
+    for (int i = 0; i < T; i++) {
+        kept += band_pairs_kept(i, w, sinks);
+        for (int j = sinks; j < i - w; j++) kept += (mask[i] & mask[j]) != 0;
+    }
+    return kept;
+}
+
+const char* block_score_name(BlockScore s) {
+    static const char* names[] = {"Quest bounds", "mean-pooled keys", "oracle (dense mass)"};
+    return names[s];
+}
+
+/* Scores of the candidate key blocks [c0, c1) for the rep query heads q (stride hs) of one key/
+ * value head, query position i (keys k with stride ldk): Quest's upper bound of q . k over the
+ * block from its keys' elementwise min and max (st: lo then hi, hs each, per block), the dot
+ * product with the block's mean key (st: hs per block), or the oracle's share of each head's
+ * dense attention mass that falls on the block's distant keys [sinks, i - w). p: T scratch. */
+static void block_scores(real* sc, BlockScore score, const real* q, int rep, const real* st,
+                         const real* k, int ldk, int i, int w, int sinks, int bs, int c0, int c1,
+                         int hs, real scale, real* p) {
+    for (int c = c0; c < c1; c++) sc[c] = 0;
+    for (int r = 0; r < rep; r++) {
+        const real* qh = q + (size_t)r * hs;
+        if (score == BLOCKS_ORACLE) {
+            real mx = -INFINITY;
+            for (int j = 0; j <= i; j++) {
+                const real* kj = k + (size_t)j * ldk;
+                real s = 0;
+#pragma omp simd reduction(+ : s)
+                for (int e = 0; e < hs; e++) s += qh[e] * kj[e];
+                p[j] = s * scale;
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            double sum = 0;
+            for (int j = 0; j <= i; j++) sum += exp_f(p[j] - mx);
+            const real lse = mx + (real)log(sum);
+            for (int c = c0; c < c1; c++) {
+                int j0 = c * bs > sinks ? c * bs : sinks,
+                    j1 = (c + 1) * bs < i - w ? (c + 1) * bs : i - w;
+                real m = 0;
+                for (int j = j0; j < j1; j++) m += exp_f(p[j] - lse);
+                sc[c] += m;
+            }
+            continue;
+        }
+        for (int c = c0; c < c1; c++) {
+            real s = 0;
+            if (score == BLOCKS_QUEST) {
+                const real *lo = st + (size_t)c * 2 * hs, *hi = lo + hs;
+#pragma omp simd reduction(+ : s)
+                for (int e = 0; e < hs; e++) {
+                    real a = qh[e] * lo[e], b = qh[e] * hi[e];
+                    s += a > b ? a : b;
+                }
+            } else {
+                const real* mean = st + (size_t)c * hs;
+#pragma omp simd reduction(+ : s)
+                for (int e = 0; e < hs; e++) s += qh[e] * mean[e];
+            }
+            sc[c] += s;
+        }
+    }
+}
+
+double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
+                                int nsel, BlockScore score, int B, int T, int NH, int NKV, int hs) {
+    const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nb = (T + bs - 1) / bs;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    const int per = score == BLOCKS_QUEST ? 2 * hs : hs; /* block statistics per block */
+    /* sinks and window: the band kernel, into out and lse */
+    flash_all(out, lse, qkv, NULL, 0, w, sinks, B, T, NH, NKV, hs);
+    double kept = 0;
+    real* st = mallocCheck(sizeof(real) * ((size_t)NKV * nb * per + 1));
+    for (int b = 0; b < B; b++) {
+        const real* base = qkv + (size_t)b * T * QKV;
+        real* ob = out + (size_t)b * T * C;
+        if (score != BLOCKS_ORACLE) {
+#pragma omp parallel for schedule(static)
+            for (int t = 0; t < NKV * nb; t++) {
+                const int kvh = t / nb, c = t % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
+                real* s = st + (size_t)t * per;
+                for (int e = 0; e < hs; e++) {
+                    real lo = INFINITY, hi = -INFINITY, sum = 0;
+                    for (int j = c * bs; j < j1; j++) {
+                        const real x = base[(size_t)j * QKV + C + kvh * hs + e];
+                        lo = x < lo ? x : lo, hi = x > hi ? x : hi, sum += x;
+                    }
+                    if (score == BLOCKS_QUEST)
+                        s[e] = lo, s[hs + e] = hi;
+                    else
+                        s[e] = sum / (real)(j1 - c * bs);
+                }
+            }
+        }
+#pragma omp parallel reduction(+ : kept)
+        {
+            real* sc = mallocCheck(sizeof(real) * (nb + 1));
+            int* sel = mallocCheck(sizeof(int) * (nb + 1));
+            real* p = mallocCheck(sizeof(real) * (T + 1));
+            real* ot = mallocCheck(sizeof(real) * hs);
+#pragma omp for schedule(dynamic, 8)
+            for (long t = 0; t < (long)NKV * T; t++) {
+                const int kvh = (int)(t / T), i = T - 1 - (int)(t % T), far_end = i - w;
+                double keys = band_pairs_kept(i, w, sinks) * rep;
+                const int c0 = sinks / bs, c1 = far_end > sinks ? (far_end - 1) / bs + 1 : c0;
+                int ns = 0;
+                if (c1 - c0 <= nsel) {
+                    for (int c = c0; c < c1; c++) sel[ns++] = c;
+                } else if (nsel > 0) {
+                    block_scores(sc, score, base + (size_t)i * QKV + kvh * rep * hs, rep,
+                                 st + (size_t)kvh * nb * per, base + C + kvh * hs, QKV, i, w, sinks,
+                                 bs, c0, c1, hs, scale, p);
+                    /* the nsel best, ties to the earlier block */
+                    for (; ns < nsel; ns++) {
+                        int best = -1;
+                        for (int c = c0; c < c1; c++)
+                            if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
+                        if (best < 0) break; /* only non-finite scores left */
+                        sel[ns] = best;
+                        sc[best] = -INFINITY;
+                    }
+                }
+                for (int r = 0; r < rep && ns; r++) {
+                    const int h = kvh * rep + r;
+                    const real* qi = base + (size_t)i * QKV + h * hs;
+                    real mx = -INFINITY;
+                    int n = 0;
+                    for (int q = 0; q < ns; q++) {
+                        const int c = sel[q];
+                        const int j0 = c * bs > sinks ? c * bs : sinks,
+                                  j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
+                        for (int j = j0; j < j1; j++) {
+                            const real* kj = base + (size_t)j * QKV + C + kvh * hs;
+                            real s = 0;
+#pragma omp simd reduction(+ : s)
+                            for (int e = 0; e < hs; e++) s += qi[e] * kj[e];
+                            p[n++] = s * scale;
+                            mx = p[n - 1] > mx ? p[n - 1] : mx;
+                        }
+                    }
+                    if (!n) continue;
+                    keys += n;
+                    real sum = 0;
+                    for (int e = 0; e < hs; e++) ot[e] = 0;
+                    n = 0;
+                    for (int q = 0; q < ns; q++) {
+                        const int c = sel[q];
+                        const int j0 = c * bs > sinks ? c * bs : sinks,
+                                  j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
+                        for (int j = j0; j < j1; j++) {
+                            const real pe = exp_f(p[n++] - mx);
+                            const real* vj = base + (size_t)j * QKV + C + NKV * hs + kvh * hs;
+                            sum += pe;
+#pragma omp simd
+                            for (int e = 0; e < hs; e++) ot[e] += pe * vj[e];
+                        }
+                    }
+                    for (int e = 0; e < hs; e++) ot[e] /= sum;
+                    merge_into(ob + (size_t)i * C + h * hs, lse + ((size_t)b * NH + h) * T + i, ot,
+                               mx + logf(sum), hs);
+                }
+                kept += keys / NH;
+            }
+            free(sc);
+            free(sel);
+            free(p);
+            free(ot);
+        }
+    }
+    free(st);
+    return kept;
 }

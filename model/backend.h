@@ -89,10 +89,20 @@ static inline real* model_slice(const real* t, int l, size_t n) {
  *   DENSE   dense attention with no backward to follow (evaluation): the backend's fastest
  *           exact dense kernel (CPU: attention_flash_forward; GPU: the fp32 kernel, no gate)
  *   GATED   the reference kernel with the layer's gate, whose backward exists (training, and
- *           soft evaluation) */
-typedef enum { ATTN_KERNEL_SPARSE = 0, ATTN_KERNEL_DENSE = 1, ATTN_KERNEL_GATED = 2 } AttnKernel;
+ *           soft evaluation)
+ *   BAND    sinks and window only (the window pattern; CPU)
+ *   BLOCKS  sinks, window and the best key blocks per query (blocks, blocks_mean, oracle; CPU) */
+typedef enum {
+    ATTN_KERNEL_SPARSE = 0,
+    ATTN_KERNEL_DENSE = 1,
+    ATTN_KERNEL_GATED = 2,
+    ATTN_KERNEL_BAND = 3,
+    ATTN_KERNEL_BLOCKS = 4
+} AttnKernel;
 static inline AttnKernel model_attn_kernel(AttnMode mode, int keep) {
-    if (mode == ATTN_HARD) return ATTN_KERNEL_SPARSE;
+    if (mode == ATTN_HARD || mode == ATTN_RANDOM) return ATTN_KERNEL_SPARSE;
+    if (mode == ATTN_WINDOW) return ATTN_KERNEL_BAND;
+    if (mode >= ATTN_BLOCKS) return ATTN_KERNEL_BLOCKS;
     if (mode == ATTN_DENSE && !keep) return ATTN_KERNEL_DENSE;
     return ATTN_KERNEL_GATED;
 }

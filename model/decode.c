@@ -84,14 +84,43 @@ static void check_mode(const Model* m) {
     const FocusConfig* f = &m->fc;
     if (f->attn == ATTN_SOFT)
         fatal("generation runs dense or hard top-k attention, not the soft gate");
+    if (f->attn >= ATTN_BLOCKS)
+        fatal(
+            "generation runs dense, hard, window or random attention; blocks, blocks_mean and "
+            "oracle are evaluation patterns (eval ppl, passkey, curve)");
     if (f->attn == ATTN_HARD && f->routing != ROUTE_CAUSAL)
         fatal("generation needs causal routing (got %s)", routing_name(f->routing));
 }
 
-/* Token n of layer l joins its groups (mask mi, when routed) and the keys it attends to go to
- * c->keys: (hard) its groups' earlier tokens before the window, each taken in the lowest group
- * it shares, then the window (everything when dense). Returns their number. */
-static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t mi, int routed) {
+/* How layer l attends while decoding: everything, the token's groups and window (the router's
+ * or random groups), or sinks and window only. */
+enum { KEYS_DENSE = 0, KEYS_GROUPS = 1, KEYS_WINDOW = 2 };
+static int layer_keys(const FocusConfig* f, int l) {
+    const AttnMode a = focus_layer_attn(f, l);
+    return a == ATTN_HARD || a == ATTN_RANDOM ? KEYS_GROUPS
+           : a == ATTN_WINDOW                 ? KEYS_WINDOW
+                                              : KEYS_DENSE;
+}
+
+/* The group mask of the token at position n of layer l (KEYS_GROUPS): the router's top-k of
+ * its causal group distribution G, or the random control's groups. */
+static uint32_t token_mask(const Model* m, int l, int n, const real* G) {
+    const FocusConfig* f = &m->fc;
+    uint32_t mi = 0;
+    if (f->attn == ATTN_RANDOM) /* the seed of layer l as model_cpu.c's forward pass draws it */
+        routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n,
+                            f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1));
+    else
+        routing_topk_mask(&mi, G, 1, 1, f->K, f->topk, f->topp, f->sinks, n);
+    return mi;
+}
+
+/* Token n of layer l joins its groups (mask mi, KEYS_GROUPS) and the keys it attends to go to
+ * c->keys: its groups' earlier tokens before the window, each taken in the lowest group it
+ * shares, then the window (everything when dense; KEYS_WINDOW: the sinks before the window, then
+ * the window). Returns their number. */
+static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t mi, int kind) {
+    const int routed = kind == KEYS_GROUPS;
     const int K = f->K;
     uint32_t* cm = c->mask + (size_t)l * c->cap;
     int* gn = c->gn + (size_t)l * K;
@@ -108,6 +137,10 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
             for (int t = 0; t < gn[g] && gp[t] < lo; t++)
                 if (!(cm[gp[t]] & mi & ((1u << g) - 1))) c->keys[nk++] = gp[t];
         }
+    }
+    if (kind == KEYS_WINDOW) {
+        lo = n - f->w < 0 ? 0 : n - f->w;
+        for (int j = 0; j < f->sinks && j < lo; j++) c->keys[nk++] = j;
     }
     for (int j = lo; j <= n; j++) c->keys[nk++] = j;
     return nk;
@@ -313,7 +346,6 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
     const Params* p = &m->params;
     const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
     const int FC = mc->arch == ARCH_LLAMA ? 2 * mc->F : mc->F, kvw = NKV * hs;
-    const int hard = f->attn == ATTN_HARD;
     check_mode(m);
     if (token < 0 || token >= mc->V)
         fatal("token id %d outside the vocabulary (V=%d)", token, mc->V);
@@ -357,16 +389,18 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
         kv_put(c, 0, l, n, qkv + C, kvw);
         kv_put(c, 1, l, n, qkv + C + kvw, kvw);
         uint32_t mi = 0;
-        const int routed = hard && !focus_layer_dense(f, l);
-        if (routed) {
-            router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
-                                  m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
-            routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K, f->tau,
-                            f->iters);
+        const int kind = layer_keys(f, l);
+        if (kind == KEYS_GROUPS) {
+            if (f->attn == ATTN_HARD) {
+                router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
+                                      m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
+                routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K, f->tau,
+                                f->iters);
+            }
             /* a sink position (n < sinks) joins every group, so every later query keeps it */
-            routing_topk_mask(&mi, G, 1, 1, K, f->topk, f->topp, f->sinks, n);
+            mi = token_mask(m, l, n, G);
         }
-        const int nk = token_keys(c, f, l, n, mi, routed);
+        const int nk = token_keys(c, f, l, n, mi, kind);
         c->pairs += (long)nk * NH;
         attend_keys(att, qkv, l, c, nk, mc);
         project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
@@ -405,7 +439,7 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
     const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
     const int F = mc->F, FC = mc->arch == ARCH_LLAMA ? 2 * F : F, kvw = NKV * hs;
     const size_t N = (size_t)n;
-    const int hard = f->attn == ATTN_HARD, ex = m->prefill_exact;
+    const int ex = m->prefill_exact;
     real* buf =
         mallocCheck(sizeof(real) * N * (4 * (size_t)C + Q + FC + F + NH + 2 + f->dg + 2 * K));
     real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
@@ -440,20 +474,27 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
             kv_put(c, 0, l, t, qkv + (size_t)t * Q + C, kvw);
             kv_put(c, 1, l, t, qkv + (size_t)t * Q + C + kvw, kvw);
         }
-        const int routed = hard && !focus_layer_dense(f, l);
-        if (routed) {
-            router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
-                                  m->router.cent + (size_t)l * K * f->dg, N, C, f->dg, K);
-            routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, n, K, f->tau,
-                            f->iters);
-            routing_topk_mask(mask, G, 1, n, K, f->topk, f->topp, f->sinks, 0);
+        const int kind = layer_keys(f, l);
+        if (kind == KEYS_GROUPS) {
+            if (f->attn == ATTN_HARD) {
+                router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
+                                      m->router.cent + (size_t)l * K * f->dg, N, C, f->dg, K);
+                routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, n, K, f->tau,
+                                f->iters);
+                routing_topk_mask(mask, G, 1, n, K, f->topk, f->topp, f->sinks, 0);
+            } else {
+                routing_random_mask(mask, 1, n, K, f->topk, f->sinks, 0,
+                                    f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1));
+            }
             attention_hard_forward(att, lse, qkv, mask, K, f->w, 1, n, NH, NKV, hs);
+        } else if (kind == KEYS_WINDOW) {
+            attention_band_forward(att, lse, qkv, f->w, f->sinks, 1, n, NH, NKV, hs);
         } else {
             attention_flash_forward(att, lse, qkv, 1, n, NH, NKV, hs);
         }
         /* the group lists, and the pairs decoding would have counted */
         for (int t = 0; t < n; t++)
-            c->pairs += (long)token_keys(c, f, l, t, routed ? mask[t] : 0, routed) * NH;
+            c->pairs += (long)token_keys(c, f, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
         project_rows(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
                      p->attprojb ? p->attprojb + lC : NULL, C, C, nw ? nw + NATIVE_O : NULL, ex);
         for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];

@@ -617,7 +617,7 @@ AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a) {
     AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0, m->fc.sinks};
     AttnMode mode = focus_layer_attn(&m->fc, l);
     if (mode == ATTN_SOFT) g.mode = GATE_SOFT;
-    if (mode == ATTN_HARD) g.mode = GATE_HARD;
+    if (mode == ATTN_HARD || mode == ATTN_RANDOM) g.mode = GATE_HARD;
     if (m->router.gate) {
         g.lambda = m->router.gate[2 * l];
         g.bias = m->router.gate[2 * l + 1];

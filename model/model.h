@@ -14,6 +14,7 @@
 #include "../kernels/common.h"
 #include "../kernels/quant.h"
 #include "../kernels/router.h"
+#include "../kernels/sparse.h"
 #include "settings.h"
 
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
@@ -54,7 +55,29 @@ int model_qkv_width(const ModelConfig* c);
 int model_att_width(const ModelConfig* c);
 int model_fc_width(const ModelConfig* c);
 
-typedef enum { ATTN_DENSE = 0, ATTN_SOFT = 1, ATTN_HARD = 2 } AttnMode;
+/* dense: router off; soft: the gate (training); hard: the router's top-k groups. The training-free
+ * patterns a router has to beat at the same budget (kernels/sparse.h): window (sinks and window
+ * only), random (random groups with the router's K and k), blocks / blocks_mean (per query and key/
+ * value head the best key blocks by Quest's bounds / by mean keys), oracle (the blocks holding
+ * the most dense attention mass: the ceiling of block selection). */
+typedef enum {
+    ATTN_DENSE = 0,
+    ATTN_SOFT = 1,
+    ATTN_HARD = 2,
+    ATTN_WINDOW = 3,
+    ATTN_RANDOM = 4,
+    ATTN_BLOCKS = 5,
+    ATTN_BLOCKS_MEAN = 6,
+    ATTN_ORACLE = 7
+} AttnMode;
+/* modes that keep a subset of the causal pairs (reported with the share they keep) */
+static inline int attn_is_sparse(AttnMode a) { return a >= ATTN_HARD; }
+/* modes that read the trained router */
+static inline int attn_uses_router(AttnMode a) { return a == ATTN_SOFT || a == ATTN_HARD; }
+/* how a block pattern scores its candidate blocks */
+static inline BlockScore attn_block_score(AttnMode a) {
+    return a == ATTN_ORACLE ? BLOCKS_ORACLE : a == ATTN_BLOCKS_MEAN ? BLOCKS_MEAN : BLOCKS_QUEST;
+}
 
 typedef struct {
     AttnMode attn;   /* dense: router off; soft: gated (training); hard: top-k groups */
@@ -66,6 +89,8 @@ typedef struct {
     int topk;        /* groups kept per token in hard mode (with topp: at most; 0 = K) */
     float topp;      /* hard mode, adaptive: keep groups until this share of G_i (0 = off) */
     int sinks;       /* the first `sinks` positions are kept by every query, every mode */
+    int block;       /* blocks, blocks_mean, oracle: key block size */
+    int blocks;      /* blocks, blocks_mean, oracle: key blocks kept per query beyond the band */
     uint64_t dense_layers[4]; /* bitset: layers that keep dense attention (router unused) */
     float tau;                /* Sinkhorn / softmax temperature */
     float lambda, bias;       /* gate sharpness and offset (initial values if learned) */
@@ -212,6 +237,10 @@ typedef struct {
     size_t teacher_bt, atarget_n; /* sizes of the teacher buffers */
     int mass_ready;   /* the group mass of the last teacher pass is there (host or device) */
     int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
+    /* pairs kept and causal pairs, summed over layers and sequences, of the last forward pass in
+     * a training-free pattern (window, random, blocks, oracle; the router's hard mode is counted
+     * from its masks by the caller) */
+    double pattern_kept, pattern_pairs;
     int have_dlogits;
     /* A keep = 1 forward pass on the CPU keeps only what a router's backward reads (keep becomes
      * KEEP_ROUTER: ln2 and the MLP activation are not kept per layer; they feed only weight

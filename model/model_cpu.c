@@ -87,6 +87,21 @@ static void tp_sum(const Model* m, real* x, size_t n) {
  * added up. */
 static const real* tp_bias(const Model* m, const real* b) { return m->cfg.tp_rank ? NULL : b; }
 
+/* Pairs kept by one layer of a training-free pattern (the blocks kernels count their own), and
+ * the causal pairs, into m->pattern_kept / pattern_pairs. */
+static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, int T) {
+    const FocusConfig* f = &m->fc;
+    const double causal = (double)T * (T + 1) / 2;
+    m->pattern_pairs += B * causal;
+    if (mode == ATTN_DENSE)
+        m->pattern_kept += B * causal;
+    else if (mode == ATTN_WINDOW)
+        for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, f->w, f->sinks);
+    else if (mode == ATTN_RANDOM)
+        for (int b = 0; b < B; b++)
+            m->pattern_kept += mask_pairs_kept(mask + (size_t)b * T, T, f->w, f->sinks);
+}
+
 static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
@@ -100,6 +115,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
     Acts* a = &m->acts;
     encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
     const real* x = a->encoded;
+    m->pattern_kept = m->pattern_pairs = 0;
     for (int l = 0; l < c->L; l++) {
         LayerActs la = layer_acts(m, l);
         size_t lC = (size_t)l * C;
@@ -109,7 +125,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, NH, NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
-        if (f->attn != ATTN_DENSE || m->routed_dense) {
+        if (attn_uses_router(f->attn) || m->routed_dense) {
             /* a dense layer's groups are still computed (reports and statistics read them) */
             router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
                                   m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
@@ -118,6 +134,9 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
             if (mode == ATTN_HARD)
                 routing_topk_mask(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
         }
+        if (mode == ATTN_RANDOM)
+            routing_random_mask(la.mask, B, T, f->K, f->topk, f->sinks, 0,
+                                f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1));
         /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
          * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
          * training and the soft gate */
@@ -133,7 +152,17 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
             case ATTN_KERNEL_GATED:
                 attention_forward(la.att, la.lse, la.qkv, &gate, B, T, NH, NKV, hs);
                 break;
+            case ATTN_KERNEL_BAND:
+                attention_band_forward(la.att, la.lse, la.qkv, f->w, f->sinks, B, T, NH, NKV, hs);
+                break;
+            case ATTN_KERNEL_BLOCKS:
+                m->pattern_kept +=
+                    attention_blocks_forward(la.att, la.lse, la.qkv, f->w, f->sinks, f->block,
+                                             f->blocks, attn_block_score(mode), B, T, NH, NKV, hs);
+                break;
         }
+        if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */
+            pattern_count(m, mode, la.mask, B, T);
         linear(m, la.res2, la.att, 6, tp_bias(m, p->attprojb), l, BT, A, C);
         lora_add(m, 1, l, la.res2, la.att, BT, C, C);
         tp_sum(m, la.res2, BT * C);

@@ -166,6 +166,10 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
     struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
+    if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD)
+        fatal(
+            "--attn window / random / blocks / blocks_mean / oracle run on the CPU (no --device "
+            "cuda)");
     ensure_acts(m, B, T, keep);
     memcpy(m->inputs, inputs, sizeof(int) * B * T);
     cuda_upload(g->inputs, inputs, sizeof(int) * B * T);
@@ -213,6 +217,12 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
                     attention_forward_mma_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV);
                 else
                     attention_forward_cuda(la.att, la.lse, la.qkv, &gate, B, T, c->NH, c->NKV, hs);
+                break;
+            case ATTN_KERNEL_BAND:
+            case ATTN_KERNEL_BLOCKS:
+                fatal(
+                    "--attn window / blocks / blocks_mean / oracle run on the CPU (no --device "
+                    "cuda)");
                 break;
         }
         linear(la.res2, la.att, p->attprojw, p->attprojb, l, BT, C, C);

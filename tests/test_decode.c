@@ -35,7 +35,9 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     rng_seed(&rng, 3);
     int tok[T];
     for (int t = 0; t < T; t++) tok[t] = (int)(rng_u64(&rng) % cfg.V);
+    const int grouped = attn == ATTN_HARD || attn == ATTN_RANDOM;
     model_forward(&m, tok, NULL, 1, T, 0);
+    const double pattern_share = m.pattern_pairs > 0 ? m.pattern_kept / m.pattern_pairs : -1;
     real* full = mallocCheck(sizeof(real) * T * cfg.V);
     memcpy(full, model_logits(&m), sizeof(real) * T * cfg.V);
     KVCache c;
@@ -68,7 +70,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
           c.pairs);
     int same = !memcmp(c2.gn, c.gn, sizeof(int) * cfg.L * fc.K);
     for (int l = 0; l < cfg.L; l++) /* the masks of the routed layers (the others keep none) */
-        if (attn == ATTN_HARD && !focus_layer_dense(&fc, l))
+        if (grouped && !focus_layer_dense(&fc, l))
             same &= !memcmp(c2.mask + l * T, c.mask + l * T, sizeof(uint32_t) * T);
     CHECK(same, "%s: prefill left other group lists than decoding", preset);
     kvcache_free(&c2);
@@ -83,7 +85,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
      * models' adaptive budget does that), then there is nothing to compare */
     int moved = 0;
     for (int l = 0; l < cfg.L; l++)
-        if (attn == ATTN_HARD && !focus_layer_dense(&fc, l))
+        if (grouped && !focus_layer_dense(&fc, l))
             moved |= memcmp(c2.mask + l * T, c.mask + l * T, sizeof(uint32_t) * T) != 0;
     CHECK(moved || wh < 1e-2 * (scale > 1 ? scale : 1), "%s: f16 cache off by %g", preset, wh);
     if (moved) wh = NAN;
@@ -93,12 +95,17 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     printf(
         "  %-10s %-5s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e (max "
         "|logit| %.1f), prefill %.2e, f16 cache %.1e, pairs %.3f of dense\n",
-        preset, attn == ATTN_HARD ? "hard" : "dense", topk, (double)topp, sinks,
-        dense0 ? " layer 0 dense" : "", worst, scale, wp, wh, c.pairs / dense_pairs);
+        preset, (const char*[]){"dense", "soft", "hard", "window", "random"}[attn], topk,
+        (double)topp, sinks, dense0 ? " layer 0 dense" : "", worst, scale, wp, wh,
+        c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
           "%s: decode path differs from the full pass by %g", preset, worst);
-    if (attn == ATTN_HARD)
-        CHECK(c.pairs < 0.9 * dense_pairs, "hard decode should skip pairs (%ld)", c.pairs);
+    if (attn_is_sparse(attn))
+        CHECK(c.pairs < 0.9 * dense_pairs, "sparse decode should skip pairs (%ld)", c.pairs);
+    if (attn == ATTN_WINDOW || attn == ATTN_RANDOM) /* the forward pass counts them alike */
+        CHECK(fabs(pattern_share - c.pairs / dense_pairs) < 1e-12,
+              "%s: the forward pass keeps %.6f of the pairs, decoding %.6f", preset, pattern_share,
+              c.pairs / dense_pairs);
     free(full), free(lg);
     kvcache_free(&c);
     model_free(&m);
@@ -146,5 +153,10 @@ int main(void) {
     run("tiny-gpt2", ATTN_HARD, 1, 4, 0, 0);
     run("tiny-llama", ATTN_HARD, 2, 1, 0, 0);
     run("tiny-llama", ATTN_HARD, 0, 2, 0.6f, 1);
+    /* the training-free patterns on the same cache: sinks and window; random groups */
+    run("tiny-gpt2", ATTN_WINDOW, 1, 0, 0, 0);
+    run("tiny-llama", ATTN_WINDOW, 1, 3, 0, 1);
+    run("tiny-llama", ATTN_RANDOM, 1, 2, 0, 0);
+    run("tiny-gpt2", ATTN_RANDOM, 1, 0, 0, 1);
     return tu_finish("test_decode");
 }

@@ -47,7 +47,37 @@ static void route(real* G, const real* S, Routing mode, int iters, double* row, 
     marginals(G, row, col);
 }
 
+/* The random-groups control: k distinct groups per token, sinks in every group, a position's
+ * groups the same wherever its window starts (so decoding and every window agree), and about
+ * balanced. */
+static void check_random_mask(void) {
+    enum { RT = 4000, RK = 8 };
+    uint32_t* a = mallocCheck(sizeof(uint32_t) * 2 * RT);
+    uint32_t* b = mallocCheck(sizeof(uint32_t) * RT);
+    for (int k = 1; k <= 3; k++) {
+        routing_random_mask(a, 2, RT, RK, k, 4, 0, 77);
+        routing_random_mask(b, 1, RT - 100, RK, k, 4, 100, 77);
+        int ok = 1, count[RK] = {0};
+        for (int t = 0; t < RT; t++) {
+            ok &= a[t] == a[RT + t]; /* every row of the batch alike */
+            ok &= t < 4 ? a[t] == (1u << RK) - 1 : __builtin_popcount(a[t]) == k;
+            if (t >= 100) ok &= b[t - 100] == a[t];
+            for (int c = 0; c < RK; c++) count[c] += (a[t] >> c) & 1;
+        }
+        int lo = RT, hi = 0;
+        for (int c = 0; c < RK; c++)
+            lo = count[c] < lo ? count[c] : lo, hi = count[c] > hi ? count[c] : hi;
+        CHECK(ok, "random groups (k=%d): wrong count, sinks or positions", k);
+        CHECK(hi < 1.2 * lo, "random groups (k=%d) unbalanced: %d .. %d tokens a group", k, lo, hi);
+    }
+    routing_random_mask(a, 1, 100, RK, 1, 0, 0, 77);
+    routing_random_mask(b, 1, 100, RK, 1, 0, 0, 78);
+    CHECK(memcmp(a + 4, b + 4, sizeof(uint32_t) * 96) != 0, "random groups ignore the seed");
+    free(a), free(b);
+}
+
 int main(void) {
+    check_random_mask();
     Rng rng;
     rng_seed(&rng, 3);
     size_t n = (size_t)B * T * K;

@@ -1,6 +1,10 @@
 /* test_sparse.c: the flash-style dense kernel and the hard top-k executor against the masked
  * dense reference (attention_forward), to float round-off: K in {4, 8}, k in {1, 2, 3}, grouped-
- * query attention, T not a multiple of the tile sizes, empty groups; k = K equals dense. */
+ * query attention, T not a multiple of the tile sizes, empty groups, windows wider than a tile;
+ * k = K equals dense. The training-free patterns: the band (sinks + window) against the masked
+ * reference; block selection (Quest bounds, mean keys, oracle) against a per-query reference
+ * written out here, with its pair count, and the oracle's kept mass at least every other
+ * selection's. */
 #include <math.h>
 #include <string.h>
 
@@ -43,6 +47,164 @@ static void run(int B, int T, int K, int topk, int w, int empty_group, int sinks
     free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);
 }
 
+/* sinks + window against the reference with empty group masks (only band pairs survive) */
+static void run_band(int B, int T, int w, int sinks, Rng* rng) {
+    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
+           nl = (size_t)B * NH * T;
+    real* qkv = mallocCheck(sizeof(real) * nqkv);
+    real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
+    real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
+    uint32_t* mask = callocCheck((size_t)B * T, sizeof(uint32_t));
+    tu_randn(qkv, nqkv, 1.5, rng);
+    AttnGate g = {GATE_HARD, 1, w, NULL, mask, 0, 0, sinks};
+    attention_forward(ref, lref, qkv, &g, B, T, NH, NKV, HS);
+    attention_band_forward(got, lgot, qkv, w, sinks, B, T, NH, NKV, HS);
+    double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
+    printf("  band vs masked dense: B=%d T=%5d w=%4d sinks=%d  out %.1e  lse %.1e\n", B, T, w,
+           sinks, eo, el);
+    CHECK(eo < 2e-5 && el < 2e-5, "band differs (out %g, lse %g) at T=%d w=%d sinks=%d", eo, el, T,
+          w, sinks);
+    double kept = 0, want = 0;
+    for (int i = 0; i < T; i++) {
+        kept += band_pairs_kept(i, w, sinks);
+        for (int j = 0; j <= i; j++) want += i - j <= w || j < sinks;
+    }
+    CHECK(kept == want, "band pairs %g, counted %g (T=%d w=%d sinks=%d)", kept, want, T, w, sinks);
+    free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);
+}
+
+/* Block selection written out per query: the candidate blocks' scores from the keys themselves,
+ * the nsel best (ties to the earlier block), then a plain softmax over sinks, window and the
+ * chosen blocks' distant keys. Returns the pairs kept; *mass (unless NULL) gains the dense
+ * attention mass the kept pairs hold, summed over queries and heads. */
+static double blocks_reference(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
+                               int nsel, BlockScore score, int B, int T, double* mass) {
+    const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, nb = (T + bs - 1) / bs;
+    const double scale = 1 / sqrt((double)HS);
+    double kept = 0;
+    double* s = mallocCheck(sizeof(double) * T * NH);
+    double* sc = mallocCheck(sizeof(double) * nb);
+    char* keep = mallocCheck(T);
+    for (int b = 0; b < B; b++) {
+        const real* base = qkv + (size_t)b * T * QKV;
+        for (int i = 0; i < T; i++)
+            for (int kvh = 0; kvh < NKV; kvh++) {
+                /* every head's dense scores and log-sum-exp */
+                double dl[NH];
+                for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j <= i; j++) {
+                        double d = 0;
+                        for (int e = 0; e < HS; e++)
+                            d += base[(size_t)i * QKV + h * HS + e] *
+                                 base[(size_t)j * QKV + C + kvh * HS + e];
+                        s[(size_t)j * NH + h] = d * scale;
+                        mx = fmax(mx, d * scale);
+                    }
+                    for (int j = 0; j <= i; j++) sum += exp(s[(size_t)j * NH + h] - mx);
+                    dl[h] = mx + log(sum);
+                }
+                for (int j = 0; j <= i; j++) keep[j] = i - j <= w || j < sinks;
+                int c0 = sinks / bs, c1 = i - w > sinks ? (i - w - 1) / bs + 1 : c0;
+                for (int c = c0; c < c1; c++) {
+                    sc[c] = 0;
+                    for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+                        const real* q = base + (size_t)i * QKV + h * HS;
+                        if (score == BLOCKS_ORACLE) {
+                            for (int j = c * bs; j < (c + 1) * bs && j < i - w; j++)
+                                if (j >= sinks) sc[c] += exp(s[(size_t)j * NH + h] - dl[h]);
+                            continue;
+                        }
+                        for (int e = 0; e < HS; e++) {
+                            double lo = INFINITY, hi = -INFINITY, mean = 0;
+                            int n = 0;
+                            for (int j = c * bs; j < (c + 1) * bs && j < T; j++, n++) {
+                                double x = base[(size_t)j * QKV + C + kvh * HS + e];
+                                lo = fmin(lo, x), hi = fmax(hi, x), mean += x;
+                            }
+                            sc[c] += score == BLOCKS_QUEST ? fmax(q[e] * lo, q[e] * hi)
+                                                           : q[e] * mean / n;
+                        }
+                    }
+                }
+                for (int t = 0; t < nsel && t < c1 - c0; t++) {
+                    int best = -1;
+                    for (int c = c0; c < c1; c++)
+                        if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
+                    sc[best] = -INFINITY;
+                    for (int j = best * bs; j < (best + 1) * bs && j < i - w; j++)
+                        if (j >= sinks) keep[j] = 1;
+                }
+                for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+                    double mx = -INFINITY, sum = 0, o[HS] = {0};
+                    for (int j = 0; j <= i; j++)
+                        if (keep[j]) mx = fmax(mx, s[(size_t)j * NH + h]);
+                    for (int j = 0; j <= i; j++) {
+                        if (!keep[j]) continue;
+                        double p = exp(s[(size_t)j * NH + h] - mx);
+                        sum += p;
+                        if (mass) *mass += exp(s[(size_t)j * NH + h] - dl[h]);
+                        for (int e = 0; e < HS; e++)
+                            o[e] += p * base[(size_t)j * QKV + C + NKV * HS + kvh * HS + e];
+                        kept += 1.0 / NH;
+                    }
+                    for (int e = 0; e < HS; e++)
+                        out[((size_t)b * T + i) * C + h * HS + e] = (real)(o[e] / sum);
+                    lse[((size_t)b * NH + h) * T + i] = (real)(mx + log(sum));
+                }
+            }
+    }
+    free(s), free(sc), free(keep);
+    return kept;
+}
+
+static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, BlockScore score,
+                       Rng* rng) {
+    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
+           nl = (size_t)B * NH * T;
+    real* qkv = mallocCheck(sizeof(real) * nqkv);
+    real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
+    real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
+    tu_randn(qkv, nqkv, 1.5, rng);
+    double want = blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, score, B, T, NULL);
+    double kept =
+        attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, score, B, T, NH, NKV, HS);
+    double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
+    printf(
+        "  blocks (%s) vs per-query reference: B=%d T=%4d w=%3d sinks=%d bs=%d nsel=%d  out "
+        "%.1e  lse %.1e  pairs %.4f\n",
+        block_score_name(score), B, T, w, sinks, bs, nsel, eo, el,
+        kept / (B * (double)T * (T + 1) / 2));
+    CHECK(eo < 2e-5 && el < 2e-5, "blocks (%s) differ (out %g, lse %g) at T=%d w=%d nsel=%d",
+          block_score_name(score), eo, el, T, w, nsel);
+    CHECK(fabs(kept - want) < 1e-6 * want, "blocks (%s) count %.3f pairs, the reference %.3f",
+          block_score_name(score), kept, want);
+    free(qkv), free(ref), free(got), free(lref), free(lgot);
+}
+
+/* At the same budget the oracle's blocks hold at least the dense mass of Quest's and the mean
+ * key's, and every selection at least the band's. */
+static void oracle_is_ceiling(Rng* rng) {
+    const int B = 1, T = 400, w = 32, sinks = 2, bs = 16, nsel = 4;
+    size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
+           nl = (size_t)B * NH * T;
+    real* qkv = mallocCheck(sizeof(real) * nqkv);
+    real* o = mallocCheck(sizeof(real) * nout);
+    real* l = mallocCheck(sizeof(real) * nl);
+    tu_randn(qkv, nqkv, 1.5, rng);
+    double mass[3] = {0, 0, 0}, band = 0;
+    for (int s = 0; s < 3; s++)
+        blocks_reference(o, l, qkv, w, sinks, bs, nsel, (BlockScore)s, B, T, &mass[s]);
+    blocks_reference(o, l, qkv, w, sinks, bs, 0, BLOCKS_QUEST, B, T, &band);
+    printf("  dense mass kept (of %d): band %.1f, Quest %.1f, mean keys %.1f, oracle %.1f\n",
+           T * NH, band, mass[0], mass[1], mass[2]);
+    CHECK(
+        mass[2] >= mass[0] - 1e-9 && mass[2] >= mass[1] - 1e-9 && mass[0] > band && mass[1] > band,
+        "the oracle's mass %g is below Quest's %g or the mean key's %g (band %g)", mass[2], mass[0],
+        mass[1], band);
+    free(qkv), free(o), free(l);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 5);
@@ -73,5 +235,20 @@ int main(void) {
     run(2, 700, 8, 1, 40, 0, 4, &rng);
     run(1, 1031, 4, 2, 128, 1, 1, &rng);
     run(1, 300, 8, 1, 0, 0, 300, &rng); /* every token a sink: dense */
+    run(1, 700, 8, 1, 600, 0, 4, &rng); /* a window wider than a key tile */
+    /* sinks and window: tiles of sinks apart from the band, windows past the sequence */
+    run_band(2, 700, 40, 4, &rng);
+    run_band(1, 1031, 300, 1, &rng);
+    run_band(1, 600, 1000, 0, &rng); /* the window covers everything: dense */
+    run_band(1, 300, 0, 300, &rng);  /* every key a sink: dense */
+    run_band(1, 50, 0, 0, &rng);     /* each query alone */
+    run_band(1, 1, 5, 2, &rng);
+    /* block selection: every score, partial blocks, T not a multiple of bs, nsel 0 (the band)
+     * and nsel past the candidates (dense) */
+    for (int s = 0; s < 3; s++) run_blocks(2, 300, 24, 4, 16, 3, (BlockScore)s, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, &rng);
+    run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, &rng);
+    run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_QUEST, &rng);
+    oracle_is_ceiling(&rng);
     return tu_finish("test_sparse");
 }

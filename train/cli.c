@@ -162,7 +162,11 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
     if (attn) {
         if (config_set(&m->cfg, f, "attn", attn))
             fatal("--attn must be dense, soft or hard, got '%s'", attn);
-        if (f->attn != ATTN_DENSE && !router) fatal("--attn %s needs --router router.h5", attn);
+        if (attn_uses_router(f->attn) && !router)
+            fatal(
+                "--attn %s needs --router router.h5 (window, random, blocks, blocks_mean and "
+                "oracle need none)",
+                attn);
     }
     if (topk) {
         if (config_set(&m->cfg, f, "topk", topk))
@@ -382,9 +386,33 @@ void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* ro
 const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
     static const char* names[] = {"dense", "soft", "hard"};
     char tk[32], dl[1024];
-    if (m->fc.attn == ATTN_DENSE) {
+    const FocusConfig* f = &m->fc;
+    if (f->attn == ATTN_DENSE) {
         snprintf(buf, n, "dense (router off)");
         return buf;
+    }
+    focus_dense_layers_str(f, dl, sizeof dl);
+    switch (f->attn) {
+        case ATTN_WINDOW:
+            snprintf(buf, n, "window (no router): sinks=%d, w=%d, dense layers %s", f->sinks, f->w,
+                     dl);
+            return buf;
+        case ATTN_RANDOM:
+            snprintf(buf, n,
+                     "random groups (no router): K=%d, k=%s, w=%d, sinks=%d, dense layers %s", f->K,
+                     focus_topk_str(f, tk), f->w, f->sinks, dl);
+            return buf;
+        case ATTN_BLOCKS:
+        case ATTN_BLOCKS_MEAN:
+        case ATTN_ORACLE:
+            snprintf(buf, n,
+                     "%s (no router): %d key blocks of %d per query and key/value head by %s, "
+                     "sinks=%d, w=%d, dense layers %s",
+                     f->attn == ATTN_ORACLE ? "oracle blocks" : "blocks", f->blocks, f->block,
+                     block_score_name(attn_block_score(f->attn)), f->sinks, f->w, dl);
+            return buf;
+        default:
+            break;
     }
     snprintf(buf, n, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s%s%s",
              names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "",
@@ -394,11 +422,33 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
     return buf;
 }
 
+/* mode NAME or NAME:N; N (when given) parsed into setting `key` */
+static int pattern_mode(Model* m, const char* mode, const char* name, AttnMode attn,
+                        const char* key) {
+    const size_t n = strlen(name);
+    if (strncmp(mode, name, n) || (mode[n] && mode[n] != ':')) return 0;
+    m->fc.attn = attn;
+    if (mode[n] == ':' && config_set(&m->cfg, &m->fc, key, mode + n + 1)) {
+        char w[96];
+        fatal("mode %s: %s must be %s", mode, key, setting_expect(config_find(key), w, sizeof w));
+    }
+    if (attn == ATTN_RANDOM && m->fc.topk > m->fc.K)
+        fatal("mode %s: k exceeds K = %d", mode, m->fc.K);
+    return 1;
+}
+
 void cli_set_mode(Model* m, const char* mode, int have_router) {
     if (!strcmp(mode, "dense")) {
         m->fc.attn = ATTN_DENSE;
         return;
     }
+    /* the training-free patterns: window:W, random:k, blocks:N, blocks_mean:N, oracle:N */
+    if (pattern_mode(m, mode, "window", ATTN_WINDOW, "w") ||
+        pattern_mode(m, mode, "random", ATTN_RANDOM, "topk") ||
+        pattern_mode(m, mode, "blocks_mean", ATTN_BLOCKS_MEAN, "blocks") ||
+        pattern_mode(m, mode, "blocks", ATTN_BLOCKS, "blocks") ||
+        pattern_mode(m, mode, "oracle", ATTN_ORACLE, "blocks"))
+        return;
     if (!have_router) fatal("mode %s needs --router router.h5", mode);
     if (!strcmp(mode, "soft")) {
         m->fc.attn = ATTN_SOFT;
@@ -407,7 +457,10 @@ void cli_set_mode(Model* m, const char* mode, int have_router) {
         if (config_set(&m->cfg, &m->fc, "topk", mode + 5) || m->fc.topk > m->fc.K)
             fatal("mode %s: the budget must be 1..K=%d groups or pP / pP:k", mode, m->fc.K);
     } else {
-        fatal("unknown mode '%s' (dense, soft, hard:k, hard:pP)", mode);
+        fatal(
+            "unknown mode '%s' (dense, soft, hard:k, hard:pP; window:W, random:k, blocks:N, "
+            "blocks_mean:N, oracle:N)",
+            mode);
     }
 }
 

@@ -100,7 +100,7 @@ static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t 
     printf("perplexity %.4f%s  tokens %zu  nll/token %.5f  %.1f tokens/s (%.1f s)\n",
            exp(r.nll / r.count), mark, r.count, r.nll / r.count, (double)r.count / r.seconds,
            r.seconds);
-    if (m->fc.attn == ATTN_HARD) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
+    if (attn_is_sparse(m->fc.attn)) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
 }
 
 int cmd_eval(int argc, char** argv) {

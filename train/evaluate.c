@@ -51,8 +51,9 @@ PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int strid
             tgt[i] = j > scored_to ? ids[j] : -1;
         }
         model_forward(m, ids + st, tgt, 1, T, 0);
-        if (m->fc.attn == ATTN_HARD) {
-            r.kept += hard_pairs_kept(m);
+        if (attn_is_sparse(m->fc.attn)) {
+            r.kept +=
+                m->fc.attn == ATTN_HARD ? hard_pairs_kept(m) : m->pattern_kept / m->pattern_pairs;
             windows++;
         }
         for (int i = 0; i < T; i++) {
