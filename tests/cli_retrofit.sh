@@ -109,6 +109,24 @@ err=$("$focus" eval passkey "${tm[@]:0:6}" --lengths 100000 --out "$work/pk2.tsv
 [ $rc -ne 0 ] && [ ! -e "$work/pk2.tsv" ] && echo "$err" | grep -q "context" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "passkey beyond the context refused: $err" || bad "passkey length: rc=$rc $err"
 "$focus" eval curve "${tm[@]:0:6}" --data ../shared/data/tinyshakespeare/input.txt --max-tokens 600 --ctx 64,128 --modes dense,hard:2 --out "$work/curve.tsv" > "$work/curve.log" 2>/dev/null
 [ "$(grep -c "" "$work/curve.tsv")" -eq 5 ] && grep -q "| hard:2 |" "$work/curve.log" && ok "eval curve: 2 modes x 2 lengths" || { bad "eval curve"; cat "$work/curve.log"; }
+# the training-free patterns, no router needed: a window or a block budget covering the whole
+# context is dense to the printed digits; every pattern runs in eval curve and the needle tasks
+ppl() { sed -n 's/^perplexity \([0-9.]*\).*/\1/p'; }
+pd=$("$focus" eval ppl "${data[@]}" 2>/dev/null | ppl)
+pw=$("$focus" eval ppl "${data[@]}" --attn window --set w=64 2>/dev/null | ppl)
+pb=$("$focus" eval ppl "${data[@]}" --attn blocks --set w=4 --set block=8 --set blocks=8 2>/dev/null | ppl)
+out=$("$focus" eval ppl "${data[@]}" --attn window --set w=8 --set sinks=2 2>/dev/null)
+same() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a > 0 && (a - b) / a < 1e-6 && (b - a) / a < 1e-6) }'; }
+kept=$(echo "$out" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')
+[ -n "$pd" ] && same "$pd" "$pw" && same "$pd" "$pb" && echo "$out" | grep -q "attention window (no router): sinks=2, w=8" && awk -v k="$kept" 'BEGIN { exit !(k > 0.2 && k < 0.5) }' && ok "window and blocks at full budget = dense ($pd); window w=8 keeps $(echo "$out" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')" || bad "patterns: dense $pd window $pw blocks $pb; $out"
+"$focus" eval curve --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --modes dense,window:16,random:1,blocks:2,blocks_mean:2,oracle:2 --set block=8 --out "$work/curve_p.tsv" > "$work/curve_p.log" 2>/dev/null
+[ "$(grep -c "" "$work/curve_p.tsv")" -eq 7 ] && grep -q "| oracle:2 | .* of pairs" "$work/curve_p.log" && ok "eval curve: six patterns, no router" || { bad "eval curve patterns"; cat "$work/curve_p.log"; }
+"$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_multikey --modes dense,window:16 --lengths 250 --depths 0.5 --trials 2 --out "$work/niah.tsv" > "$work/niah.log" 2>/dev/null
+[ "$(grep -c "niah_multikey" "$work/niah.tsv")" -eq 4 ] && grep -q "window:16: .* retrieved" "$work/niah.log" && ok "eval passkey --task niah_multikey" || { bad "niah"; cat "$work/niah.log"; }
+err=$("$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_colour --lengths 150 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "unknown --task 'niah_colour'" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "unknown task refused: $err" || bad "unknown task: rc=$rc $err"
+err=$("$focus" eval ppl "${data[@]}" --attn hard 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "needs --router" && ok "--attn hard without a router refused" || bad "hard without router: rc=$rc $err"
 # the baselines: LoRA adapters and full fine-tuning on the same settings; the adapters load back
 # onto their base model and are refused on another
 "$focus" finetune --config configs/tiny.conf "${small[@]}" --set steps=3 --set lora_targets=qkv,o,fc,fcproj --out "$work/lora" > "$work/lora.log" 2>&1
