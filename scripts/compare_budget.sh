@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The learned router against the training-free patterns at the same number of attention pairs
+# (issue: earn its keep): for each method a sweep of its budget, perplexity at ctx 8192 and 1024
+# on the PG-19 test split and WikiText-2, retrieval (passkey and RULER's multi-key needle) at 4K
+# and 8K, model-level tokens/s, all against the pairs kept; plots of perplexity and retrieval
+# against pairs kept, one curve per method, dense as a line.
+#   bash scripts/compare_budget.sh OUT [ROUTER]
+# Methods: window (sinks + sliding window, StreamingLLM), random (random groups, the router's K
+# and k), blocks (Quest's query-aware bounds) and blocks_mean (MoBA's mean-pooled keys) with the
+# window W_BLOCKS, oracle (the blocks holding the most dense mass: the ceiling of block
+# selection), and the router (hard:1, hard:2 with the window W_ROUTER) when ROUTER is given.
+# Knobs (environment): TOKENS (16385: the first 16,384 scored tokens of each set), CTX_LONG
+# (8192), CTX_SHORT (1024), RETRIEVAL=0 to skip retrieval, LENGTHS, DEPTHS, TRIALS, and the
+# budget lists below. Needs cache/shards (bash scripts/pg19_shards.sh) and the model.
+set -euo pipefail
+out=${1:?usage: compare_budget.sh OUT [ROUTER]}
+router=${2:-}
+focus=${FOCUS:-build/focus}
+model=${MODEL:-cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+tokens=${TOKENS:-16385}
+ctx_long=${CTX_LONG:-8192}
+ctx_short=${CTX_SHORT:-1024}
+# budgets at ctx 8192 (window widths, key blocks of 64 beyond a window of W_BLOCKS, router k)
+WINDOWS_LONG=${WINDOWS_LONG:-512,1050,2560}
+BLOCKS_LONG=${BLOCKS_LONG:-8,24}
+W_BLOCKS=${W_BLOCKS:-256}
+W_ROUTER_LONG=${W_ROUTER_LONG:-512}
+# budgets at ctx 1024
+WINDOWS_SHORT=${WINDOWS_SHORT:-200,370}
+BLOCKS_SHORT=${BLOCKS_SHORT:-2,5}
+W_BLOCKS_SHORT=${W_BLOCKS_SHORT:-64}
+W_ROUTER_SHORT=${W_ROUTER_SHORT:-128}
+LENGTHS=${LENGTHS:-4096,8192}
+DEPTHS=${DEPTHS:-0.25,0.5,0.75}
+TRIALS=${TRIALS:-1}
+[ -f "$model" ] || { echo "compare_budget: $model missing (bash scripts/fetch_model.sh)"; exit 1; }
+for s in pg19test wikitext2; do
+    [ -d "cache/shards/$s" ] || { echo "compare_budget: cache/shards/$s missing (bash scripts/pg19_shards.sh)"; exit 1; }
+done
+[ -z "$router" ] || [ -f "$router" ] || { echo "compare_budget: router $router not found"; exit 1; }
+mkdir -p "$out"
+source scripts/blas_env.sh "$focus"
+{ date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null || true; grep -m1 "model name" /proc/cpuinfo;
+  echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"; } > "$out/machine.txt"
+rt=(); [ -n "$router" ] && rt=(--router "$router")
+modes() { # ctx windows blocks w_router -> the mode list
+    local m="dense"
+    for w in ${2//,/ }; do m+=",window:$w"; done
+    m+=",random:1"
+    for n in ${3//,/ }; do m+=",blocks:$n,blocks_mean:$n,oracle:$n"; done
+    [ -n "$router" ] && m+=",hard:1,hard:2"
+    echo "$m"
+}
+# perplexity: one eval curve per (set, ctx); the window for groups and blocks set per run
+curve() { # name data ctx windows blocks w_blocks w_router
+    local name=$1 data=$2 ctx=$3
+    # the patterns with blocks (their window w_blocks), then the router (its window w_router):
+    # two runs, since --set w applies to every mode but window:W
+    "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
+        --modes "$(router='' modes "$ctx" "$4" "$5")" --set w="$6" --set sinks=4 \
+        --out "$out/${name}_patterns.tsv" 2> /dev/null | tee "$out/${name}_patterns.log"
+    if [ -n "$router" ]; then
+        "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
+            "${rt[@]}" --modes "hard:1,hard:2" --set w="$7" \
+            --out "$out/${name}_router.tsv" 2> /dev/null | tee "$out/${name}_router.log"
+    fi
+}
+curve pg19_long cache/shards/pg19test "$ctx_long" "$WINDOWS_LONG" "$BLOCKS_LONG" "$W_BLOCKS" "$W_ROUTER_LONG"
+curve pg19_short cache/shards/pg19test "$ctx_short" "$WINDOWS_SHORT" "$BLOCKS_SHORT" "$W_BLOCKS_SHORT" "$W_ROUTER_SHORT"
+curve wiki_short cache/shards/wikitext2 "$ctx_short" "$WINDOWS_SHORT" "$BLOCKS_SHORT" "$W_BLOCKS_SHORT" "$W_ROUTER_SHORT"
+if [ "${RETRIEVAL:-1}" != 0 ]; then
+    # retrieval: the widest and narrowest window, the blocks at the smaller budget, the router
+    w0=${WINDOWS_LONG%%,*}; w1=$(echo "$WINDOWS_LONG" | tr , '\n' | sed -n 2p); n0=${BLOCKS_LONG%%,*}
+    for task in passkey niah_multikey; do
+        "$focus" eval passkey --model "$model" --task "$task" --modes "dense,window:$w0,window:${w1:-$w0},blocks:$n0" \
+            --set w="$W_BLOCKS" --set sinks=4 --lengths "$LENGTHS" --depths "$DEPTHS" --trials "$TRIALS" \
+            --out "$out/${task}_patterns.tsv" 2> /dev/null | tee "$out/${task}_patterns.log"
+        if [ -n "$router" ]; then
+            "$focus" eval passkey --model "$model" --task "$task" "${rt[@]}" --modes "hard:1,hard:2" \
+                --set w="$W_ROUTER_LONG" --lengths "$LENGTHS" --depths "$DEPTHS" --trials "$TRIALS" \
+                --out "$out/${task}_router.tsv" 2> /dev/null | tee "$out/${task}_router.log"
+        fi
+    done
+fi
+python3 scripts/plot_budget.py "$out"
