@@ -289,11 +289,26 @@ double band_pairs_kept(int i, int w, int sinks) {
 }
 
 double mask_pairs_kept(const uint32_t* mask, int T, int w, int sinks) {
+    /* the distant keys are counted through the distinct masks seen so far (at most 1 + C(K, k)
+     * of them for top-k routing), each with how many distant keys carry it: O(T x masks)
+     * instead of O(T^2) */
+    uint32_t* val = mallocCheck(sizeof(uint32_t) * (T + 1));
+    long* cnt = mallocCheck(sizeof(long) * (T + 1));
+    int nv = 0;
     double kept = 0;
     for (int i = 0; i < T; i++) {
+        const int j = i - w - 1; /* the key that becomes distant for query i */
+        if (j >= sinks) {
+            int v = 0;
+            while (v < nv && val[v] != mask[j]) v++;
+            if (v == nv) val[nv] = mask[j], cnt[nv++] = 0;
+            cnt[v]++;
+        }
         kept += band_pairs_kept(i, w, sinks);
-        for (int j = sinks; j < i - w; j++) kept += (mask[i] & mask[j]) != 0;
+        for (int v = 0; v < nv; v++) kept += (val[v] & mask[i]) ? (double)cnt[v] : 0;
     }
+    free(val);
+    free(cnt);
     return kept;
 }
 

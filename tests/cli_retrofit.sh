@@ -52,6 +52,12 @@ err=$(flock "$work/full/.lock" "$focus" retrofit --resume "$work/full" 2>&1 >/de
 [ $rc -ne 0 ] && echo "$err" | grep -q "another focus run is using this folder" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a second run on a folder in use is refused" || bad "lock: rc=$rc $err"
 out=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --router "$work/full/router.h5" --attn hard --topk 1 2>/dev/null)
 echo "$out" | grep -q "pairs kept" && ok "eval ppl --router --attn hard" || bad "eval with router: $out"
+# a router exported for sharing (no optimizer moments): smaller, the same evaluation
+"$focus" export --model "$work/full/base.gguf" --router "$work/full/router.h5" --out "$work/shared.h5" > /dev/null 2>&1
+ev=(eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --attn hard --topk 1)
+a=$("$focus" "${ev[@]}" --router "$work/full/router.h5" 2>/dev/null | grep -E "^perplexity|^pairs" | sed 's/ [0-9.]* tokens\/s.*//')
+b=$("$focus" "${ev[@]}" --router "$work/shared.h5" 2>/dev/null | grep -E "^perplexity|^pairs" | sed 's/ [0-9.]* tokens\/s.*//')
+[ -s "$work/shared.h5" ] && [ "$(stat -c %s "$work/shared.h5")" -lt "$(stat -c %s "$work/full/router.h5")" ] && [ -n "$a" ] && [ "$a" = "$b" ] && ok "focus export: a smaller router.h5, the same perplexity and pairs" || bad "export: '$a' vs '$b'"
 out=$("$focus" eval ppl --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --router "$work/full/router.h5" --routing sinkhorn 2>/dev/null)
 echo "$out" | grep -q "non-causal" && ok "sinkhorn evaluation marked non-causal" || bad "no non-causal mark: $out"
 # serving the retrofitted model from the file's blocks: a batched prompt gives the perplexity

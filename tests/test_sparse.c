@@ -250,5 +250,23 @@ int main(void) {
     run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, &rng);
     run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_QUEST, &rng);
     oracle_is_ceiling(&rng);
+    /* pairs kept by group masks, counted through the distinct masks, against every pair */
+    for (int k = 1; k <= 3; k++) {
+        enum { PT = 900 };
+        uint32_t mask[PT];
+        for (int i = 0; i < PT; i++) {
+            uint32_t mk = 0;
+            while (__builtin_popcount(mk) < k) mk |= 1u << (rng_u64(&rng) % 8);
+            mask[i] = i < 3 ? 0xffu : mk;
+        }
+        for (int w = 0; w <= 300; w += 150) {
+            double want = 0;
+            for (int i = 0; i < PT; i++)
+                for (int j = 0; j <= i; j++) want += i - j <= w || j < 2 || (mask[i] & mask[j]);
+            const double got = mask_pairs_kept(mask, PT, w, 2);
+            CHECK(got == want, "mask_pairs_kept (k=%d, w=%d): %g, every pair counted: %g", k, w,
+                  got, want);
+        }
+    }
     return tu_finish("test_sparse");
 }

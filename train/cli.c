@@ -437,7 +437,7 @@ static int pattern_mode(Model* m, const char* mode, const char* name, AttnMode a
     return 1;
 }
 
-void cli_set_mode(Model* m, const char* mode, int have_router) {
+static void set_mode_base(Model* m, const char* mode, int have_router) {
     if (!strcmp(mode, "dense")) {
         m->fc.attn = ATTN_DENSE;
         return;
@@ -461,6 +461,33 @@ void cli_set_mode(Model* m, const char* mode, int have_router) {
             "unknown mode '%s' (dense, soft, hard:k, hard:pP; window:W, random:k, blocks:N, "
             "blocks_mean:N, oracle:N)",
             mode);
+    }
+}
+
+void cli_set_mode(Model* m, const char* mode, int have_router) {
+    char buf[256];
+    if (strlen(mode) >= sizeof buf) fatal("mode '%.40s...' is too long", mode);
+    strcpy(buf, mode);
+    char* at = strchr(buf, '@');
+    if (at) *at = 0;
+    set_mode_base(m, buf, have_router);
+    /* MODE@key=value@...: settings for this mode alone (hard:1@w=1024) */
+    while (at) {
+        char* kv = at + 1;
+        at = strchr(kv, '@');
+        if (at) *at = 0;
+        char key[64];
+        const char* v = cli_split_set(kv, key, sizeof key);
+        if (!strcmp(key, "K") || !strcmp(key, "dg"))
+            fatal("mode %s: %s is the router's shape, not a setting of one evaluation", mode, key);
+        const Setting* st = config_find(key);
+        if (!st) fatal("mode %s: unknown setting '%s'", mode, key);
+        if (st < focus_settings || st >= focus_settings + focus_settings_count)
+            fatal("mode %s: %s is the model's, not an attention setting", mode, key);
+        char w[96];
+        if (config_set(&m->cfg, &m->fc, key, v))
+            fatal("mode %s: bad value '%s' for %s (expected %s)", mode, v, key,
+                  setting_expect(st, w, sizeof w));
     }
 }
 

@@ -66,7 +66,9 @@ void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* ro
                     const char* attn, const char* topk, const char* routing, const CliList* sets,
                     int device, const char* lora);
 /* One evaluation mode of a mode list: "dense" (router off), "soft", "hard:k" or "hard:pP" (a
- * budget, as --topk); the router modes need a loaded router. */
+ * budget, as --topk; the router modes need a loaded router), or a training-free pattern
+ * (window:W, random:k, blocks:N, blocks_mean:N, oracle:N); MODE@key=value@... sets attention
+ * settings for that mode alone (hard:1@w=1024). */
 void cli_set_mode(Model* m, const char* mode, int have_router);
 /* "dense", or the attention mode, routing, K, w, sinks, dense layers and budget, for reports. */
 const char* cli_attention_desc(const Model* m, char* buf, size_t n);

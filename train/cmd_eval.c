@@ -69,6 +69,7 @@ static const char eval_usage[] =
     "[--stride s]\n"
     "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk "
     "k|pP]\n"
+    "                      [--attn window|random|blocks|blocks_mean|oracle]\n"
     "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
     "                      [--device cpu|cuda] [--lora lora.h5]\n"
     "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
@@ -81,6 +82,10 @@ static const char eval_usage[] =
     "90 % of its group mass is covered (p0.9:2: at most 2 groups). The router's sinks and "
     "dense_layers apply; --set sinks=N, --set\n"
     "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
+    "The training-free patterns need no router (the same sinks, --set w=N, and for the block\n"
+    "ones --set block=64 --set blocks=8): window keeps each query's sinks and window; random\n"
+    "random groups of K with --topk k; blocks / blocks_mean the best key blocks per query and\n"
+    "key/value head by Quest's bounds / by mean keys; oracle those holding the most dense mass.\n"
     "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
     "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n";
 

@@ -19,5 +19,6 @@ int cmd_bench(int argc, char** argv);
 int cmd_bench_decode(int argc, char** argv); /* bench decode */
 int cmd_settings(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 
 #endif

@@ -12,20 +12,12 @@ double hard_pairs_kept(const Model* m) {
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * (size_t)B * T);
     double kept = 0, total = 0;
     for (int l = 0; l < m->cfg.L; l++) {
-        const int dense = focus_layer_dense(f, l);
+        /* the sinks are members of every group in the masks: counted as shared distant keys */
         routing_topk_mask(mask, model_groups(m, l), B, T, K, f->topk, f->topp, f->sinks, 0);
         for (int b = 0; b < B; b++) {
-            const uint32_t* mb = mask + (size_t)b * T;
-            for (int i = 0; i < T; i++) {
-                int local = i < w ? i + 1 : w + 1;
-                double far = 0;
-                if (dense)
-                    far = i - w > 0 ? i - w : 0;
-                else
-                    for (int j = 0; j < i - w; j++) far += (mb[i] & mb[j]) != 0;
-                kept += local + far;
-                total += i + 1;
-            }
+            total += (double)T * (T + 1) / 2;
+            kept += focus_layer_dense(f, l) ? (double)T * (T + 1) / 2
+                                            : mask_pairs_kept(mask + (size_t)b * T, T, w, 0);
         }
     }
     free(mask);

@@ -42,6 +42,8 @@ static const Command commands[] = {
      "plan            the memory of a training run from the model's shape (before running it)"},
     {"settings", cmd_settings,
      "settings        every configuration setting, its default and meaning"},
+    {"export", cmd_export,
+     "export          a trained router for sharing, without its optimizer moments"},
 };
 
 static void usage(FILE* o) {
