@@ -8,10 +8,12 @@
 # Methods: window (sinks + sliding window, StreamingLLM), random (random groups, the router's K
 # and k), blocks (Quest's query-aware bounds) and blocks_mean (MoBA's mean-pooled keys) with the
 # window W_BLOCKS, oracle (the blocks holding the most dense mass: the ceiling of block
-# selection), and the router (hard:1, hard:2 with the window W_ROUTER) when ROUTER is given.
+# selection), and the router (hard:1, hard:2 with the window W_ROUTER_*, and hard:1 with
+# w = 1024 at the long context: ROUTER_MODES_*) when ROUTER is given.
 # Knobs (environment): TOKENS (16385: the first 16,384 scored tokens of each set), CTX_LONG
-# (8192), CTX_SHORT (1024), RETRIEVAL=0 to skip retrieval, LENGTHS, DEPTHS, TRIALS, and the
-# budget lists below. Needs cache/shards (bash scripts/pg19_shards.sh) and the model.
+# (8192), CTX_SHORT (1024), CURVES (a subset of "pg19_long pg19_short wiki_short"), RETRIEVAL=0
+# to skip retrieval, LENGTHS, DEPTHS, TRIALS, and the budget lists below. The random groups run
+# with the router's window. Needs cache/shards (bash scripts/pg19_shards.sh) and the model.
 set -euo pipefail
 out=${1:?usage: compare_budget.sh OUT [ROUTER]}
 router=${2:-}
@@ -21,15 +23,17 @@ tokens=${TOKENS:-16385}
 ctx_long=${CTX_LONG:-8192}
 ctx_short=${CTX_SHORT:-1024}
 # budgets at ctx 8192 (window widths, key blocks of 64 beyond a window of W_BLOCKS, router k)
-WINDOWS_LONG=${WINDOWS_LONG:-512,1050,2560}
+WINDOWS_LONG=${WINDOWS_LONG:-512,1050,1500,2560}
 BLOCKS_LONG=${BLOCKS_LONG:-8,24}
-W_BLOCKS=${W_BLOCKS:-256}
+W_BLOCKS=${W_BLOCKS:-512}
 W_ROUTER_LONG=${W_ROUTER_LONG:-512}
+ROUTER_MODES_LONG=${ROUTER_MODES_LONG:-hard:1,hard:2,hard:1@w=1024}
 # budgets at ctx 1024
 WINDOWS_SHORT=${WINDOWS_SHORT:-200,370}
 BLOCKS_SHORT=${BLOCKS_SHORT:-2,5}
 W_BLOCKS_SHORT=${W_BLOCKS_SHORT:-64}
 W_ROUTER_SHORT=${W_ROUTER_SHORT:-128}
+ROUTER_MODES_SHORT=${ROUTER_MODES_SHORT:-hard:1,hard:2}
 LENGTHS=${LENGTHS:-4096,8192}
 DEPTHS=${DEPTHS:-0.25,0.5,0.75}
 TRIALS=${TRIALS:-1}
@@ -43,31 +47,36 @@ source scripts/blas_env.sh "$focus"
 { date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null || true; grep -m1 "model name" /proc/cpuinfo;
   echo "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-} OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"; } > "$out/machine.txt"
 rt=(); [ -n "$router" ] && rt=(--router "$router")
-modes() { # ctx windows blocks w_router -> the mode list
+modes() { # ctx windows blocks w_router -> the patterns' mode list
     local m="dense"
     for w in ${2//,/ }; do m+=",window:$w"; done
-    m+=",random:1"
-    for n in ${3//,/ }; do m+=",blocks:$n,blocks_mean:$n,oracle:$n"; done
-    [ -n "$router" ] && m+=",hard:1,hard:2"
+    m+=",random:1@w=$4" # the control of the router: its K, k and window, random groups
+    # Quest at every budget; the mean key and the oracle (as slow per pair as dense: it scores every
+    # key) at the first
+    for n in ${3//,/ }; do m+=",blocks:$n"; done
+    m+=",blocks_mean:${3%%,*},oracle:${3%%,*}"
     echo "$m"
 }
 # perplexity: one eval curve per (set, ctx); the window for groups and blocks set per run
-curve() { # name data ctx windows blocks w_blocks w_router
+curve() { # name data ctx windows blocks w_blocks w_router router_modes
     local name=$1 data=$2 ctx=$3
     # the patterns with blocks (their window w_blocks), then the router (its window w_router):
     # two runs, since --set w applies to every mode but window:W
     "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
-        --modes "$(router='' modes "$ctx" "$4" "$5")" --set w="$6" --set sinks=4 \
+        --modes "$(modes "$ctx" "$4" "$5" "$7")" --set w="$6" --set sinks=4 \
         --out "$out/${name}_patterns.tsv" 2> /dev/null | tee "$out/${name}_patterns.log"
     if [ -n "$router" ]; then
         "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
-            "${rt[@]}" --modes "hard:1,hard:2" --set w="$7" \
+            "${rt[@]}" --modes "$8" --set w="$7" \
             --out "$out/${name}_router.tsv" 2> /dev/null | tee "$out/${name}_router.log"
     fi
 }
-curve pg19_long cache/shards/pg19test "$ctx_long" "$WINDOWS_LONG" "$BLOCKS_LONG" "$W_BLOCKS" "$W_ROUTER_LONG"
-curve pg19_short cache/shards/pg19test "$ctx_short" "$WINDOWS_SHORT" "$BLOCKS_SHORT" "$W_BLOCKS_SHORT" "$W_ROUTER_SHORT"
-curve wiki_short cache/shards/wikitext2 "$ctx_short" "$WINDOWS_SHORT" "$BLOCKS_SHORT" "$W_BLOCKS_SHORT" "$W_ROUTER_SHORT"
+# CURVES: which of the three to run (all by default)
+CURVES=${CURVES:-pg19_long pg19_short wiki_short}
+on() { [[ " $CURVES " == *" $1 "* ]]; }
+on pg19_long && curve pg19_long cache/shards/pg19test "$ctx_long" "$WINDOWS_LONG" "$BLOCKS_LONG" "$W_BLOCKS" "$W_ROUTER_LONG" "$ROUTER_MODES_LONG"
+on pg19_short && curve pg19_short cache/shards/pg19test "$ctx_short" "$WINDOWS_SHORT" "$BLOCKS_SHORT" "$W_BLOCKS_SHORT" "$W_ROUTER_SHORT" "$ROUTER_MODES_SHORT"
+on wiki_short && curve wiki_short cache/shards/wikitext2 "$ctx_short" "$WINDOWS_SHORT" "$BLOCKS_SHORT" "$W_BLOCKS_SHORT" "$W_ROUTER_SHORT" "$ROUTER_MODES_SHORT"
 if [ "${RETRIEVAL:-1}" != 0 ]; then
     # retrieval: the widest and narrowest window, the blocks at the smaller budget, the router
     w0=${WINDOWS_LONG%%,*}; w1=$(echo "$WINDOWS_LONG" | tr , '\n' | sed -n 2p); n0=${BLOCKS_LONG%%,*}

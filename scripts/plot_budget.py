@@ -20,7 +20,9 @@ LABELS = {"window": "sinks + window", "random": "random groups", "blocks": "Ques
 
 
 def method(mode):
-    return mode.split(":")[0]
+    """window:1050 -> window; hard:1@w=1024 -> hard@w=1024 (a curve of its own)"""
+    base = mode.split("@")[0].split(":")[0]
+    return base + ("@" + mode.split("@", 1)[1] if "@" in mode else "")
 
 
 def read(path):
@@ -65,7 +67,9 @@ def main():
             if m == "dense":
                 ax.axhline(pts[0][1], color="k", ls="--", label="dense")
                 continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=LABELS.get(m, m))
+            base, _, extra = m.partition("@")
+            label = LABELS.get(base, base) + (f" ({extra})" if extra else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
         ax.set_title(f"{title}, ctx {rows[0]['ctx']}")
         ax.set_xlabel("share of causal pairs kept")
         ax.set_ylabel("perplexity")
