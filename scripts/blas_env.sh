@@ -4,8 +4,9 @@
 # with SkylakeX kernels on one core). When that happens, name the kernels the CPU can run:
 # SkylakeX where it has AVX-512, Haswell where it has AVX2. A core type set by the caller stays.
 #   source scripts/blas_env.sh [FOCUS]
+# (the output is read whole: under pipefail a grep -q that stops early would fail the pipe)
 if [ -z "${OPENBLAS_CORETYPE:-}" ] &&
-    OPENBLAS_VERBOSE=2 "${1:-build/focus}" bench gemm --n 64 2>&1 | grep -q "Core: Prescott"; then
+    [[ "$(OPENBLAS_VERBOSE=2 "${1:-build/focus}" bench gemm --n 64 2>&1)" == *"Core: Prescott"* ]]; then
     if grep -qw avx512f /proc/cpuinfo; then
         export OPENBLAS_CORETYPE=SkylakeX
     elif grep -qw avx2 /proc/cpuinfo; then
