@@ -20,7 +20,7 @@ python3 scripts/plot_run.py "$run" >/dev/null
 # pairs: the router's hard top-k against a sliding window with the same sinks (StreamingLLM's
 # pattern, no training) and against random groups of the same K and k (what the groups are
 # worth before training); then a passkey beyond the window.
-ev=(./build/focus eval ppl --model "$model" --data "$text/val.txt" --ctx 512)
+ev=(./build/focus eval ppl --model "$model" --data "$text/val.txt" --ctx 512 --max-tokens 4096)
 field() { sed -n "s/^$1 \([0-9.]*\).*/\1/p"; }
 # the window whose sinks + band keep share $1 of the causal pairs at ctx $2 with $3 sinks
 match_w() { awk -v p="$1" -v T="$2" -v s="$3" 'BEGIN { tot = T * (T + 1) / 2
