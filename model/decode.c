@@ -107,9 +107,8 @@ static int layer_keys(const FocusConfig* f, int l) {
 static uint32_t token_mask(const Model* m, int l, int n, const real* G) {
     const FocusConfig* f = &m->fc;
     uint32_t mi = 0;
-    if (f->attn == ATTN_RANDOM) /* the seed of layer l as model_cpu.c's forward pass draws it */
-        routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n,
-                            f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1));
+    if (f->attn == ATTN_RANDOM)
+        routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n, focus_random_seed(f, l));
     else
         routing_topk_mask(&mi, G, 1, 1, f->K, f->topk, f->topp, f->sinks, n);
     return mi;
@@ -483,8 +482,7 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
                                 f->iters);
                 routing_topk_mask(mask, G, 1, n, K, f->topk, f->topp, f->sinks, 0);
             } else {
-                routing_random_mask(mask, 1, n, K, f->topk, f->sinks, 0,
-                                    f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1));
+                routing_random_mask(mask, 1, n, K, f->topk, f->sinks, 0, focus_random_seed(f, l));
             }
             attention_hard_forward(att, lse, qkv, mask, K, f->w, 1, n, NH, NKV, hs);
         } else if (kind == KEYS_WINDOW) {

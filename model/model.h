@@ -100,6 +100,12 @@ typedef struct {
     uint64_t seed;    /* router initialisation */
 } FocusConfig;
 
+/* the seed of layer l's random groups (--attn random): one per layer, the same in the forward
+ * pass and in decoding */
+static inline uint64_t focus_random_seed(const FocusConfig* f, int l) {
+    return f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1);
+}
+
 #define NUM_PARAM_TENSORS 17
 typedef struct {
     real* wte;      /* (V, C) */

@@ -135,8 +135,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 routing_topk_mask(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
         }
         if (mode == ATTN_RANDOM)
-            routing_random_mask(la.mask, B, T, f->K, f->topk, f->sinks, 0,
-                                f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1));
+            routing_random_mask(la.mask, B, T, f->K, f->topk, f->sinks, 0, focus_random_seed(f, l));
         /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
          * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
          * training and the soft gate */
