@@ -28,9 +28,10 @@ bad() { fail=$((fail + 1)); echo "  FAIL $1"; }
 run=(--config configs/tiny.conf --set model="$work/base/base.gguf" --set steps=10 --set B=4
      --set T=64 --set eval_every=5 --set eval_tokens=256 --set ckpt_every=5 --set warmup=2)
 losses() { grep '"type": "train"' "$1/metrics.jsonl" | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
-same() { # two files of numbers, equal to a relative 1e-5
-    paste "$1" "$2" | awk 'BEGIN { n = 0; bad = 0 } { n++; d = $1 - $2; if (d < 0) d = -d;
-      if (d > 1e-5 * ($1 < 0 ? -$1 : $1) + 1e-7) bad++ } END { exit (n == 0 || bad > 0) }'
+same() { # two files of numbers, equal to a relative TOL (1e-5 unless a third argument)
+    paste "$1" "$2" | awk -v tol="${3:-1e-5}" 'BEGIN { n = 0; bad = 0 } { n++; d = $1 - $2;
+      if (d < 0) d = -d; if (d > tol * ($1 < 0 ? -$1 : $1) + 1e-7) bad++ }
+      END { exit (n == 0 || bad > 0) }'
 }
 ppl() { # the router's hard top-1 perplexity on the base
     "$focus" eval ppl --model "$work/base/base.gguf" --tokenizer "$tok" --data "$shk" \
@@ -38,13 +39,15 @@ ppl() { # the router's hard top-1 perplexity on the base
       sed -n 's/^perplexity \([0-9.]*\).*/\1/p'
 }
 # against_one WHAT REF OUT WANT: run OUT (done) has the 10 losses of one-process run REF, the same
-# router perplexity, and its log says WANT
+# router perplexity, and its log says WANT. The perplexity is exp of a mean loss after ten steps
+# whose sums ran in another order (tp splits the heads' projections): it is compared to 2e-4
+# relative (4e-5 seen between tp = 2 and one process), the losses to 1e-5.
 against_one() {
     local what=$1 ref=$2 out=$3 want=$4 got one
     losses "$out" > "$out.loss"
     got=$(ppl "$out"); one=$(ppl "$ref")
     printf '%s\n' "$one" > "$work/a"; printf '%s\n' "$got" > "$work/b"
-    if same "$ref.loss" "$out.loss" && same "$work/a" "$work/b" &&
+    if same "$ref.loss" "$out.loss" && same "$work/a" "$work/b" 2e-4 &&
        [ "$(wc -l < "$out.loss")" -eq 10 ] && grep -q "$want" "$out.log"; then
         ok "$what = one process (10 losses, router perplexity $got vs $one)"
     else
