@@ -137,11 +137,11 @@ void h5_close(hid_t f) { fatal_release((void*)(intptr_t)f); }
 hid_t h5_open(const char* path, const char* what, int version_want) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     if (access(path, R_OK)) fatal("%s: cannot open %s: %s", path, what, strerror(errno));
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO must not block: refused below */
     struct stat st;
     if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
         if (fd >= 0) close(fd);
-        fatal("%s: cannot open %s: not a regular file", path, what);
+        fatal("%s: cannot open %s: not a regular file (a folder, FIFO or device)", path, what);
     }
     uint8_t* b = st.st_size > USERBLOCK ? read_all(fd, (size_t)st.st_size) : NULL;
     close(fd);

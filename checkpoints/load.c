@@ -395,12 +395,12 @@ static void safe_check_entries(const SafeFile* s) {
 static void safe_open(SafeFile* s, const char* path) {
     memset(s, 0, sizeof(*s));
     s->path = path;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO must not block: refused below */
     if (fd < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
         close(fd);
-        fatal("%s: not a regular file", path);
+        fatal("%s: not a regular file (a FIFO or device)", path);
     }
     s->size = (size_t)st.st_size;
     if (s->size < 8) {
@@ -862,9 +862,10 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
     const size_t plen = strlen(path);
     if (S_ISDIR(st.st_mode) || (plen >= 11 && !strcmp(path + plen - 11, ".index.json"))) {
         load_safetensors(m, path, fc, info, lay); /* a folder, or a sharded checkpoint's index */
+        snprintf(m->source, sizeof m->source, "%s", path);
         return;
     }
-    FILE* fp = fopen(path, "rb");
+    FILE* fp = fopen_regular(path, "rb");
     if (!fp) fatal("%s: cannot open model: %s", path, strerror(errno));
     uint8_t head[9] = {0};
     size_t got = fread(head, 1, 9, fp);
@@ -886,6 +887,7 @@ static void model_load_any(Model* m, const char* path, const FocusConfig* fc, Mo
         fatal("%s: unrecognised model format (expected GGUF, safetensors or an llm.c checkpoint)",
               path);
     }
+    snprintf(m->source, sizeof m->source, "%s", path);
 }
 
 /* ------------------------------------------------------------------ native decode weights */

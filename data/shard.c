@@ -41,7 +41,7 @@ void shard_write(const char* path, const int* ids, size_t n, int V) {
 }
 
 int shard_is_shard(const char* path) {
-    FILE* fp = fopen(path, "rb");
+    FILE* fp = fopen_regular(path, "rb");
     if (!fp) return 0;
     char m[8];
     int ok = fread(m, 1, 8, fp) == 8 && !memcmp(m, "FOCUSTOK", 8);
@@ -52,7 +52,7 @@ int shard_is_shard(const char* path) {
 static void close_file(void* fp) { fclose(fp); }
 
 int* shard_read(const char* path, size_t* n, int* V) {
-    FILE* fp = fopen(path, "rb");
+    FILE* fp = fopen_regular(path, "rb");
     if (!fp) fatal("%s: cannot open shard: %s", path, strerror(errno));
     fatal_defer(close_file, fp);
     uint8_t hdr[SHARD_HEADER_BYTES];

@@ -9,4 +9,8 @@
  * Returns the new length. */
 size_t text_clean(char* s, size_t len);
 
+/* Fatal naming path unless s[0..len) can be text: a NUL byte means a binary file (a token shard
+ * with a damaged header, a model), which would otherwise be tokenized as text without a word. */
+void text_check(const char* path, const char* s, size_t len);
+
 #endif

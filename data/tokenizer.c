@@ -38,7 +38,7 @@ struct Tokenizer {
     size_t str_cap;
     PairSlot* pairs; /* merge table */
     size_t pair_cap;
-    int byte_tok[256]; /* id of each single-byte token */
+    int byte_tok[256]; /* id of each single-byte token, -1: none (replaced by U+FFFD's bytes) */
     int split_digits;  /* SmolLM / StarCoder pre-tokenizer */
     char pre[32];
     int eot, eos, bos;
@@ -177,8 +177,8 @@ static void add_merge(Tokenizer* t, const char* s, size_t n, int rank, const int
 
 static void finish(Tokenizer* t, const char* pre, const char* src) {
     /* Some vocabularies (SmolLM2's) lack tokens for a few bytes: control characters and bytes
-     * that never occur in UTF-8. Like llama.cpp and Hugging Face tokenizers without an unknown
-     * token, such bytes are dropped when encoding. */
+     * that never occur in UTF-8. Such bytes are encoded as U+FFFD (tokenizer.h), whose bytes
+     * (EF BF BD) every byte-level vocabulary that can encode UTF-8 text holds. */
     int have = 0;
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
@@ -188,6 +188,9 @@ static void finish(Tokenizer* t, const char* pre, const char* src) {
     if (have < 128)
         fatal("%s: only %d of 256 single-byte tokens exist; not a byte-level BPE vocabulary", src,
               have);
+    if (have < 256 && (t->byte_tok[0xef] < 0 || t->byte_tok[0xbf] < 0 || t->byte_tok[0xbd] < 0))
+        fatal("%s: %d byte tokens are missing, and so are those of U+FFFD to stand for them", src,
+              256 - have);
     snprintf(t->pre, sizeof t->pre, "%s", pre);
     int eot = str_lookup(t, "<|endoftext|>", 13);
     if (eot >= 0) t->eot = eot;
@@ -362,6 +365,7 @@ typedef struct {
     size_t node_cap;
     Cand* heap;
     size_t heap_n, heap_cap;
+    size_t replaced; /* bytes without a token, encoded as U+FFFD */
 } Out;
 
 static void push(Out* o, int id) {
@@ -425,9 +429,28 @@ static void bpe_piece(const Tokenizer* t, const unsigned char* s, size_t n, Out*
         o->prev = reallocCheck(o->prev, o->node_cap * sizeof(int));
         o->next = reallocCheck(o->next, o->node_cap * sizeof(int));
     }
+    size_t missing = 0;
+    for (size_t i = 0; i < n; i++) missing += t->byte_tok[s[i]] < 0;
+    if (missing) { /* each such byte becomes the three bytes of U+FFFD */
+        if (n + 2 * missing > INT_MAX) fatal("a text piece of %zu bytes is too long", n);
+        if (o->node_cap < n + 2 * missing) {
+            o->node_cap = n + 2 * missing;
+            o->tok = reallocCheck(o->tok, o->node_cap * sizeof(int));
+            o->prev = reallocCheck(o->prev, o->node_cap * sizeof(int));
+            o->next = reallocCheck(o->next, o->node_cap * sizeof(int));
+        }
+        o->replaced += missing;
+    }
     int m = 0;
-    for (size_t i = 0; i < n; i++)
-        if (t->byte_tok[s[i]] >= 0) o->tok[m++] = t->byte_tok[s[i]];
+    for (size_t i = 0; i < n; i++) {
+        if (t->byte_tok[s[i]] >= 0) {
+            o->tok[m++] = t->byte_tok[s[i]];
+        } else {
+            o->tok[m++] = t->byte_tok[0xef];
+            o->tok[m++] = t->byte_tok[0xbf];
+            o->tok[m++] = t->byte_tok[0xbd];
+        }
+    }
     for (int i = 0; i < m; i++) o->prev[i] = i - 1, o->next[i] = i + 1 < m ? i + 1 : -1;
     o->heap_n = 0;
     for (int i = 0; i + 1 < m; i++) offer(t, o, i);
@@ -469,6 +492,10 @@ static void regex_pieces(const Tokenizer* t, const unsigned char* s, size_t n, O
     }
 }
 
+static size_t replaced_total; /* tokenizer_replaced_bytes */
+
+size_t tokenizer_replaced_bytes(void) { return replaced_total; }
+
 int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* n) {
     Out o = {0};
     pcre2_match_data* md = pcre2_match_data_create(4, NULL);
@@ -493,6 +520,14 @@ int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* 
         pcre2_match_data_free(md2);
     }
     pcre2_match_data_free(md);
+    if (o.replaced) {
+        if (!replaced_total)
+            fprintf(stderr,
+                    "focus: warning: %zu bytes of the text have no token in this vocabulary (not "
+                    "UTF-8, or rare control characters); encoded as U+FFFD\n",
+                    o.replaced);
+        replaced_total += o.replaced;
+    }
     free(o.tok);
     free(o.prev);
     free(o.next);

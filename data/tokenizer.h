@@ -18,9 +18,15 @@ Tokenizer* tokenizer_load(const char* path);
 void tokenizer_free(Tokenizer* t);
 
 /* Encode len bytes of text (any bytes; invalid UTF-8 is kept byte for byte). Returns a malloc'd
- * array of *n ids. Special-token text is encoded as ordinary text; bytes the vocabulary has no
- * token for are dropped. */
+ * array of *n ids. Special-token text is encoded as ordinary text. With a vocabulary that holds
+ * all 256 byte tokens (GPT-2's) decode(encode(x)) = x for every byte string x. A byte the
+ * vocabulary has no token for (SmolLM2 lacks 21: 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d, 0xc0, 0xc1,
+ * 0xf1, 0xf2, 0xf5-0xff) is encoded as U+FFFD, the replacement character a UTF-8 reader shows
+ * for a byte it cannot decode; Hugging Face's tokenizer drops it without a word instead. The
+ * first call that replaces bytes prints a one-line warning on stderr with their count. */
 int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* n);
+/* The bytes encode replaced by U+FFFD so far (in this process). */
+size_t tokenizer_replaced_bytes(void);
 /* Decode ids to a malloc'd, NUL-terminated byte string of *len bytes. */
 char* tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, size_t* len);
 

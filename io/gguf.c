@@ -346,14 +346,14 @@ static int skip_value(Cursor* c, uint32_t t, GGUFKV* kv, int depth) {
 int gguf_open(GGUFFile* f, const char* path, char* err, size_t errlen) {
     memset(f, 0, sizeof(*f));
     f->path = path;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* a FIFO must not block: refused below */
     if (fd < 0) {
         snprintf(err, errlen, "cannot open: %s", strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "not a regular file");
+        snprintf(err, errlen, "not a regular file (a FIFO or device)");
         close(fd);
         return -1;
     }

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,54 @@
 
 #include "../kernels/common.h"
 
+int io_regular(const char* path) {
+    struct stat st;
+    if (stat(path, &st)) return -1;
+    if (S_ISREG(st.st_mode)) return 0;
+    fatal("%s: not a regular file but %s; give a file", path,
+          S_ISDIR(st.st_mode)    ? "a folder"
+          : S_ISFIFO(st.st_mode) ? "a FIFO (a named pipe would block the read)"
+          : S_ISSOCK(st.st_mode) ? "a socket"
+                                 : "a device");
+    return -1;
+}
+
+FILE* fopen_regular(const char* path, const char* mode) {
+    if (io_regular(path)) return NULL;
+    return fopen(path, mode);
+}
+
+void fclose_checked(FILE* f, const char* path) {
+    errno = 0;
+    int bad = fflush(f) != 0 || ferror(f);
+    int e = errno;
+    if (fclose(f) && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad) {
+        unlink(path);
+        fatal("%s: write failed: %s (the file was removed)", path, e ? strerror(e) : "I/O error");
+    }
+}
+
+static void check_stdout(void) {
+    if (fflush(stdout) || ferror(stdout)) {
+        int e = errno;
+        /* fatal would call exit again from an atexit handler */
+        fprintf(stderr, "focus: standard output: write failed: %s\n",
+                e ? strerror(e) : "I/O error");
+        _exit(1);
+    }
+}
+
+void io_guard_output(void) {
+    signal(SIGXFSZ, SIG_IGN);
+    atexit(check_stdout);
+}
+
 char* read_file(const char* path, size_t* len) {
+    if (io_regular(path)) fatal("%s: cannot open: %s", path, strerror(errno));
     FILE* fp = fopen(path, "rb");
     if (!fp) fatal("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -35,8 +83,26 @@ char* read_file(const char* path, size_t* len) {
     return s;
 }
 
+char* read_stdin(size_t* len) {
+    size_t n = 0, cap = 1 << 16;
+    char* s = mallocCheck(cap + 1);
+    for (;;) {
+        size_t got = fread(s + n, 1, cap - n, stdin);
+        n += got;
+        if (got == 0) break;
+        if (n == cap) s = reallocCheck(s, (cap *= 2) + 1);
+    }
+    if (ferror(stdin)) {
+        free(s);
+        fatal("standard input: read failed: %s", strerror(errno));
+    }
+    s[n] = 0;
+    *len = n;
+    return s;
+}
+
 char* read_file_opt(const char* path, size_t* len) {
-    FILE* fp = fopen(path, "rb");
+    FILE* fp = fopen_regular(path, "rb");
     if (!fp) return NULL;
     struct stat st;
     if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {

@@ -4,9 +4,28 @@
 #define FOCUS_IO_H
 
 #include <stddef.h>
+#include <stdio.h>
+
+/* 0 if path is a regular file; -1 (errno set) if it cannot be found; fatal naming the file if it
+ * is anything else (a FIFO, a device, a folder, a socket): reading one could block or never end,
+ * so every input is checked before it is opened. */
+int io_regular(const char* path);
+/* fopen after io_regular: NULL (errno set) when the file does not exist or cannot be opened. */
+FILE* fopen_regular(const char* path, const char* mode);
+/* Close a file written with stdio, checked to the end (fflush, ferror, fclose): on a failure (a
+ * full disk, a file-size limit) the file at path is removed, so no half-written file is left,
+ * and the error is fatal, naming path and the reason. */
+void fclose_checked(FILE* f, const char* path);
+/* At exit, stdout must have reached its file: a failed flush (a full disk, a closed pipe) exits
+ * 1 with one line instead of 0. Also ignores SIGXFSZ, so a file-size limit is a write error with
+ * a message (EFBIG) instead of a silent kill. Called once by main. */
+void io_guard_output(void);
 
 /* Whole file as a malloc'd NUL-terminated buffer; fatal with the path on error. */
 char* read_file(const char* path, size_t* len);
+/* Standard input to its end as a malloc'd NUL-terminated buffer (a pipe or a file); fatal on a
+ * read error. */
+char* read_stdin(size_t* len);
 /* The same, but NULL when the file cannot be opened or read (optional files). */
 char* read_file_opt(const char* path, size_t* len);
 

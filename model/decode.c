@@ -147,6 +147,25 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
 
 static void decode_one(Model* m, KVCache* c, int token, real* logits);
 
+/* The n activations after layer l (-1: the token embedding, L: the output head) must be finite:
+ * a NaN or infinite weight that the loader could not check (a block's scale in the file's own
+ * format, a norm of a lean load) or an overflow would otherwise turn into garbage tokens. */
+static void check_finite_acts(const Model* m, const real* x, size_t n, int l) {
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) continue;
+        char where[64];
+        if (l < 0)
+            snprintf(where, sizeof where, "the token embedding");
+        else if (l >= m->cfg.L)
+            snprintf(where, sizeof where, "the output head");
+        else
+            snprintf(where, sizeof where, "layer %d of %d", l, m->cfg.L);
+        fatal("%s: non-finite activations (%g) after %s: a NaN or infinite weight in the file, "
+              "or an overflow; generation stopped",
+              m->source[0] ? m->source : "the model", (double)x[i], where);
+    }
+}
+
 /* ---- the cache's rows: real, or IEEE half precision (c->half: half the bytes a token reads;
  * the row kernels are kernels/quant.c's, float only, so the double build converts here) */
 
@@ -371,6 +390,7 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
         for (int e = 0; e < C; e++)
             x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
     }
+    check_finite_acts(m, x, C, -1);
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
         norm1(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL);
@@ -420,10 +440,12 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
         project(tmp, act, p->fcprojw + (size_t)l * C * mc->F, p->fcprojb ? p->fcprojb + lC : NULL,
                 mc->F, C, nw ? nw + NATIVE_DOWN : NULL);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
+        check_finite_acts(m, x, C, l);
     }
     norm1(m, h, x, p->lnfw, p->lnfb);
     project(logits, h, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
             m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL);
+    check_finite_acts(m, logits, mc->V, mc->L);
     c->n++;
 }
 
@@ -454,6 +476,7 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
     {
         encoder_forward(x, tokens, p->wte, p->wpe, 1, n, C);
     }
+    check_finite_acts(m, x, N * C, -1);
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
         norm_rows(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
@@ -511,6 +534,7 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
         project_rows(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
                      p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex);
         for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
+        check_finite_acts(m, x, N * C, l);
     }
     /* the head: every row's logits, or the last row's only (a prompt needs no more) */
     const int rows = all ? n : 1;
@@ -518,6 +542,7 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
     norm_rows(m, h, last, p->lnfw, p->lnfb, rows, stat);
     project_rows(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
                  m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex);
+    check_finite_acts(m, logits, (size_t)rows * mc->V, mc->L);
     c->n = n;
     free(mask);
     free(buf);

@@ -285,6 +285,7 @@ typedef struct {
     size_t wstage_n;
     void* native_owner;
     void (*native_release)(void*);
+    char source[512]; /* the file it was loaded from ("" for a model built here): errors name it */
 } Model;
 
 /* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama, and the shapes of

@@ -207,6 +207,12 @@ static int list_text_files(const char* dir, char*** out) {
     return n;
 }
 
+void cli_check_context(const Model* m, long n, const char* cmd, const char* what) {
+    if (n > m->cfg.maxT)
+        fatal("%s: %s is %ld tokens, more than the model's context of %d tokens", cmd, what, n,
+              m->cfg.maxT);
+}
+
 int* load_tokens(const char* path, const char* prefix, const char* tok_path, int clean, size_t* n) {
     struct stat st;
     if (stat(path, &st)) fatal("%s: data not found", path);
@@ -250,6 +256,7 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
         for (int i = 0; i < nf; i++) {
             size_t len, m;
             char* text = read_file(files[i], &len);
+            text_check(files[i], text, len);
             len = text_clean(text, len); /* a folder of documents is always cleaned */
             int* ids = tokenizer_encode(t, text, len, &m);
             all = reallocCheck(all, sizeof(int) * (*n + m + 2));
@@ -272,6 +279,7 @@ int* load_tokens(const char* path, const char* prefix, const char* tok_path, int
     Tokenizer* t = tokenizer_load(tok_path);
     size_t len;
     char* text = read_file(path, &len);
+    text_check(path, text, len);
     if (clean) len = text_clean(text, len);
     int* ids = tokenizer_encode(t, text, len, n);
     free(text);

@@ -49,6 +49,11 @@ void mark_start_rss(void);
 double peak_rss_growth_mib(void);
 /* mkdir -p; 0 on success. */
 int make_dirs(const char* path);
+/* The context check every command shares: n tokens of `what` (a prompt, --ctx, a task's
+ * longest input) must fit the model's context; fatal in one line naming both otherwise. RoPE
+ * models would run past it, but on positions they never saw in training: numbers nobody
+ * should trust, and a quadratic prompt pass that can look like a hang. */
+void cli_check_context(const Model* m, long n, const char* cmd, const char* what);
 /* out = dir/name */
 void path_join(char* out, size_t n, const char* dir, const char* name);
 

@@ -11,6 +11,7 @@
 
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
+#include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
 #include "evaluate.h"
@@ -210,7 +211,7 @@ static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, in
     hard_plan_free(plan);
     if (jf) {
         fprintf(jf, "\n]\n");
-        fclose(jf);
+        fclose_checked(jf, json);
     }
     return 0;
 }
@@ -450,7 +451,7 @@ int cmd_bench(int argc, char** argv) {
                 "%.3f}\n",
                 preset, device ? "cuda" : "cpu", B, T, fwd_tps[0], fwd_tps[1], n / dt, dt * 1e3,
                 dtf * 1e3);
-        fclose(jf);
+        fclose_checked(jf, json);
     }
     free(tok);
     free(tgt);

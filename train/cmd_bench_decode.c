@@ -67,9 +67,7 @@ int cmd_bench_decode(int argc, char** argv) {
     ModelInfo info;
     cli_load_decoder(&m, &info, model, router, NULL, topk, weights);
     m.prefill_exact = exact;
-    if (m.cfg.arch == ARCH_GPT2 && ctx + n > m.cfg.maxT)
-        fatal("bench decode: --ctx + -n = %d exceeds the model's context (%d)", ctx + n,
-              m.cfg.maxT);
+    cli_check_context(&m, (long)ctx + n, "bench decode", "--ctx + -n");
     if (threads) omp_set_num_threads(threads);
     KVCache c;
     kvcache_init(&c, &m, ctx + n, !strcmp(kv, "f16"));

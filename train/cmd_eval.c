@@ -148,8 +148,7 @@ int cmd_eval(int argc, char** argv) {
         if (ids[i] >= m.cfg.V)
             fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?",
                   data, ids[i], m.cfg.V);
-    if (ctx > m.cfg.maxT && m.cfg.arch == ARCH_GPT2)
-        fatal("eval ppl: --ctx %d exceeds the model's context (%d)", ctx, m.cfg.maxT);
+    cli_check_context(&m, ctx, "eval ppl", "--ctx");
     if (layers) {
         if (!router || m.fc.attn == ATTN_DENSE)
             fatal("eval layers: needs --router (and hard or soft attention)");

@@ -37,7 +37,8 @@ static const char tasks_usage[] =
     "last-word accuracy and perplexity). Files: --data-dir (default ../shared/data/evals) holds\n"
     "lambada/lambada_test.shared.jsonl, arc/ARC-Easy-Dev.jsonl, arc/ARC-Challenge-Dev.jsonl,\n"
     "piqa/valid.jsonl (+ valid-labels.lst), hellaswag/hellaswag_val_full.part{1,2,3}.txt; --task\n"
-    "NAME=FILE reads another file of the same format. --limit n: the first n items of each task.\n"
+    "NAME=FILE reads another file of the same format (without --tasks, the --task names are the\n"
+    "tasks run). --limit n: the first n items of each task (0, the default: all of them).\n"
     "--shots k: k solved items of the same task (fixed choice, never the item itself) before each\n"
     "question, separated by blank lines, as the harness's few-shot prompts; long prompts are "
     "where\n"
@@ -193,8 +194,7 @@ static TaskScore run_task(Model* m, const Tokenizer* tok, const TaskSet* ts, int
 static double binom_se(double p, int n) { return n > 1 ? sqrt(p * (1 - p) / (n - 1)) : 0; }
 
 int cmd_eval_tasks(int argc, char** argv) {
-    const char *model = NULL, *tok_path = NULL,
-               *tasks = "lambada,arc_easy,arc_challenge,piqa,hellaswag";
+    const char *model = NULL, *tok_path = NULL, *tasks = NULL;
     const char *data_dir = "../shared/data/evals", *router = NULL, *attn = NULL, *topk = NULL;
     const char *out = NULL, *details_path = NULL, *lora = NULL;
     int limit = 0, shots = 0, ctx = 0;
@@ -211,7 +211,28 @@ int cmd_eval_tasks(int argc, char** argv) {
         fatal("eval tasks: --limit, --shots and --ctx must be >= 0");
     /* read every task file before the model: a wrong file fails at once, with no result file */
     char list[1024];
-    snprintf(list, sizeof list, "%s", tasks);
+    if (tasks) {
+        snprintf(list, sizeof list, "%s", tasks);
+    } else if (files.n) { /* the tasks given files */
+        list[0] = 0;
+        for (int i = 0; i < files.n; i++) {
+            char key[64];
+            cli_split_set(files.v[i], key, sizeof key);
+            size_t used = strlen(list);
+            snprintf(list + used, sizeof list - used, "%s%s", used ? "," : "", key);
+        }
+    } else {
+        snprintf(list, sizeof list, "lambada,arc_easy,arc_challenge,piqa,hellaswag");
+    }
+    for (int i = 0; i < files.n; i++) { /* a --task for a task that is not run is a mistake */
+        char key[64], padded[1100], want[80];
+        cli_split_set(files.v[i], key, sizeof key);
+        snprintf(padded, sizeof padded, ",%s,", list);
+        snprintf(want, sizeof want, ",%s,", key);
+        if (!strstr(padded, want))
+            fatal("eval tasks: --task %s: %s is not among the tasks run (%s)", files.v[i], key,
+                  list);
+    }
     TaskSet sets_[8];
     int ntasks = 0;
     char* save = NULL;
@@ -246,8 +267,7 @@ int cmd_eval_tasks(int argc, char** argv) {
     free(sets.v);
     free(files.v);
     const int maxlen = ctx ? ctx : m.cfg.maxT;
-    if (maxlen > m.cfg.maxT && m.cfg.arch == ARCH_GPT2)
-        fatal("eval tasks: --ctx %d exceeds the model's context (%d)", maxlen, m.cfg.maxT);
+    cli_check_context(&m, maxlen, "eval tasks", "--ctx");
     Tokenizer* tok = tokenizer_load(tok_path ? tok_path : model);
     FILE* details = NULL;
     char details_tmp[4200];
@@ -301,7 +321,7 @@ int cmd_eval_tasks(int argc, char** argv) {
         write_file_atomic(out, parts, sizes, 2);
     }
     if (details) {
-        if (fclose(details)) fatal("%s: write failed", details_tmp);
+        fclose_checked(details, details_tmp);
         if (rename(details_tmp, details_path)) fatal("%s: rename failed", details_path);
     }
     free(json);

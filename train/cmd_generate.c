@@ -99,6 +99,8 @@ int cmd_generate(int argc, char** argv) {
     len += np;
     free(p);
     if (len == 0) ids[len++] = tokenizer_eot(t);
+    cli_check_context(&m, (long)len, "generate", "the prompt");
+    const size_t prompt_len = len;
     Rng rng;
     rng_seed(&rng, seed);
     KVCache c;
@@ -108,9 +110,12 @@ int cmd_generate(int argc, char** argv) {
     model_prefill(&m, &c, ids, (int)len, logits, 0); /* the prompt, in one batched pass */
     fputs(prompt, stdout);
     fflush(stdout);
-    int made = 0;
+    int made = 0, full = 0;
     for (; made < n; made++) {
-        if (m.cfg.arch == ARCH_GPT2 && (int)len >= m.cfg.maxT) break;
+        if ((int)len >= m.cfg.maxT) { /* the next token would lie beyond the context */
+            full = 1;
+            break;
+        }
         int next = sample(logits, m.cfg.V, temperature, top_p, &rng);
         ids[len++] = next;
         if (next == tokenizer_eot(t) || next == tokenizer_eos(t)) break;
@@ -123,9 +128,10 @@ int cmd_generate(int argc, char** argv) {
     }
     double dt = now_seconds() - t0;
     printf("\n");
+    if (full) fprintf(stderr, "[stopped at the model's context of %d tokens]\n", m.cfg.maxT);
     fprintf(
-        stderr, "[%zu prompt + %d generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
-        len - made, made, dt, (len) / dt,
+        stderr, "[%zu prompt + %zu generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
+        prompt_len, len - prompt_len, dt, (len) / dt,
         m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
     free(ids);
     free(logits);

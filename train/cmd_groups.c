@@ -11,6 +11,7 @@
 
 #include "../checkpoints/load.h"
 #include "../data/tokenizer.h"
+#include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
 #include "evaluate.h"
@@ -164,7 +165,7 @@ int cmd_groups(int argc, char** argv) {
             fprintf(f, "\n");
         }
     }
-    fclose(f);
+    fclose_checked(f, path);
     printf("wrote %s\n", path);
     /* SVG: left, share heatmap (layers x groups); right, class mix per group for every layer. */
     snprintf(path, sizeof path, "%s/groups.svg", out);
@@ -234,7 +235,7 @@ int cmd_groups(int argc, char** argv) {
         fprintf(f, "</text>\n");
     }
     fprintf(f, "</svg>\n");
-    fclose(f);
+    fclose_checked(f, path);
     printf("wrote %s\n", path);
     free(counts), free(cls), free(share), free(tclass), free(ids);
     tokenizer_free(t);

@@ -1,7 +1,9 @@
 /* cmd_prepare.c: `focus prepare`, text files to token shards for training and evaluation. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../data/shard.h"
 #include "../data/text.h"
@@ -43,6 +45,7 @@ int cmd_prepare(int argc, char** argv) {
     for (int f = 0; f < nfiles; f++) {
         size_t len;
         char* text = read_file(files.v[f], &len);
+        text_check(files.v[f], text, len);
         if (clean) len = text_clean(text, len);
         bytes += len;
         size_t k;
@@ -64,6 +67,19 @@ int cmd_prepare(int argc, char** argv) {
         shard_write(path, all + (n - nval), nval, tokenizer_vocab_size(t));
         printf("%s: %zu tokens\n", path, nval);
     }
+    /* shards of an earlier prepare into the same folder would be read with these */
+    char** old;
+    int nold = shard_list(out, "", &old);
+    for (int i = 0; i < nold; i++) {
+        const char* base = strrchr(old[i], '/') ? strrchr(old[i], '/') + 1 : old[i];
+        if (strcmp(base, "train_000.bin") && (nval == 0 || strcmp(base, "val_000.bin")) &&
+            (!strncmp(base, "train_", 6) || !strncmp(base, "val_", 4))) {
+            if (unlink(old[i])) fatal("%s: cannot remove a stale shard: %s", old[i], strerror(errno));
+            printf("removed %s, a shard of an earlier prepare into this folder\n", old[i]);
+        }
+        free(old[i]);
+    }
+    free(old);
     printf("%d files, %zu bytes, %zu tokens in %.1f s\n", nfiles, bytes, n, now_seconds() - t0);
     free(all);
     free(files.v);

@@ -33,6 +33,42 @@ static const char retrofit_usage[] =
     "--device cuda trains on the GPU (a scratch base is pretrained on the CPU first); a run\n"
     "can be resumed on either device.\n";
 
+/* A run stored before these keys existed had no sinks and the lm objective. */
+static void legacy_defaults(RunConfig* rc) {
+    rc->fc.sinks = 0;
+    rc->fc.beta_balance = 0;
+    rc->fc.beta_momentum = 0.99f;
+}
+
+/* The run's config.conf must say what its checkpoint was trained with: an edited file would
+ * stay behind disagreeing with the run. Fatal naming the first key that differs. */
+static void check_config_file(const RunConfig* sealed, const char* conf, const char* ckpt) {
+    RunConfig disk;
+    runconfig_default(&disk);
+    legacy_defaults(&disk);
+    runconfig_load(&disk, conf);
+    char *a = runconfig_text(sealed), *b = runconfig_text(&disk);
+    char *la = a, *lb = b;
+    while (*la && *lb) {
+        char *ea = strchr(la, '\n'), *eb = strchr(lb, '\n');
+        size_t na = ea ? (size_t)(ea - la) : strlen(la), nb = eb ? (size_t)(eb - lb) : strlen(lb);
+        if (na != nb || memcmp(la, lb, na)) {
+            char line_a[320], line_b[320], key[64] = "?", va[256] = "", vb[256] = "";
+            snprintf(line_a, sizeof line_a, "%.*s", (int)na, la);
+            snprintf(line_b, sizeof line_b, "%.*s", (int)nb, lb);
+            sscanf(line_a, "%63s = %255[^\n]", key, va);
+            sscanf(line_b, "%*s = %255[^\n]", vb);
+            fatal("%s: %s = %s, but the run was trained with %s = %s (%s); put it back (or "
+                  "delete the file: it is restored from the checkpoint)",
+                  conf, key, vb[0] ? vb : "(empty)", key, va[0] ? va : "(empty)", ckpt);
+        }
+        la += na + (ea != NULL);
+        lb += nb + (eb != NULL);
+    }
+    free(a);
+    free(b);
+}
+
 int cmd_retrofit(int argc, char** argv) {
     /* started by mpirun: data-parallel ranks; rank 0 alone prints (the others' output is
      * dropped, their errors are not) */
@@ -56,7 +92,20 @@ int cmd_retrofit(int argc, char** argv) {
     const char* device = on_gpu ? "cuda" : "cpu";
     if (!resume && (!cfg_path || !out))
         fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
-    if (resume) out = resume;
+    if (resume && (cfg_path || out))
+        fatal("retrofit: --resume %s continues that run in its folder with its own settings; "
+              "%s does not go with it (change a setting with --set key=value)",
+              resume, cfg_path ? "--config" : "--out");
+    if (resume) {
+        out = resume;
+        char files[256];
+        const char* kind = run_folder_kind(out, files, sizeof files);
+        if (!kind) fatal("retrofit: %s holds no run to resume (no config.conf, no router.h5)", out);
+        if (strcmp(kind, "retrofit"))
+            fatal("retrofit: %s holds a %s run (%s), not a retrofit run; --resume continues "
+                  "only focus retrofit runs",
+                  out, kind, files);
+    }
     char ckpt[4096];
     path_join(ckpt, sizeof ckpt, out, "router.h5");
 
@@ -69,12 +118,10 @@ int cmd_retrofit(int argc, char** argv) {
         runconfig_load(&rc, conf);
     } else if (resume) {
         char* text = router_read_config(ckpt);
-        /* a run stored before these keys existed had no sinks and the lm objective */
-        rc.fc.sinks = 0;
-        rc.fc.beta_balance = 0;
-        rc.fc.beta_momentum = 0.99f;
+        legacy_defaults(&rc);
         runconfig_load_text(&rc, text, ckpt);
         free(text);
+        if (!access(conf, F_OK)) check_config_file(&rc, conf, ckpt);
     } else {
         runconfig_load(&rc, cfg_path);
     }

@@ -10,7 +10,7 @@
 static const char tokenize_usage[] =
     "usage: focus tokenize --tokenizer <model.gguf | tokenizer dir> [--decode] FILE\n"
     "Prints the token ids of FILE space-separated on one line; with --decode, FILE holds\n"
-    "ids (space-separated) and the text is printed.\n";
+    "ids (space-separated) and the text is printed. FILE - reads standard input.\n";
 
 int cmd_tokenize(int argc, char** argv) {
     const char* tok = NULL;
@@ -22,7 +22,10 @@ int cmd_tokenize(int argc, char** argv) {
     if (!tok || !file) fatal("tokenize: needs --tokenizer and a FILE (see focus tokenize --help)");
     Tokenizer* t = tokenizer_load(tok);
     size_t len;
-    char* text = read_file(file, &len);
+    const int from_stdin = !strcmp(file, "-");
+    char* text = from_stdin ? read_stdin(&len) : read_file(file, &len);
+    if (from_stdin) file = "standard input";
+    fatal_defer(free, text);
     if (!decode) {
         size_t n;
         int* ids = tokenizer_encode(t, text, len, &n);
@@ -32,6 +35,7 @@ int cmd_tokenize(int argc, char** argv) {
     } else {
         size_t n = 0, cap = 1024;
         int* ids = mallocCheck(sizeof(int) * cap);
+        fatal_defer(free, ids);
         char* p = text;
         while (*p) {
             char* end;
@@ -47,7 +51,11 @@ int cmd_tokenize(int argc, char** argv) {
             if (v < 0 || v >= tokenizer_vocab_size(t))
                 fatal("%s: token id %ld is outside the vocabulary (V=%d)", file, v,
                       tokenizer_vocab_size(t));
-            if (n == cap) ids = reallocCheck(ids, sizeof(int) * (cap *= 2));
+            if (n == cap) {
+                fatal_forget(ids);
+                ids = reallocCheck(ids, sizeof(int) * (cap *= 2));
+                fatal_defer(free, ids);
+            }
             ids[n++] = (int)v;
             p = end;
         }
@@ -55,9 +63,9 @@ int cmd_tokenize(int argc, char** argv) {
         char* s = tokenizer_decode(t, ids, n, &out_len);
         fwrite(s, 1, out_len, stdout);
         free(s);
-        free(ids);
+        fatal_release(ids);
     }
-    free(text);
+    fatal_release(text);
     tokenizer_free(t);
     return 0;
 }

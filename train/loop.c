@@ -45,9 +45,17 @@ static void next_batch(const int* data, size_t n, Rng* r, int B, int T, int* inp
     }
 }
 
+/* After each line of metrics.jsonl: the line must have reached the file (a full disk or a size
+ * limit ends the run with one line naming the file, not a run that logs nothing). */
+static void metrics_flush(FILE* mf, const char* path) {
+    errno = 0;
+    if (fflush(mf) || ferror(mf))
+        fatal("%s: write failed: %s", path, errno ? strerror(errno) : "I/O error");
+}
+
 /* Keep the lines of metrics.jsonl whose "step" is at most `step` (after a resume). */
 static void truncate_metrics(const char* path, long step) {
-    FILE* fp = fopen(path, "r");
+    FILE* fp = fopen_regular(path, "r");
     if (!fp) return;
     char* kept = NULL;
     size_t klen = 0;
@@ -55,16 +63,15 @@ static void truncate_metrics(const char* path, long step) {
     while (fgets(line, sizeof line, fp)) {
         const char* s = strstr(line, "\"step\": ");
         if (s && atol(s + 8) > step) continue;
+        if (!strchr(line, '\n')) continue; /* cut by a full disk or a kill */
         size_t l = strlen(line);
         kept = reallocCheck(kept, klen + l + 1);
         memcpy(kept + klen, line, l + 1);
         klen += l;
     }
     fclose(fp);
-    fp = fopen(path, "w");
-    if (!fp) fatal("%s: cannot rewrite: %s", path, strerror(errno));
-    if (klen) fwrite(kept, 1, klen, fp);
-    fclose(fp);
+    const void* parts[1] = {kept ? kept : ""};
+    write_file_atomic(path, parts, &klen, 1);
     free(kept);
 }
 
@@ -214,7 +221,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
                     "{\"type\": \"eval\", \"step\": 0, \"ppl_dense\": %.6f, \"ppl_soft\": %.6f, "
                     "\"ppl_hard\": %.6f, \"pairs_kept\": %.6f, \"topk\": %d}\n",
                     ppl_dense, ppl_soft0, ppl_hard0, kept0, rc->fc.topk);
-            fflush(mf);
+            metrics_flush(mf, metrics_path);
         }
     }
 
@@ -285,7 +292,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             "\"largest_share\": %.6f, \"gate_far\": %.6f, \"grad_norm\": %.6g}\n",
             step + 1, loss, use_attn && !use_kl ? -1.0 : lm_loss, (double)lr, tps, dt * 1e3,
             comm * 1e3, share, isfinite(gate) ? gate : -1.0, gnorm);
-        fflush(mf);
+        metrics_flush(mf, metrics_path);
         st.step = step + 1;
         int last = st.step == rc->steps || st.step == stop_after;
         if (evaluate && (st.step % rc->eval_every == 0 || st.step == rc->steps)) {
@@ -301,7 +308,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
                     "\"ppl_hard\": %.6f, \"pairs_kept\": %.6f, \"topk\": %d}\n",
                     st.step, ppl_dense, exp(s.nll / s.count), exp(h.nll / h.count), h.kept,
                     rc->fc.topk);
-            fflush(mf);
+            metrics_flush(mf, metrics_path);
         }
         if (st.step % rc->ckpt_every == 0 || last) {
             model_router_adamw_sync(m, &opt);
@@ -321,6 +328,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             break;
         }
     }
+    metrics_flush(mf, metrics_path);
     fclose(mf);
     if (model_weights_hash(m) != base_fp)
         fatal("internal: a backbone weight changed during router training");
@@ -377,6 +385,58 @@ static void lock_run_folder(const char* cmd, const char* out) {
     closedir(dir);
 }
 
+/* The files a run of focus retrofit, finetune or pretrain leaves in its folder. */
+static const char* const run_files[] = {"config.conf", "router.h5",  "metrics.jsonl",
+                                        "lora.h5",     "model.gguf", "base.gguf"};
+
+const char* run_folder_kind(const char* out, char* files, size_t n) {
+    char path[4096];
+    files[0] = 0;
+    for (size_t i = 0; i < sizeof run_files / sizeof run_files[0]; i++) {
+        path_join(path, sizeof path, out, run_files[i]);
+        if (access(path, F_OK)) continue;
+        size_t used = strlen(files);
+        snprintf(files + used, n - used, "%s%s", used ? ", " : "", run_files[i]);
+    }
+    if (!files[0]) return NULL;
+    static char kind[32];
+    path_join(path, sizeof path, out, "config.conf");
+    FILE* f = fopen_regular(path, "r");
+    char line[256];
+    if (f && fgets(line, sizeof line, f) && sscanf(line, "# focus %31s run", kind) == 1) {
+        fclose(f);
+        return kind;
+    }
+    if (f) fclose(f);
+    /* a folder written before config.conf named its command */
+    if (strstr(files, "lora.h5") || strstr(files, "model.gguf")) return "finetune";
+    return strstr(files, "router.h5") || strstr(files, "config.conf") ? "retrofit" : "unknown";
+}
+
+/* Refuse to start a new run in a folder that holds one (its files would be overwritten). */
+static void refuse_occupied_folder(const char* cmd, const char* out) {
+    char files[256];
+    const char* kind = run_folder_kind(out, files, sizeof files);
+    if (!kind) return;
+    if (!strcmp(cmd, "retrofit") && !strcmp(kind, "retrofit"))
+        fatal("%s: %s already holds a retrofit run (%s); continue or extend it with focus "
+              "retrofit --resume %s [--set steps=N], or choose another --out",
+              cmd, out, files, out);
+    fatal("%s: %s already holds a %s run (%s); choose another --out (nothing was written)", cmd,
+          out, kind, files);
+}
+
+void run_write_config(const char* cmd, const char* out, const char* conf_text) {
+    char conf_path[4096], head[160];
+    path_join(conf_path, sizeof conf_path, out, "config.conf");
+    snprintf(head, sizeof head,
+             "# focus %s run: its settings, sealed in its checkpoint; change one with\n"
+             "# focus retrofit --resume RUN_DIR --set key=value (retrofit runs)\n", cmd);
+    const void* parts[2] = {head, conf_text};
+    size_t sz[2] = {strlen(head), strlen(conf_text)};
+    write_file_atomic(conf_path, parts, sz, 2);
+}
+
 char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, Model* m,
                   TrainData* d) {
     if (rc->B < 1 || rc->T < 2 || rc->steps < 1 || rc->grad_accum < 1)
@@ -385,7 +445,10 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     if (!rc->train[0]) fatal("%s: no training data (set train = PATH)", cmd);
     if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
     const int rank = d->rank; /* rank 0 of a data-parallel run holds the folder and writes */
-    if (rank == 0) lock_run_folder(cmd, out);
+    if (rank == 0) {
+        lock_run_folder(cmd, out);
+        if (!resume) refuse_occupied_folder(cmd, out);
+    }
 
     /* base model and tokenizer */
     ModelInfo info = {0};
@@ -460,12 +523,19 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     }
 
     char* conf_text = runconfig_text(rc);
-    if (!resume && rank == 0) {
+    if (rank == 0) {
+        /* on resume the file says what the run now trains with: restored if it was deleted,
+         * rewritten if --set changed a setting (cmd_retrofit checked it against the checkpoint) */
         char conf_path[4096];
         path_join(conf_path, sizeof conf_path, out, "config.conf");
-        const void* parts[1] = {conf_text};
-        size_t sz = strlen(conf_text);
-        write_file_atomic(conf_path, parts, &sz, 1);
+        char* old = resume ? read_file_opt(conf_path, NULL) : NULL;
+        const char* body = old;
+        while (body && *body == '#') body = strchr(body, '\n') ? strchr(body, '\n') + 1 : "";
+        if (!resume || !old || strcmp(body, conf_text)) run_write_config(cmd, out, conf_text);
+        if (resume && !old) printf("%s: restored from the checkpoint's settings\n", conf_path);
+        else if (resume && strcmp(body, conf_text))
+            printf("%s: rewritten with the settings changed by --set\n", conf_path);
+        free(old);
     }
     *d = (TrainData){train, ntrain, val, neval, train, val, rank, d->tp};
     return conf_text;
@@ -585,7 +655,7 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
         const int last = step + 1 == rc->steps;
         if (d->neval > 1 && ((step + 1) % rc->eval_every == 0 || last))
             finetune_eval(m, rc, d, joint, step + 1, mf);
-        fflush(mf);
+        metrics_flush(mf, metrics_path);
         if ((step + 1) % rc->ckpt_every == 0 || last) {
             if (lora) {
                 lora_save(path, m, fp);
@@ -598,6 +668,7 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
             }
         }
     }
+    metrics_flush(mf, metrics_path);
     fclose(mf);
     printf("finetune took %.1f s; %s written (load it with --%s)%s\n", now_seconds() - t_start,
            path, lora ? "lora" : "model", joint ? " with its router.h5 (--router)" : "");

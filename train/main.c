@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../io/io.h"
 #include "../kernels/common.h"
 #include "../kernels/comm.h"
 #include "cli.h"
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
         return argc < 2 ? 1 : 0;
     }
     mark_start_rss();
+    io_guard_output();
     if (comm_launched_by_mpi() && strcmp(argv[1], "retrofit") && strcmp(argv[1], "bench"))
         fatal(
             "focus %s runs in one process; of the commands only retrofit and bench forward run "
