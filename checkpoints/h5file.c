@@ -172,6 +172,13 @@ hid_t h5_open(const char* path, const char* what, int version_want) {
     if (f < 0) fatal("%s: HDF5 cannot open the file; it is truncated or corrupt", path);
     fatal_defer(h5_release, (void*)(intptr_t)f);
     int64_t version = 0;
+    /* the two kinds of file focus writes, each given where the other belongs */
+    const int router_file = H5Aexists(f, "config_checksum") > 0;
+    const int lora_file = H5Aexists(f, "alpha") > 0 && H5Aexists(f, "rank") > 0;
+    if (strstr(what, "router") && lora_file && !router_file)
+        fatal("%s: a LoRA adapter file, not a %s (give it with --lora)", path, what);
+    if (strstr(what, "LoRA") && router_file)
+        fatal("%s: a router checkpoint, not a %s (give it with --router)", path, what);
     h5_read_attr(f, "format_version", H5T_NATIVE_INT64, &version, path);
     if (version < 1 || version > version_want)
         fatal("%s: %s format %lld, this build reads 1 to %d", path, what, (long long)version,

@@ -82,6 +82,7 @@ static int gguf_need_int(const GGUFFile* f, const char* arch, const char* key) {
     if (gguf_get_u64(f, full, &v)) fatal("%s: metadata key '%s' is missing", f->path, full);
     if (v > INT_MAX)
         fatal("%s: metadata key '%s' = %llu is out of range", f->path, full, (unsigned long long)v);
+    if (v == 0) fatal("%s: metadata key '%s' = 0; a model needs at least 1", f->path, full);
     return (int)v;
 }
 
@@ -203,6 +204,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     char key[128];
     snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
     cfg.NKV = gguf_get_u64(&f, key, &nkv) ? cfg.NH : nkv > INT_MAX ? -1 : (int)nkv;
+    if (cfg.NKV == 0) fatal("%s: metadata key '%s' = 0; a model needs at least 1", path, key);
     cfg.F = gguf_need_int(&f, arch, "feed_forward_length");
     cfg.maxT = gguf_need_int(&f, arch, "context_length");
     snprintf(key, sizeof key, "%s.attention.layer_norm_%s", arch,

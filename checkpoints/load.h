@@ -12,7 +12,7 @@
 
 typedef struct {
     char format[16]; /* "gguf", "safetensors", "llm.c" */
-    char name[128];  /* model name from metadata, or the file name */
+    char name[512];  /* model name from metadata, or the file name (+ the LoRA adapters merged) */
     char arch[16];   /* "llama", "qwen2", "gpt2" */
 } ModelInfo;
 

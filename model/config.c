@@ -88,12 +88,31 @@ static int parse_int(const char* v, int* out, double lo, double hi) {
     return 0;
 }
 
+/* A float setting is stored as a float: its value and its bounds are compared as floats, so
+ * the printed bound itself (tau from 0.0001) is accepted, here and when rows_check reads the
+ * stored value back. */
+static int float_in(double x, double lo, double hi) {
+    return isfinite(x) && (float)x >= (float)lo && (float)x <= (float)hi;
+}
+
 static int parse_float(const char* v, float* out, double lo, double hi) {
     char* end;
     double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x < lo || x > hi) return -2;
+    if (end == v || *end || !float_in(x, lo, hi)) return -2;
     *out = (float)x;
     return 0;
+}
+
+/* The shortest decimal form that reads back as the same float (0.001, not 0.00100000005). */
+static void format_float(char* buf, size_t n, float x) {
+    if (x == (float)(long long)x && fabsf(x) < 1e15f) { /* 10000, not 1e+04 */
+        snprintf(buf, n, "%lld", (long long)x);
+        return;
+    }
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, n, "%.*g", prec, (double)x);
+        if ((float)strtod(buf, NULL) == x) return;
+    }
 }
 
 /* "2": a fixed budget; "p0.9": groups until 90 % of G_i; "p0.9:2": the same, at most 2. The
@@ -217,7 +236,10 @@ const char* setting_format(const Setting* s, const void* base, int exact, char* 
             snprintf(buf, n, "%d", *(const int*)field);
             break;
         case SETTING_FLOAT:
-            snprintf(buf, n, exact ? "%.9g" : "%g", (double)*(const float*)field);
+            if (exact)
+                format_float(buf, n, *(const float*)field);
+            else
+                snprintf(buf, n, "%g", (double)*(const float*)field);
             break;
         case SETTING_U64:
             snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t*)field);
@@ -260,7 +282,7 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             snprintf(buf, n, "an integer from %.17g to %.17g", s->lo, s->hi);
             break;
         case SETTING_FLOAT:
-            snprintf(buf, n, "a number from %.9g to %.9g", s->lo, s->hi);
+            snprintf(buf, n, "a number from %g to %g", s->lo, s->hi);
             break;
         case SETTING_STR:
             snprintf(buf, n, "text of at most %zu bytes, no control characters",
@@ -344,7 +366,7 @@ static int rows_check(const Setting* rows, int n, const void* base, const char* 
             v = *(const float*)field;
         else
             continue;
-        if (!(v >= r->lo && v <= r->hi)) {
+        if (r->type == SETTING_FLOAT ? !float_in(v, r->lo, r->hi) : !(v >= r->lo && v <= r->hi)) {
             char w[96];
             snprintf(err, errlen, "%s: %s = %.9g is out of range (expected %s)", what, r->name, v,
                      setting_expect(r, w, sizeof w));

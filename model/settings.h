@@ -36,7 +36,7 @@
     X(model, V, INT, V, NULL, 1, 16777216, 0, "vocabulary size")                     \
     X(model, maxT, INT, maxT, NULL, 1, 4194304, 0, "context length")                 \
     X(model, eps, FLOAT, eps, NULL, 1e-12, 1, 0, "norm epsilon")                     \
-    X(model, rope_theta, FLOAT, rope_theta, NULL, 0, 1e12, 0, "rotary base (llama)") \
+    X(model, rope_theta, FLOAT, rope_theta, NULL, 0, 1e12, 0, "rotary base (llama: >= 1)") \
     X(model, qkv_bias, INT, qkv_bias, NULL, 0, 1, 0,                                 \
       "Q/K/V projections carry biases (llama family)")                               \
     X(model, tied, INT, tied, NULL, 0, 1, 0, "output head shares the token embedding")

@@ -104,7 +104,7 @@ run_tests() {
 # ---- where a training step's time goes (FOCUS_PROFILE=1: CUDA events between phases) ----
 run_profile() {
     log "phase profile of router training, B = 8"
-    FOCUS_PROFILE=1 timeout 100 "$FOCUS" bench forward --config smollm2-135m \
+    FOCUS_PROFILE=1 timeout 100 "$FOCUS" bench forward --preset smollm2-135m \
         --device cuda --B 8 --T 1024 --iters 3 > "$OUT/profile.txt" 2>&1
     cat "$OUT/profile.txt"
 }
@@ -137,12 +137,12 @@ if [ "$MODE" = all ]; then
     # ---- router training throughput at T = 1024 (SmolLM2 shape) ----
     log "router training throughput, smollm2-135m shape, random weights"
     for B in 8 16; do
-        timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda --B $B --T 1024 \
+        timeout 100 "$FOCUS" bench forward --preset smollm2-135m --device cuda --B $B --T 1024 \
             --iters 3 --json "$OUT/train_B$B.json" 2>&1 | tail -4
     done
     log "the same with training attention on the fp32 kernels (FOCUS_ATTN_MMA=0)"
     for B in 8; do
-        FOCUS_ATTN_MMA=0 timeout 100 "$FOCUS" bench forward --config smollm2-135m --device cuda \
+        FOCUS_ATTN_MMA=0 timeout 100 "$FOCUS" bench forward --preset smollm2-135m --device cuda \
             --B $B --T 1024 --iters 3 --json "$OUT/train_fp32_B$B.json" 2>&1 | tail -4
     done
     run_profile

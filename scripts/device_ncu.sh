@@ -19,7 +19,7 @@ NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 for k in ${KERNELS//|/ }; do
     timeout 60 "$NCU" -k "regex:$k" --launch-skip 2 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        "$PKG/pkg/bin/focus" bench forward --config smollm2-135m --device cuda --B 8 --T 1024 \
+        "$PKG/pkg/bin/focus" bench forward --preset smollm2-135m --device cuda --B 8 --T 1024 \
         --iters 1 >> "$OUT/ncu.txt" 2>&1
 done
 echo "ncu exit $?"

@@ -14,7 +14,7 @@ D=../shared/data
 log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$out/all.log"; }
 run() { local name=$1; shift; log "$*"; { /usr/bin/time -f "wall %e s, peak RSS %M KiB" "$@"; } > "$out/$name.log" 2>&1; tail -n 30 "$out/$name.log" >> "$out/all.log"; }
 run gemm $F bench gemm
-run forward_b1 $F bench forward --config smollm2-135m --B 1 --T 1024 --iters 2
+run forward_b1 $F bench forward --preset smollm2-135m --B 1 --T 1024 --iters 2
 run eval_table bash scripts/eval_table.sh $M $R $D/pg19-sample/test 1024 16384
 run groups $F groups --model $M --router $R --data $D/pg19-sample/test --tokens 16384 --out runs/smollm2_pg19/groups
 run attn_k8 $F bench attention --T 4096,16384,65536,262144 --K 8 --topk 1 --heads 1 --kv-heads 1 --dhead 64 --iters 1

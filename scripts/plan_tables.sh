@@ -17,7 +17,7 @@ echo "| model | GPUs = tp | weights | activations | logits + router + scratch | 
 echo "|---|---|---|---|---|---|---|---|---|"
 for m in llama2-7b llama2-13b llama2-70b; do
   for n in 1 2 4 8; do
-    p=$("$f" plan --config "$m" --gpus "$n" --tp "$n" --T "$T" --weights "$W")
+    p=$("$f" plan --preset "$m" --gpus "$n" --tp "$n" --T "$T" --weights "$W")
     w=$(echo "$p" | gbof "frozen weights ([^)]*)"); a=$(echo "$p" | gbof "activations kept for the backward")
     l=$(echo "$p" | gbof "logits (and their gradient, in place)"); r=$(echo "$p" | gbof "router, gradients, AdamW moments")
     s=$(echo "$p" | gbof "backward scratch, masks, token ids"); t=$(echo "$p" | sed -n 's/^  total *\([0-9.]*\) GB.*/\1/p')
@@ -31,8 +31,8 @@ echo
 echo "| model | smallest tp for 80 GB | smallest tp for 141 GB | longest T on 8 GPUs of 80 GB (tp 8) |"
 echo "|---|---|---|---|"
 for m in llama2-7b llama2-13b llama2-70b; do
-  s80=$("$f" plan --config "$m" --T "$T" --weights "$W" --mem 80 | sed -n 's/.*at T=[0-9]*: tp \([0-9]*\)/\1/p'); s80=${s80:-none}
-  s141=$("$f" plan --config "$m" --T "$T" --weights "$W" --mem 141 | sed -n 's/.*at T=[0-9]*: tp \([0-9]*\)/\1/p'); s141=${s141:-none}
-  lt=$("$f" plan --config "$m" --gpus 8 --tp 8 --T "$T" --weights "$W" --mem 80 | sed -n 's/.*longest T that fits at 1 row per rank: \([0-9]*\)).*/\1/p'); lt=${lt:-none}
+  s80=$("$f" plan --preset "$m" --T "$T" --weights "$W" --mem 80 | sed -n 's/.*at T=[0-9]*: tp \([0-9]*\)/\1/p'); s80=${s80:-none}
+  s141=$("$f" plan --preset "$m" --T "$T" --weights "$W" --mem 141 | sed -n 's/.*at T=[0-9]*: tp \([0-9]*\)/\1/p'); s141=${s141:-none}
+  lt=$("$f" plan --preset "$m" --gpus 8 --tp 8 --T "$T" --weights "$W" --mem 80 | sed -n 's/.*longest T that fits at 1 row per rank: \([0-9]*\)).*/\1/p'); lt=${lt:-none}
   echo "| $m | $s80 | $s141 | $lt |"
 done

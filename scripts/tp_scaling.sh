@@ -32,7 +32,7 @@ done
 for tp in $tps; do
   echo "bench forward llama2-7b L=$layers, tp = $tp" >&2
   OMP_NUM_THREADS=$(threads "$tp") mpirun --oversubscribe --bind-to none -np "$tp" build/focus bench \
-    forward --config llama2-7b --set L="$layers" --T 256 --iters 2 --tp "$tp" >"$out/llama7b_tp$tp.log" 2>&1
+    forward --preset llama2-7b --set L="$layers" --T 256 --iters 2 --tp "$tp" >"$out/llama7b_tp$tp.log" 2>&1
 done
 python3 - "$out" "$tps" "$cores" "$layers" <<'PY'
 import json, re, statistics, sys, datetime

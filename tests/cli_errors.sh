@@ -47,7 +47,7 @@ check "unknown command" "unknown command" "$focus" frobnicate
 check "bad device" "cpu or cuda" "$focus" eval ppl --model tiny.gguf --data text.txt --device gpu
 # without a GPU (or without CUDA in the build), --device cuda must say so in one line
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
-  check "no GPU" "device cuda" "$focus" bench forward --config tiny-llama --B 1 --T 8 --device cuda
+  check "no GPU" "device cuda" "$focus" bench forward --preset tiny-llama --B 1 --T 8 --device cuda
 fi
 # settings and options out of range (issue 15): refused before anything runs, naming the range
 conf="$(dirname "$focus")/../configs/tiny.conf"
@@ -58,14 +58,17 @@ for kv in eval_every=0 ckpt_every=0 val_fraction=1.5 val_fraction=nan K=99999999
     case $kv in rms=1) want="unknown setting" ;; *) want="expected" ;; esac
     check "--set $kv" "$want" "$focus" retrofit --config "$conf" --set "$kv" --out run
 done
-check "T above a llama model's context" "exceeds the model's context" "$focus" retrofit --config "$conf" --set model=tiny.gguf --set T=128 --out run
+# a loaded model decides its shape: the scratch config's [model] keys would be refused first
+grep -vE '^(arch|L|C|NH|NKV|F|maxT) =' "$conf" > noshape.conf
+check "T above a llama model's context" "exceeds the model's context" "$focus" retrofit --config noshape.conf --set model=tiny.gguf --set T=128 --out run
+check "a scratch shape on a loaded model" "a loaded model decides its own shape" "$focus" retrofit --config "$conf" --set model=tiny.gguf --out run
 check "--ctx wraps" "from 2 to" "$focus" eval ppl --model tiny.gguf --data text.txt --ctx 4294967304
 check "--stride 0" "--stride" "$focus" eval ppl --model tiny.gguf --data text.txt --stride 0
 check "--temperature nan" "--temperature" "$focus" generate --model tiny.gguf --temperature nan
 check "--temperature abc" "--temperature" "$focus" generate --model tiny.gguf --temperature abc
 check "--top-p nan" "--top-p" "$focus" generate --model tiny.gguf --top-p nan
 check "prepare --val-fraction nan" "--val-fraction" "$focus" prepare --val-fraction nan --out shards text.txt
-check "bench --iters huge" "--iters" "$focus" bench forward --config tiny-llama --iters 99999999999
+check "bench --iters huge" "--iters" "$focus" bench forward --preset tiny-llama --iters 99999999999
 mkdir -p adir
 check "a folder as a config file" "adir: not a regular file" "$focus" retrofit --config adir --out run
 echo "cli_errors: $pass passed, $fail failed"

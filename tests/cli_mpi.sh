@@ -100,10 +100,10 @@ err=$("${mpi[@]}" -np 2 "$focus" retrofit "${run[@]}" --tp 2 --device cuda --out
 echo "$err" | grep -q "a tensor-parallel model runs on CPU ranks (MPI)\\|--device cuda: no usable CUDA device" && ok "tp on --device cuda refused with a reason" || bad "tp cuda: $err"
 # bench forward --tp: the same random model, sliced, gives the one-process loss
 bl() { sed -n 's/^forward dense .* loss \([0-9.]*\).*/\1/p'; }
-one=$("$focus" bench forward --config tiny-llama --T 64 --iters 1 | bl)
-two=$("${mpi[@]}" -np 2 "$focus" bench forward --config tiny-llama --T 64 --iters 1 --tp 2 | bl)
+one=$("$focus" bench forward --preset tiny-llama --T 64 --iters 1 | bl)
+two=$("${mpi[@]}" -np 2 "$focus" bench forward --preset tiny-llama --T 64 --iters 1 --tp 2 | bl)
 [ -n "$one" ] && [ "$one" = "$two" ] && ok "bench forward --tp 2: loss $two, one process $one" || bad "bench forward --tp 2: '$two' vs '$one'"
-err=$("${mpi[@]}" -np 2 "$focus" bench forward --config tiny-llama --T 64 2>&1 >/dev/null)
+err=$("${mpi[@]}" -np 2 "$focus" bench forward --preset tiny-llama --T 64 2>&1 >/dev/null)
 echo "$err" | grep -q "needs mpirun -np 1 (this run has 2 ranks)" && ok "bench forward: --tp and the rank count must agree" || bad "bench ranks: $err"
 err=$("${mpi[@]}" -np 2 "$focus" eval ppl --model "$work/base/base.gguf" --data "$shk" 2>&1 >/dev/null)
 echo "$err" | grep -q "only retrofit and bench forward run over MPI ranks" && ok "eval under mpirun refused" || bad "eval under mpirun: $err"

@@ -37,7 +37,7 @@ outb=$("$focus" retrofit --config configs/smollm2_quality.conf --set T=512 --set
   --out "$work/runb" 2>&1)
 lineb=$(echo "$outb" | grep "^memory: peak")
 read -r peakb planb tokensb < <(echo "$lineb" | sed 's/memory: peak \([0-9]*\) MiB.* plan (focus plan) \([0-9]*\) MiB and the tokens \([0-9]*\) MiB/\1 \2 \3/')
-pb=$("$focus" plan --config smollm2-135m --T 512 --weights bf16-proj | sed -n 's/^  total *\([0-9.]*\) GB/\1/p')
+pb=$("$focus" plan --preset smollm2-135m --T 512 --weights bf16-proj | sed -n 's/^  total *\([0-9.]*\) GB/\1/p')
 if [ "$sanitized" = 1 ] && [ -n "${peakb:-}" ]; then
   ok "sanitizer build: the bf16 run printed its peak ($peakb MiB); not compared"
 elif [ -n "${peakb:-}" ] && [ -n "${peak:-}" ] && awk -v p="$peakb" -v q="$planb" -v t="$tokensb" -v a="$pb" -v f="$peak" \
@@ -59,7 +59,7 @@ if [ "$sanitized" != 1 ] && [ -n "$mpirun" ] && command -v "$mpirun" >/dev/null;
     --out "$work/run3" 2>&1)
   line3=$(echo "$out3" | grep "^memory: peak")
   read -r peak3 plan3 tokens3 < <(echo "$line3" | sed 's/memory: peak \([0-9]*\) MiB.* plan (focus plan) \([0-9]*\) MiB and the tokens \([0-9]*\) MiB/\1 \2 \3/')
-  p3=$("$focus" plan --config smollm2-135m --T 512 --tp 3 --ranks 3 | sed -n 's/^  total *\([0-9.]*\) GB per rank/\1/p')
+  p3=$("$focus" plan --preset smollm2-135m --T 512 --tp 3 --ranks 3 | sed -n 's/^  total *\([0-9.]*\) GB per rank/\1/p')
   if [ -n "${peak3:-}" ] && awk -v p="$peak3" -v q="$plan3" -v t="$tokens3" -v a="$p3" \
        'BEGIN { r = p / (q + t); d = a * 1e9 / 1048576 - q; exit !(r > 0.9 && r < 1.1 && d < 2 && d > -2) }'; then
     ok "tp=3: rank 0's peak $peak3 MiB, plan $plan3 + tokens $tokens3 MiB (focus plan --tp 3: $p3 GB): within 10 %"
@@ -69,18 +69,18 @@ if [ "$sanitized" != 1 ] && [ -n "$mpirun" ] && command -v "$mpirun" >/dev/null;
 else
   echo "  (tensor-parallel comparison skipped: no mpirun, or a sanitizer build)"
 fi
-p=$("$focus" plan --config smollm2-135m --T 512 | sed -n 's/^  total *\([0-9.]*\) GB/\1/p')
+p=$("$focus" plan --preset smollm2-135m --T 512 | sed -n 's/^  total *\([0-9.]*\) GB/\1/p')
 awk -v a="$p" -v b="$plan" 'BEGIN { d = a * 1e9 / 1048576 - b; exit !(d < 2 && d > -2) }' &&
   ok "focus plan prints the same total ($p GB)" || bad "focus plan total $p GB vs the run's plan $plan MiB"
-fit=$("$focus" plan --config llama2-7b --T 4096 --mem 80)
+fit=$("$focus" plan --preset llama2-7b --T 4096 --mem 80)
 echo "$fit" | grep -q "fits in 80 GB: yes (the longest T that fits at 1 row per rank: " && ok "llama2-7b at T=4096 fits 80 GB, with the longest T" || bad "fit: $fit"
 err=$("$focus" plan --B 3 --ranks 2 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "B=3 is not a multiple of the 2 data-parallel groups" && ok "B not a multiple of the groups refused" || bad "rc=$rc $err"
-err=$("$focus" plan --gpus 6 --tp 4 --config llama2-7b 2>&1 >/dev/null); rc=$?
+err=$("$focus" plan --gpus 6 --tp 4 --preset llama2-7b 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "6 GPUs are not a multiple of --tp 4" && ok "6 GPUs with tp=4 refused" || bad "rc=$rc $err"
 err=$("$focus" plan --tp 2 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "tp=2 does not divide the model's 9 attention heads" && ok "smollm2 tp=2 refused (9 heads)" || bad "rc=$rc $err"
-fit70=$("$focus" plan --config llama2-70b --weights bf16 --T 2048 --mem 80)
+fit70=$("$focus" plan --preset llama2-70b --weights bf16 --T 2048 --mem 80)
 echo "$fit70" | grep -q "smallest tensor parallelism that fits 80 GB per rank at T=2048: tp 4" &&
   ok "llama2-70b bf16 at T=2048 in 80 GB: tp 4 is the smallest that fits" || bad "70b: $fit70"
 echo "cli_plan: $pass passed, $fail failed"

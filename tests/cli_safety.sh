@@ -136,6 +136,9 @@ refused "generate, NaN norm weight" "nan_norm.gguf: non-finite activations .* af
     "$focus" generate --model "$work/nan_norm.gguf" --tokenizer $tok --prompt "ROMEO:" -n 4
 refused "bench decode --data, NaN norm weight" "nan_norm.gguf: non-finite" \
     "$focus" bench decode --model "$work/nan_norm.gguf" --tokenizer $tok --data $shk --ctx 16 -n 4
+python3 tests/gguf_poison.py "$base" "$work/heads0.gguf" llama.attention.head_count 0
+refused "a GGUF with head_count = 0" "head_count' = 0; a model needs at least 1" \
+    "$focus" eval ppl --model "$work/heads0.gguf" --tokenizer $tok --data $shk
 smol=cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f $smol ]; then
     python3 tests/gguf_poison.py $smol "$work/q41_inf.gguf" blk.3.ffn_down.weight inf
@@ -148,5 +151,37 @@ if [ -f $smol ]; then
 else
     echo "  skip SmolLM2 cases (run scripts/fetch_model.sh)"
 fi
+# --- settings a loaded model decides, validation that would be empty, messages that name the
+# problem
+refused "--set L=3 on a loaded model (retrofit)" "L = 3, but the model .* has L = 2" \
+    "$focus" retrofit --config configs/tiny.conf --set model="$base" --set L=3 --out "$work/L3"
+refused "--set arch=gpt2 on a loaded model (eval)" "arch is the model's own setting" \
+    "$focus" eval ppl --model "$base" --tokenizer $tok --data $shk --set arch=gpt2
+: > "$work/empty.txt"
+refused "val = an empty file" "0 validation tokens" \
+    "$focus" retrofit --config configs/tiny.conf --set val="$work/empty.txt" --out "$work/v1"
+refused "val_fraction = 0 without val" "val_fraction = 0 and no val" \
+    "$focus" retrofit --config configs/tiny.conf --set val_fraction=0 --out "$work/v2"
+ev=(eval ppl --model "$base" --tokenizer $tok --data $shk --max-tokens 100 --ctx 32)
+refused "a router file given as --lora" "a router checkpoint, not a LoRA adapter file" \
+    "$focus" "${ev[@]}" --lora "$run/router.h5"
+refused "a LoRA file given as --router" "a LoRA adapter file, not a router checkpoint" \
+    "$focus" "${ev[@]}" --router "$work/lora/lora.h5"
+out=$("$focus" "${ev[@]}" --lora "$work/lora/lora.h5" 2>/dev/null)
+grep -q "^model .* + LoRA .*lora.h5 (rank 8)" <<< "$out" && ok "eval names the LoRA adapter" || bad "LoRA not named: $out"
+refused "an option missing its value" "option --tokenizer needs a value" \
+    "$focus" eval ppl --model "$base" --tokenizer --data $shk
+refused "bench attention --K 0" "--K '0': expected positive integers" "$focus" bench attention --K 0
+refused "bench forward --config PRESET" "--preset tiny-llama" "$focus" bench forward --config tiny-llama
+"$focus" retrofit --config configs/tiny.conf "${small[@]}" --set tau=0.0001 --set lr=0.001 --set steps=1 \
+    --out "$work/tau" > /dev/null 2>&1
+grep -q "^tau = 0.0001$" "$work/tau/config.conf" && grep -q "^lr = 0.001$" "$work/tau/config.conf" &&
+    grep -q "^rope_theta = 10000$" "$work/tau/config.conf" &&
+    ok "tau = 0.0001 (the printed bound) accepted; floats written as given" ||
+    bad "float settings: $(grep -E '^(tau|lr|rope_theta) ' "$work/tau/config.conf" | tr '\n' ' ')"
+"$focus" groups --model "$base" --tokenizer $tok --router "$run/router.h5" --data $shk --tokens 256 \
+    --ctx 64 > /dev/null 2>&1
+[ -s "$run/groups/groups.txt" ] && [ -s "$run/groups/groups.svg" ] &&
+    ok "groups without --out writes into the run's folder" || bad "groups default folder: $(ls "$run")"
 echo "cli_safety: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""gguf_poison.py IN OUT TENSOR VALUE: copy GGUF file IN to OUT with the first element of
-TENSOR set to VALUE (nan, inf or a number). For F32 and F16 tensors the element itself; for
+"""gguf_poison.py IN OUT NAME VALUE: copy GGUF file IN to OUT with the integer metadata key NAME
+(llama.attention.head_count) set to VALUE, or else with the first element of tensor NAME set to
+VALUE (nan, inf or a number). For F32 and F16 tensors the element itself; for
 block formats (Q4_0, Q4_1, Q8_0, ...) the first block's fp16 scale. The tests use it to check
 that a corrupt weight stops every command with one line instead of garbage. Standard library
 only; reads the GGUF header as the format specification describes it (version 2 and 3)."""
@@ -46,6 +47,10 @@ def main():
         vtype, pos = read("I", data, pos)
         if key == "general.alignment" and vtype == 4:
             alignment = struct.unpack_from("<I", data, pos)[0]
+        if key == name and vtype in (4, 5, 10, 11):
+            struct.pack_into("<" + SCALAR[vtype], data, pos, int(value))
+            open(dst, "wb").write(bytes(data))
+            return
         pos = skip_value(data, pos, vtype)
     found = None
     for _ in range(ntensors):

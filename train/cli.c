@@ -343,6 +343,10 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
             continue;
         }
         const char* v = positional ? a : cli_value(argc, argv, i++);
+        for (int o = 0; !positional && o < n; o++) /* `--tokenizer --data x`: a value forgotten */
+            if (names[o][0] && !strcmp(v, names[o]))
+                fatal("%s: option %s needs a value (the next argument is the option %s)", cmd, a,
+                      v);
         if (kinds[k] == 's') {
             *(const char**)dst[k] = v;
         } else if (kinds[k] == 'i') {
@@ -370,7 +374,13 @@ void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* ro
     apply_router_options(m, router, attn, topk, routing);
     if (lora) { /* after the router, whose base-model check reads the weights as loaded */
         lora_load(lora, m, model_fingerprint(m));
+        const int rank = m->lora.rank;
         model_lora_merge(m);
+        if (info) { /* every output names what it measured */
+            size_t used = strlen(info->name);
+            snprintf(info->name + used, sizeof info->name - used, " + LoRA %s (rank %d)", lora,
+                     rank);
+        }
     }
     /* the model's own settings come from its file and the router's shape from router.h5: only
      * the other Focus keys take effect here */
@@ -378,6 +388,11 @@ void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* ro
         ModelConfig from_file = m->cfg;
         FocusConfig want = m->fc;
         cli_apply_set(&from_file, &want, sets->v[i]);
+        if (memcmp(&from_file, &m->cfg, sizeof from_file)) {
+            char key[128];
+            cli_split_set(sets->v[i], key, sizeof key);
+            fatal("--set %s: %s is the model's own setting, decided by %s", sets->v[i], key, model);
+        }
         if (want.K != m->fc.K || want.dg != m->fc.dg)
             fatal("--set %s: K and dg are the router's shape, fixed by %s", sets->v[i],
                   router ? router : "the model");

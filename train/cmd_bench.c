@@ -3,6 +3,7 @@
  * forward: times the forward pass with the router off (dense) and on (soft gate), and a
  * router-only training step (forward + backward), on random tokens. Weights are random unless
  * a model file is given: speed does not depend on their values. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -35,16 +36,17 @@ static double gemm_gflops(int n, int reps) {
     return 2.0 * n * n * (double)n * reps / dt / 1e9;
 }
 
-/* Parse "4096,16384" into up to 16 ints; returns the count. */
-static int parse_list(const char* s, int* out) {
+/* Parse "4096,16384" (option what) into up to 16 positive ints; returns the count. */
+static int parse_list(const char* s, int* out, const char* what, const char* example) {
     int n = 0;
     while (*s && n < 16) {
         char* end;
         long v = strtol(s, &end, 10);
-        if (end == s || v < 1) fatal("bench: bad length list '%s'", s);
+        if (end == s || v < 1 || v > INT_MAX || (*end && *end != ','))
+            fatal("bench: %s '%s': expected positive integers separated by commas (e.g. %s)", what,
+                  s, example);
         out[n++] = (int)v;
         s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') fatal("bench: bad length list");
     }
     return n;
 }
@@ -235,13 +237,12 @@ static void comm_share(char* buf, size_t n, int tp, double comm, double total) {
     if (tp > 1) snprintf(buf, n, "  (%.0f %% in all-reduces)", 100 * comm / total);
 }
 
-static const char bench_usage[] =
-    "usage: focus bench forward [--config NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
-    "       focus bench gemm [--n size]\n"
-    "\n"
+/* The usage of each bench subcommand; bench --help prints them all. */
+static const char bench_forward_usage[] =
+    "usage: focus bench forward [--preset NAME] [--set key=value]... [--B n] [--T n] [--iters n]\n"
     "forward: tokens/s of the forward pass dense (router off) and Focus (soft gate), and of a\n"
     "router-only training step (forward + backward), at batch B x T on random tokens.\n"
-    "  --config NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m),\n"
+    "  --preset NAME   gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama (default smollm2-135m),\n"
     "                  or a real shape with random weights: llama2-7b | llama2-13b | llama2-70b |\n"
     "                  mistral-7b | qwen2.5-7b | llama3-8b (fewer layers with --set L=2)\n"
     "  --set k=v       override a model or Focus setting (e.g. K=4, w=64, routing=causal, L=2)\n"
@@ -249,25 +250,34 @@ static const char bench_usage[] =
     "  --weights bf16  the frozen projections stored in bf16 (CPU; default fp32)\n"
     "  --tp T          under mpirun -np T: the model cut into T tensor-parallel slices, one\n"
     "                  per rank (rank 0 prints; the share of time in all-reduces is shown)\n"
-    "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n"
-    "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]: generation\n"
-    "        speed (focus bench decode --help).\n"
-    "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n"
-    "attention: focus bench attention --T 4096,16384,65536 [--K 8] [--topk 1] [--heads 1] "
-    "[--kv-heads 1]\n"
-    "           [--dhead 64] [--w 128] [--iters 1]: dense vs the hard top-k executor, same random\n"
-    "           inputs, synthetic balanced routing; prints pairs kept, ms, speed-up per T.\n"
-    "           --device cuda: bf16 tensor-core kernels on the GPU, --K may list several\n"
-    "           values (8,4); --json FILE writes one record per (T, K).\n";
+    "  --device cuda   run on the GPU; --json FILE writes the figures as JSON\n";
+static const char bench_gemm_usage[] =
+    "usage: focus bench gemm [--n 2048] [--iters 2]\n"
+    "gemm: single-precision n x n x n matrix product rate, the machine's practical peak.\n";
+static const char bench_attention_usage[] =
+    "usage: focus bench attention [--T 4096,16384,65536] [--K 8] [--topk 1] [--heads 1]\n"
+    "                             [--kv-heads 1] [--dhead 64] [--w 128] [--iters 1]\n"
+    "                             [--device cuda] [--json FILE]\n"
+    "attention: dense vs the hard top-k executor, same random inputs, synthetic balanced\n"
+    "routing; prints pairs kept, ms, speed-up per T. --device cuda: bf16 tensor-core kernels on\n"
+    "the GPU, --K may list several values (8,4); --json FILE writes one record per (T, K).\n";
+static const char bench_decode_line[] =
+    "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]:\n"
+    "generation speed (focus bench decode --help).\n";
+
+static void bench_help(FILE* f) {
+    fprintf(f, "%s\n%s\n%s\n%s", bench_forward_usage, bench_gemm_usage, bench_attention_usage,
+            bench_decode_line);
+}
 
 int cmd_bench(int argc, char** argv) {
     if (argc < 2 || !strcmp(argv[1], "--help")) {
-        fputs(bench_usage, stdout);
+        bench_help(stdout);
         return argc < 2 ? 1 : 0;
     }
     const char* what = argv[1];
     if (!strcmp(what, "decode")) return cmd_bench_decode(argc, argv);
-    const char* preset = "smollm2-135m";
+    const char *preset = "smollm2-135m", *config = NULL;
     int B = 1, T = 1024, iters = 2, gemm_n = 2048;
     int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64,
         w = 128;
@@ -280,23 +290,30 @@ int cmd_bench(int argc, char** argv) {
     const char* json = NULL;
     const char *Tlist = NULL, *Klist = NULL;
     if (cli_parse(
-            "bench", argc, argv, 2, bench_usage,
-            "--config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] --K:s "
+            "bench", argc, argv, 2,
+            !strcmp(what, "gemm")        ? bench_gemm_usage
+            : !strcmp(what, "attention") ? bench_attention_usage
+                                         : bench_forward_usage,
+            "--preset:s --config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] --K:s "
             "--device:d "
             "--json:s --topk:i[1,32] --heads:i[1,1024] --kv-heads:i[1,1024] --dhead:i[1,1024] "
             "--w:i[0,1048576] --tp:i[1,4096] --weights:s",
-            &preset, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk, &heads,
+            &preset, &config, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk, &heads,
             &kv_heads, &dhead, &w, &tp, &weights))
         return 0;
+    if (config)
+        fatal("bench: --config takes a settings file (retrofit, finetune, pretrain); the model "
+              "shapes here are presets: --preset %s",
+              config);
     if (comm_launched_by_mpi() && strcmp(what, "forward"))
         fatal("bench %s runs in one process; under mpirun only bench forward --tp runs", what);
     /* attention takes lists of lengths and group counts; forward one length */
     if (Tlist && !strcmp(what, "attention"))
-        nT = parse_list(Tlist, Ts);
+        nT = parse_list(Tlist, Ts, "--T", "1024,4096");
     else if (Tlist)
         T = cli_int("--T", Tlist);
     if (Klist) {
-        nK = parse_list(Klist, Ks);
+        nK = parse_list(Klist, Ks, "--K", "4,8,16");
         K = Ks[0];
     }
     if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
@@ -326,7 +343,7 @@ int cmd_bench(int argc, char** argv) {
         fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention)", what);
     if (model_config_preset(preset, &cfg))
         fatal(
-            "bench: unknown config '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "
+            "bench: unknown preset '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "
             "llama2-7b | llama2-13b | llama2-70b | mistral-7b | qwen2.5-7b | llama3-8b)",
             preset);
     for (int i = 0; i < sets.n; i++) cli_apply_set(&cfg, &fc, sets.v[i]);

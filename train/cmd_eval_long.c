@@ -421,6 +421,7 @@ int cmd_eval_curve(int argc, char** argv) {
     printf("\n|---|");
     for (int c = 0; c < nc; c++) printf("---|");
     printf("\n");
+    const double t0 = now_seconds();
     for (int k = 0; k < nm; k++) {
         m.fc = keep;
         cli_set_mode(&m, modes[k], router != NULL);
@@ -436,6 +437,10 @@ int cmd_eval_curve(int argc, char** argv) {
             fflush(stdout);
             fprintf(ts, "%s\t%d\t%.6f\t%.6f\t%.1f\n", modes[k], ctx, ppl,
                     attn_is_sparse(m.fc.attn) ? r.kept : 1.0, (double)r.count / r.seconds);
+            /* progress on stderr: a curve at long context runs for hours on a CPU */
+            const int done = k * nc + c + 1;
+            fprintf(stderr, "[eval curve: %d of %d done (%s at ctx %d), %.0f s]\n", done, nm * nc,
+                    modes[k], ctx, now_seconds() - t0);
         }
         printf("\n");
     }

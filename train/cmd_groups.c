@@ -79,10 +79,11 @@ static const char groups_usage[] =
     "usage: focus groups --model M --router router.h5 --data DATA [--tokenizer T] [--ctx 1024]\n"
     "                    [--tokens 16384] [--top 12] [--out DIR]\n"
     "Per layer and group: share of tokens, most frequent tokens, token classes; written to\n"
-    "DIR/groups.txt and DIR/groups.svg.\n";
+    "DIR/groups.txt and DIR/groups.svg (default DIR: groups/ in the router's folder, beside the\n"
+    "run it came from).\n";
 
 int cmd_groups(int argc, char** argv) {
-    const char *model = NULL, *router = NULL, *data = NULL, *tok = NULL, *out = "groups";
+    const char *model = NULL, *router = NULL, *data = NULL, *tok = NULL, *out = NULL;
     int ctx = 1024, max_tokens = 16384, top = 12;
     if (cli_parse("groups", argc, argv, 1, groups_usage,
                   "--model:s --router:s --data:s --tokenizer:s --ctx:i[2,1048576] "
@@ -91,6 +92,13 @@ int cmd_groups(int argc, char** argv) {
                   &model, &router, &data, &tok, &ctx, &max_tokens, &top, &out))
         return 0;
     if (!model || !router || !data) fatal("groups: needs --model, --router and --data");
+    char beside[4096];
+    if (!out) { /* RUN_DIR/groups for RUN_DIR/router.h5 */
+        const char* slash = strrchr(router, '/');
+        snprintf(beside, sizeof beside, "%.*s%sgroups", slash ? (int)(slash - router) : 0, router,
+                 slash ? "/" : "");
+        out = beside;
+    }
     FocusConfig fc;
     focus_config_default(&fc);
     Model m;

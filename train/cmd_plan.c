@@ -8,7 +8,7 @@
 #include "commands.h"
 
 static const char plan_usage[] =
-    "usage: focus plan [--config NAME] [--set key=value]... [--B 1] [--T 1024]\n"
+    "usage: focus plan [--preset NAME] [--set key=value]... [--B 1] [--T 1024]\n"
     "                  [--ranks N | --gpus N] [--tp T] [--weights fp32|bf16|bf16-proj]\n"
     "                  [--objective lm|kl|attn|kl+attn] [--mem GB]\n"
     "The memory of a router training step (focus retrofit) from the model's shape alone, per\n"
@@ -38,20 +38,24 @@ static double tp_reals(const ModelConfig* c, const FocusConfig* f, double BT, in
 }
 
 int cmd_plan(int argc, char** argv) {
-    const char *preset = "smollm2-135m", *objective = "lm", *weights = "fp32";
+    const char *preset = "smollm2-135m", *config = NULL, *objective = "lm", *weights = "fp32";
     CliList sets = {0};
     int B = 1, T = 1024, ranks = 0, gpus = 0, tp = 1;
     double mem = 0;
     if (cli_parse("plan", argc, argv, 1, plan_usage,
-                  "--config:s --set:* --B:i[1,1048576] --T:i[2,1048576] --ranks:i[1,1048576] "
+                  "--preset:s --config:s --set:* --B:i[1,1048576] --T:i[2,1048576] --ranks:i[1,1048576] "
                   "--gpus:i[1,1048576] --tp:i[1,4096] --weights:s --objective:s --mem:x[0.001,1e9]",
-                  &preset, &sets, &B, &T, &ranks, &gpus, &tp, &weights, &objective, &mem))
+                  &preset, &config, &sets, &B, &T, &ranks, &gpus, &tp, &weights, &objective, &mem))
         return 0;
+    if (config)
+        fatal("plan: --config takes a settings file (retrofit, finetune, pretrain); the model "
+              "shapes here are presets: --preset %s",
+              config);
     ModelConfig cfg;
     FocusConfig fc;
     focus_config_default(&fc);
     if (model_config_preset(preset, &cfg))
-        fatal("plan: unknown config '%s' (focus bench --help lists the presets)", preset);
+        fatal("plan: unknown preset '%s' (focus bench --help lists them)", preset);
     for (int i = 0; i < sets.n; i++) cli_apply_set(&cfg, &fc, sets.v[i]);
     free(sets.v);
     char err[256];

@@ -437,6 +437,24 @@ void run_write_config(const char* cmd, const char* out, const char* conf_text) {
     write_file_atomic(conf_path, parts, sz, 2);
 }
 
+/* A loaded model decides its own shape ([model] L, C, arch, V, ...): a setting of the run that
+ * differs from both the default and the file would be ignored without a word, so it is refused. */
+static void refuse_shape_settings(const char* cmd, const RunConfig* rc, const Model* m) {
+    RunConfig def;
+    runconfig_default(&def);
+    for (int i = 0; i < model_settings_count; i++) {
+        const Setting* s = &model_settings[i];
+        char set[1100], dflt[1100], file[1100];
+        setting_format(s, &rc->mcfg, 1, set, sizeof set);
+        setting_format(s, &def.mcfg, 1, dflt, sizeof dflt);
+        setting_format(s, &m->cfg, 1, file, sizeof file);
+        if (strcmp(set, dflt) && strcmp(set, file))
+            fatal("%s: %s = %s, but the model %s has %s = %s: a loaded model decides its own "
+                  "shape (remove the setting)",
+                  cmd, s->name, set, rc->model, s->name, file);
+    }
+}
+
 char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, Model* m,
                   TrainData* d) {
     if (rc->B < 1 || rc->T < 2 || rc->steps < 1 || rc->grad_accum < 1)
@@ -476,6 +494,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         need_pretrain = 1;
     } else {
         model_load_slice(m, rc->model, &rc->fc, &info, &lay);
+        refuse_shape_settings(cmd, rc, m);
     }
     rc->mcfg = m->cfg;
     rc->mcfg.tp = rc->mcfg.tp_rank = 0; /* the whole model's shape */
@@ -501,6 +520,13 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     for (size_t i = 0; i < nval; i++)
         if (val[i] >= m->cfg.V)
             fatal("%s: token id %d outside the model's vocabulary (%d)", rc->val, val[i], m->cfg.V);
+    if (nval < 2 && rc->val[0])
+        fatal("%s: %zu validation tokens (val = %s); the run would report no perplexity", rc->val,
+              nval, rc->val);
+    if (nval < 2)
+        fatal("%s: %zu validation tokens: val_fraction = %g and no val = FILE; the run would "
+              "report no perplexity (set val_fraction > 0 or val = PATH)",
+              cmd, nval, rc->val_fraction);
     if (ntrain < (size_t)rc->T + 1)
         fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc->train, ntrain, rc->T + 1);
     size_t neval =

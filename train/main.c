@@ -38,7 +38,8 @@ static const Command commands[] = {
     {"bench", cmd_bench,
      "bench forward   forward and forward+backward (router-only) tokens/s of a model\n"
      "  bench decode    generation tokens/s (prompt, decode), native or fp32 weights\n"
-     "  bench gemm      this machine's single-precision GEMM rate (GFLOP/s)"},
+     "  bench gemm      this machine's single-precision GEMM rate (GFLOP/s)\n"
+     "  bench attention dense attention against the sparse executor, by length"},
     {"plan", cmd_plan,
      "plan            the memory of a training run from the model's shape (before running it)"},
     {"settings", cmd_settings,

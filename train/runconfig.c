@@ -23,7 +23,7 @@
       "training data: shard folder or file, text folder or file")                                  \
     X(data, val, STR, val, "", 0, 0, 0, "validation data (default: the end of train)")             \
     X(data, val_fraction, FLOAT, val_fraction, "0.05", 0, 0.5, 0,                                  \
-      "share of train held out without val")                                                       \
+      "share of train held out when val is empty (0 needs val)")                                                       \
     X(train, B, INT, B, "4", 1, 65536, 0, "sequences per micro-batch")                             \
     X(train, T, INT, T, "1024", 2, 4194304, 0, "sequence length")                                  \
     X(train, grad_accum, INT, grad_accum, "1", 1, 65536, 0, "micro-batches per step")              \
@@ -38,7 +38,7 @@
     X(train, clip, FLOAT, clip, "1", 0, 1e9, 0, "global gradient-norm clip (0: off)")              \
     X(train, eval_every, INT, eval_every, "50", 1, 1e9, 0,                                         \
       "steps between validation perplexities")                                                     \
-    X(train, eval_tokens, INT, eval_tokens, "8192", 0, INT_MAX, 0, "validation tokens")            \
+    X(train, eval_tokens, INT, eval_tokens, "8192", 0, INT_MAX, 0, "validation tokens evaluated (0: all)")            \
     X(train, ckpt_every, INT, ckpt_every, "50", 1, 1e9, 0, "steps between checkpoints")            \
     X(train, pretrain_steps, INT, pretrain_steps, "0", 0, 1e9, 0,                                  \
       "scratch models: pretraining steps")                                                         \
@@ -50,7 +50,7 @@
     X(train, attn_weight, FLOAT, attn_weight, "1", 0, 1e6, 0, "weight of the attn term")           \
     X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")       \
     X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                          \
-    X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 0, 1e6, 0, "LoRA update scale: alpha / rank") \
+    X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0, "LoRA update scale: alpha / rank") \
     X(finetune, lora_targets, STR, lora_targets, "qkv,o", 0, 0, 0, "LoRA on: qkv, o, fc, fcproj")
 
 #define RUN_ROW(sec, nm, ty, fld, def, lo, hi, fl, hp)                                             \
