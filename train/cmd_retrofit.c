@@ -33,6 +33,8 @@ static const char retrofit_usage[] =
     "--device cuda trains on the GPU (a scratch base is pretrained on the CPU first); a run\n"
     "can be resumed on either device.\n";
 
+static void release_comm(void* c) { comm_free(c); }
+
 /* A run stored before these keys existed had no sinks and the lm objective. */
 static void legacy_defaults(RunConfig* rc) {
     rc->fc.sinks = 0;
@@ -48,6 +50,8 @@ static void check_config_file(const RunConfig* sealed, const char* conf, const c
     legacy_defaults(&disk);
     runconfig_load(&disk, conf);
     char *a = runconfig_text(sealed), *b = runconfig_text(&disk);
+    fatal_defer(free, a);
+    fatal_defer(free, b);
     char *la = a, *lb = b;
     while (*la && *lb) {
         char *ea = strchr(la, '\n'), *eb = strchr(lb, '\n');
@@ -65,14 +69,15 @@ static void check_config_file(const RunConfig* sealed, const char* conf, const c
         la += na + (ea != NULL);
         lb += nb + (eb != NULL);
     }
-    free(a);
-    free(b);
+    fatal_release(b);
+    fatal_release(a);
 }
 
 int cmd_retrofit(int argc, char** argv) {
     /* started by mpirun: data-parallel ranks; rank 0 alone prints (the others' output is
      * dropped, their errors are not) */
     Comm* world = comm_world(&argc, &argv);
+    fatal_defer(release_comm, world); /* held until exit, also on the way out of an error */
     if (world->rank && !freopen("/dev/null", "w", stdout))
         fatal("retrofit: rank %d: cannot silence its output", world->rank);
     const char *cfg_path = NULL, *out = NULL, *resume = NULL;
@@ -89,6 +94,8 @@ int cmd_retrofit(int argc, char** argv) {
      * hold the same slice of the data-parallel replicas */
     Comm* tpc = comm_split(world, world->rank / tp, world->rank % tp);
     Comm* dpc = comm_split(world, world->rank % tp, world->rank / tp);
+    fatal_defer(release_comm, tpc);
+    fatal_defer(release_comm, dpc);
     const char* device = on_gpu ? "cuda" : "cpu";
     if (!resume && (!cfg_path || !out))
         fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
@@ -135,8 +142,8 @@ int cmd_retrofit(int argc, char** argv) {
     free(d.train_mem);
     free(d.val_mem);
     model_free(&m);
-    comm_free(dpc);
-    comm_free(tpc);
-    comm_free(world);
+    fatal_release(dpc);
+    fatal_release(tpc);
+    fatal_release(world);
     return 0;
 }
