@@ -14,10 +14,68 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
+#include <stdlib.h>
 
 static uint16_t rd16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* ------------------------------------------------------------------ instruction-set levels */
+
+static const char* const isa_names[QUANT_ISA_COUNT] = {"scalar", "avx2", "avx_vnni",
+                                                       "avx512_vnni"};
+
+const char* quant_isa_name(int level) {
+    return level >= 0 && level < QUANT_ISA_COUNT ? isa_names[level] : "?";
+}
+
+int quant_isa_parse(const char* name) {
+    for (int i = 0; i < QUANT_ISA_COUNT; i++)
+        if (!strcmp(name, isa_names[i])) return i;
+    return -1;
+}
+
+int quant_isa_detected(void) {
+#if defined(__x86_64__)
+    /* every AVX2 CPU has F16C too (clang cannot test for it with this builtin) */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return QUANT_ISA_AVX512_VNNI;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return QUANT_ISA_SCALAR;
+    unsigned a, b, c, d; /* AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 */
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4))) return QUANT_ISA_AVX_VNNI;
+    return QUANT_ISA_AVX2;
+#else
+    return QUANT_ISA_SCALAR;
+#endif
+}
+
+static int isa_level = -1; /* -1: not chosen yet */
+
+void quant_set_isa(int level) {
+    const int best = quant_isa_detected();
+    if (level < 0 || level >= QUANT_ISA_COUNT)
+        fatal("instruction-set level %d unknown (0 .. %d)", level, QUANT_ISA_COUNT - 1);
+    if (level > best)
+        fatal("FOCUS_ISA=%s: this CPU's best level is %s", isa_names[level], isa_names[best]);
+    isa_level = level;
+}
+
+int quant_isa(void) {
+    if (isa_level < 0) {
+        const char* want = getenv("FOCUS_ISA");
+        if (want && *want) {
+            const int level = quant_isa_parse(want);
+            if (level < 0)
+                fatal("FOCUS_ISA=%s: expected scalar, avx2, avx_vnni or avx512_vnni", want);
+            quant_set_isa(level);
+        } else {
+            isa_level = quant_isa_detected();
+        }
+    }
+    return isa_level;
+}
 
 /* Weights per block and bytes per block of the block formats; 0 for the others. */
 static int block_elems(int type) {
@@ -323,9 +381,7 @@ __attribute__((target("avx2,fma"))) static void quantize_x_avx2(XBlock* xb, cons
     }
 }
 
-static int has_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+static int has_avx2(void) { return quant_isa() >= QUANT_ISA_AVX2; }
 #endif
 
 /* The activations of one product, quantised (vector: the AVX2 code where the CPU has it). */
@@ -413,7 +469,6 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
 
 static void matvec(float* y, const QMatrix* w, const float* x, const float* bias, int vector) {
 #if defined(__x86_64__)
-    /* every AVX2 CPU has F16C too (clang cannot test for it with this builtin) */
     vector = vector && has_avx2();
 #else
     vector = 0;
@@ -519,6 +574,86 @@ void f16_row_axpy(float* o, float p, const uint16_t* v, int n) {
     for (int i = 0; i < n; i++) o[i] += p * f16_to_f32(v[i]);
 }
 
+#if defined(__x86_64__)
+/* up to 4 heads at a time: a key's 8-lane chunks against each head's, one conversion */
+__attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
+    float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
+    const int* keys, int t0, int t1, int n, float scale) {
+    for (int r0 = 0; r0 < nq; r0 += 4) {
+        const int nr = nq - r0 < 4 ? nq - r0 : 4;
+        for (int t = t0; t < t1; t++) {
+            const uint16_t* k = base + (size_t)keys[t] * stride;
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            int e = 0;
+            for (; e + 8 <= n; e += 8) {
+                const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + e)));
+                for (int r = 0; r < nr; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)(r0 + r) * n + e), kv,
+                                             acc[r]);
+            }
+            for (int r = 0; r < nr; r++) {
+                float s = hsum8(acc[r]);
+                for (int j = e; j < n; j++) s += q[(size_t)(r0 + r) * n + j] * f16_to_f32(k[j]);
+                sc[(size_t)(r0 + r) * ld + t] = s * scale;
+            }
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void f16_mix_avx2(
+    float* o, size_t ostride, const float* w, size_t ld, int nq, const uint16_t* base,
+    size_t stride, const int* keys, int t0, int t1, int n) {
+    for (int t = t0; t < t1; t++) {
+        const uint16_t* v = base + (size_t)keys[t] * stride;
+        int e = 0;
+        for (; e + 8 <= n; e += 8) {
+            const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + e)));
+            for (int r = 0; r < nq; r++) {
+                float* orow = o + (size_t)r * ostride + e;
+                _mm256_storeu_ps(orow, _mm256_fmadd_ps(_mm256_set1_ps(w[(size_t)r * ld + t]), vv,
+                                                       _mm256_loadu_ps(orow)));
+            }
+        }
+        for (; e < n; e++)
+            for (int r = 0; r < nq; r++)
+                o[(size_t)r * ostride + e] += w[(size_t)r * ld + t] * f16_to_f32(v[e]);
+    }
+}
+#endif
+
+void f16_rows_scores(float* sc, size_t ld, const float* q, int nq, const uint16_t* base,
+                     size_t stride, const int* keys, int t0, int t1, int n, float scale) {
+#if defined(__x86_64__)
+    if (has_avx2()) {
+        f16_scores_avx2(sc, ld, q, nq, base, stride, keys, t0, t1, n, scale);
+        return;
+    }
+#endif
+    for (int r = 0; r < nq; r++)
+        for (int t = t0; t < t1; t++) {
+            const uint16_t* k = base + (size_t)keys[t] * stride;
+            float s = 0;
+            for (int e = 0; e < n; e++) s += q[(size_t)r * n + e] * f16_to_f32(k[e]);
+            sc[(size_t)r * ld + t] = s * scale;
+        }
+}
+
+void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq,
+                  const uint16_t* base, size_t stride, const int* keys, int t0, int t1, int n) {
+#if defined(__x86_64__)
+    if (has_avx2()) {
+        f16_mix_avx2(o, ostride, w, ld, nq, base, stride, keys, t0, t1, n);
+        return;
+    }
+#endif
+    for (int t = t0; t < t1; t++) {
+        const uint16_t* v = base + (size_t)keys[t] * stride;
+        for (int r = 0; r < nq; r++)
+            for (int e = 0; e < n; e++) o[(size_t)r * ostride + e] += w[(size_t)r * ld + t] * f16_to_f32(v[e]);
+    }
+}
+
 /* ------------------------------------------------------------------ int8 products of a prompt */
 
 /* The weights of a panel of 16-row groups in the layout of the VNNI dot product: for group g,
@@ -530,9 +665,13 @@ typedef struct {
     uint8_t* u;   /* (groups, nb, 8, 16, 4) */
     float *s, *c; /* (groups, nb, 16) */
     int off;
+    int is_signed; /* u holds the signed int8 weights themselves (off 0): Q8_0 for AVX2's
+                    * maddubs, whose u8 x s8 pairs would overflow int16 with 255 */
 } Panel;
 
-static int panel_offset(int type) { return type == QTYPE_Q8_0 ? 128 : type == QTYPE_Q4_0 ? 8 : 0; }
+static int panel_offset(int type, int is_signed) {
+    return type == QTYPE_Q8_0 ? (is_signed ? 0 : 128) : type == QTYPE_Q4_0 ? 8 : 0;
+}
 
 /* 1 when a block format has one scale per 32 weights (what the panel holds; Q6_K has two) */
 static int int8_panel_format(int type) { return block_elems(type) && type != QTYPE_Q6_K; }
@@ -579,7 +718,9 @@ static void panel_tile_ref(float out[4][32], const Panel* p, const XBlock* xb, i
                 const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512 + 4 * L;
                 int32_t sum = 0;
                 for (int t = 0; t < 8; t++)
-                    for (int e = 0; e < 4; e++) sum += u[64 * t + e] * x->q[4 * t + e];
+                    for (int e = 0; e < 4; e++)
+                        sum += (p->is_signed ? (int8_t)u[64 * t + e] : u[64 * t + e]) *
+                               x->q[4 * t + e];
                 sum -= p->off * x->qsum;
                 const size_t sc = ((size_t)gg * nb + k) * 16 + L;
                 acc = (float)sum * (p->s[sc] * x->d) + (p->c[sc] * x->sum + acc);
@@ -636,14 +777,89 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void panel_tile_vn
 }
 #endif
 
-int qmatmul_int8_available(void) {
 #if defined(__x86_64__)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vnni");
+/* The 256-bit tiles: one 16-row group at a time (rows 0-7 and 8-15 of it in two registers of 8
+ * rows x 4 bytes), four rows of x, a block's integer sums then its scales in fp32. dot4 is the
+ * u8 x s8 product of four bytes into each int32 lane: VPDPBUSD with AVX-VNNI, or with AVX2
+ * VPMADDUBSW (pairs to int16) then VPMADDWD by ones (to int32); signed weights (Q8_0) go
+ * through the sign trick, |w| x (x sign w), so the pairs stay within int16. */
+#define PANEL_TILE_256(NAME, TARGET, DOT4)                                                       \
+    __attribute__((target(TARGET))) static void NAME(float out[4][32], const Panel* p,          \
+                                                     const XBlock* xb, int nb, int i0, int g,   \
+                                                     int ncols) {                               \
+        for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {                       \
+            const int gg = g + half;                                                            \
+            __m256 acc[4][2];                                                                   \
+            for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();            \
+            for (int k = 0; k < nb; k++) {                                                      \
+                __m256i isum[4][2];                                                             \
+                for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();   \
+                const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512;                          \
+                for (int t = 0; t < 8; t++) {                                                   \
+                    __m256i b0 = _mm256_loadu_si256((const __m256i*)(u + 64 * t));              \
+                    __m256i b1 = _mm256_loadu_si256((const __m256i*)(u + 64 * t + 32));         \
+                    for (int r = 0; r < 4; r++) {                                               \
+                        int32_t quad;                                                           \
+                        memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);              \
+                        __m256i a = _mm256_set1_epi32(quad);                                    \
+                        if (p->is_signed) {                                                     \
+                            isum[r][0] = DOT4(isum[r][0], _mm256_sign_epi8(b0, b0),             \
+                                              _mm256_sign_epi8(a, b0));                         \
+                            isum[r][1] = DOT4(isum[r][1], _mm256_sign_epi8(b1, b1),             \
+                                              _mm256_sign_epi8(a, b1));                         \
+                        } else {                                                                \
+                            isum[r][0] = DOT4(isum[r][0], b0, a);                               \
+                            isum[r][1] = DOT4(isum[r][1], b1, a);                               \
+                        }                                                                       \
+                    }                                                                           \
+                }                                                                               \
+                const size_t sc = ((size_t)gg * nb + k) * 16;                                   \
+                const __m256 s0 = _mm256_loadu_ps(p->s + sc), s1 = _mm256_loadu_ps(p->s + sc + 8); \
+                const __m256 c0 = _mm256_loadu_ps(p->c + sc), c1 = _mm256_loadu_ps(p->c + sc + 8); \
+                for (int r = 0; r < 4; r++) {                                                   \
+                    const XBlock* x = xb + (size_t)(i0 + r) * nb + k;                           \
+                    const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);        \
+                    const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);                   \
+                    acc[r][0] = _mm256_fmadd_ps(                                                \
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),                 \
+                        _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));            \
+                    acc[r][1] = _mm256_fmadd_ps(                                                \
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),                 \
+                        _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));            \
+                }                                                                               \
+            }                                                                                   \
+            for (int r = 0; r < 4; r++) {                                                       \
+                _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);                                \
+                _mm256_storeu_ps(out[r] + 16 * half + 8, acc[r][1]);                            \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+__attribute__((target("avx2"))) static inline __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+}
+PANEL_TILE_256(panel_tile_avx2, "avx2,fma", dot4_avx2)
+PANEL_TILE_256(panel_tile_avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
+#endif
+
+typedef void (*PanelTile)(float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0,
+                          int g, int ncols);
+
+/* The prompt's int8 products at each instruction-set level (NULL: the fp32 panels and the
+ * BLAS, faster than portable integer code). */
+static PanelTile panel_tile_at(int level) {
+#if defined(__x86_64__)
+    static const PanelTile tiles[QUANT_ISA_COUNT] = {NULL, panel_tile_avx2, panel_tile_avxvnni,
+                                                     panel_tile_vnni};
+    return tiles[level];
 #else
-    return 0;
+    (void)level;
+    return NULL;
 #endif
 }
+
+int qmatmul_int8_available(void) { return panel_tile_at(quant_isa()) != NULL; }
 
 static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int n,
                         const float* bias, int vector) {
@@ -660,8 +876,11 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
     /* panels of up to 512 rows (a few hundred kB: they stay in the caches while every tile of
      * x passes over them) */
     const int pr = w->rows < 512 ? (w->rows + 31) / 32 * 32 : 512;
+    const PanelTile tile_fn = vector ? panel_tile_at(quant_isa()) : NULL;
     Panel p;
-    p.off = panel_offset(w->type);
+    /* the maddubs tile takes Q8_0 signed; the others (and the reference) either form */
+    p.is_signed = w->type == QTYPE_Q8_0 && tile_fn != NULL && quant_isa() < QUANT_ISA_AVX_VNNI;
+    p.off = panel_offset(w->type, p.is_signed);
     p.u = mallocCheck((size_t)pr * nb * 32);
     p.s = mallocCheck(sizeof(float) * (size_t)pr * nb);
     p.c = mallocCheck(sizeof(float) * (size_t)pr * nb);
@@ -672,11 +891,9 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
         for (int tile = 0; tile < n4 / 4 * pairs; tile++) {
             const int i0 = 4 * (tile / pairs), g = 2 * (tile % pairs);
             float out[4][32];
-#if defined(__x86_64__)
-            if (vector)
-                panel_tile_vnni(out, &p, xb, nb, i0, g, nr);
+            if (tile_fn)
+                tile_fn(out, &p, xb, nb, i0, g, nr);
             else
-#endif
                 panel_tile_ref(out, &p, xb, nb, i0, g, nr);
             const int nj = nr - 16 * g < 32 ? nr - 16 * g : 32;
             for (int r = 0; r < 4 && i0 + r < n; r++) {

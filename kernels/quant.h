@@ -30,6 +30,20 @@ typedef struct {
     const uint8_t* data;
 } QMatrix;
 
+/* Instruction-set levels of the kernels, chosen at run time: the best this CPU has, or the one
+ * FOCUS_ISA names (scalar, avx2, avx_vnni, avx512_vnni; a level above the CPU's is refused), so
+ * every level can be tested and measured on one machine. Per family: the decode products
+ * (qmatvec) and the KV cache's half rows run the AVX2 + F16C code at avx2 and above (scalar
+ * below); a prompt's products (qmatmul) run int8 panels with VPMADDUBSW at avx2, 256-bit
+ * VPDPBUSD at avx_vnni, 512-bit VPDPBUSD at avx512_vnni, and fp32 panels through the BLAS at
+ * scalar. */
+enum { QUANT_ISA_SCALAR, QUANT_ISA_AVX2, QUANT_ISA_AVX_VNNI, QUANT_ISA_AVX512_VNNI, QUANT_ISA_COUNT };
+int quant_isa(void);          /* the level in use */
+int quant_isa_detected(void); /* the best level this CPU has */
+void quant_set_isa(int level); /* force a level (tests, benchmarks); fatal above the CPU's */
+const char* quant_isa_name(int level);
+int quant_isa_parse(const char* name); /* -1 for an unknown name */
+
 /* 1 when qmatvec reads `type`. */
 int qtype_supported(int type);
 /* Bytes of one row of cols elements of `type` (cols a multiple of the block), or 0. */
@@ -43,13 +57,13 @@ void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias);
 
 /* y (n, ldy: columns 0 .. rows - 1 written) = X W^T + bias for the n rows of x (n, cols): the
  * batched product of a prompt. Fewer than 8 rows take qmatvec per row; more take int8 products
- * (activations quantised per block as in qmatvec) on CPUs with AVX-512 VNNI for the formats
+ * (activations quantised per block as in qmatvec) at the levels avx2 and above for the formats
  * with one scale per 32 weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K), and otherwise, or when
  * `exact`, the BLAS on panels of W expanded to fp32 (a few MB, never the whole matrix): the
  * product to fp32 round-off, at about 0.7 times the int8 path's speed (docs/RESULTS.md). */
 void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
              int exact);
-/* 1 when this CPU has the int8 dot products (AVX-512 VNNI) of qmatmul's integer path. */
+/* 1 when qmatmul's integer path runs at the level in use (avx2 and above). */
 int qmatmul_int8_available(void);
 /* qmatmul's integer path in portable scalar code (its reference, on any CPU). */
 void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n,
@@ -61,5 +75,13 @@ void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n
 void f16_row_put(uint16_t* dst, const float* src, int n);
 float f16_row_dot(const float* q, const uint16_t* k, int n);
 void f16_row_axpy(float* o, float p, const uint16_t* v, int n);
+/* The nq query heads that share one KV head, over the half rows keys[t0 .. t1) (row j at
+ * base + j * stride halves), each row converted once for all of them: scores sc[r * ld + t] =
+ * scale (q_r . k_t) for q_r = q + r n; and mix o_r += sum_t w[r * ld + t] v_t for
+ * o_r = o + r ostride. */
+void f16_rows_scores(float* sc, size_t ld, const float* q, int nq, const uint16_t* base,
+                     size_t stride, const int* keys, int t0, int t1, int n, float scale);
+void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq,
+                  const uint16_t* base, size_t stride, const int* keys, int t0, int t1, int n);
 
 #endif

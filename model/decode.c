@@ -2,6 +2,7 @@
 #include "decode.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <omp.h>
@@ -36,6 +37,8 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     c->nparts = c->th_max = omp_get_max_threads();
     c->split_min = 256;
     c->govern = c->th_max > 1;
+    const char* prof = getenv("FOCUS_PROFILE");
+    c->profile = prof && !strcmp(prof, "1");
     c->th_probe = GOVERN_PROBE; /* measure the full count first */
     c->part = mallocCheck(sizeof(real) * (size_t)c->nparts * mc->NH * (hs + 2));
 }
@@ -238,7 +241,31 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
         const int np = omp_get_num_threads(), id = omp_get_thread_num();
         const int t0 = (int)((long)nk * id / np), t1 = (int)((long)nk * (id + 1) / np);
         real* part = c->part + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
-        for (int g = 0; g < NKV; g++) {
+        int halves_done = 0;
+#ifndef FOCUS_DOUBLE
+        if (half) { /* the rep heads of a KV head together: each key and value row converted once */
+            for (int g = 0; g < NKV; g++) {
+                const uint16_t* kb = (const uint16_t*)kc + (size_t)g * hs;
+                const uint16_t* vb = (const uint16_t*)vc + (size_t)g * hs;
+                real* sg = sc + (size_t)g * rep * c->cap;
+                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, c->keys, t0,
+                                t1, hs, scale);
+                for (int r = 0; r < rep; r++) {
+                    real* sh = sg + (size_t)r * c->cap;
+                    real mx = -INFINITY, sum = 0;
+                    for (int t = t0; t < t1; t++) mx = sh[t] > mx ? sh[t] : mx;
+                    for (int t = t0; t < t1; t++) sum += sh[t] = expf(sh[t] - mx);
+                    real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+                    ph[0] = mx, ph[1] = sum;
+                    for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+                }
+                f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep, vb,
+                             kvw, c->keys, t0, t1, hs);
+            }
+            halves_done = 1;
+        }
+#endif
+        for (int g = 0; g < NKV && !halves_done; g++) {
             for (int r = 0; r < rep; r++) {
                 const int hh = g * rep + r;
                 const real* q = qkv + hh * hs;
@@ -381,6 +408,16 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
     real* proj = act + mc->F;
     real* S = proj + f->dg;
     real* G = S + K;
+    /* FOCUS_PROFILE: the time of each part (tick adds the time since the last tick to part i) */
+    double mark = c->profile ? now_seconds() : 0;
+#define TICK(i)                                       \
+    do {                                              \
+        if (c->profile) {                             \
+            const double now_ = now_seconds();        \
+            c->prof[i] += now_ - mark;                \
+            mark = now_;                              \
+        }                                             \
+    } while (0)
 #ifndef FOCUS_DOUBLE
     if (m->native) {
         qrow(x, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, token);
@@ -391,9 +428,11 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
             x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
     }
     check_finite_acts(m, x, C, -1);
+    TICK(7);
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
         norm1(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL);
+        TICK(5);
         const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
         if (nw) { /* q, k and v are three matrices in the file, one (Q, C) here */
             const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
@@ -404,6 +443,7 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
             matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
                            p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
         }
+        TICK(0);
         if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, 1, NH, NKV, hs, mc->rope_theta, n);
         kv_put(c, 0, l, n, qkv + C, kvw);
         kv_put(c, 1, l, n, qkv + C + kvw, kvw);
@@ -422,10 +462,13 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
         const int nk = token_keys(c, f, l, n, mi, kind);
         c->pairs += (long)nk * NH;
         attend_keys(att, qkv, l, c, nk, mc);
+        TICK(1);
         project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
                 C, nw ? nw + NATIVE_O : NULL);
+        TICK(2);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
         norm1(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL);
+        TICK(5);
         if (nw) { /* gate rows then up rows, as fcw holds them */
             project(fch, h, NULL, NULL, C, mc->F, nw + NATIVE_GATE);
             project(fch + mc->F, h, NULL, NULL, C, mc->F, nw + NATIVE_UP);
@@ -433,19 +476,26 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
             matmul_forward(fch, h, p->fcw + (size_t)l * FC * C,
                            p->fcb ? p->fcb + (size_t)l * FC : NULL, 1, C, FC);
         }
+        TICK(3);
         if (mc->arch == ARCH_GPT2)
             gelu_forward(act, fch, mc->F);
         else
             swiglu_forward(act, fch, 1, mc->F);
+        TICK(5);
         project(tmp, act, p->fcprojw + (size_t)l * C * mc->F, p->fcprojb ? p->fcprojb + lC : NULL,
                 mc->F, C, nw ? nw + NATIVE_DOWN : NULL);
+        TICK(4);
         for (int e = 0; e < C; e++) x[e] += tmp[e];
         check_finite_acts(m, x, C, l);
+        TICK(5);
     }
     norm1(m, h, x, p->lnfw, p->lnfb);
+    TICK(5);
     project(logits, h, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
             m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL);
     check_finite_acts(m, logits, mc->V, mc->L);
+    TICK(6);
+#undef TICK
     c->n++;
 }
 

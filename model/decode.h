@@ -30,7 +30,14 @@ typedef struct {
     unsigned th_known;
     double th_time[32], th_sum;
     long pairs; /* attention pairs evaluated so far, summed over layers */
+    /* FOCUS_PROFILE=1: seconds of the decode steps by part (DECODE_PARTS), summed */
+    int profile;
+    double prof[8];
 } KVCache;
+
+/* The parts of a decode step that KVCache.prof times, in order. */
+#define DECODE_PARTS "q k v", "attention", "output projection", "gate + up", "down", \
+                     "norms, rope, residuals", "head (logits)", "embedding"
 
 /* A cache for cap tokens; half: keys and values in half precision (half the memory and the
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */

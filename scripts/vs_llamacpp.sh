@@ -9,8 +9,11 @@
 # With BUSY=1 a second table: the same decode runs while a busy loop holds one core, focus
 # with its thread governor, with --threads THREADS and with --threads 1, llama.cpp with
 # -t THREADS and -t 1.
+# LEVEL=avx2 | avx_vnni | avx512_vnni compares at one instruction-set level: llama.cpp built
+# with GGML_NATIVE=OFF and the matching GGML_AVX2 / GGML_AVX_VNNI / GGML_AVX512(_VNNI) switches
+# (in build-LEVEL), focus forced to it with FOCUS_ISA; default: both at this CPU's best.
 # Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), THREADS (2),
-# REPS (3), BUSY (0). Writes OUT/raw.tsv and OUT/table.md (default OUT: runs/vs_llamacpp).
+# REPS (3), BUSY (0), LEVEL (native). Writes OUT/raw.tsv and OUT/table.md (default OUT: runs/vs_llamacpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/vs_llamacpp}
@@ -18,6 +21,8 @@ threads=${THREADS:-2}
 reps=${REPS:-3}
 model=${MODEL:-$(bash scripts/fetch_model.sh)}
 mkdir -p "$out"
+# OpenBLAS without its own kernels for this CPU would slow the fp32 panels (scripts/blas_env.sh)
+source scripts/blas_env.sh
 
 # focus, release build
 if [ ! -x build/focus ]; then
@@ -29,7 +34,21 @@ cmake --build build -j"$(nproc)" --target focus >/dev/null
 lc=cache/llama.cpp
 sdist=llama_cpp_python-0.3.36.tar.gz
 sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-bench=$lc/src/vendor/llama.cpp/build/bin/llama-bench
+level=${LEVEL:-native}
+case $level in
+  native) bdir=build; ggml=(-DGGML_NATIVE=ON) ;;
+  avx2) bdir=build-avx2; ggml=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+                               -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF) ;;
+  avx_vnni) bdir=build-avx_vnni; ggml=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+                                       -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF) ;;
+  avx512_vnni) bdir=build-avx512_vnni; ggml=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
+                   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON) ;;
+  *) echo "vs_llamacpp: LEVEL=$level: expected native, avx2, avx_vnni or avx512_vnni" >&2; exit 1 ;;
+esac
+if [ "$level" = native ]; then unset FOCUS_ISA; else export FOCUS_ISA=$level; fi
+# below AVX-512, the BLAS of focus's fp32 panels at that level too
+case $level in avx2|avx_vnni) export OPENBLAS_CORETYPE=Haswell ;; esac
+bench=$lc/src/vendor/llama.cpp/$bdir/bin/llama-bench
 if [ ! -x "$bench" ]; then
   mkdir -p "$lc"
   if [ ! -f "$lc/$sdist" ]; then
@@ -39,13 +58,15 @@ if [ ! -x "$bench" ]; then
     echo "vs_llamacpp: $lc/$sdist: sha256 mismatch (expected $sha)" >&2
     exit 1
   fi
-  rm -rf "$lc/src" && mkdir -p "$lc/src"
-  tar xzf "$lc/$sdist" -C "$lc/src" --strip-components=1
+  if [ ! -d "$lc/src/vendor/llama.cpp" ]; then
+    rm -rf "$lc/src" && mkdir -p "$lc/src"
+    tar xzf "$lc/$sdist" -C "$lc/src" --strip-components=1
+  fi
   src=$lc/src/vendor/llama.cpp
   echo "building llama-bench (log: $lc/build.log)" >&2
-  if ! { cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  if ! { cmake -S "$src" -B "$src/$bdir" -DCMAKE_BUILD_TYPE=Release "${ggml[@]}" \
     -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_OPENSSL=OFF && cmake --build "$src/build" --target llama-bench -j"$(nproc)"; } \
+    -DLLAMA_OPENSSL=OFF && cmake --build "$src/$bdir" --target llama-bench -j"$(nproc)"; } \
     >"$lc/build.log" 2>&1; then
     tail -n 20 "$lc/build.log" >&2
     echo "vs_llamacpp: building llama-bench failed (log: $lc/build.log)" >&2
@@ -111,9 +132,9 @@ if [ "${BUSY:-0}" = 1 ]; then
   trap - EXIT
 fi
 
-python3 - "$raw" "$out/table.md" "$model" "$threads" "$reps" <<'PY'
+python3 - "$raw" "$out/table.md" "$model" "$threads" "$reps" "$level" <<'PY'
 import csv, statistics, sys, datetime, platform
-raw, dest, model, threads, reps = sys.argv[1:]
+raw, dest, model, threads, reps, level = sys.argv[1:]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
 isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags)
@@ -121,7 +142,7 @@ rows = list(csv.DictReader(open(raw), delimiter="\t"))
 med = {}
 for r in rows:
     med.setdefault((r["load"], r["test"], r["threads"], r["system"]), []).append(float(r["tokens_per_s"]))
-lines = [f"Model {model}, {reps} rounds (medians, tokens/s), {datetime.date.today()}, "
+lines = [f"Model {model}, level {level} (both programs), {reps} rounds (medians, tokens/s), {datetime.date.today()}, "
          f"{platform.node()} ({cpu}; {isa}; {len([l for l in open('/proc/cpuinfo') if l.startswith('processor')])} "
          f"cores); written by scripts/vs_llamacpp.sh.", ""]
 lines += ["| test | threads | llama.cpp | focus | focus / llama.cpp |", "|---|---|---|---|---|"]

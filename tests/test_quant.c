@@ -1,6 +1,6 @@
 /* test_quant.c: the block-quantised matrix-vector products (kernels/quant.c) against
  * dequantise-then-multiply in double precision, for every format they read, the vectorised path
- * against the scalar reference; and decoding from native weights (model_load_native) against
+ * against the scalar reference at every instruction-set level the CPU has (quant_set_isa); and decoding from native weights (model_load_native) against
  * decoding from the fp32 parameters dequantised from the same file. */
 #include <math.h>
 #include <string.h>
@@ -111,13 +111,13 @@ static void check_format(int type, const char* name, Rng* r) {
             seb += (got - want) * (got - want), swb += want * want;
             if (int8) erri = fmax(erri, fabs(yi[(size_t)t * rows + i] - want));
         }
-    const int vnni = int8 && qmatmul_int8_available();
+    const int vnni = int8 && qmatmul_int8_available(); /* the integer path at this level */
     if (int8) {
         double d = 0;
         for (int i = 0; i < n * rows; i++) d = fmax(d, fabs(yb[i] - yi[i]));
         if (vnni)
-            CHECK(d < 1e-5 * (scb + 1), "%s: VNNI and scalar batched products differ by %g", name,
-                  d);
+            CHECK(d < 1e-5 * (scb + 1), "%s: %s and scalar batched products differ by %g", name,
+                  quant_isa_name(quant_isa()), d);
         CHECK(sqrt(seb / swb) < 1e-2 || !vnni, "%s: int8 batched product off by %g (RMS)", name,
               sqrt(seb / swb));
         CHECK(erri < 0.05 * (scb + 1), "%s: scalar int8 batched product off by %g", name, erri);
@@ -125,7 +125,7 @@ static void check_format(int type, const char* name, Rng* r) {
     printf(
         "  %-5s max |error| %.2e, relative RMS %.1e (vectorised - scalar %.1e) of max |y| %.2f; "
         "batched (%s) relative RMS %.1e\n",
-        name, err, rel, err_ref, scale, vnni ? "int8 VNNI" : "fp32 panels", sqrt(seb / swb));
+        name, err, rel, err_ref, scale, vnni ? "int8" : "fp32 panels", sqrt(seb / swb));
     CHECK(err_ref < 1e-5 * (scale + 1), "%s: vectorised and scalar paths differ by %g", name,
           err_ref);
     CHECK(blocks ? rel < 1e-2 : err < 1e-5 * (scale + 1),
@@ -186,8 +186,16 @@ int main(void) {
     } fmts[] = {{QTYPE_F32, "F32"},   {QTYPE_F16, "F16"},   {QTYPE_BF16, "BF16"},
                 {QTYPE_Q4_0, "Q4_0"}, {QTYPE_Q4_1, "Q4_1"}, {QTYPE_Q8_0, "Q8_0"},
                 {QTYPE_Q4_K, "Q4_K"}, {QTYPE_Q5_K, "Q5_K"}, {QTYPE_Q6_K, "Q6_K"}};
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
-        check_format(fmts[i].type, fmts[i].name, &r);
+    /* every instruction-set level this CPU has, each against the scalar reference */
+    const int best = quant_isa_detected();
+    for (int level = best; level >= QUANT_ISA_SCALAR; level--) {
+        quant_set_isa(level);
+        rng_seed(&r, 5); /* the same matrices at every level */
+        printf(" level %s%s:\n", quant_isa_name(level), level == best ? " (this CPU's best)" : "");
+        for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
+            check_format(fmts[i].type, fmts[i].name, &r);
+    }
+    quant_set_isa(best);
 
     /* decoding: native weights against the fp32 parameters of the same file */
     ModelConfig cfg;

@@ -9,6 +9,7 @@
 
 #include <omp.h>
 
+#include "../kernels/quant.h"
 #include "../model/decode.h"
 #include "cli.h"
 #include "commands.h"
@@ -109,6 +110,7 @@ int cmd_bench_decode(int argc, char** argv) {
         free(all);
     }
     long pairs0 = c.pairs;
+    memset(c.prof, 0, sizeof c.prof); /* FOCUS_PROFILE: the decoded tokens only */
     /* with --data each step's logits are kept and scored after the clock stops */
     real* kept = data ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)n) : NULL;
     for (int i = 0; i < n; i++) {
@@ -134,6 +136,8 @@ int cmd_bench_decode(int argc, char** argv) {
            info.format, m.native ? "native (the file's blocks)" : "fp32",
            router ? "hard top-k" : "dense", c.half ? "f16" : "f32", omp_get_max_threads(),
            c.govern ? " at most (chosen per decode step)" : "");
+    printf("kernels: %s (this CPU's best: %s; FOCUS_ISA forces a level)\n",
+           quant_isa_name(quant_isa()), quant_isa_name(quant_isa_detected()));
     if (c.govern) {
         int steps_all = 0;
         for (int i = 0; i < 32; i++) steps_all += c.th_seen[i];
@@ -153,6 +157,15 @@ int cmd_bench_decode(int argc, char** argv) {
                 : "batched",
         scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
         (double)(c.pairs - pairs0) / dense_pairs);
+    if (c.profile) { /* where a decode step's time goes */
+        static const char* const parts[] = {DECODE_PARTS};
+        double total = 0;
+        for (int i = 0; i < 8; i++) total += c.prof[i];
+        printf("decode profile (FOCUS_PROFILE=1), %.3f ms a token:", 1e3 * total / n);
+        for (int i = 0; i < 8; i++)
+            printf("%s %s %.1f %%", i ? "," : "", parts[i], total > 0 ? 100 * c.prof[i] / total : 0);
+        printf("\n");
+    }
     if (data)
         printf("perplexity of the %d tokens after the first: %.4f\n", ctx + n - 1,
                exp(-nll / (ctx + n - 1)));
