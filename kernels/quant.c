@@ -467,6 +467,123 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
 }
 #endif
 
+/* ------------------------------------------------------------------ the VNNI decode product */
+
+/* What the unsigned weights u = q + off of the int8 products add to the signed q (Q4_0's -8..7,
+ * Q8_0's -127..127 unless kept signed); 0 for the formats whose q is unsigned. */
+static int panel_offset(int type, int is_signed) {
+    return type == QTYPE_Q8_0 ? (is_signed ? 0 : 128) : type == QTYPE_Q4_0 ? 8 : 0;
+}
+
+/* qmatrix_prepare's layout: per group of 16 rows and block of 32 weights, the weights as
+ * unsigned u = q + off (Q4: 4 bytes per row and t = 0..3, byte e holding weight 8t + e in its
+ * low nibble and 8t + 4 + e in its high one; Q8_0: 4 bytes per row and t = 0..7), then the 16
+ * rows' scales and offsets (Q4_1's minimum; 0 otherwise) as fp16, copied from the blocks. */
+static int vnni_format(int type) {
+    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0;
+}
+static size_t vnni_block_bytes(int type) { return (type == QTYPE_Q8_0 ? 512 : 256) + 64; }
+
+void qmatrix_prepare(QMatrix* w) {
+    if (w->vnni || !vnni_format(w->type) || quant_isa() != QUANT_ISA_AVX512_VNNI) return;
+    const int nb = w->cols / 32, groups = (w->rows + 15) / 16;
+    const size_t S = vnni_block_bytes(w->type);
+    const int off = panel_offset(w->type, 0), q8 = w->type == QTYPE_Q8_0;
+    uint8_t* v = callocCheck((size_t)groups * nb, S);
+    const size_t bb = block_bytes(w->type);
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < groups; g++) {
+        Sub32 b;
+        for (int L = 0; L < 16 && 16 * g + L < w->rows; L++) {
+            const uint8_t* row = w->data + (size_t)(16 * g + L) * w->row_bytes;
+            for (int k = 0; k < nb; k++) {
+                uint8_t* blk = v + ((size_t)g * nb + k) * S;
+                sub32(&b, w->type, row, k);
+                for (int t = 0; t < (q8 ? 8 : 4); t++)
+                    for (int e = 0; e < 4; e++) {
+                        uint8_t* at = blk + 64 * t + 4 * L + e;
+                        if (q8)
+                            *at = (uint8_t)(b.q[4 * t + e] + off);
+                        else
+                            *at = (uint8_t)((b.q[8 * t + e] + off) |
+                                            ((b.q[8 * t + 4 + e] + off) << 4));
+                    }
+                /* the scales as the file has them: d (and Q4_1's m) are its fp16 values */
+                const uint8_t* fb = row + (size_t)k * bb;
+                uint8_t* sc = blk + (q8 ? 512 : 256);
+                memcpy(sc + 2 * L, fb, 2);
+                if (w->type == QTYPE_Q4_1) memcpy(sc + 32 + 2 * L, fb + 2, 2);
+            }
+        }
+    }
+    w->vnni = v;
+}
+
+void qmatrix_release(QMatrix* w) {
+    free(w->vnni);
+    w->vnni = NULL;
+}
+
+#if defined(__x86_64__)
+/* y = W x from the VNNI copy: per 16-row group, per block, 4 (Q4: low and high nibbles) or 8
+ * VPDPBUSD of 16 rows x 4 weights against a broadcast quadruple of x; two blocks at a time on
+ * separate chains, so the dependent instructions of one block do not wait on each other. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni(
+    float* y, const QMatrix* w, const XBlock* xb, const float* bias) {
+    const int nb = w->cols / 32, groups = (w->rows + 15) / 16, q8 = w->type == QTYPE_Q8_0;
+    const size_t S = vnni_block_bytes(w->type), so = q8 ? 512 : 256;
+    const int off = panel_offset(w->type, 0), q41 = w->type == QTYPE_Q4_1;
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < groups; g++) {
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        __m512 cacc = _mm512_setzero_ps();
+        const uint8_t* base = w->vnni + (size_t)g * nb * S;
+        for (int k = 0; k < nb; k++) {
+            const uint8_t* blk = base + (size_t)k * S;
+            const XBlock* x = xb + k;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            if (q8) {
+                for (int t = 0; t < 8; t += 2) {
+                    int32_t a0, a1;
+                    memcpy(&a0, x->q + 4 * t, 4);
+                    memcpy(&a1, x->q + 4 * t + 4, 4);
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(blk + 64 * t),
+                                             _mm512_set1_epi32(a0));
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(blk + 64 * t + 64),
+                                             _mm512_set1_epi32(a1));
+                }
+            } else {
+                for (int t = 0; t < 4; t++) {
+                    const __m512i v = _mm512_loadu_si512(blk + 64 * t);
+                    int32_t a0, a1;
+                    memcpy(&a0, x->q + 8 * t, 4);
+                    memcpy(&a1, x->q + 8 * t + 4, 4);
+                    s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, m4), _mm512_set1_epi32(a0));
+                    s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                             _mm512_set1_epi32(a1));
+                }
+            }
+            const __m512i isum =
+                _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(off * x->qsum));
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + so)));
+            acc[k & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                                         _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc[k & 1]);
+            if (q41) {
+                const __m512 mn =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + so + 32)));
+                cacc = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->sum), cacc);
+            }
+        }
+        __m512 r = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), cacc);
+        const int nr = w->rows - 16 * g < 16 ? w->rows - 16 * g : 16;
+        const __mmask16 m = (__mmask16)((1u << nr) - 1);
+        if (bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, bias + 16 * g));
+        _mm512_mask_storeu_ps(y + 16 * g, m, r);
+    }
+}
+#endif
+
 static void matvec(float* y, const QMatrix* w, const float* x, const float* bias, int vector) {
 #if defined(__x86_64__)
     vector = vector && has_avx2();
@@ -481,6 +598,13 @@ static void matvec(float* y, const QMatrix* w, const float* x, const float* bias
         xb = w->cols <= 32 * 256 ? stack : mallocCheck(sizeof(XBlock) * (size_t)(w->cols / 32));
         quantize_rows(xb, x, w->cols, vector);
     }
+#if defined(__x86_64__)
+    if (vector && w->vnni && quant_isa() == QUANT_ISA_AVX512_VNNI) {
+        gemv_vnni(y, w, xb, bias);
+        if (xb != stack) free(xb);
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < w->rows; r++) {
         const uint8_t* row = w->data + (size_t)r * w->row_bytes;
@@ -669,9 +793,6 @@ typedef struct {
                     * maddubs, whose u8 x s8 pairs would overflow int16 with 255 */
 } Panel;
 
-static int panel_offset(int type, int is_signed) {
-    return type == QTYPE_Q8_0 ? (is_signed ? 0 : 128) : type == QTYPE_Q4_0 ? 8 : 0;
-}
 
 /* 1 when a block format has one scale per 32 weights (what the panel holds; Q6_K has two) */
 static int int8_panel_format(int type) { return block_elems(type) && type != QTYPE_Q6_K; }

@@ -320,6 +320,8 @@ void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src) {
 
 /* Native weights (decode's view of the mapped file) given back; m has none afterwards. */
 static void release_native(Model* m) {
+    for (int i = 0; m->native && i < m->cfg.L * NATIVE_PER_LAYER + 2; i++)
+        qmatrix_release(&m->native[i]);
     if (m->native_release) m->native_release(m->native_owner);
     free(m->native);
     m->native = NULL;

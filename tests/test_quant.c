@@ -60,7 +60,9 @@ static uint8_t* random_matrix(int type, int rows, int cols, Rng* r) {
 
 static void check_format(int type, const char* name, Rng* r) {
     enum { rows = 37, cols = 512, n = 11 };
-    QMatrix w = {type, rows, cols, qtype_row_bytes(type, cols), random_matrix(type, rows, cols, r)};
+    QMatrix w = {type, rows, cols, qtype_row_bytes(type, cols), random_matrix(type, rows, cols, r),
+                 NULL};
+    qmatrix_prepare(&w); /* the VNNI decode copy, where this level and format have one */
     float* dense = mallocCheck(sizeof(float) * rows * cols);
     CHECK(ggml_dequantize(dense, w.data, (uint32_t)type, (uint64_t)rows * cols) == 0,
           "%s: dequantise", name);
@@ -133,6 +135,7 @@ static void check_format(int type, const char* name, Rng* r) {
           rel);
     CHECK(vnni || errb < 1e-5 * (scb + 1), "%s: batched product differs by %g", name, errb);
     free(dense);
+    qmatrix_release(&w);
     free((void*)w.data);
 }
 
