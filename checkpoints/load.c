@@ -941,8 +941,8 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
             gguf_close(&f);
             return -1;
         }
-        q[i] = (QMatrix){(int)t->type, rows, cols, qtype_row_bytes((int)t->type, cols), t->data,
-                         NULL};
+        q[i] =
+            (QMatrix){(int)t->type, rows, cols, qtype_row_bytes((int)t->type, cols), t->data, NULL};
         /* the products' copy for the VNNI decode (the embedding is only looked up by row) */
         if (i < L * NATIVE_PER_LAYER + 1) qmatrix_prepare(&q[i]);
     }

@@ -27,9 +27,10 @@ static char* find_marker_line(char* s, const char* const* marks, int after) {
 void text_check(const char* path, const char* s, size_t len) {
     const char* z = memchr(s, 0, len);
     if (z)
-        fatal("%s: not text (a NUL byte at offset %zu) and not a token shard (no FOCUSTOK "
-              "header); a binary file?",
-              path, (size_t)(z - s));
+        fatal(
+            "%s: not text (a NUL byte at offset %zu) and not a token shard (no FOCUSTOK "
+            "header); a binary file?",
+            path, (size_t)(z - s));
 }
 
 size_t text_clean(char* s, size_t len) {

@@ -13,7 +13,8 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static int present[256]; /* a byte alone comes back as itself */
     if (!t) {
         const char* path = getenv("FOCUS_TOKENIZER");
-        t = tokenizer_load(path && *path ? path : FOCUS_SOURCE_DIR "/../shared/data/gpt2-tokenizer");
+        t = tokenizer_load(path && *path ? path
+                                         : FOCUS_SOURCE_DIR "/../shared/data/gpt2-tokenizer");
         for (int b = 0; b < 256; b++) {
             char c = (char)b;
             size_t n, len;

@@ -23,8 +23,7 @@ static uint16_t rd16(const uint8_t* p) { return (uint16_t)(p[0] | (p[1] << 8)); 
 
 /* ------------------------------------------------------------------ instruction-set levels */
 
-static const char* const isa_names[QUANT_ISA_COUNT] = {"scalar", "avx2", "avx_vnni",
-                                                       "avx512_vnni"};
+static const char* const isa_names[QUANT_ISA_COUNT] = {"scalar", "avx2", "avx_vnni", "avx512_vnni"};
 
 const char* quant_isa_name(int level) {
     return level >= 0 && level < QUANT_ISA_COUNT ? isa_names[level] : "?";
@@ -528,8 +527,10 @@ void qmatrix_release(QMatrix* w) {
 /* y = W x from the VNNI copy: per 16-row group, per block, 4 (Q4: low and high nibbles) or 8
  * VPDPBUSD of 16 rows x 4 weights against a broadcast quadruple of x; two blocks at a time on
  * separate chains, so the dependent instructions of one block do not wait on each other. */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni(
-    float* y, const QMatrix* w, const XBlock* xb, const float* bias) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni(float* y,
+                                                                             const QMatrix* w,
+                                                                             const XBlock* xb,
+                                                                             const float* bias) {
     const int nb = w->cols / 32, groups = (w->rows + 15) / 16, q8 = w->type == QTYPE_Q8_0;
     const size_t S = vnni_block_bytes(w->type), so = q8 ? 512 : 256;
     const int off = panel_offset(w->type, 0), q41 = w->type == QTYPE_Q4_1;
@@ -713,8 +714,8 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
             for (; e + 8 <= n; e += 8) {
                 const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(k + e)));
                 for (int r = 0; r < nr; r++)
-                    acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)(r0 + r) * n + e), kv,
-                                             acc[r]);
+                    acc[r] =
+                        _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)(r0 + r) * n + e), kv, acc[r]);
             }
             for (int r = 0; r < nr; r++) {
                 float s = hsum8(acc[r]);
@@ -725,9 +726,11 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void f16_mix_avx2(
-    float* o, size_t ostride, const float* w, size_t ld, int nq, const uint16_t* base,
-    size_t stride, const int* keys, int t0, int t1, int n) {
+__attribute__((target("avx2,fma,f16c"))) static void f16_mix_avx2(float* o, size_t ostride,
+                                                                  const float* w, size_t ld, int nq,
+                                                                  const uint16_t* base,
+                                                                  size_t stride, const int* keys,
+                                                                  int t0, int t1, int n) {
     for (int t = t0; t < t1; t++) {
         const uint16_t* v = base + (size_t)keys[t] * stride;
         int e = 0;
@@ -763,8 +766,8 @@ void f16_rows_scores(float* sc, size_t ld, const float* q, int nq, const uint16_
         }
 }
 
-void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq,
-                  const uint16_t* base, size_t stride, const int* keys, int t0, int t1, int n) {
+void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq, const uint16_t* base,
+                  size_t stride, const int* keys, int t0, int t1, int n) {
 #if defined(__x86_64__)
     if (has_avx2()) {
         f16_mix_avx2(o, ostride, w, ld, nq, base, stride, keys, t0, t1, n);
@@ -774,7 +777,8 @@ void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq,
     for (int t = t0; t < t1; t++) {
         const uint16_t* v = base + (size_t)keys[t] * stride;
         for (int r = 0; r < nq; r++)
-            for (int e = 0; e < n; e++) o[(size_t)r * ostride + e] += w[(size_t)r * ld + t] * f16_to_f32(v[e]);
+            for (int e = 0; e < n; e++)
+                o[(size_t)r * ostride + e] += w[(size_t)r * ld + t] * f16_to_f32(v[e]);
     }
 }
 
@@ -792,7 +796,6 @@ typedef struct {
     int is_signed; /* u holds the signed int8 weights themselves (off 0): Q8_0 for AVX2's
                     * maddubs, whose u8 x s8 pairs would overflow int16 with 255 */
 } Panel;
-
 
 /* 1 when a block format has one scale per 32 weights (what the panel holds; Q6_K has two) */
 static int int8_panel_format(int type) { return block_elems(type) && type != QTYPE_Q6_K; }
@@ -904,68 +907,67 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void panel_tile_vn
  * u8 x s8 product of four bytes into each int32 lane: VPDPBUSD with AVX-VNNI, or with AVX2
  * VPMADDUBSW (pairs to int16) then VPMADDWD by ones (to int32); signed weights (Q8_0) go
  * through the sign trick, |w| x (x sign w), so the pairs stay within int16. */
-#define PANEL_TILE_256(NAME, TARGET, DOT4)                                                       \
-    __attribute__((target(TARGET))) static void NAME(float out[4][32], const Panel* p,          \
-                                                     const XBlock* xb, int nb, int i0, int g,   \
-                                                     int ncols) {                               \
-        for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {                       \
-            const int gg = g + half;                                                            \
-            __m256 acc[4][2];                                                                   \
-            for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();            \
-            for (int k = 0; k < nb; k++) {                                                      \
-                __m256i isum[4][2];                                                             \
-                for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();   \
-                const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512;                          \
-                for (int t = 0; t < 8; t++) {                                                   \
-                    __m256i b0 = _mm256_loadu_si256((const __m256i*)(u + 64 * t));              \
-                    __m256i b1 = _mm256_loadu_si256((const __m256i*)(u + 64 * t + 32));         \
-                    for (int r = 0; r < 4; r++) {                                               \
-                        int32_t quad;                                                           \
-                        memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);              \
-                        __m256i a = _mm256_set1_epi32(quad);                                    \
-                        if (p->is_signed) {                                                     \
-                            isum[r][0] = DOT4(isum[r][0], _mm256_sign_epi8(b0, b0),             \
-                                              _mm256_sign_epi8(a, b0));                         \
-                            isum[r][1] = DOT4(isum[r][1], _mm256_sign_epi8(b1, b1),             \
-                                              _mm256_sign_epi8(a, b1));                         \
-                        } else {                                                                \
-                            isum[r][0] = DOT4(isum[r][0], b0, a);                               \
-                            isum[r][1] = DOT4(isum[r][1], b1, a);                               \
-                        }                                                                       \
-                    }                                                                           \
-                }                                                                               \
-                const size_t sc = ((size_t)gg * nb + k) * 16;                                   \
+#define PANEL_TILE_256(NAME, TARGET, DOT4)                                                         \
+    __attribute__((target(TARGET))) static void NAME(                                              \
+        float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g, int ncols) {    \
+        for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {                          \
+            const int gg = g + half;                                                               \
+            __m256 acc[4][2];                                                                      \
+            for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();               \
+            for (int k = 0; k < nb; k++) {                                                         \
+                __m256i isum[4][2];                                                                \
+                for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();      \
+                const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512;                             \
+                for (int t = 0; t < 8; t++) {                                                      \
+                    __m256i b0 = _mm256_loadu_si256((const __m256i*)(u + 64 * t));                 \
+                    __m256i b1 = _mm256_loadu_si256((const __m256i*)(u + 64 * t + 32));            \
+                    for (int r = 0; r < 4; r++) {                                                  \
+                        int32_t quad;                                                              \
+                        memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);                 \
+                        __m256i a = _mm256_set1_epi32(quad);                                       \
+                        if (p->is_signed) {                                                        \
+                            isum[r][0] = DOT4(isum[r][0], _mm256_sign_epi8(b0, b0),                \
+                                              _mm256_sign_epi8(a, b0));                            \
+                            isum[r][1] = DOT4(isum[r][1], _mm256_sign_epi8(b1, b1),                \
+                                              _mm256_sign_epi8(a, b1));                            \
+                        } else {                                                                   \
+                            isum[r][0] = DOT4(isum[r][0], b0, a);                                  \
+                            isum[r][1] = DOT4(isum[r][1], b1, a);                                  \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+                const size_t sc = ((size_t)gg * nb + k) * 16;                                      \
                 const __m256 s0 = _mm256_loadu_ps(p->s + sc), s1 = _mm256_loadu_ps(p->s + sc + 8); \
                 const __m256 c0 = _mm256_loadu_ps(p->c + sc), c1 = _mm256_loadu_ps(p->c + sc + 8); \
-                for (int r = 0; r < 4; r++) {                                                   \
-                    const XBlock* x = xb + (size_t)(i0 + r) * nb + k;                           \
-                    const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);        \
-                    const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);                   \
-                    acc[r][0] = _mm256_fmadd_ps(                                                \
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),                 \
-                        _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));            \
-                    acc[r][1] = _mm256_fmadd_ps(                                                \
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),                 \
-                        _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));            \
-                }                                                                               \
-            }                                                                                   \
-            for (int r = 0; r < 4; r++) {                                                       \
-                _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);                                \
-                _mm256_storeu_ps(out[r] + 16 * half + 8, acc[r][1]);                            \
-            }                                                                                   \
-        }                                                                                       \
+                for (int r = 0; r < 4; r++) {                                                      \
+                    const XBlock* x = xb + (size_t)(i0 + r) * nb + k;                              \
+                    const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);           \
+                    const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);                      \
+                    acc[r][0] = _mm256_fmadd_ps(                                                   \
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),                    \
+                        _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));                \
+                    acc[r][1] = _mm256_fmadd_ps(                                                   \
+                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),                    \
+                        _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));                \
+                }                                                                                  \
+            }                                                                                      \
+            for (int r = 0; r < 4; r++) {                                                          \
+                _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);                                   \
+                _mm256_storeu_ps(out[r] + 16 * half + 8, acc[r][1]);                               \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 __attribute__((target("avx2"))) static inline __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
-                                                   _mm256_set1_epi16(1)));
+    return _mm256_add_epi32(acc,
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 PANEL_TILE_256(panel_tile_avx2, "avx2,fma", dot4_avx2)
 PANEL_TILE_256(panel_tile_avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
 #endif
 
-typedef void (*PanelTile)(float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0,
-                          int g, int ncols);
+typedef void (*PanelTile)(float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g,
+                          int ncols);
 
 /* The prompt's int8 products at each instruction-set level (NULL: the fp32 panels and the
  * BLAS, faster than portable integer code). */

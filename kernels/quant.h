@@ -39,9 +39,15 @@ typedef struct {
  * below); a prompt's products (qmatmul) run int8 panels with VPMADDUBSW at avx2, 256-bit
  * VPDPBUSD at avx_vnni, 512-bit VPDPBUSD at avx512_vnni, and fp32 panels through the BLAS at
  * scalar. */
-enum { QUANT_ISA_SCALAR, QUANT_ISA_AVX2, QUANT_ISA_AVX_VNNI, QUANT_ISA_AVX512_VNNI, QUANT_ISA_COUNT };
-int quant_isa(void);          /* the level in use */
-int quant_isa_detected(void); /* the best level this CPU has */
+enum {
+    QUANT_ISA_SCALAR,
+    QUANT_ISA_AVX2,
+    QUANT_ISA_AVX_VNNI,
+    QUANT_ISA_AVX512_VNNI,
+    QUANT_ISA_COUNT
+};
+int quant_isa(void);           /* the level in use */
+int quant_isa_detected(void);  /* the best level this CPU has */
 void quant_set_isa(int level); /* force a level (tests, benchmarks); fatal above the CPU's */
 const char* quant_isa_name(int level);
 int quant_isa_parse(const char* name); /* -1 for an unknown name */
@@ -90,7 +96,7 @@ void f16_row_axpy(float* o, float p, const uint16_t* v, int n);
  * o_r = o + r ostride. */
 void f16_rows_scores(float* sc, size_t ld, const float* q, int nq, const uint16_t* base,
                      size_t stride, const int* keys, int t0, int t1, int n, float scale);
-void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq,
-                  const uint16_t* base, size_t stride, const int* keys, int t0, int t1, int n);
+void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq, const uint16_t* base,
+                  size_t stride, const int* keys, int t0, int t1, int n);
 
 #endif

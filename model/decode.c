@@ -163,9 +163,10 @@ static void check_finite_acts(const Model* m, const real* x, size_t n, int l) {
             snprintf(where, sizeof where, "the output head");
         else
             snprintf(where, sizeof where, "layer %d of %d", l, m->cfg.L);
-        fatal("%s: non-finite activations (%g) after %s: a NaN or infinite weight in the file, "
-              "or an overflow; generation stopped",
-              m->source[0] ? m->source : "the model", (double)x[i], where);
+        fatal(
+            "%s: non-finite activations (%g) after %s: a NaN or infinite weight in the file, "
+            "or an overflow; generation stopped",
+            m->source[0] ? m->source : "the model", (double)x[i], where);
     }
 }
 
@@ -410,13 +411,13 @@ static void decode_one(Model* m, KVCache* c, int token, real* logits) {
     real* G = S + K;
     /* FOCUS_PROFILE: the time of each part (tick adds the time since the last tick to part i) */
     double mark = c->profile ? now_seconds() : 0;
-#define TICK(i)                                       \
-    do {                                              \
-        if (c->profile) {                             \
-            const double now_ = now_seconds();        \
-            c->prof[i] += now_ - mark;                \
-            mark = now_;                              \
-        }                                             \
+#define TICK(i)                                \
+    do {                                       \
+        if (c->profile) {                      \
+            const double now_ = now_seconds(); \
+            c->prof[i] += now_ - mark;         \
+            mark = now_;                       \
+        }                                      \
     } while (0)
 #ifndef FOCUS_DOUBLE
     if (m->native) {

@@ -36,8 +36,9 @@ typedef struct {
 } KVCache;
 
 /* The parts of a decode step that KVCache.prof times, in order. */
-#define DECODE_PARTS "q k v", "attention", "output projection", "gate + up", "down", \
-                     "norms, rope, residuals", "head (logits)", "embedding"
+#define DECODE_PARTS                                                                          \
+    "q k v", "attention", "output projection", "gate + up", "down", "norms, rope, residuals", \
+        "head (logits)", "embedding"
 
 /* A cache for cap tokens; half: keys and values in half precision (half the memory and the
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */

@@ -25,20 +25,20 @@
 #define SET_EVAL 2   /* chosen at evaluation time: not written into a run's configuration */
 
 /* The model's shape (ModelConfig). */
-#define MODEL_SETTINGS(X)                                                            \
-    X(model, arch, ARCH, arch, NULL, 0, 0, 0, "architecture: gpt2 or llama")         \
-    X(model, L, INT, L, NULL, 1, 256, 0, "layers")                                   \
-    X(model, C, INT, C, NULL, 1, 65536, 0, "model width")                            \
-    X(model, NH, INT, NH, NULL, 1, 4096, 0, "query heads")                           \
-    X(model, NKV, INT, NKV, NULL, 1, 4096, 0,                                        \
-      "key/value heads (NH without grouped-query attention)")                        \
-    X(model, F, INT, F, NULL, 1, 1048576, 0, "feed-forward hidden width")            \
-    X(model, V, INT, V, NULL, 1, 16777216, 0, "vocabulary size")                     \
-    X(model, maxT, INT, maxT, NULL, 1, 4194304, 0, "context length")                 \
-    X(model, eps, FLOAT, eps, NULL, 1e-12, 1, 0, "norm epsilon")                     \
+#define MODEL_SETTINGS(X)                                                                  \
+    X(model, arch, ARCH, arch, NULL, 0, 0, 0, "architecture: gpt2 or llama")               \
+    X(model, L, INT, L, NULL, 1, 256, 0, "layers")                                         \
+    X(model, C, INT, C, NULL, 1, 65536, 0, "model width")                                  \
+    X(model, NH, INT, NH, NULL, 1, 4096, 0, "query heads")                                 \
+    X(model, NKV, INT, NKV, NULL, 1, 4096, 0,                                              \
+      "key/value heads (NH without grouped-query attention)")                              \
+    X(model, F, INT, F, NULL, 1, 1048576, 0, "feed-forward hidden width")                  \
+    X(model, V, INT, V, NULL, 1, 16777216, 0, "vocabulary size")                           \
+    X(model, maxT, INT, maxT, NULL, 1, 4194304, 0, "context length")                       \
+    X(model, eps, FLOAT, eps, NULL, 1e-12, 1, 0, "norm epsilon")                           \
     X(model, rope_theta, FLOAT, rope_theta, NULL, 0, 1e12, 0, "rotary base (llama: >= 1)") \
-    X(model, qkv_bias, INT, qkv_bias, NULL, 0, 1, 0,                                 \
-      "Q/K/V projections carry biases (llama family)")                               \
+    X(model, qkv_bias, INT, qkv_bias, NULL, 0, 1, 0,                                       \
+      "Q/K/V projections carry biases (llama family)")                                     \
     X(model, tied, INT, tied, NULL, 0, 1, 0, "output head shares the token embedding")
 
 /* The router and how attention uses it (FocusConfig). Project choices (METHOD.md section 9):
@@ -70,7 +70,7 @@
       "beta balances causal routing itself (0: EMA of Sinkhorn's offsets)")                        \
     X(focus, seed, U64, seed, "1234", 0, 1.8446744073709552e19, 0, "router initialisation")        \
     X(focus, attn, ATTN, attn, "soft", 0, 0, SET_EVAL,                                             \
-      "dense | soft (the gate) | hard (top-k groups) | window | random | blocks | blocks_mean | "   \
+      "dense | soft (the gate) | hard (top-k groups) | window | random | blocks | blocks_mean | "  \
       "oracle (training-free patterns at the same budget)")                                        \
     X(focus, block, INT, block, "64", 1, 1048576, SET_EVAL,                                        \
       "blocks, blocks_mean, oracle: key block size")                                               \

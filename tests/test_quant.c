@@ -1,7 +1,8 @@
 /* test_quant.c: the block-quantised matrix-vector products (kernels/quant.c) against
  * dequantise-then-multiply in double precision, for every format they read, the vectorised path
- * against the scalar reference at every instruction-set level the CPU has (quant_set_isa); and decoding from native weights (model_load_native) against
- * decoding from the fp32 parameters dequantised from the same file. */
+ * against the scalar reference at every instruction-set level the CPU has (quant_set_isa); and
+ * decoding from native weights (model_load_native) against decoding from the fp32 parameters
+ * dequantised from the same file. */
 #include <math.h>
 #include <string.h>
 

@@ -3,7 +3,8 @@
  * count and a hash of the ids (scripts/reference/make_tokenizer_fixture.py). Also: encode then
  * decode gives back every byte sequence (GPT-2 vocabulary: all 256 bytes have tokens), and
  * valid UTF-8 round-trips through the SmolLM2 vocabulary; a byte sequence through SmolLM2 comes
- * back with each of the 21 bytes it has no token for as U+FFFD, and nothing dropped. Vocabularies that are absent
+ * back with each of the 21 bytes it has no token for as U+FFFD, and nothing dropped. Vocabularies
+ * that are absent
  * (../shared/data, the fetched model) are skipped; with neither, the test exits 77. */
 #include <string.h>
 
@@ -108,7 +109,8 @@ int main(void) {
               tokenizer_vocab_size(gpt2));
         CHECK(tokenizer_eot(gpt2) == 50256, "GPT-2 <|endoftext|> id %d", tokenizer_eot(gpt2));
         roundtrip(gpt2, "gpt2", 1);
-        CHECK(tokenizer_replaced_bytes() == 0, "GPT-2 replaced %zu bytes", tokenizer_replaced_bytes());
+        CHECK(tokenizer_replaced_bytes() == 0, "GPT-2 replaced %zu bytes",
+              tokenizer_replaced_bytes());
         roundtrip(gpt2, "gpt2", 0);
     }
     Tokenizer* smol = gguf ? tokenizer_load(gguf) : NULL;

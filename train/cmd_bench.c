@@ -294,17 +294,19 @@ int cmd_bench(int argc, char** argv) {
             !strcmp(what, "gemm")        ? bench_gemm_usage
             : !strcmp(what, "attention") ? bench_attention_usage
                                          : bench_forward_usage,
-            "--preset:s --config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] --K:s "
+            "--preset:s --config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] "
+            "--K:s "
             "--device:d "
             "--json:s --topk:i[1,32] --heads:i[1,1024] --kv-heads:i[1,1024] --dhead:i[1,1024] "
             "--w:i[0,1048576] --tp:i[1,4096] --weights:s",
-            &preset, &config, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk, &heads,
-            &kv_heads, &dhead, &w, &tp, &weights))
+            &preset, &config, &sets, &B, &Tlist, &iters, &gemm_n, &Klist, &device, &json, &topk,
+            &heads, &kv_heads, &dhead, &w, &tp, &weights))
         return 0;
     if (config)
-        fatal("bench: --config takes a settings file (retrofit, finetune, pretrain); the model "
-              "shapes here are presets: --preset %s",
-              config);
+        fatal(
+            "bench: --config takes a settings file (retrofit, finetune, pretrain); the model "
+            "shapes here are presets: --preset %s",
+            config);
     if (comm_launched_by_mpi() && strcmp(what, "forward"))
         fatal("bench %s runs in one process; under mpirun only bench forward --tp runs", what);
     /* attention takes lists of lengths and group counts; forward one length */

@@ -163,7 +163,8 @@ int cmd_bench_decode(int argc, char** argv) {
         for (int i = 0; i < 8; i++) total += c.prof[i];
         printf("decode profile (FOCUS_PROFILE=1), %.3f ms a token:", 1e3 * total / n);
         for (int i = 0; i < 8; i++)
-            printf("%s %s %.1f %%", i ? "," : "", parts[i], total > 0 ? 100 * c.prof[i] / total : 0);
+            printf("%s %s %.1f %%", i ? "," : "", parts[i],
+                   total > 0 ? 100 * c.prof[i] / total : 0);
         printf("\n");
     }
     if (data)

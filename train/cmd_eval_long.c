@@ -401,8 +401,8 @@ int cmd_eval_curve(int argc, char** argv) {
     const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes);
     for (int c = 0; c < nc; c++)
         if (ctxs[c] < 2 || ctxs[c] > m.cfg.maxT)
-            fatal("eval curve: --ctx %g is outside 2 .. the model's context of %d tokens",
-                  ctxs[c], m.cfg.maxT);
+            fatal("eval curve: --ctx %g is outside 2 .. the model's context of %d tokens", ctxs[c],
+                  m.cfg.maxT);
     const FocusConfig keep = m.fc;
     size_t n;
     int* ids = load_eval_tokens(data, model, tok_path, &n);

@@ -42,15 +42,17 @@ int cmd_plan(int argc, char** argv) {
     CliList sets = {0};
     int B = 1, T = 1024, ranks = 0, gpus = 0, tp = 1;
     double mem = 0;
-    if (cli_parse("plan", argc, argv, 1, plan_usage,
-                  "--preset:s --config:s --set:* --B:i[1,1048576] --T:i[2,1048576] --ranks:i[1,1048576] "
-                  "--gpus:i[1,1048576] --tp:i[1,4096] --weights:s --objective:s --mem:x[0.001,1e9]",
-                  &preset, &config, &sets, &B, &T, &ranks, &gpus, &tp, &weights, &objective, &mem))
+    if (cli_parse(
+            "plan", argc, argv, 1, plan_usage,
+            "--preset:s --config:s --set:* --B:i[1,1048576] --T:i[2,1048576] --ranks:i[1,1048576] "
+            "--gpus:i[1,1048576] --tp:i[1,4096] --weights:s --objective:s --mem:x[0.001,1e9]",
+            &preset, &config, &sets, &B, &T, &ranks, &gpus, &tp, &weights, &objective, &mem))
         return 0;
     if (config)
-        fatal("plan: --config takes a settings file (retrofit, finetune, pretrain); the model "
-              "shapes here are presets: --preset %s",
-              config);
+        fatal(
+            "plan: --config takes a settings file (retrofit, finetune, pretrain); the model "
+            "shapes here are presets: --preset %s",
+            config);
     ModelConfig cfg;
     FocusConfig fc;
     focus_config_default(&fc);

@@ -74,7 +74,8 @@ int cmd_prepare(int argc, char** argv) {
         const char* base = strrchr(old[i], '/') ? strrchr(old[i], '/') + 1 : old[i];
         if (strcmp(base, "train_000.bin") && (nval == 0 || strcmp(base, "val_000.bin")) &&
             (!strncmp(base, "train_", 6) || !strncmp(base, "val_", 4))) {
-            if (unlink(old[i])) fatal("%s: cannot remove a stale shard: %s", old[i], strerror(errno));
+            if (unlink(old[i]))
+                fatal("%s: cannot remove a stale shard: %s", old[i], strerror(errno));
             printf("removed %s, a shard of an earlier prepare into this folder\n", old[i]);
         }
         free(old[i]);

@@ -62,9 +62,10 @@ static void check_config_file(const RunConfig* sealed, const char* conf, const c
             snprintf(line_b, sizeof line_b, "%.*s", (int)nb, lb);
             sscanf(line_a, "%63s = %255[^\n]", key, va);
             sscanf(line_b, "%*s = %255[^\n]", vb);
-            fatal("%s: %s = %s, but the run was trained with %s = %s (%s); put it back (or "
-                  "delete the file: it is restored from the checkpoint)",
-                  conf, key, vb[0] ? vb : "(empty)", key, va[0] ? va : "(empty)", ckpt);
+            fatal(
+                "%s: %s = %s, but the run was trained with %s = %s (%s); put it back (or "
+                "delete the file: it is restored from the checkpoint)",
+                conf, key, vb[0] ? vb : "(empty)", key, va[0] ? va : "(empty)", ckpt);
         }
         la += na + (ea != NULL);
         lb += nb + (eb != NULL);
@@ -100,18 +101,20 @@ int cmd_retrofit(int argc, char** argv) {
     if (!resume && (!cfg_path || !out))
         fatal("retrofit: needs --config and --out (or --resume RUN_DIR)");
     if (resume && (cfg_path || out))
-        fatal("retrofit: --resume %s continues that run in its folder with its own settings; "
-              "%s does not go with it (change a setting with --set key=value)",
-              resume, cfg_path ? "--config" : "--out");
+        fatal(
+            "retrofit: --resume %s continues that run in its folder with its own settings; "
+            "%s does not go with it (change a setting with --set key=value)",
+            resume, cfg_path ? "--config" : "--out");
     if (resume) {
         out = resume;
         char files[256];
         const char* kind = run_folder_kind(out, files, sizeof files);
         if (!kind) fatal("retrofit: %s holds no run to resume (no config.conf, no router.h5)", out);
         if (strcmp(kind, "retrofit"))
-            fatal("retrofit: %s holds a %s run (%s), not a retrofit run; --resume continues "
-                  "only focus retrofit runs",
-                  out, kind, files);
+            fatal(
+                "retrofit: %s holds a %s run (%s), not a retrofit run; --resume continues "
+                "only focus retrofit runs",
+                out, kind, files);
     }
     char ckpt[4096];
     path_join(ckpt, sizeof ckpt, out, "router.h5");

@@ -419,9 +419,10 @@ static void refuse_occupied_folder(const char* cmd, const char* out) {
     const char* kind = run_folder_kind(out, files, sizeof files);
     if (!kind) return;
     if (!strcmp(cmd, "retrofit") && !strcmp(kind, "retrofit"))
-        fatal("%s: %s already holds a retrofit run (%s); continue or extend it with focus "
-              "retrofit --resume %s [--set steps=N], or choose another --out",
-              cmd, out, files, out);
+        fatal(
+            "%s: %s already holds a retrofit run (%s); continue or extend it with focus "
+            "retrofit --resume %s [--set steps=N], or choose another --out",
+            cmd, out, files, out);
     fatal("%s: %s already holds a %s run (%s); choose another --out (nothing was written)", cmd,
           out, kind, files);
 }
@@ -431,7 +432,8 @@ void run_write_config(const char* cmd, const char* out, const char* conf_text) {
     path_join(conf_path, sizeof conf_path, out, "config.conf");
     snprintf(head, sizeof head,
              "# focus %s run: its settings, sealed in its checkpoint; change one with\n"
-             "# focus retrofit --resume RUN_DIR --set key=value (retrofit runs)\n", cmd);
+             "# focus retrofit --resume RUN_DIR --set key=value (retrofit runs)\n",
+             cmd);
     const void* parts[2] = {head, conf_text};
     size_t sz[2] = {strlen(head), strlen(conf_text)};
     write_file_atomic(conf_path, parts, sz, 2);
@@ -449,9 +451,10 @@ static void refuse_shape_settings(const char* cmd, const RunConfig* rc, const Mo
         setting_format(s, &def.mcfg, 1, dflt, sizeof dflt);
         setting_format(s, &m->cfg, 1, file, sizeof file);
         if (strcmp(set, dflt) && strcmp(set, file))
-            fatal("%s: %s = %s, but the model %s has %s = %s: a loaded model decides its own "
-                  "shape (remove the setting)",
-                  cmd, s->name, set, rc->model, s->name, file);
+            fatal(
+                "%s: %s = %s, but the model %s has %s = %s: a loaded model decides its own "
+                "shape (remove the setting)",
+                cmd, s->name, set, rc->model, s->name, file);
     }
 }
 
@@ -524,9 +527,10 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         fatal("%s: %zu validation tokens (val = %s); the run would report no perplexity", rc->val,
               nval, rc->val);
     if (nval < 2)
-        fatal("%s: %zu validation tokens: val_fraction = %g and no val = FILE; the run would "
-              "report no perplexity (set val_fraction > 0 or val = PATH)",
-              cmd, nval, rc->val_fraction);
+        fatal(
+            "%s: %zu validation tokens: val_fraction = %g and no val = FILE; the run would "
+            "report no perplexity (set val_fraction > 0 or val = PATH)",
+            cmd, nval, rc->val_fraction);
     if (ntrain < (size_t)rc->T + 1)
         fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc->train, ntrain, rc->T + 1);
     size_t neval =
@@ -558,7 +562,8 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         const char* body = old;
         while (body && *body == '#') body = strchr(body, '\n') ? strchr(body, '\n') + 1 : "";
         if (!resume || !old || strcmp(body, conf_text)) run_write_config(cmd, out, conf_text);
-        if (resume && !old) printf("%s: restored from the checkpoint's settings\n", conf_path);
+        if (resume && !old)
+            printf("%s: restored from the checkpoint's settings\n", conf_path);
         else if (resume && strcmp(body, conf_text))
             printf("%s: rewritten with the settings changed by --set\n", conf_path);
         free(old);

@@ -23,11 +23,11 @@ const char* run_folder_kind(const char* out, char* files, size_t n);
 /* OUT/config.conf: a line naming the command, then the settings text (atomic write). */
 void run_write_config(const char* cmd, const char* out, const char* conf_text);
 
-/* A run's common set-up, for command cmd: check rc, create the folder OUT (refusing one that holds a run
- * unless resume), load the base model
- * into m (or build a scratch one from rc and pretrain it, writing OUT/base.gguf; on resume the
- * one written before), load the training and validation tokens into d, print the header and the
- * settings, and (unless resume) write OUT/config.conf. Returns the settings text (malloc'd). */
+/* A run's common set-up, for command cmd: check rc, create the folder OUT (refusing one that holds
+ * a run unless resume), load the base model into m (or build a scratch one from rc and pretrain it,
+ * writing OUT/base.gguf; on resume the one written before), load the training and validation tokens
+ * into d, print the header and the settings, and (unless resume) write OUT/config.conf. Returns the
+ * settings text (malloc'd). */
 char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, Model* m,
                   TrainData* d);
 

@@ -14,43 +14,45 @@
 
 /* The run's own settings, in the columns of settings.h; the [model] shape and [focus] router
  * rows come from MODEL_SETTINGS and FOCUS_SETTINGS. Written in this order, section by section. */
-#define RUN_SETTINGS(X)                                                                            \
-    X(model, model, STR, model, "", 0, 0, 0, "model file, or scratch (trained here first)")        \
-    X(model, tokenizer, STR, tokenizer, "", 0, 0, 0, "tokenizer (default: the model file)")        \
-    X(model, weights, STR, weights, "fp32", 0, 0, 0,                                               \
-      "frozen weights: fp32, or bf16 (the projections, CPU)")                                      \
-    X(data, train, STR, train, "", 0, 0, 0,                                                        \
-      "training data: shard folder or file, text folder or file")                                  \
-    X(data, val, STR, val, "", 0, 0, 0, "validation data (default: the end of train)")             \
-    X(data, val_fraction, FLOAT, val_fraction, "0.05", 0, 0.5, 0,                                  \
-      "share of train held out when val is empty (0 needs val)")                                                       \
-    X(train, B, INT, B, "4", 1, 65536, 0, "sequences per micro-batch")                             \
-    X(train, T, INT, T, "1024", 2, 4194304, 0, "sequence length")                                  \
-    X(train, grad_accum, INT, grad_accum, "1", 1, 65536, 0, "micro-batches per step")              \
-    X(train, steps, INT, steps, "100", 1, 1e9, 0, "optimizer steps")                               \
-    X(train, warmup, INT, warmup, "10", 0, 1e9, 0, "linear warmup steps")                          \
-    X(train, lr, FLOAT, lr, "0.01", 0, 1000, 0, "peak learning rate (cosine decay)")               \
-    X(train, min_lr_frac, FLOAT, min_lr_frac, "0.1", 0, 1, 0, "final learning rate / lr")          \
-    X(train, beta1, FLOAT, beta1, "0.9", 0, 0.9999999, 0, "AdamW beta1")                           \
-    X(train, beta2, FLOAT, beta2, "0.95", 0, 0.9999999, 0, "AdamW beta2")                          \
-    X(train, adam_eps, FLOAT, adam_eps, "1e-8", 1e-30, 1, 0, "AdamW epsilon")                      \
-    X(train, weight_decay, FLOAT, weight_decay, "0", 0, 1000, 0, "AdamW weight decay")             \
-    X(train, clip, FLOAT, clip, "1", 0, 1e9, 0, "global gradient-norm clip (0: off)")              \
-    X(train, eval_every, INT, eval_every, "50", 1, 1e9, 0,                                         \
-      "steps between validation perplexities")                                                     \
-    X(train, eval_tokens, INT, eval_tokens, "8192", 0, INT_MAX, 0, "validation tokens evaluated (0: all)")            \
-    X(train, ckpt_every, INT, ckpt_every, "50", 1, 1e9, 0, "steps between checkpoints")            \
-    X(train, pretrain_steps, INT, pretrain_steps, "0", 0, 1e9, 0,                                  \
-      "scratch models: pretraining steps")                                                         \
-    X(train, pretrain_B, INT, pretrain_B, "8", 1, 65536, 0, "scratch models: pretraining batch")   \
-    X(train, pretrain_lr, FLOAT, pretrain_lr, "0.003", 0, 1000, 0,                                 \
-      "scratch models: pretraining lr")                                                            \
-    X(train, objective, OBJECTIVE, objective, "lm", 0, 0, 0,                                       \
-      "lm | kl | attn | kl+attn (METHOD.md 9)")                                                    \
-    X(train, attn_weight, FLOAT, attn_weight, "1", 0, 1e6, 0, "weight of the attn term")           \
-    X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")       \
-    X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                          \
-    X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0, "LoRA update scale: alpha / rank") \
+#define RUN_SETTINGS(X)                                                                          \
+    X(model, model, STR, model, "", 0, 0, 0, "model file, or scratch (trained here first)")      \
+    X(model, tokenizer, STR, tokenizer, "", 0, 0, 0, "tokenizer (default: the model file)")      \
+    X(model, weights, STR, weights, "fp32", 0, 0, 0,                                             \
+      "frozen weights: fp32, or bf16 (the projections, CPU)")                                    \
+    X(data, train, STR, train, "", 0, 0, 0,                                                      \
+      "training data: shard folder or file, text folder or file")                                \
+    X(data, val, STR, val, "", 0, 0, 0, "validation data (default: the end of train)")           \
+    X(data, val_fraction, FLOAT, val_fraction, "0.05", 0, 0.5, 0,                                \
+      "held-out share of train when val is empty (0: needs val)")                                \
+    X(train, B, INT, B, "4", 1, 65536, 0, "sequences per micro-batch")                           \
+    X(train, T, INT, T, "1024", 2, 4194304, 0, "sequence length")                                \
+    X(train, grad_accum, INT, grad_accum, "1", 1, 65536, 0, "micro-batches per step")            \
+    X(train, steps, INT, steps, "100", 1, 1e9, 0, "optimizer steps")                             \
+    X(train, warmup, INT, warmup, "10", 0, 1e9, 0, "linear warmup steps")                        \
+    X(train, lr, FLOAT, lr, "0.01", 0, 1000, 0, "peak learning rate (cosine decay)")             \
+    X(train, min_lr_frac, FLOAT, min_lr_frac, "0.1", 0, 1, 0, "final learning rate / lr")        \
+    X(train, beta1, FLOAT, beta1, "0.9", 0, 0.9999999, 0, "AdamW beta1")                         \
+    X(train, beta2, FLOAT, beta2, "0.95", 0, 0.9999999, 0, "AdamW beta2")                        \
+    X(train, adam_eps, FLOAT, adam_eps, "1e-8", 1e-30, 1, 0, "AdamW epsilon")                    \
+    X(train, weight_decay, FLOAT, weight_decay, "0", 0, 1000, 0, "AdamW weight decay")           \
+    X(train, clip, FLOAT, clip, "1", 0, 1e9, 0, "global gradient-norm clip (0: off)")            \
+    X(train, eval_every, INT, eval_every, "50", 1, 1e9, 0,                                       \
+      "steps between validation perplexities")                                                   \
+    X(train, eval_tokens, INT, eval_tokens, "8192", 0, INT_MAX, 0,                               \
+      "validation tokens evaluated (0: all)")                                                    \
+    X(train, ckpt_every, INT, ckpt_every, "50", 1, 1e9, 0, "steps between checkpoints")          \
+    X(train, pretrain_steps, INT, pretrain_steps, "0", 0, 1e9, 0,                                \
+      "scratch models: pretraining steps")                                                       \
+    X(train, pretrain_B, INT, pretrain_B, "8", 1, 65536, 0, "scratch models: pretraining batch") \
+    X(train, pretrain_lr, FLOAT, pretrain_lr, "0.003", 0, 1000, 0,                               \
+      "scratch models: pretraining lr")                                                          \
+    X(train, objective, OBJECTIVE, objective, "lm", 0, 0, 0,                                     \
+      "lm | kl | attn | kl+attn (METHOD.md 9)")                                                  \
+    X(train, attn_weight, FLOAT, attn_weight, "1", 0, 1e6, 0, "weight of the attn term")         \
+    X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")     \
+    X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                        \
+    X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0,                               \
+      "LoRA update scale: alpha / rank")                                                         \
     X(finetune, lora_targets, STR, lora_targets, "qkv,o", 0, 0, 0, "LoRA on: qkv, o, fc, fcproj")
 
 #define RUN_ROW(sec, nm, ty, fld, def, lo, hi, fl, hp)                                             \
