@@ -527,61 +527,63 @@ void qmatrix_release(QMatrix* w) {
 /* y = W x from the VNNI copy: per 16-row group, per block, 4 (Q4: low and high nibbles) or 8
  * VPDPBUSD of 16 rows x 4 weights against a broadcast quadruple of x; two blocks at a time on
  * separate chains, so the dependent instructions of one block do not wait on each other. */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni(float* y,
-                                                                             const QMatrix* w,
-                                                                             const XBlock* xb,
-                                                                             const float* bias) {
-    const int nb = w->cols / 32, groups = (w->rows + 15) / 16, q8 = w->type == QTYPE_Q8_0;
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_group(
+    float* y, const QMatrix* w, const XBlock* xb, const float* bias, int g) {
+    const int nb = w->cols / 32, q8 = w->type == QTYPE_Q8_0;
     const size_t S = vnni_block_bytes(w->type), so = q8 ? 512 : 256;
     const int off = panel_offset(w->type, 0), q41 = w->type == QTYPE_Q4_1;
-#pragma omp parallel for schedule(static)
-    for (int g = 0; g < groups; g++) {
-        const __m512i m4 = _mm512_set1_epi8(0x0f);
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        __m512 cacc = _mm512_setzero_ps();
-        const uint8_t* base = w->vnni + (size_t)g * nb * S;
-        for (int k = 0; k < nb; k++) {
-            const uint8_t* blk = base + (size_t)k * S;
-            const XBlock* x = xb + k;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            if (q8) {
-                for (int t = 0; t < 8; t += 2) {
-                    int32_t a0, a1;
-                    memcpy(&a0, x->q + 4 * t, 4);
-                    memcpy(&a1, x->q + 4 * t + 4, 4);
-                    s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(blk + 64 * t),
-                                             _mm512_set1_epi32(a0));
-                    s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(blk + 64 * t + 64),
-                                             _mm512_set1_epi32(a1));
-                }
-            } else {
-                for (int t = 0; t < 4; t++) {
-                    const __m512i v = _mm512_loadu_si512(blk + 64 * t);
-                    int32_t a0, a1;
-                    memcpy(&a0, x->q + 8 * t, 4);
-                    memcpy(&a1, x->q + 8 * t + 4, 4);
-                    s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, m4), _mm512_set1_epi32(a0));
-                    s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                             _mm512_set1_epi32(a1));
-                }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 cacc = _mm512_setzero_ps();
+    const uint8_t* base = w->vnni + (size_t)g * nb * S;
+    for (int k = 0; k < nb; k++) {
+        const uint8_t* blk = base + (size_t)k * S;
+        const XBlock* x = xb + k;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        if (q8) {
+            for (int t = 0; t < 8; t += 2) {
+                int32_t a0, a1;
+                memcpy(&a0, x->q + 4 * t, 4);
+                memcpy(&a1, x->q + 4 * t + 4, 4);
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(blk + 64 * t),
+                                         _mm512_set1_epi32(a0));
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(blk + 64 * t + 64),
+                                         _mm512_set1_epi32(a1));
             }
-            const __m512i isum =
-                _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(off * x->qsum));
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + so)));
-            acc[k & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
-                                         _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc[k & 1]);
-            if (q41) {
-                const __m512 mn =
-                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + so + 32)));
-                cacc = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->sum), cacc);
+        } else {
+            for (int t = 0; t < 4; t++) {
+                const __m512i v = _mm512_loadu_si512(blk + 64 * t);
+                int32_t a0, a1;
+                memcpy(&a0, x->q + 8 * t, 4);
+                memcpy(&a1, x->q + 8 * t + 4, 4);
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, m4), _mm512_set1_epi32(a0));
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                         _mm512_set1_epi32(a1));
             }
         }
-        __m512 r = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), cacc);
-        const int nr = w->rows - 16 * g < 16 ? w->rows - 16 * g : 16;
-        const __mmask16 m = (__mmask16)((1u << nr) - 1);
-        if (bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, bias + 16 * g));
-        _mm512_mask_storeu_ps(y + 16 * g, m, r);
+        const __m512i isum =
+            _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(off * x->qsum));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + so)));
+        acc[k & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                                     _mm512_mul_ps(d, _mm512_set1_ps(x->d)), acc[k & 1]);
+        if (q41) {
+            const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + so + 32)));
+            cacc = _mm512_fmadd_ps(mn, _mm512_set1_ps(x->sum), cacc);
+        }
     }
+    __m512 r = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), cacc);
+    const int nr = w->rows - 16 * g < 16 ? w->rows - 16 * g : 16;
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    if (bias) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, bias + 16 * g));
+    _mm512_mask_storeu_ps(y + 16 * g, m, r);
+}
+
+/* The groups over the threads (the loop apart from the target-specific body: clang outlines an
+ * OpenMP region into a function of its own, without the target attribute). */
+static void gemv_vnni(float* y, const QMatrix* w, const XBlock* xb, const float* bias) {
+    const int groups = (w->rows + 15) / 16;
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < groups; g++) gemv_vnni_group(y, w, xb, bias, g);
 }
 #endif
 
