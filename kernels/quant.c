@@ -578,32 +578,38 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_gro
     _mm512_mask_storeu_ps(y + 16 * g, m, r);
 }
 
-/* The groups over the threads (the loop apart from the target-specific body: clang outlines an
- * OpenMP region into a function of its own, without the target attribute). */
-static void gemv_vnni(float* y, const QMatrix* w, const XBlock* xb, const float* bias) {
-    const int groups = (w->rows + 15) / 16;
-#pragma omp parallel for schedule(static)
-    for (int g = 0; g < groups; g++) gemv_vnni_group(y, w, xb, bias, g);
-}
 #endif
 
-static void matvec(float* y, const QMatrix* w, const float* x, const float* bias, int vector) {
+/* The n rows of x (n, cols) against W into the rows of y (ldy apart), each row's arithmetic
+ * exactly that of a product of that row alone (the same kernels, the same order), but each
+ * weight row or 16-row group read from memory once for all n rows: the n dot products of a row
+ * follow each other while it is in the cache (decode steps of several sequences at once). */
+static void matvec(float* y, size_t ldy, const QMatrix* w, const float* x, int n, const float* bias,
+                   int vector) {
 #if defined(__x86_64__)
     vector = vector && has_avx2();
 #else
     vector = 0;
 #endif
-    const int blocks = block_elems(w->type) > 0;
+    const int blocks = block_elems(w->type) > 0, nb = w->cols / 32;
     /* decode calls this a few hundred times a token: the quantised activations live on the
-     * stack up to 8,192 columns */
+     * stack up to 8,192 values */
     XBlock stack[256], *xb = NULL;
     if (blocks) {
-        xb = w->cols <= 32 * 256 ? stack : mallocCheck(sizeof(XBlock) * (size_t)(w->cols / 32));
-        quantize_rows(xb, x, w->cols, vector);
+        const size_t need = (size_t)n * nb;
+        xb = need <= 256 ? stack : mallocCheck(sizeof(XBlock) * need);
+        for (int i = 0; i < n; i++)
+            quantize_rows(xb + (size_t)i * nb, x + (size_t)i * w->cols, w->cols, vector);
     }
 #if defined(__x86_64__)
     if (vector && w->vnni && quant_isa() == QUANT_ISA_AVX512_VNNI) {
-        gemv_vnni(y, w, xb, bias);
+        /* the loop stays apart from the target-specific body: clang outlines an OpenMP region
+         * into a function of its own, without the target attribute */
+        const int groups = (w->rows + 15) / 16;
+#pragma omp parallel for schedule(static)
+        for (int g = 0; g < groups; g++)
+            for (int i = 0; i < n; i++)
+                gemv_vnni_group(y + (size_t)i * ldy, w, xb + (size_t)i * nb, bias, g);
         if (xb != stack) free(xb);
         return;
     }
@@ -611,26 +617,34 @@ static void matvec(float* y, const QMatrix* w, const float* x, const float* bias
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < w->rows; r++) {
         const uint8_t* row = w->data + (size_t)r * w->row_bytes;
-        float s;
+        for (int i = 0; i < n; i++) {
+            const XBlock* xi = blocks ? xb + (size_t)i * nb : NULL;
+            const float* xr = x + (size_t)i * w->cols;
+            float s;
 #if defined(__x86_64__)
-        if (blocks)
-            s = vector ? row_dot_q8_avx2(w, row, xb) : row_dot_q8_ref(w, row, xb);
-        else
-            s = vector ? row_dot_avx2(w, row, x) : row_dot_ref(w, row, x);
+            if (blocks)
+                s = vector ? row_dot_q8_avx2(w, row, xi) : row_dot_q8_ref(w, row, xi);
+            else
+                s = vector ? row_dot_avx2(w, row, xr) : row_dot_ref(w, row, xr);
 #else
-        s = blocks ? row_dot_q8_ref(w, row, xb) : row_dot_ref(w, row, x);
+            s = blocks ? row_dot_q8_ref(w, row, xi) : row_dot_ref(w, row, xr);
 #endif
-        y[r] = s + (bias ? bias[r] : 0.0f);
+            y[(size_t)i * ldy + r] = s + (bias ? bias[r] : 0.0f);
+        }
     }
     if (xb != stack) free(xb);
 }
 
 void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias) {
-    matvec(y, w, x, bias, 1);
+    matvec(y, 0, w, x, 1, bias, 1);
 }
 
 void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias) {
-    matvec(y, w, x, bias, 0);
+    matvec(y, 0, w, x, 1, bias, 0);
+}
+
+void qmatvec_rows(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias) {
+    matvec(y, (size_t)ldy, w, x, n, bias, 1);
 }
 
 /* ------------------------------------------------------------------ half-precision rows */
@@ -1033,8 +1047,8 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
 
 void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
              int exact) {
-    if (n < 8 && !exact) { /* a few rows: the integer products, row by row */
-        for (int i = 0; i < n; i++) qmatvec(y + (size_t)i * ldy, w, x + (size_t)i * w->cols, bias);
+    if (n < 8 && !exact) { /* a few rows: the integer products of single rows */
+        qmatvec_rows(y, ldy, w, x, n, bias);
         return;
     }
     if (int8_panel_format(w->type) && qmatmul_int8_available() && !exact) {

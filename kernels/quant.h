@@ -69,9 +69,12 @@ void qmatrix_release(QMatrix* w);
 void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias);
 /* The same with the portable scalar code only (the reference of the vectorised path). */
 void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias);
+/* qmatvec of each of the n rows of x (n, cols) into the rows of y (ldy apart), bit for bit, with
+ * the weights read from memory once for all rows (decode steps of several sequences). */
+void qmatvec_rows(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias);
 
 /* y (n, ldy: columns 0 .. rows - 1 written) = X W^T + bias for the n rows of x (n, cols): the
- * batched product of a prompt. Fewer than 8 rows take qmatvec per row; more take int8 products
+ * batched product of a prompt. Fewer than 8 rows take qmatvec_rows; more take int8 products
  * (activations quantised per block as in qmatvec) at the levels avx2 and above for the formats
  * with one scale per 32 weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K), and otherwise, or when
  * `exact`, the BLAS on panels of W expanded to fp32 (a few MB, never the whole matrix): the

@@ -10,7 +10,7 @@
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
 
-/* the thread governor's step counts (see kvcache_govern) */
+/* the thread governor's step counts (see governor_update) */
 enum { GOVERN_PERIOD = 128, GOVERN_PROBE = 6, GOVERN_MIN_GAP = 16 };
 
 static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
@@ -23,6 +23,7 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     memset(c, 0, sizeof(*c));
     c->cap = cap;
     c->half = half;
+    c->L = mc->L, c->K = K;
     size_t kv = (size_t)mc->L * cap * mc->NKV * hs;
     c->k = mallocCheck((half ? 2 : sizeof(real)) * kv);
     c->v = mallocCheck((half ? 2 : sizeof(real)) * kv);
@@ -34,12 +35,11 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     c->scratch = mallocCheck(
         sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg + 2 * m->fc.K + 8));
     c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
-    c->nparts = c->th_max = omp_get_max_threads();
+    c->nparts = omp_get_max_threads();
     c->split_min = 256;
-    c->govern = c->th_max > 1;
+    governor_init(&c->gov);
     const char* prof = getenv("FOCUS_PROFILE");
     c->profile = prof && !strcmp(prof, "1");
-    c->th_probe = GOVERN_PROBE; /* measure the full count first */
     c->part = mallocCheck(sizeof(real) * (size_t)c->nparts * mc->NH * (hs + 2));
 }
 
@@ -58,11 +58,6 @@ static void norm_rows(const Model* m, real* out, const real* x, const real* w, c
         rmsnorm_forward(out, stat, x, w, n, m->cfg.C, m->cfg.eps);
 }
 
-static void norm1(const Model* m, real* out, const real* x, const real* w, const real* b) {
-    real stat[2];
-    norm_rows(m, out, x, w, b, 1, stat);
-}
-
 /* y (n rows of ldy; columns 0 .. out - 1) = x (n, in) W^T + b: from the file's blocks when the
  * model has native weights (nw; exact: fp32 products, qmatmul), else the fp32 parameters w
  * (then ldy = out). */
@@ -76,11 +71,6 @@ static void project_rows(real* y, int ldy, const real* x, int n, const real* w, 
 #endif
     (void)nw, (void)ldy, (void)exact;
     matmul_forward(y, x, w, b, (size_t)n, in, out);
-}
-
-static void project(real* y, const real* x, const real* w, const real* b, int in, int out,
-                    const QMatrix* nw) {
-    project_rows(y, out, x, 1, w, b, in, out, nw, 0);
 }
 
 static void check_mode(const Model* m) {
@@ -147,8 +137,6 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
     for (int j = lo; j <= n; j++) c->keys[nk++] = j;
     return nk;
 }
-
-static void decode_one(Model* m, KVCache* c, int token, real* logits);
 
 /* The n activations after layer l (-1: the token embedding, L: the output head) must be finite:
  * a NaN or infinite weight that the loader could not check (a block's scale in the file's own
@@ -325,179 +313,255 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
  * sooner when the count in use has become 1.3 times slower than the last measure of another,
  * and the faster is kept. Every count is tried once at the start. On an idle machine the
  * probes cost about 1 % of the steps. */
-static int candidate(const KVCache* c, int i) { /* i-th count: max >> i, the last one 1 */
-    const int v = c->th_max >> i;
+static int candidate(const Governor* g, int i) { /* i-th count: max >> i, the last one 1 */
+    const int v = g->max >> i;
     return v < 1 ? 1 : v;
 }
 
-static int candidates(const KVCache* c) {
+static int candidates(const Governor* g) {
     int n = 1;
-    while (candidate(c, n) != candidate(c, n - 1)) n++;
+    while (candidate(g, n) != candidate(g, n - 1)) n++;
     return n;
 }
 
-void kvcache_govern(KVCache* c, double dt) {
-    const int i = c->th_cur, n = candidates(c);
-    c->th_seen[i]++;
+void governor_init(Governor* g) {
+    memset(g, 0, sizeof(*g));
+    g->max = omp_get_max_threads();
+    g->on = g->max > 1;
+    g->probe = GOVERN_PROBE; /* measure the full count first */
+}
+
+void governor_update(Governor* g, double dt) {
+    const int i = g->cur, n = candidates(g);
+    g->seen[i]++;
     if (n < 2) return;
-    if (c->th_probe > 0) { /* measuring count i */
-        if (c->th_probe < GOVERN_PROBE) c->th_sum += dt;
-        if (--c->th_probe) return;
-        c->th_time[i] = c->th_sum / (GOVERN_PROBE - 1);
-        c->th_known |= 1u << i;
-        if (!((c->th_known >> c->th_best) & 1) || c->th_time[i] < c->th_time[c->th_best])
-            c->th_best = i;
-        c->th_cur = c->th_best;
-        c->th_since = 0;
+    if (g->probe > 0) { /* measuring count i */
+        if (g->probe < GOVERN_PROBE) g->sum += dt;
+        if (--g->probe) return;
+        g->time[i] = g->sum / (GOVERN_PROBE - 1);
+        g->known |= 1u << i;
+        if (!((g->known >> g->best) & 1) || g->time[i] < g->time[g->best]) g->best = i;
+        g->cur = g->best;
+        g->since = 0;
         return;
     }
-    c->th_time[i] += (dt - c->th_time[i]) / 8;
-    c->th_since++;
+    g->time[i] += (dt - g->time[i]) / 8;
+    g->since++;
     /* the next count to try: one never measured, else the next after the one in use */
     int next = -1, slower = 0;
     for (int k = 0; k < n; k++) {
-        if (k == c->th_best) continue;
-        if (!((c->th_known >> k) & 1)) {
+        if (k == g->best) continue;
+        if (!((g->known >> k) & 1)) {
             next = k;
             break;
         }
-        if (c->th_time[c->th_best] > 1.3 * c->th_time[k]) slower = 1;
+        if (g->time[g->best] > 1.3 * g->time[k]) slower = 1;
     }
     if (next < 0) {
-        if (c->th_since < GOVERN_PERIOD && !(slower && c->th_since >= GOVERN_MIN_GAP)) return;
-        c->th_next = (c->th_next + 1) % n;
-        if (c->th_next == c->th_best) c->th_next = (c->th_next + 1) % n;
-        next = c->th_next;
+        if (g->since < GOVERN_PERIOD && !(slower && g->since >= GOVERN_MIN_GAP)) return;
+        g->next = (g->next + 1) % n;
+        if (g->next == g->best) g->next = (g->next + 1) % n;
+        next = g->next;
     }
-    c->th_cur = next;
-    c->th_probe = GOVERN_PROBE;
-    c->th_sum = 0;
+    g->cur = next;
+    g->probe = GOVERN_PROBE;
+    g->sum = 0;
 }
 
-int kvcache_threads(const KVCache* c) { return candidate(c, c->th_cur); }
+int governor_threads(const Governor* g) { return candidate(g, g->cur); }
+
+/* one step of decode_rows on gov's threads */
+static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
+                        int all, int per_row);
+
+static void governed_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
+                          Governor* gov) {
+    const int on = gov && gov->on;
+    const double t0 = on ? now_seconds() : 0;
+    if (on) omp_set_num_threads(governor_threads(gov));
+    decode_rows(m, cs, tokens, n, logits, 1, 1);
+    if (on) {
+        omp_set_num_threads(gov->max);
+        governor_update(gov, now_seconds() - t0);
+    }
+}
 
 void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
-    const double t0 = c->govern ? now_seconds() : 0;
-    if (c->govern) omp_set_num_threads(kvcache_threads(c));
-    decode_one(m, c, token, logits);
-    if (c->govern) {
-        omp_set_num_threads(c->th_max);
-        kvcache_govern(c, now_seconds() - t0);
-    }
+    governed_rows(m, &c, &token, 1, logits, &c->gov);
 }
 
-static void decode_one(Model* m, KVCache* c, int token, real* logits) {
+void model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
+                        Governor* gov) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (caches[i] == caches[j]) fatal("decode batch: rows %d and %d share a cache", j, i);
+    if (n > 0) governed_rows(m, caches, tokens, n, logits, gov);
+}
+
+void kvcache_truncate(KVCache* c, int n) {
+    if (n < 0 || n > c->n) fatal("kvcache_truncate: %d tokens of %d cached", n, c->n);
+    /* each group's positions ascend: drop the tail at or after n */
+    for (int l = 0; l < c->L; l++)
+        for (int g = 0; g < c->K; g++) {
+            int* gn = c->gn + (size_t)l * c->K + g;
+            const int* gp = c->gpos + ((size_t)l * c->K + g) * c->cap;
+            while (*gn > 0 && gp[*gn - 1] >= n) (*gn)--;
+        }
+    c->n = n;
+}
+/* The rows' product y (n rows of ldy) = x (n, in) W^T + b, as project_rows computes it, but
+ * with every row's arithmetic that of a single row (per_row: decode steps, batched or not). */
+static void project_n(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
+                      int out, const QMatrix* nw, int exact, int per_row) {
+#ifndef FOCUS_DOUBLE
+    if (nw && per_row) {
+        qmatvec_rows(y, ldy, nw, x, n, b);
+        return;
+    }
+#endif
+    if (!nw && per_row) {
+        for (int i = 0; i < n; i++)
+            project_rows(y + (size_t)i * ldy, ldy, x + (size_t)i * in, 1, w, b, in, out, NULL, 0);
+        return;
+    }
+    project_rows(y, ldy, x, n, w, b, in, out, nw, exact);
+}
+
+/* The decode step's layers over n rows: row i feeds tokens[i] to cs[i] at the next position of
+ * that cache (rows of one cache in order: a prompt's tokens after cached ones). Products over
+ * all rows at once (per_row: each row's arithmetic that of a single-row step, else the prompt's
+ * products), attention row by row over its cache. logits: each row's (n, V) when `all`, else
+ * the last row's. */
+static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
+                        int all, int per_row) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
     const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
-    const int FC = mc->arch == ARCH_LLAMA ? 2 * mc->F : mc->F, kvw = NKV * hs;
+    const int F = mc->F, FC = mc->arch == ARCH_LLAMA ? 2 * F : F, kvw = NKV * hs;
+    const int ex = m->prefill_exact && !per_row;
+    const size_t N = (size_t)n;
     check_mode(m);
-    if (token < 0 || token >= mc->V)
-        fatal("token id %d outside the vocabulary (V=%d)", token, mc->V);
-    if (c->n >= c->cap) fatal("KV cache full (%d tokens)", c->cap);
-    if (mc->arch == ARCH_GPT2 && c->n >= mc->maxT)
-        fatal("position %d exceeds the model's context (%d)", c->n, mc->maxT);
-    const int n = c->n; /* this token's position */
-    real* x = c->scratch;
-    real* h = x + C;
-    real* att = h + C;
-    real* tmp = att + C;
-    real* qkv = tmp + C;
-    real* fch = qkv + Q;
-    real* act = fch + FC;
-    real* proj = act + mc->F;
-    real* S = proj + f->dg;
-    real* G = S + K;
+    KVCache* c0 = cs[0];
+    int* pos = mallocCheck(sizeof(int) * N); /* each row's position in its cache */
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= mc->V)
+            fatal("token id %d outside the vocabulary (V=%d)", tokens[i], mc->V);
+        pos[i] = cs[i]->n;
+        for (int j = 0; j < i; j++) pos[i] += cs[j] == cs[i];
+        if (pos[i] >= cs[i]->cap) fatal("KV cache full (%d tokens)", cs[i]->cap);
+        if (mc->arch == ARCH_GPT2 && pos[i] >= mc->maxT)
+            fatal("position %d exceeds the model's context (%d)", pos[i], mc->maxT);
+    }
+    real* buf = mallocCheck(sizeof(real) * (N * (4 * (size_t)C + Q + FC + F + 2) + f->dg + 2 * K));
+    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
+    real *fch = qkv + N * Q, *act = fch + N * FC, *stat = act + N * F, *proj = stat + 2 * N;
+    real *S = proj + f->dg, *G = S + K;
     /* FOCUS_PROFILE: the time of each part (tick adds the time since the last tick to part i) */
-    double mark = c->profile ? now_seconds() : 0;
+    double mark = c0->profile ? now_seconds() : 0;
 #define TICK(i)                                \
     do {                                       \
-        if (c->profile) {                      \
+        if (c0->profile) {                     \
             const double now_ = now_seconds(); \
-            c->prof[i] += now_ - mark;         \
+            c0->prof[i] += now_ - mark;        \
             mark = now_;                       \
         }                                      \
     } while (0)
+    for (int i = 0; i < n; i++) {
+        real* xi = x + (size_t)i * C;
 #ifndef FOCUS_DOUBLE
-    if (m->native) {
-        qrow(x, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, token);
-    } else
+        if (m->native) {
+            qrow(xi, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, tokens[i]);
+            continue;
+        }
 #endif
-    {
         for (int e = 0; e < C; e++)
-            x[e] = p->wte[(size_t)token * C + e] + (p->wpe ? p->wpe[(size_t)n * C + e] : 0);
+            xi[e] =
+                p->wte[(size_t)tokens[i] * C + e] + (p->wpe ? p->wpe[(size_t)pos[i] * C + e] : 0);
     }
-    check_finite_acts(m, x, C, -1);
+    check_finite_acts(m, x, N * C, -1);
     TICK(7);
     for (int l = 0; l < mc->L; l++) {
         size_t lC = (size_t)l * C;
-        norm1(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL);
+        norm_rows(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
         TICK(5);
         const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
-        if (nw) { /* q, k and v are three matrices in the file, one (Q, C) here */
+        if (nw) { /* q, k and v are three matrices in the file, written side by side */
             const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
-            project(qkv, h, NULL, qb, C, C, nw + NATIVE_Q);
-            project(qkv + C, h, NULL, qb ? qb + C : NULL, C, kvw, nw + NATIVE_K);
-            project(qkv + C + kvw, h, NULL, qb ? qb + C + kvw : NULL, C, kvw, nw + NATIVE_V);
+            project_n(qkv, Q, h, n, NULL, qb, C, C, nw + NATIVE_Q, ex, per_row);
+            project_n(qkv + C, Q, h, n, NULL, qb ? qb + C : NULL, C, kvw, nw + NATIVE_K, ex,
+                      per_row);
+            project_n(qkv + C + kvw, Q, h, n, NULL, qb ? qb + C + kvw : NULL, C, kvw, nw + NATIVE_V,
+                      ex, per_row);
         } else {
-            matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
-                           p->qkvb ? p->qkvb + (size_t)l * Q : NULL, 1, C, Q);
+            project_n(qkv, Q, h, n, p->qkvw + (size_t)l * Q * C,
+                      p->qkvb ? p->qkvb + (size_t)l * Q : NULL, C, Q, NULL, ex, per_row);
         }
         TICK(0);
-        if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, 1, NH, NKV, hs, mc->rope_theta, n);
-        kv_put(c, 0, l, n, qkv + C, kvw);
-        kv_put(c, 1, l, n, qkv + C + kvw, kvw);
-        uint32_t mi = 0;
-        const int kind = layer_keys(f, l);
-        if (kind == KEYS_GROUPS) {
-            if (f->attn == ATTN_HARD) {
-                router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
-                                      m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
-                routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K, f->tau,
-                                f->iters);
-            }
-            /* a sink position (n < sinks) joins every group, so every later query keeps it */
-            mi = token_mask(m, l, n, G);
+        for (int i = 0; i < n; i++) {
+            real* qi = qkv + (size_t)i * Q;
+            if (mc->arch == ARCH_LLAMA) rope_forward(qi, 1, 1, NH, NKV, hs, mc->rope_theta, pos[i]);
+            kv_put(cs[i], 0, l, pos[i], qi + C, kvw);
+            kv_put(cs[i], 1, l, pos[i], qi + C + kvw, kvw);
         }
-        const int nk = token_keys(c, f, l, n, mi, kind);
-        c->pairs += (long)nk * NH;
-        attend_keys(att, qkv, l, c, nk, mc);
+        const int kind = layer_keys(f, l);
+        for (int i = 0; i < n; i++) { /* in order: a cache's group lists grow row by row */
+            uint32_t mi = 0;
+            if (kind == KEYS_GROUPS) {
+                if (f->attn == ATTN_HARD) {
+                    router_scores_forward(proj, S, h + (size_t)i * C, m->router.wg + lC * f->dg,
+                                          m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
+                    routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
+                                    f->tau, f->iters);
+                }
+                /* a sink position (n < sinks) joins every group, so every later query keeps it */
+                mi = token_mask(m, l, pos[i], G);
+            }
+            const int nk = token_keys(cs[i], f, l, pos[i], mi, kind);
+            cs[i]->pairs += (long)nk * NH;
+            attend_keys(att + (size_t)i * C, qkv + (size_t)i * Q, l, cs[i], nk, mc);
+        }
         TICK(1);
-        project(tmp, att, p->attprojw + (size_t)l * C * C, p->attprojb ? p->attprojb + lC : NULL, C,
-                C, nw ? nw + NATIVE_O : NULL);
+        project_n(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
+                  p->attprojb ? p->attprojb + lC : NULL, C, C, nw ? nw + NATIVE_O : NULL, ex,
+                  per_row);
         TICK(2);
-        for (int e = 0; e < C; e++) x[e] += tmp[e];
-        norm1(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL);
+        for (size_t e = 0; e < N * C; e++) x[e] += tmp[e];
+        norm_rows(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
         TICK(5);
         if (nw) { /* gate rows then up rows, as fcw holds them */
-            project(fch, h, NULL, NULL, C, mc->F, nw + NATIVE_GATE);
-            project(fch + mc->F, h, NULL, NULL, C, mc->F, nw + NATIVE_UP);
+            project_n(fch, FC, h, n, NULL, NULL, C, F, nw + NATIVE_GATE, ex, per_row);
+            project_n(fch + F, FC, h, n, NULL, NULL, C, F, nw + NATIVE_UP, ex, per_row);
         } else {
-            matmul_forward(fch, h, p->fcw + (size_t)l * FC * C,
-                           p->fcb ? p->fcb + (size_t)l * FC : NULL, 1, C, FC);
+            project_n(fch, FC, h, n, p->fcw + (size_t)l * FC * C,
+                      p->fcb ? p->fcb + (size_t)l * FC : NULL, C, FC, NULL, ex, per_row);
         }
         TICK(3);
         if (mc->arch == ARCH_GPT2)
-            gelu_forward(act, fch, mc->F);
+            gelu_forward(act, fch, N * F);
         else
-            swiglu_forward(act, fch, 1, mc->F);
+            swiglu_forward(act, fch, N, F);
         TICK(5);
-        project(tmp, act, p->fcprojw + (size_t)l * C * mc->F, p->fcprojb ? p->fcprojb + lC : NULL,
-                mc->F, C, nw ? nw + NATIVE_DOWN : NULL);
+        project_n(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
+                  p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex,
+                  per_row);
         TICK(4);
-        for (int e = 0; e < C; e++) x[e] += tmp[e];
-        check_finite_acts(m, x, C, l);
+        for (size_t e = 0; e < N * C; e++) x[e] += tmp[e];
+        check_finite_acts(m, x, N * C, l);
         TICK(5);
     }
-    norm1(m, h, x, p->lnfw, p->lnfb);
+    const int rows = all ? n : 1;
+    const real* last = all ? x : x + (N - 1) * C;
+    norm_rows(m, h, last, p->lnfw, p->lnfb, rows, stat);
     TICK(5);
-    project(logits, h, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
-            m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL);
-    check_finite_acts(m, logits, mc->V, mc->L);
+    project_n(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
+              m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex, per_row);
+    check_finite_acts(m, logits, (size_t)rows * mc->V, mc->L);
     TICK(6);
 #undef TICK
-    c->n++;
+    for (int i = 0; i < n; i++) cs[i]->n++;
+    free(buf);
+    free(pos);
 }
 
 /* The prompt in one pass: the layers of model_decode_step over all n tokens at once (batched
@@ -608,9 +672,15 @@ void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits,
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.V)
             fatal("token id %d outside the vocabulary (V=%d)", tokens[i], m->cfg.V);
-    if (c->n > 0 || n == 1) { /* after earlier tokens: one step at a time */
-        for (int i = 0; i < n; i++)
-            model_decode_step(m, c, tokens[i], logits + (all ? (size_t)i * m->cfg.V : 0));
+    if (n == 1) {
+        model_decode_step(m, c, tokens[0], logits);
+        return;
+    }
+    if (c->n > 0) { /* after earlier tokens: the decode step's layers over the n rows */
+        KVCache** cs = mallocCheck(sizeof(KVCache*) * (size_t)n);
+        for (int i = 0; i < n; i++) cs[i] = c;
+        decode_rows(m, cs, tokens, n, logits, all, 0);
+        free(cs);
         return;
     }
     prefill_batched(m, c, tokens, n, logits, all);

@@ -10,8 +10,24 @@
 
 #include "model.h"
 
+/* The thread governor (decode.c): on a machine busy with other work two threads can decode
+ * slower than one, so the thread count of each step is chosen by measurement among max, max / 2,
+ * ..., 1. Off (on = 0), every step runs on OpenMP's threads as set. */
+typedef struct {
+    int on, max, cur, best, next, probe, since, seen[32]; /* seen: steps run on max >> i */
+    unsigned known;
+    double time[32], sum;
+} Governor;
+
+/* A governor for OpenMP's current maximum thread count, on when that is more than one. */
+void governor_init(Governor* g);
+/* The threads the next step will run on, and the update after a step of dt seconds on them. */
+int governor_threads(const Governor* g);
+void governor_update(Governor* g, double dt);
+
 typedef struct {
     int cap, n;     /* capacity and cached tokens */
+    int L, K;       /* the model's layers and groups */
     int half;       /* keys and values stored in IEEE half precision (else real) */
     void* k;        /* (L, cap, NKV*hs) keys after RoPE */
     void* v;        /* (L, cap, NKV*hs) */
@@ -24,12 +40,8 @@ typedef struct {
     real* part;     /* (nparts, NH, hs + 2) the threads' partial softmax sums */
     int nparts;     /* threads a token's attention is split among (OpenMP's maximum) */
     int split_min;  /* ... when it has at least this many keys (256; fewer: one thread) */
-    /* the thread governor (decode.c): on by default with more than one thread; off, every
-     * step runs on OpenMP's threads as set */
-    int govern, th_max, th_cur, th_best, th_next, th_probe, th_since, th_seen[32];
-    unsigned th_known;
-    double th_time[32], th_sum;
-    long pairs; /* attention pairs evaluated so far, summed over layers */
+    Governor gov;   /* the decode steps' thread count (on by default with more than one thread) */
+    long pairs;     /* attention pairs evaluated so far, summed over layers */
     /* FOCUS_PROFILE=1: seconds of the decode steps by part (DECODE_PARTS), summed */
     int profile;
     double prof[8];
@@ -44,15 +56,23 @@ typedef struct {
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */
 void kvcache_init(KVCache* c, const Model* m, int cap, int half);
 void kvcache_free(KVCache* c);
-/* Feed `token` at position c->n; logits (V) receive the next-token scores. */
+/* Feed `token` at position c->n; logits (V) receive the next-token scores. The step's threads
+ * are c->gov's. */
 void model_decode_step(Model* m, KVCache* c, int token, real* logits);
-/* The threads the next decode step will run on, and the governor's update after a step of dt
- * seconds on them (model_decode_step calls both when c->govern is set). */
-int kvcache_threads(const KVCache* c);
-void kvcache_govern(KVCache* c, double dt);
+/* One decode step for n caches at once (a server's slots: continuous batching): row i feeds
+ * tokens[i] to caches[i] (distinct caches) and receives its next-token scores in logits + i V.
+ * The weights are read once for all rows, and every row's arithmetic is exactly that of
+ * model_decode_step on its cache alone, so the rows' logits are bit for bit the same. The step's
+ * threads are gov's (NULL: OpenMP's). */
+void model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
+                        Governor* gov);
+/* Forget all but the first n cached tokens (n <= c->n), so that a prompt sharing them goes on
+ * from there: the cache ends as if only those n had been fed. */
+void kvcache_truncate(KVCache* c, int n);
 /* Feed n tokens (a prompt) at positions c->n ..: into an empty cache in one batched pass (the
- * full-sequence kernels, the weights read once for all n tokens), else one step at a time; the
- * cache ends as n decode steps would leave it. logits: the next-token scores after the last
+ * full-sequence kernels, the weights read once for all n tokens), else (a cache in use) in one
+ * pass of the decode step's layers over the n rows, each attending over the cache; the cache
+ * ends as n decode steps would leave it. logits: the next-token scores after the last
  * token (V), or after each token (n, V) when `all`. */
 void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all);
 

@@ -3,7 +3,8 @@
  * tiny GPT-2 and LLaMA models (each token's keys split among three threads and the parts
  * merged, as long contexts are); so does a batched prefill of the first tokens followed by
  * decoding, which leaves the cache (group lists, pair counts) as decoding would. Also: the hard
- * decode path evaluates fewer pairs than dense. */
+ * decode path evaluates fewer pairs than dense; several caches decoded in one batch step give
+ * each cache's own logits bit for bit; a truncated cache goes on as the untruncated one did. */
 #include <math.h>
 #include <string.h>
 
@@ -15,6 +16,54 @@
 enum { T = 70 };
 
 static int nthreads;
+
+/* Three sequences decoded together (model_decode_batch, one row per cache, some joining late)
+ * give bit for bit the logits and group lists of each decoded alone; a cache truncated to its
+ * first tokens and fed the rest again gives them again. */
+static void check_batch(Model* m, const int* tok, const char* preset) {
+    const int V = m->cfg.V;
+    enum { S = 3, N = 30 };
+    KVCache alone[S], batch[S];
+    real* want = mallocCheck(sizeof(real) * S * N * V);
+    real* got = mallocCheck(sizeof(real) * S * V);
+    int seq[S][N];
+    for (int s = 0; s < S; s++)
+        for (int t = 0; t < N; t++) seq[s][t] = tok[(t * (s + 1) + 7 * s) % T];
+    for (int s = 0; s < S; s++) {
+        kvcache_init(&alone[s], m, N, 1);
+        kvcache_init(&batch[s], m, N, 1);
+        for (int t = 0; t < N; t++)
+            model_decode_step(m, &alone[s], seq[s][t], want + ((size_t)s * N + t) * V);
+    }
+    int same = 1;
+    for (int step = 0; step < N + 4; step++) { /* sequence s starts at step 2 s */
+        KVCache* cs[S];
+        int tk[S], who[S], n = 0;
+        for (int s = 0; s < S; s++) {
+            const int t = step - 2 * s;
+            if (t < 0 || t >= N) continue;
+            cs[n] = &batch[s], tk[n] = seq[s][t], who[n++] = s;
+        }
+        model_decode_batch(m, cs, tk, n, got, NULL);
+        for (int i = 0; i < n; i++) {
+            const int s = who[i], t = step - 2 * s;
+            same &= !memcmp(got + (size_t)i * V, want + ((size_t)s * N + t) * V, sizeof(real) * V);
+        }
+    }
+    for (int s = 0; s < S; s++)
+        same &= !memcmp(batch[s].gn, alone[s].gn, sizeof(int) * m->cfg.L * m->fc.K);
+    CHECK(same, "%s: decoding three caches together differs from decoding each alone", preset);
+    /* truncate to 12 tokens, feed tokens 12 .. N - 1 again: the same logits and group lists */
+    kvcache_truncate(&batch[1], 12);
+    for (int t = 12; t < N; t++) {
+        model_decode_step(m, &batch[1], seq[1][t], got);
+        same &= !memcmp(got, want + ((size_t)N + t) * V, sizeof(real) * V);
+    }
+    same &= !memcmp(batch[1].gn, alone[1].gn, sizeof(int) * m->cfg.L * m->fc.K);
+    CHECK(same, "%s: a truncated cache fed its tokens again differs", preset);
+    for (int s = 0; s < S; s++) kvcache_free(&alone[s]), kvcache_free(&batch[s]);
+    free(want), free(got);
+}
 
 static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
@@ -108,6 +157,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
               c.pairs / dense_pairs);
     free(full), free(lg);
     kvcache_free(&c);
+    check_batch(&m, tok, preset);
     model_free(&m);
 }
 
@@ -115,26 +165,26 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
  * idle_at), two threads take 8 ms a step and stall six times as long every seventh step, one
  * thread 6 ms; once it is idle, two threads 4 ms and one 7 ms. Returns the share of steps 200
  * to 399 run on one thread. */
-static double governed(KVCache* c, int idle_at) {
+static double governed(Governor* c, int idle_at) {
     int on_one = 0;
     for (int s = 0; s < 400; s++) {
-        const int t = kvcache_threads(c);
+        const int t = governor_threads(c);
         double ms = s >= idle_at ? (t == 1 ? 7 : 4) : (t == 1 ? 6 : s % 7 == 3 ? 48 : 8);
-        kvcache_govern(c, ms * 1e-3);
+        governor_update(c, ms * 1e-3);
         on_one += s >= 200 && t == 1;
     }
     return on_one / 200.0;
 }
 
 static void check_governor(void) {
-    KVCache c;
+    Governor c;
     memset(&c, 0, sizeof c);
-    c.th_max = 2, c.govern = 1, c.th_probe = 6;
+    c.max = 2, c.on = 1, c.probe = 6;
     double share = governed(&c, 1000);
     printf("  governor, busy machine: %.0f %% of the steps on one thread\n", 100 * share);
     CHECK(share > 0.9, "the governor should keep one thread on a busy machine (%.2f)", share);
     memset(&c, 0, sizeof c);
-    c.th_max = 2, c.govern = 1, c.th_probe = 6;
+    c.max = 2, c.on = 1, c.probe = 6;
     share = governed(&c, 100);
     printf("  governor, load gone at step 100: %.0f %% on one thread after step 200\n",
            100 * share);

@@ -94,6 +94,20 @@ static void check_format(int type, const char* name, Rng* r) {
         rowerr = fmax(rowerr, fabs(row[j] - dense[(size_t)17 * cols + j]) /
                                   (fabs(dense[(size_t)17 * cols + j]) + 1e-30));
     CHECK(rowerr < 1e-6, "%s: qrow differs from dequantise (relative %g)", name, rowerr);
+    /* several rows at once (a server's slots decoding together): each row bit for bit the
+     * single-row product, written ldy apart */
+    {
+        enum { nr = 5, ld = rows + 3 };
+        static float ys[nr * ld];
+        qmatvec_rows(ys, ld, &w, x, nr, bias);
+        int same = 1;
+        for (int t = 0; t < nr; t++) {
+            float one[rows];
+            qmatvec(one, &w, x + (size_t)t * cols, bias);
+            same &= !memcmp(one, ys + (size_t)t * ld, sizeof one);
+        }
+        CHECK(same, "%s: qmatvec_rows differs from qmatvec row by row", name);
+    }
     /* the batched product (a prompt's): int8 products on CPUs with VNNI for the formats with
      * one scale per 32 weights (against their scalar reference to round-off, against the exact
      * product like qmatvec), fp32 panels otherwise (against the exact product to round-off) */

@@ -72,7 +72,7 @@ int cmd_bench_decode(int argc, char** argv) {
     if (threads) omp_set_num_threads(threads);
     KVCache c;
     kvcache_init(&c, &m, ctx + n, !strcmp(kv, "f16"));
-    if (threads) c.govern = 0;
+    if (threads) c.gov.on = 0;
     real* logits = mallocCheck(sizeof(real) * m.cfg.V);
     /* the token stream: random ids, or the text's (teacher-forced, scored) */
     int* ids = mallocCheck(sizeof(int) * (size_t)(ctx + n));
@@ -135,16 +135,16 @@ int cmd_bench_decode(int argc, char** argv) {
     printf("model %s (%s), weights %s, attention %s, KV cache %s, %d threads%s\n", info.name,
            info.format, m.native ? "native (the file's blocks)" : "fp32",
            router ? "hard top-k" : "dense", c.half ? "f16" : "f32", omp_get_max_threads(),
-           c.govern ? " at most (chosen per decode step)" : "");
+           c.gov.on ? " at most (chosen per decode step)" : "");
     printf("kernels: %s (this CPU's best: %s; FOCUS_ISA forces a level)\n",
            quant_isa_name(quant_isa()), quant_isa_name(quant_isa_detected()));
-    if (c.govern) {
+    if (c.gov.on) {
         int steps_all = 0;
-        for (int i = 0; i < 32; i++) steps_all += c.th_seen[i];
+        for (int i = 0; i < 32; i++) steps_all += c.gov.seen[i];
         printf("decode steps by thread count:");
-        for (int i = 0; i < 32 && c.th_seen[i]; i++) {
-            const int t = c.th_max >> i;
-            printf(" %d: %.0f %%", t < 1 ? 1 : t, 100.0 * c.th_seen[i] / steps_all);
+        for (int i = 0; i < 32 && c.gov.seen[i]; i++) {
+            const int t = c.gov.max >> i;
+            printf(" %d: %.0f %%", t < 1 ? 1 : t, 100.0 * c.gov.seen[i] / steps_all);
         }
         printf("\n");
     }
