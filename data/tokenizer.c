@@ -554,3 +554,7 @@ char* tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, size_t* len
     if (len) *len = at;
     return s;
 }
+
+int tokenizer_find(const Tokenizer* t, const char* text) {
+    return str_lookup(t, text, (int)strlen(text));
+}

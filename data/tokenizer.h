@@ -39,5 +39,8 @@ int tokenizer_eos(const Tokenizer* t);
 /* Beginning-of-sequence id, or -1 if the model does not use one. */
 int tokenizer_bos(const Tokenizer* t);
 const char* tokenizer_pretokenizer(const Tokenizer* t);
+/* The id of the token whose text is exactly `text` (a special token such as <|im_start|>), or
+ * -1 when the vocabulary has none. */
+int tokenizer_find(const Tokenizer* t, const char* text);
 
 #endif

@@ -76,4 +76,9 @@ void kvcache_truncate(KVCache* c, int n);
  * token (V), or after each token (n, V) when `all`. */
 void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all);
 
+/* The next token from logits (V): the largest when temperature <= 0 (greedy), else drawn from
+ * softmax(logits / temperature) restricted to the smallest set of most likely tokens whose
+ * probability reaches top_p (nucleus sampling; top_p = 1: the whole vocabulary). */
+int decode_sample(const real* logits, int V, double temperature, double top_p, Rng* rng);
+
 #endif

@@ -2,6 +2,7 @@
 # Install the Debian packages focus builds against (no-op for packages already present).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev libpcre2-dev libinih-dev libcjson-dev
+      libmicrohttpd-dev                    # focus serve: the HTTP server library
       clang libclang-rt-dev libomp-dev     # clang, its libFuzzer and OpenMP: the fuzz targets
       libopenmpi-dev openmpi-bin)          # MPI: data-parallel runs over processes
 # The demo and the model fetch use Python only to download and unpack registry packages.
@@ -17,6 +18,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The server's test (tests/serve_api.py) talks to it through the official openai client.
+if ! python3 -c "import openai" 2>/dev/null; then
+  echo "installing openai for $(command -v python3)"
+  python3 -m pip install --quiet openai
 fi
 # The demo's plots (scripts/plot_run.py) need matplotlib in the python3 that runs them, which may
 # be a pyenv interpreter that does not see Debian's python3-matplotlib: install it with pip there.

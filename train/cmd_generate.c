@@ -9,45 +9,6 @@
 #include "cli.h"
 #include "commands.h"
 
-/* Index of the next token from logits (V): greedy when temperature <= 0, else nucleus sampling. */
-static int sample(const real* logits, int V, double temperature, double top_p, Rng* rng) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
-    if (temperature <= 0) return best;
-    double* p = mallocCheck(sizeof(double) * V);
-    int* idx = mallocCheck(sizeof(int) * V);
-    double sum = 0;
-    for (int v = 0; v < V; v++) {
-        p[v] = exp((logits[v] - logits[best]) / temperature);
-        sum += p[v];
-        idx[v] = v;
-    }
-    /* Sort candidates by probability (partial selection until top_p mass is reached). */
-    double mass = 0;
-    int k = 0;
-    while (k < V && mass < top_p * sum) {
-        int bi = k;
-        for (int j = k + 1; j < V; j++) bi = p[idx[j]] > p[idx[bi]] ? j : bi;
-        int tmp = idx[k];
-        idx[k] = idx[bi];
-        idx[bi] = tmp;
-        mass += p[idx[k++]];
-        if (k > 1024) break; /* the tail beyond 1024 candidates carries no practical mass */
-    }
-    double r = rng_uniform(rng) * mass, acc = 0;
-    int choice = idx[k - 1];
-    for (int j = 0; j < k; j++) {
-        acc += p[idx[j]];
-        if (r < acc) {
-            choice = idx[j];
-            break;
-        }
-    }
-    free(p);
-    free(idx);
-    return choice;
-}
-
 static const char generate_usage[] =
     "usage: focus generate --model M [--tokenizer T] --prompt TEXT [-n 64]\n"
     "                      [--temperature t] [--top-p p] [--seed s] [--router router.h5 [--topk k] "
@@ -116,7 +77,7 @@ int cmd_generate(int argc, char** argv) {
             full = 1;
             break;
         }
-        int next = sample(logits, m.cfg.V, temperature, top_p, &rng);
+        int next = decode_sample(logits, m.cfg.V, temperature, top_p, &rng);
         ids[len++] = next;
         if (next == tokenizer_eot(t) || next == tokenizer_eos(t)) break;
         size_t sl;

@@ -15,6 +15,7 @@ int cmd_eval_tasks(int argc, char** argv);   /* eval tasks */
 int cmd_eval_passkey(int argc, char** argv); /* eval passkey */
 int cmd_eval_curve(int argc, char** argv);   /* eval curve */
 int cmd_generate(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_decode(int argc, char** argv); /* bench decode */
 int cmd_settings(int argc, char** argv);

@@ -35,6 +35,7 @@ static const Command commands[] = {
      "  eval passkey    retrieval of a number hidden in long filler text, by length and depth\n"
      "  eval curve      perplexity against context length, dense and each Focus mode"},
     {"generate", cmd_generate, "generate        continue a prompt (greedy or sampled)"},
+    {"serve", cmd_serve, "serve           an OpenAI-compatible HTTP server (parallel requests)"},
     {"bench", cmd_bench,
      "bench forward   forward and forward+backward (router-only) tokens/s of a model\n"
      "  bench decode    generation tokens/s (prompt, decode), native or fp32 weights\n"

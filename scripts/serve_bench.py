@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Serving throughput of `focus serve` (and of llama-server, when given one) on the same GGUF file:
+for 1, 2, 4 and 8 concurrent clients, each sending streamed completions (temperature 0), the time
+to first token, tokens/s per request, total tokens/s, and the server's resident memory.
+
+usage: scripts/serve_bench.py [--model M] [--focus build/focus] [--llama-server PATH]
+                              [--clients 1,2,4,8] [--tokens 64] [--prompt-tokens 0|8000]
+                              [--requests 2] [--router R --topk k] [--threads 2]
+Prints one Markdown table (the rows of docs/RESULTS.md); --prompt-tokens N sends prompts of about
+N tokens (public-domain-like filler generated from a seed) instead of short ones."""
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--model", default="cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+ap.add_argument("--focus", default="build/focus")
+ap.add_argument("--llama-server", default=None)
+ap.add_argument("--clients", default="1,2,4,8")
+ap.add_argument("--tokens", type=int, default=64)
+ap.add_argument("--prompt-tokens", type=int, default=0)
+ap.add_argument("--requests", type=int, default=2, help="requests per client")
+ap.add_argument("--router", default=None)
+ap.add_argument("--topk", default="1")
+ap.add_argument("--threads", type=int, default=2)
+a = ap.parse_args()
+clients = [int(c) for c in a.clients.split(",")]
+P = max(clients)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def start(kind):
+    port = free_port()
+    ctx = 8192 if a.prompt_tokens else 2048
+    if kind == "focus":
+        cmd = [a.focus, "serve", "--model", a.model, "--port", str(port), "--parallel", str(P),
+               "--ctx", str(ctx)]
+        if a.router:
+            cmd += ["--router", a.router, "--topk", a.topk]
+    else:  # llama-server: the whole context shared by the slots, as its -c means
+        cmd = [a.llama_server, "-m", a.model, "--port", str(port), "-np", str(P), "-c",
+               str(ctx * P), "-t", str(a.threads), "--no-webui"]
+    log = tempfile.TemporaryFile()
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    t0 = time.time()
+    while time.time() - t0 < 120:
+        try:
+            c = socket.create_connection(("127.0.0.1", port), timeout=1)
+            c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            if b" 200 " in c.recv(4096):
+                c.close()
+                return p, port
+            c.close()
+        except OSError:
+            pass
+        time.sleep(0.1)
+    p.kill()
+    log.seek(0)
+    sys.exit(f"{kind} did not start: {log.read().decode()[-2000:]}")
+
+
+def rss_mb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+    return 0
+
+
+def prompt_for(i):
+    if not a.prompt_tokens:
+        return f"Story {i}: once upon a time, in a land far away,"
+    words = ["river", "stone", "light", "north", "garden", "letter", "winter", "bridge", "song",
+             "candle", "harbor", "forest", "window", "silver", "morning", "journey"]
+    x, out = 12345 + i, []
+    while len(out) < a.prompt_tokens * 0.8:  # about 1.25 tokens a word
+        x = (x * 1103515245 + 12345) % 2 ** 31
+        out.append(words[x % len(words)])
+    return f"Story {i}: " + " ".join(out) + ". The end of the story is"
+
+
+def one(port, i, res):
+    body = json.dumps({"prompt": prompt_for(i), "max_tokens": a.tokens, "temperature": 0,
+                       "stream": True, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=600)
+    t0 = time.time()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    buf, first, n = b"", None, 0
+    while b"data: [DONE]" not in buf:
+        more = s.recv(65536)
+        if not more:
+            break
+        buf += more
+        if first is None and b'"text":"' in buf.split(b"\r\n\r\n", 1)[-1]:
+            first = time.time() - t0
+    s.close()
+    n = len(re.findall(rb'"text":"(?:[^"\\]|\\.)+"', buf))  # chunks with text: one a token
+    res.append((first or 0, n, time.time() - t0))
+
+
+rows = []
+kinds = ["focus"] + (["llama-server"] if a.llama_server else [])
+for kind in kinds:
+    p, port = start(kind)
+    one(port, 0, [])  # warm-up
+    for c in clients:
+        res, th = [], []
+        t0 = time.time()
+        for k in range(c):
+            def work(k=k):
+                for r in range(a.requests):
+                    one(port, 100 * c + 10 * k + r, res)
+            th.append(threading.Thread(target=work))
+            th[-1].start()
+        for t in th:
+            t.join()
+        wall = time.time() - t0
+        toks = sum(r[1] for r in res)
+        ttft = sorted(r[0] for r in res)[len(res) // 2]
+        per = sorted(r[1] / max(r[2] - r[0], 1e-9) for r in res)[len(res) // 2]
+        rows.append((kind, c, ttft, per, toks / wall, rss_mb(p.pid)))
+        print(f"{kind:12s} clients {c}: ttft {ttft:.3f} s, {per:.1f} tok/s per request, "
+              f"{toks / wall:.1f} tok/s total, RSS {rss_mb(p.pid):.0f} MB", file=sys.stderr)
+    p.terminate()
+    p.wait(timeout=60)
+
+print(f"\n| server | clients | time to first token (median, s) | tokens/s per request (median) "
+      f"| total tokens/s | resident MB |")
+print("|---|---|---|---|---|---|")
+for kind, c, ttft, per, tot, rss in rows:
+    print(f"| {kind} | {c} | {ttft:.3f} | {per:.1f} | {tot:.1f} | {rss:.0f} |")

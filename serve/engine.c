@@ -1,0 +1,409 @@
+/* engine.c: slots, queue and the model's thread for `focus serve` (see engine.h). */
+#include "engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct Job {
+    int* prompt;
+    int np;
+    JobParams p;
+    Rng rng;
+    char* text; /* the generated text so far, cut before a stop string */
+    size_t len, cap;
+    size_t safe; /* the bytes a client may see: complete characters, no possible stop prefix */
+    JobStatus st;
+    double t_submit;
+    int cancelled;
+    int refs;  /* the engine's and the client's */
+    Job* next; /* in the queue */
+};
+
+typedef struct {
+    KVCache c;
+    int* toks; /* the tokens in the cache, in order */
+    int ntok;
+    Job* job;
+    int start;   /* the job was just assigned: its prompt still to evaluate */
+    int pending; /* the sampled token to feed next (-1: none) */
+    real* saved; /* the logits after the slot's last prompt, for a request repeating it */
+    int saved_n; /* that prompt's length (0: none) */
+    double last_used;
+} Slot;
+
+struct Engine {
+    Model* m;
+    const Tokenizer* t;
+    Slot* s;
+    int ns, ctx, qcap, V, eos, eot;
+    Job *qhead, *qtail;
+    int qlen;
+    pthread_mutex_t mu;
+    pthread_cond_t work, progress;
+    int stopping;
+    double deadline;
+    pthread_t th;
+    Governor gov;
+    real* logits; /* (ns, V) of a batched step */
+    EngineStats stats;
+};
+
+static void job_unref(Job* j) {
+    if (--j->refs > 0) return;
+    free(j->prompt);
+    for (int i = 0; i < j->p.nstop; i++) free(j->p.stop[i]);
+    free(j->text);
+    free(j);
+}
+
+/* The bytes at the end of s[0..n) that begin a UTF-8 character not yet complete. */
+static size_t utf8_tail(const char* s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        const unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xc0) == 0x80) continue; /* a continuation byte: look further back */
+        const size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+        return need > back ? back : 0;
+    }
+    return 0;
+}
+
+/* How much of the job's text may be shown: all of it once it ended; else not the end of a
+ * character still incomplete nor an end that is the beginning of a stop string. */
+static void update_safe(Job* j) {
+    if (j->st.finish != FINISH_NONE) {
+        j->safe = j->len;
+        return;
+    }
+    size_t hold = utf8_tail(j->text, j->len);
+    for (int i = 0; i < j->p.nstop; i++) {
+        const size_t sl = strlen(j->p.stop[i]);
+        for (size_t k = sl - 1; k > hold; k--) /* a proper prefix of stop i, k bytes long */
+            if (k <= j->len && !memcmp(j->text + j->len - k, j->p.stop[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    j->safe = j->len - hold;
+}
+
+/* The job of slot s ends (engine lock held): its slot freed, its client told. */
+static void finish_job(Engine* e, Slot* s, Finish why) {
+    Job* j = s->job;
+    j->st.finish = why;
+    update_safe(j);
+    e->stats.completed += why != FINISH_CANCELLED;
+    e->stats.cancelled += why == FINISH_CANCELLED;
+    s->job = NULL;
+    s->pending = -1;
+    s->start = 0;
+    s->last_used = now_seconds();
+    job_unref(j);
+    pthread_cond_broadcast(&e->progress);
+}
+
+/* The token the job of slot s sampled (engine lock held): its text, stop strings, limits. */
+static void take_token(Engine* e, Slot* s, int tok) {
+    Job* j = s->job;
+    if (j->st.ttft < 0) {
+        j->st.ttft = now_seconds() - j->t_submit;
+        e->stats.ttft_sum += j->st.ttft;
+        e->stats.ttft_count++;
+    }
+    if (tok == e->eos || tok == e->eot) {
+        finish_job(e, s, FINISH_STOP);
+        return;
+    }
+    j->st.completion_tokens++;
+    e->stats.completion_tokens++;
+    size_t n;
+    char* piece = tokenizer_decode(e->t, &tok, 1, &n);
+    if (j->len + n + 1 > j->cap) {
+        j->cap = 2 * (j->len + n + 1) + 64;
+        j->text = reallocCheck(j->text, j->cap);
+    }
+    const size_t before = j->len;
+    memcpy(j->text + j->len, piece, n);
+    j->len += n;
+    j->text[j->len] = 0;
+    free(piece);
+    for (int i = 0; i < j->p.nstop; i++) { /* a stop string that ends in the new bytes */
+        const size_t sl = strlen(j->p.stop[i]);
+        const size_t from = before + 1 > sl ? before + 1 - sl : 0;
+        const char* at = strstr(j->text + from, j->p.stop[i]);
+        if (at) {
+            j->len = (size_t)(at - j->text);
+            j->text[j->len] = 0;
+            finish_job(e, s, FINISH_STOP);
+            return;
+        }
+    }
+    if (j->st.completion_tokens >= j->p.max_tokens || s->c.n >= s->c.cap) {
+        finish_job(e, s, FINISH_LENGTH); /* the limit, or a full cache: no room to feed it */
+        return;
+    }
+    s->pending = tok;
+    update_safe(j);
+    pthread_cond_broadcast(&e->progress);
+}
+
+/* A slot's new job: its prompt evaluated from the longest cached prefix, the first token drawn
+ * (engine lock not held; the prompt is the job's own, never changed). */
+static int start_job(Engine* e, Slot* s, Job* j) {
+    int lcp = 0;
+    while (lcp < s->ntok && lcp < j->np && s->toks[lcp] == j->prompt[lcp]) lcp++;
+    const int np = j->np;
+    int cached = 0;
+    if (lcp == np && s->saved_n == np) { /* the slot's last prompt again: its logits kept */
+        kvcache_truncate(&s->c, np);
+        memcpy(e->logits, s->saved, sizeof(real) * e->V);
+        cached = np;
+    } else {
+        const int keep = 2 * lcp >= np ? (lcp < np ? lcp : np - 1) : 0;
+        kvcache_truncate(&s->c, keep);
+        model_prefill(e->m, &s->c, j->prompt + keep, np - keep, e->logits, 0);
+        memcpy(s->saved, e->logits, sizeof(real) * e->V);
+        cached = keep;
+    }
+    memcpy(s->toks, j->prompt, sizeof(int) * (size_t)np);
+    s->ntok = s->saved_n = np;
+    j->st.cached_tokens = cached;
+    return decode_sample(e->logits, e->V, j->p.temperature, j->p.top_p, &j->rng);
+}
+
+static void* engine_main(void* arg) {
+    Engine* e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        if (e->stopping && now_seconds() > e->deadline) /* the grace is over: cancel the rest */
+            for (int i = 0; i < e->ns; i++)
+                if (e->s[i].job) e->s[i].job->cancelled = 1;
+        for (int i = 0; i < e->ns; i++) /* the jobs whose client left */
+            if (e->s[i].job && e->s[i].job->cancelled) finish_job(e, &e->s[i], FINISH_CANCELLED);
+        while (e->qhead) { /* queued jobs into free slots */
+            Slot* best = NULL;
+            int best_lcp = -1;
+            Job* j = e->qhead;
+            for (int i = 0; i < e->ns; i++) {
+                Slot* s = &e->s[i];
+                if (s->job) continue;
+                int lcp = 0;
+                while (lcp < s->ntok && lcp < j->np && s->toks[lcp] == j->prompt[lcp]) lcp++;
+                if (2 * lcp < j->np) lcp = 0; /* too little in common: as good as empty */
+                if (lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used))
+                    best = s, best_lcp = lcp;
+            }
+            if (!best) break;
+            e->qhead = j->next;
+            if (!e->qhead) e->qtail = NULL;
+            e->qlen--;
+            best->job = j;
+            best->start = 1;
+        }
+        int active = 0;
+        for (int i = 0; i < e->ns; i++) active += e->s[i].job != NULL;
+        e->stats.busy = active;
+        e->stats.queued = e->qlen;
+        if (!active) {
+            if (e->stopping) break;
+            pthread_cond_wait(&e->work, &e->mu);
+            continue;
+        }
+        /* new jobs: each prompt in one pass (a long prompt holds the others for its time) */
+        for (int i = 0; i < e->ns; i++) {
+            Slot* s = &e->s[i];
+            if (!s->job || !s->start) continue;
+            Job* j = s->job;
+            s->start = 0;
+            pthread_mutex_unlock(&e->mu);
+            const int tok = start_job(e, s, j);
+            pthread_mutex_lock(&e->mu);
+            e->stats.prompt_tokens += j->np;
+            e->stats.cached_tokens += j->st.cached_tokens;
+            if (j->cancelled)
+                finish_job(e, s, FINISH_CANCELLED);
+            else
+                take_token(e, s, tok);
+        }
+        /* one batched step for every slot with a token to feed */
+        KVCache* cs[64];
+        int toks[64], who[64], n = 0;
+        for (int i = 0; i < e->ns && n < 64; i++) {
+            Slot* s = &e->s[i];
+            if (!s->job || s->pending < 0 || s->job->cancelled) continue;
+            cs[n] = &s->c, toks[n] = s->pending, who[n++] = i;
+        }
+        if (!n) continue;
+        pthread_mutex_unlock(&e->mu);
+        model_decode_batch(e->m, cs, toks, n, e->logits, &e->gov);
+        int next[64];
+        for (int r = 0; r < n; r++) {
+            Slot* s = &e->s[who[r]];
+            s->toks[s->ntok++] = toks[r];
+            s->pending = -1;
+            next[r] = decode_sample(e->logits + (size_t)r * e->V, e->V, s->job->p.temperature,
+                                    s->job->p.top_p, &s->job->rng);
+        }
+        pthread_mutex_lock(&e->mu);
+        e->stats.steps++;
+        e->stats.step_rows += n;
+        for (int r = 0; r < n; r++) {
+            Slot* s = &e->s[who[r]];
+            if (s->job->cancelled)
+                finish_job(e, s, FINISH_CANCELLED);
+            else
+                take_token(e, s, next[r]);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+Engine* engine_new(Model* m, const Tokenizer* t, int slots, int ctx, int queue, int half) {
+    if (slots < 1 || slots > 64) fatal("serve: --parallel must be 1 .. 64, got %d", slots);
+    Engine* e = callocCheck(1, sizeof(Engine));
+    e->m = m, e->t = t, e->ns = slots, e->ctx = ctx, e->qcap = queue, e->V = m->cfg.V;
+    e->eos = tokenizer_eos(t), e->eot = tokenizer_eot(t);
+    e->s = callocCheck((size_t)slots, sizeof(Slot));
+    for (int i = 0; i < slots; i++) {
+        Slot* s = &e->s[i];
+        kvcache_init(&s->c, m, ctx, half); /* memory is touched only as tokens arrive */
+        s->c.gov.on = 0;                   /* the engine governs its batched steps */
+        s->toks = mallocCheck(sizeof(int) * (size_t)ctx);
+        s->saved = mallocCheck(sizeof(real) * (size_t)e->V);
+        s->pending = -1;
+    }
+    e->logits = mallocCheck(sizeof(real) * (size_t)slots * e->V);
+    governor_init(&e->gov);
+    e->stats.slots = slots;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->progress, NULL);
+    if (pthread_create(&e->th, NULL, engine_main, e)) fatal("serve: cannot start a thread");
+    return e;
+}
+
+void engine_stop(Engine* e, double grace) {
+    pthread_mutex_lock(&e->mu);
+    if (e->stopping) {
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    e->stopping = 1;
+    e->deadline = now_seconds() + grace;
+    while (e->qhead) { /* the queued jobs never start */
+        Job* j = e->qhead;
+        e->qhead = j->next;
+        j->st.finish = FINISH_CANCELLED;
+        e->stats.cancelled++;
+        job_unref(j);
+    }
+    e->qtail = NULL;
+    e->qlen = 0;
+    pthread_cond_broadcast(&e->work);
+    pthread_cond_broadcast(&e->progress);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->th, NULL);
+}
+
+void engine_free(Engine* e) {
+    engine_stop(e, 0);
+    for (int i = 0; i < e->ns; i++) {
+        kvcache_free(&e->s[i].c);
+        free(e->s[i].toks);
+        free(e->s[i].saved);
+    }
+    free(e->s);
+    free(e->logits);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->progress);
+    free(e);
+}
+
+int engine_ctx(const Engine* e) { return e->ctx; }
+
+Job* engine_submit(Engine* e, int* prompt, int np, JobParams* p, int* why) {
+    Job* j = callocCheck(1, sizeof(Job));
+    j->prompt = prompt, j->np = np, j->p = *p;
+    j->refs = 2;
+    j->st.ttft = -1;
+    j->st.prompt_tokens = np;
+    j->t_submit = now_seconds();
+    rng_seed(&j->rng, p->seed);
+    pthread_mutex_lock(&e->mu);
+    *why = e->stopping ? 2 : e->qlen >= e->qcap ? 1 : 0;
+    if (*why) {
+        pthread_mutex_unlock(&e->mu);
+        j->refs = 1;
+        job_unref(j);
+        return NULL;
+    }
+    if (e->qtail)
+        e->qtail->next = j;
+    else
+        e->qhead = j;
+    e->qtail = j;
+    e->qlen++;
+    e->stats.requests++;
+    e->stats.queued = e->qlen;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    return j;
+}
+
+size_t engine_wait(Engine* e, Job* j, size_t from, int ms, char** text, JobStatus* st) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&e->mu);
+    while (j->safe <= from && j->st.finish == FINISH_NONE)
+        if (pthread_cond_timedwait(&e->progress, &e->mu, &until) == ETIMEDOUT) break;
+    const size_t safe = j->safe;
+    if (text) {
+        const size_t n = safe > from ? safe - from : 0;
+        *text = mallocCheck(n + 1);
+        if (n) memcpy(*text, j->text + from, n);
+        (*text)[n] = 0;
+    }
+    if (st) *st = j->st;
+    pthread_mutex_unlock(&e->mu);
+    return safe;
+}
+
+void engine_cancel(Engine* e, Job* j) {
+    pthread_mutex_lock(&e->mu);
+    if (j->st.finish == FINISH_NONE) {
+        j->cancelled = 1;
+        /* still queued: out of the queue now */
+        for (Job **p = &e->qhead, *prev = NULL; *p; prev = *p, p = &(*p)->next)
+            if (*p == j) {
+                *p = j->next;
+                if (e->qtail == j) e->qtail = prev;
+                e->qlen--;
+                j->st.finish = FINISH_CANCELLED;
+                e->stats.cancelled++;
+                job_unref(j);
+                break;
+            }
+        pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_release(Engine* e, Job* j) {
+    pthread_mutex_lock(&e->mu);
+    job_unref(j);
+    pthread_mutex_unlock(&e->mu);
+}
+
+EngineStats engine_stats(Engine* e) {
+    pthread_mutex_lock(&e->mu);
+    EngineStats s = e->stats;
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
