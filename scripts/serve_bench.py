@@ -5,7 +5,8 @@ to first token, tokens/s per request, total tokens/s, and the server's resident 
 
 usage: scripts/serve_bench.py [--model M] [--focus build/focus] [--llama-server PATH]
                               [--clients 1,2,4,8] [--tokens 64] [--prompt-tokens 0|8000]
-                              [--requests 2] [--router R --topk k] [--threads 2]
+                              [--requests 2] [--router R --topk k] [--set w=N] [--threads 2]
+                              [--no-focus]
 Prints one Markdown table (the rows of docs/RESULTS.md); --prompt-tokens N sends prompts of about
 N tokens (public-domain-like filler generated from a seed) instead of short ones."""
 import argparse
@@ -29,6 +30,8 @@ ap.add_argument("--prompt-tokens", type=int, default=0)
 ap.add_argument("--requests", type=int, default=2, help="requests per client")
 ap.add_argument("--router", default=None)
 ap.add_argument("--topk", default="1")
+ap.add_argument("--set", action="append", default=[], help="focus serve --set key=value")
+ap.add_argument("--no-focus", action="store_true", help="llama-server only")
 ap.add_argument("--threads", type=int, default=2)
 a = ap.parse_args()
 clients = [int(c) for c in a.clients.split(",")]
@@ -51,6 +54,8 @@ def start(kind):
                "--ctx", str(ctx)]
         if a.router:
             cmd += ["--router", a.router, "--topk", a.topk]
+        for kv in a.set:
+            cmd += ["--set", kv]
     else:  # llama-server: the whole context shared by the slots, as its -c means
         cmd = [a.llama_server, "-m", a.model, "--port", str(port), "-np", str(P), "-c",
                str(ctx * P), "-t", str(a.threads), "--no-webui"]
@@ -81,20 +86,43 @@ def rss_mb(pid):
     return 0
 
 
-def prompt_for(i):
-    if not a.prompt_tokens:
+def prompt_for(i, warm=False):
+    if not a.prompt_tokens or warm:
         return f"Story {i}: once upon a time, in a land far away,"
     words = ["river", "stone", "light", "north", "garden", "letter", "winter", "bridge", "song",
              "candle", "harbor", "forest", "window", "silver", "morning", "journey"]
     x, out = 12345 + i, []
-    while len(out) < a.prompt_tokens * 0.8:  # about 1.25 tokens a word
+    while len(out) < a.prompt_tokens:  # more than a token a word: cut to length in ids
         x = (x * 1103515245 + 12345) % 2 ** 31
         out.append(words[x % len(words)])
     return f"Story {i}: " + " ".join(out) + ". The end of the story is"
 
 
-def one(port, i, res):
-    body = json.dumps({"prompt": prompt_for(i), "max_tokens": a.tokens, "temperature": 0,
+def post(port, path, obj):
+    s = socket.create_connection(("127.0.0.1", port), timeout=600)
+    body = json.dumps(obj).encode()
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    buf = b""
+    while True:
+        more = s.recv(65536)
+        if not more:
+            break
+        buf += more
+    s.close()
+    return json.loads(buf.split(b"\r\n\r\n", 1)[1])
+
+
+def prompt_ids(port, i):
+    """a long prompt as exactly --prompt-tokens token ids (the server's own tokenizer)"""
+    ids = post(port, "/tokenize", {"content": prompt_for(i)})["tokens"]
+    assert len(ids) >= a.prompt_tokens, (len(ids), a.prompt_tokens)
+    return ids[:a.prompt_tokens]
+
+
+def one(port, i, res, warm=False):
+    prompt = prompt_for(i, warm) if not a.prompt_tokens or warm else prompt_ids(port, i)
+    body = json.dumps({"prompt": prompt, "max_tokens": a.tokens, "temperature": 0,
                        "stream": True, "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", port), timeout=600)
     t0 = time.time()
@@ -114,10 +142,10 @@ def one(port, i, res):
 
 
 rows = []
-kinds = ["focus"] + (["llama-server"] if a.llama_server else [])
+kinds = ([] if a.no_focus else ["focus"]) + (["llama-server"] if a.llama_server else [])
 for kind in kinds:
     p, port = start(kind)
-    one(port, 0, [])  # warm-up
+    one(port, 0, [], warm=True)  # warm-up (a short prompt)
     for c in clients:
         res, th = [], []
         t0 = time.time()

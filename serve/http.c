@@ -101,6 +101,35 @@ static int client_gone(struct MHD_Connection* c) {
     return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
+/* text as valid UTF-8 (malloc'd; frees s): a byte that does not begin a complete, well-formed
+ * character becomes U+FFFD, as a UTF-8 reader shows it (a generation cut by max_tokens can end
+ * in the middle of a character, and JSON strings must be UTF-8) */
+static char* utf8_clean(char* s) {
+    const size_t n = strlen(s);
+    char* o = mallocCheck(3 * n + 1);
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)s[i];
+        size_t len = c < 0x80                          ? 1
+                     : (c & 0xe0) == 0xc0 && c >= 0xc2 ? 2
+                     : (c & 0xf0) == 0xe0              ? 3
+                     : (c & 0xf8) == 0xf0 && c <= 0xf4 ? 4
+                                                       : 0;
+        for (size_t j = 1; j < len; j++)
+            if (i + j >= n || ((unsigned char)s[i + j] & 0xc0) != 0x80) len = 0;
+        if (len) {
+            memcpy(o + k, s + i, len);
+            k += len, i += len;
+        } else {
+            memcpy(o + k, "\xef\xbf\xbd", 3);
+            k += 3, i++;
+        }
+    }
+    o[k] = 0;
+    free(s);
+    return o;
+}
+
 /* ------------------------------------------------------------------ request fields */
 
 typedef struct {
@@ -279,13 +308,13 @@ static int stream_refill(Stream* s) {
     }
     char* text;
     JobStatus st;
-    s->from = engine_wait(s->sv->e, s->j, s->from, 100, &text, &st) > s->from
-                  ? s->from + strlen(text)
-                  : s->from;
-    if (text[0])
+    const size_t safe = engine_wait(s->sv->e, s->j, s->from, 100, &text, &st);
+    text = utf8_clean(text);
+    const int more_text = safe > s->from;
+    s->from = more_text ? safe : s->from;
+    if (more_text) /* (a NUL byte, which JSON strings in C cannot hold, ends the piece) */
         stream_put(s, envelope(s->sv, s->id, s->created, s->chat, 1,
                                choice_json(s->chat, 1, text, NULL, NULL)));
-    const int more_text = strlen(text) > 0;
     free(text);
     if (st.finish != FINISH_NONE && !more_text) {
         if (st.finish == FINISH_CANCELLED) {
@@ -501,6 +530,7 @@ static enum MHD_Result completions(Server* sv, struct MHD_Connection* c, const c
     char* text;
     engine_wait(sv->e, j, 0, 0, &text, &st);
     engine_release(sv->e, j);
+    text = utf8_clean(text);
     if (st.finish == FINISH_CANCELLED) {
         free(text);
         return send_error(sv, c, 503, NULL, "shutting_down", "the server is shutting down");
@@ -550,7 +580,7 @@ static enum MHD_Result detokenize(Server* sv, struct MHD_Connection* c, const cJ
         ids[k++] = (int)x->valuedouble;
     }
     size_t len;
-    char* text = tokenizer_decode(sv->t, ids, (size_t)k, &len);
+    char* text = utf8_clean(tokenizer_decode(sv->t, ids, (size_t)k, &len));
     free(ids);
     cJSON* r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "content", text);

@@ -382,8 +382,13 @@ void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* ro
                      rank);
         }
     }
-    /* the model's own settings come from its file and the router's shape from router.h5: only
-     * the other Focus keys take effect here */
+    cli_apply_focus_sets(m, model, router, sets);
+    model_place(m, device ? "cuda" : "cpu");
+}
+
+/* --set key=value on a loaded model: the model's own settings come from its file and the
+ * router's shape from router.h5, so only the other Focus keys take effect (w, sinks, topk, ...) */
+void cli_apply_focus_sets(Model* m, const char* model, const char* router, const CliList* sets) {
     for (int i = 0; sets && i < sets->n; i++) {
         ModelConfig from_file = m->cfg;
         FocusConfig want = m->fc;
@@ -403,7 +408,6 @@ void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* ro
                     want.sinks, m->fc.sinks);
         m->fc = want;
     }
-    model_place(m, device ? "cuda" : "cpu");
 }
 
 const char* cli_attention_desc(const Model* m, char* buf, size_t n) {

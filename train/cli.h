@@ -92,6 +92,9 @@ int* load_eval_tokens(const char* data, const char* model_path, const char* tok_
  * decoding from the file's blocks on top where it allows (weights NULL: fp32 otherwise, the reason
  * on stderr; "native": fatal otherwise). attn and topk as apply_router_options (hard by default
  * with a router). */
+/* --set key=value on a loaded model (after its router): only the Focus keys that are neither the
+ * model's own settings nor the router's shape (w, sinks, topk, ...); fatal otherwise. */
+void cli_apply_focus_sets(Model* m, const char* model, const char* router, const CliList* sets);
 void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* router,
                       const char* attn, const char* topk, const char* weights);
 

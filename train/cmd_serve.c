@@ -20,13 +20,15 @@ static const char serve_usage[] =
     "                   [--host 127.0.0.1] [--port 8080] [--parallel 4] [--ctx N] [--queue 64]\n"
     "                   [--api-key KEY] [--alias NAME] [--chat-template chatml|gemma]\n"
     "                   [--kv f16|f32] [--weights native|f32] [--timeout 60] [--grace 10]\n"
-    "                   [--max-body 4194304]\n"
+    "                   [--max-body 4194304] [--set key=value]...\n"
     "An OpenAI-compatible HTTP server: GET /health, GET /v1/models, POST /v1/completions,\n"
     "POST /v1/chat/completions (\"stream\": true for server-sent events), POST /tokenize,\n"
     "POST /detokenize, GET /metrics (Prometheus). --parallel slots generate together, their\n"
     "decode steps batched through the weights; each slot has its own KV cache of --ctx tokens\n"
     "(default: the model's context; memory is used as tokens arrive), the group KV cache with\n"
-    "--router. A request whose prompt begins with a slot's cached tokens (a chat that goes on)\n"
+    "--router (--set w=N and the other Focus keys as for eval; --attn window serves sinks + a\n"
+    "sliding window without a router). A request whose prompt begins with a slot's cached tokens "
+    "(a chat that goes on)\n"
     "evaluates only the rest. Beyond the slots, --queue requests wait; more get 503 with\n"
     "Retry-After. --api-key: every endpoint but /health needs \"Authorization: Bearer KEY\".\n"
     "The chat template is recognised from the GGUF file (ChatML, Gemma) or named with\n"
@@ -40,13 +42,14 @@ int cmd_serve(int argc, char** argv) {
                *kv = "f16";
     int port = 8080, parallel = 4, ctx = 0, queue = 64, timeout = 60, grace = 10;
     int max_body = 4 << 20;
+    CliList sets = {0};
     if (cli_parse("serve", argc, argv, 1, serve_usage,
                   "--model:s --tokenizer:s --router:s --topk:s --attn:s --weights:s --host:s "
                   "--port:i[0,65535] --parallel:i[1,64] --ctx:i[1,1048576] --queue:i[0,100000] "
                   "--api-key:s --alias:s --chat-template:s --kv:s --timeout:i[1,86400] "
-                  "--grace:i[0,3600] --max-body:i[1024,1073741824]",
+                  "--grace:i[0,3600] --max-body:i[1024,1073741824] --set:*",
                   &model, &tok, &router, &topk, &attn, &weights, &host, &port, &parallel, &ctx,
-                  &queue, &key, &alias, &tmpl, &kv, &timeout, &grace, &max_body))
+                  &queue, &key, &alias, &tmpl, &kv, &timeout, &grace, &max_body, &sets))
         return 0;
     if (!model) fatal("serve: needs --model");
     if (strcmp(kv, "f16") && strcmp(kv, "f32"))
@@ -99,6 +102,7 @@ int cmd_serve(int argc, char** argv) {
     Model m;
     ModelInfo info;
     cli_load_decoder(&m, &info, model, router, attn, topk, weights);
+    cli_apply_focus_sets(&m, model, router, &sets); /* e.g. a wider window at long context */
     if (!ctx) o.ctx = ctx = m.cfg.maxT;
     cli_check_context(&m, ctx, "serve", "--ctx");
     Tokenizer* t = tokenizer_load(tok ? tok : model);
@@ -111,6 +115,9 @@ int cmd_serve(int argc, char** argv) {
         free(lg);
         kvcache_free(&c);
     }
+    char desc[1200];
+    fprintf(stderr, "focus serve: %s, attention %s\n", info.name,
+            cli_attention_desc(&m, desc, sizeof desc));
     serve_ctx(sv, ctx);
     serve_ready(sv, &m, t, &ct);
     int sig = 0;
@@ -120,6 +127,7 @@ int cmd_serve(int argc, char** argv) {
     serve_stop(sv);
     tokenizer_free(t);
     model_free(&m);
+    free(sets.v);
     fprintf(stderr, "focus serve: stopped\n");
     return 0;
 }
