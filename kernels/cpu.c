@@ -3,9 +3,29 @@
 #include "cpu.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include <cblas.h>
+
+void blas_check_core(char** argv) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (getenv("OPENBLAS_CORETYPE")) return; /* the caller's choice, or our re-execution */
+    const char* core = openblas_get_corename();
+    if (!core || strcasecmp(core, "prescott")) return;
+    const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") ? "Haswell"
+                                                        : NULL;
+    if (!want) return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    execv("/proc/self/exe", argv);
+    /* no /proc: go on with the slower kernels */
+#else
+    (void)argv;
+#endif
+}
 
 void gemm(int ta, int tb, int M, int N, int K, real alpha, const real* A, int lda, const real* B,
           int ldb, real beta, real* C, int ldc) {

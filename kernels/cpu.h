@@ -13,6 +13,13 @@
 
 #include "common.h"
 
+/* Debian's OpenBLAS 0.3.21 takes some newer x86 CPUs (a Xeon with AVX-512 and AMX) for a
+ * Prescott and runs its SSE3 kernels, about 5x slower (docs/RESULTS.md). When it has done so on a
+ * CPU with AVX2 or AVX-512 and OPENBLAS_CORETYPE is not set, this re-executes the program with
+ * OPENBLAS_CORETYPE naming the kernels the CPU has (SkylakeX, Haswell): the library reads it
+ * when it loads. Call first in main, before any thread or file exists. Returns otherwise. */
+void blas_check_core(char** argv);
+
 /* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */
 void gemm(int ta, int tb, int M, int N, int K, real alpha, const real* A, int lda, const real* B,
           int ldb, real beta, real* C, int ldc);

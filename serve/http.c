@@ -493,6 +493,9 @@ static enum MHD_Result completions(Server* sv, struct MHD_Connection* c, const c
         return send_error(sv, c, 400, chat ? "messages" : "prompt", "context_length_exceeded",
                           "the prompt has %d tokens, more than the context of %d", np, sv->o.ctx);
     }
+    /* no idle timeout while the request runs: a long prompt ahead in the queue can keep the
+     * first token away for longer (the timeout returns for the next request, in completed()) */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
     int busy;
     Job* j = engine_submit(sv->e, prompt, np, &g.p, &busy);
     if (!j)
@@ -736,7 +739,10 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
 
 static void completed(void* cls, struct MHD_Connection* c, void** con_cls,
                       enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)c, (void)why;
+    Server* sv = cls;
+    (void)why;
+    /* idle again: a connection that sends nothing for --timeout seconds is closed */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)sv->o.timeout_s);
     Req* rq = *con_cls;
     if (!rq) return;
     free(rq->body);

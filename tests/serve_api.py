@@ -344,7 +344,16 @@ def open_stream(port, body):
 def slow_checks(model_args, label):
     """What needs generations that last (SmolLM2: about 100 tokens/s here): a full queue, and
     SIGTERM during a stream."""
-    s = Server(model_args + ["--parallel", "1", "--queue", "1", "--ctx", "2048"])
+    s = Server(model_args + ["--parallel", "1", "--queue", "1", "--ctx", "2048", "--timeout", "1"])
+    # a request that runs longer than the idle timeout is not cut: the timeout is for idle
+    # connections, not for generations
+    long_prompt = " ".join(["the river ran past the old mill and on to the sea"] * 120)
+    t0 = time.time()
+    st, r = s.request("POST", "/v1/completions", {"prompt": long_prompt, "max_tokens": 4,
+                                                  "temperature": 0})
+    took = time.time() - t0
+    check(st == 200 and r["usage"]["prompt_tokens"] > 1000 and took > 1,
+          f"{label}: a request of {took:.1f} s (a long prompt) is served past --timeout 1")
     a = open_stream(s.port, {"prompt": "Once upon a time", "max_tokens": 2000})
     a.recv(4096)  # running in the one slot
     res = {}

@@ -6,6 +6,7 @@
 #include "../io/io.h"
 #include "../kernels/common.h"
 #include "../kernels/comm.h"
+#include "../kernels/cpu.h"
 #include "cli.h"
 #include "commands.h"
 
@@ -65,6 +66,7 @@ static void usage(FILE* o) {
 }
 
 int main(int argc, char** argv) {
+    blas_check_core(argv); /* the BLAS kernels this CPU can run (kernels/cpu.h) */
     if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "-h")) {
         usage(stdout);
