@@ -12,11 +12,12 @@
 
 /* The thread governor (decode.c): on a machine busy with other work two threads can decode
  * slower than one, so the thread count of each step is chosen by measurement among max, max / 2,
- * ..., 1. Off (on = 0), every step runs on OpenMP's threads as set. */
+ * ..., 1 (fewer threads are tried only while the steps stall). Off (on = 0), every step runs on
+ * OpenMP's threads as set. */
 typedef struct {
     int on, max, cur, best, next, probe, since, seen[32]; /* seen: steps run on max >> i */
     unsigned known;
-    double time[32], sum;
+    double time[32], fastest[32], sum; /* per count: the moving average, the fastest step */
 } Governor;
 
 /* A governor for OpenMP's current maximum thread count, on when that is more than one. */

@@ -189,6 +189,13 @@ static void check_governor(void) {
     printf("  governor, load gone at step 100: %.0f %% on one thread after step 200\n",
            100 * share);
     CHECK(share < 0.1, "the governor should return to two threads (%.2f)", share);
+    /* an idle machine from the start: no step on one thread, not even a probe */
+    memset(&c, 0, sizeof c);
+    c.max = 2, c.on = 1, c.probe = 6;
+    governed(&c, 0);
+    printf("  governor, idle machine: %d of 400 steps on one thread\n", c.seen[1]);
+    CHECK(c.seen[1] == 0, "an idle machine should decode on every thread (%d steps on one)",
+          c.seen[1]);
 }
 
 int main(void) {
