@@ -31,9 +31,6 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     c->gpos = mallocCheck(sizeof(int) * (size_t)mc->L * K * cap);
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
     c->keys = mallocCheck(sizeof(int) * cap);
-    size_t FC = mc->arch == ARCH_LLAMA ? 2 * (size_t)mc->F : (size_t)mc->F;
-    c->scratch = mallocCheck(
-        sizeof(real) * (6 * (size_t)mc->C + qkvw(mc) + FC + mc->F + m->fc.dg + 2 * m->fc.K + 8));
     c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
     c->nparts = omp_get_max_threads();
     c->split_min = 256;
@@ -45,7 +42,7 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
 
 void kvcache_free(KVCache* c) {
     free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->keys),
-        free(c->scratch), free(c->scores), free(c->part);
+        free(c->scores), free(c->part);
     memset(c, 0, sizeof(*c));
 }
 
@@ -212,8 +209,8 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v over the nk keys in c->keys, for every head of
  * qkv's query. The keys are split among the threads (each reads its keys and values once for
  * the rep query heads of a KV head, keeping its own running maximum, sum and output per head);
- * the parts are then merged, rescaled to the common maximum. Scores go to c->scratch's score
- * rows (NH, cap), the parts to c->part. */
+ * the parts are then merged, rescaled to the common maximum. Scores go to c->scores
+ * (NH, cap), the parts to c->part. */
 static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
                         const ModelConfig* mc) {
     const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;

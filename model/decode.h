@@ -36,7 +36,6 @@ typedef struct {
     int* gpos;      /* (L, K, cap) positions of each group's tokens */
     int* gn;        /* (L, K) group list lengths */
     int* keys;      /* (cap) the positions one query attends to */
-    real* scratch;  /* one token's activations */
     real* scores;   /* (NH, cap) one token's attention scores */
     real* part;     /* (nparts, NH, hs + 2) the threads' partial softmax sums */
     int nparts;     /* threads a token's attention is split among (OpenMP's maximum) */
