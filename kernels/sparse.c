@@ -313,18 +313,68 @@ double mask_pairs_kept(const uint32_t* mask, int T, int w, int sinks) {
 }
 
 const char* block_score_name(BlockScore s) {
-    static const char* names[] = {"Quest bounds", "mean-pooled keys", "oracle (dense mass)"};
+    static const char* names[] = {"Quest bounds", "mean-pooled keys", "oracle (dense mass)",
+                                  "learned selector"};
     return names[s];
 }
 
+void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int hs) {
+    real *mean = st, *var = st + hs, *lo = st + 2 * hs, *hi = st + 3 * hs;
+    const real n = (real)(j1 > j0 ? j1 - j0 : 1);
+    for (int e = 0; e < hs; e++) mean[e] = 0, lo[e] = INFINITY, hi[e] = -INFINITY;
+    for (int j = j0; j < j1; j++) {
+        const real* kj = k + (size_t)j * ldk;
+        for (int e = 0; e < hs; e++) {
+            mean[e] += kj[e];
+            lo[e] = kj[e] < lo[e] ? kj[e] : lo[e];
+            hi[e] = kj[e] > hi[e] ? kj[e] : hi[e];
+        }
+    }
+    for (int e = 0; e < hs; e++) mean[e] /= n, var[e] = 0;
+    for (int j = j0; j < j1; j++) { /* two passes: no cancellation */
+        const real* kj = k + (size_t)j * ldk;
+        for (int e = 0; e < hs; e++) var[e] += (kj[e] - mean[e]) * (kj[e] - mean[e]);
+    }
+    for (int e = 0; e < hs; e++) var[e] /= n;
+}
+
+real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale) {
+    const real *a = wgt + 1, *b = a + hs, *g = b + hs;
+    const real *mean = st, *var = st + hs, *lo = st + 2 * hs, *hi = st + 3 * hs;
+    real s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int e = 0; e < hs; e++) {
+        const real x = scale * q[e], ql = x * lo[e], qh = x * hi[e];
+        s += a[e] * x * mean[e] + b[e] * x * x * var[e] + g[e] * (ql > qh ? ql : qh);
+    }
+    return wgt[0] + s;
+}
+
+void blockgate_init(real* wgt, int n, int hs) {
+    for (int h = 0; h < n; h++) {
+        real* w = wgt + (size_t)h * BLOCKGATE_WIDTH(hs);
+        w[0] = 0;
+        for (int e = 0; e < hs; e++) w[1 + e] = 1, w[1 + hs + e] = 0.5f, w[1 + 2 * hs + e] = 0;
+    }
+}
+
+/* Distant keys [j0, j1) of block c for query i: the block less the sinks and the band. */
+static inline void distant_range(int c, int bs, int sinks, int far_end, int* j0, int* j1) {
+    *j0 = c * bs > sinks ? c * bs : sinks;
+    *j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
+}
+
 /* Scores of the candidate key blocks [c0, c1) for the rep query heads q (stride hs) of one key/
- * value head, query position i (keys k with stride ldk): Quest's upper bound of q . k over the
- * block from its keys' elementwise min and max (st: lo then hi, hs each, per block), the dot
- * product with the block's mean key (st: hs per block), or the oracle's share of each head's
- * dense attention mass that falls on the block's distant keys [sinks, i - w). p: T scratch. */
+ * value head, query position i (keys k with stride ldk), from each block's statistics st
+ * (BLOCKGATE_STATS per block: mean, variance, min, max): Quest's upper bound of q . k over the
+ * block from its keys' elementwise min and max, the dot product with the block's mean key, the
+ * oracle's share of each head's dense attention mass that falls on the block's distant keys
+ * [sinks, i - w), or the learned selector's estimate of that share (gate: the rep heads'
+ * weights; lband: their band log-sum-exps, stride ldl). p: scratch of max(i + 1, c1). */
 static void block_scores(real* sc, BlockScore score, const real* q, int rep, const real* st,
-                         const real* k, int ldk, int i, int w, int sinks, int bs, int c0, int c1,
-                         int hs, real scale, real* p) {
+                         const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
+                         int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
+                         real* p) {
     for (int c = c0; c < c1; c++) sc[c] = 0;
     for (int r = 0; r < rep; r++) {
         const real* qh = q + (size_t)r * hs;
@@ -342,25 +392,42 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
             for (int j = 0; j <= i; j++) sum += exp_f(p[j] - mx);
             const real lse = mx + (real)log(sum);
             for (int c = c0; c < c1; c++) {
-                int j0 = c * bs > sinks ? c * bs : sinks,
-                    j1 = (c + 1) * bs < i - w ? (c + 1) * bs : i - w;
+                int j0, j1;
+                distant_range(c, bs, sinks, i - w, &j0, &j1);
                 real m = 0;
                 for (int j = j0; j < j1; j++) m += exp_f(p[j] - lse);
                 sc[c] += m;
             }
             continue;
         }
+        if (score == BLOCKS_LEARNED) {
+            const real* wg = gate + (size_t)r * BLOCKGATE_WIDTH(hs);
+            const real lb = lband[(size_t)r * ldl];
+            real mx = lb;
+            for (int c = c0; c < c1; c++) {
+                int j0, j1;
+                distant_range(c, bs, sinks, i - w, &j0, &j1);
+                p[c] = blockgate_logit(wg, qh, st + (size_t)c * BLOCKGATE_STATS(hs), hs, scale) +
+                       logf((real)(j1 - j0));
+                mx = p[c] > mx ? p[c] : mx;
+            }
+            double sum = lb > -INFINITY ? exp_f(lb - mx) : 0;
+            for (int c = c0; c < c1; c++) sum += exp_f(p[c] - mx);
+            const real L = mx + (real)log(sum);
+            for (int c = c0; c < c1; c++) sc[c] += exp_f(p[c] - L);
+            continue;
+        }
         for (int c = c0; c < c1; c++) {
             real s = 0;
             if (score == BLOCKS_QUEST) {
-                const real *lo = st + (size_t)c * 2 * hs, *hi = lo + hs;
+                const real *lo = st + (size_t)c * BLOCKGATE_STATS(hs) + 2 * hs, *hi = lo + hs;
 #pragma omp simd reduction(+ : s)
                 for (int e = 0; e < hs; e++) {
                     real a = qh[e] * lo[e], b = qh[e] * hi[e];
                     s += a > b ? a : b;
                 }
             } else {
-                const real* mean = st + (size_t)c * hs;
+                const real* mean = st + (size_t)c * BLOCKGATE_STATS(hs);
 #pragma omp simd reduction(+ : s)
                 for (int e = 0; e < hs; e++) s += qh[e] * mean[e];
             }
@@ -369,11 +436,36 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
     }
 }
 
+int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
+                 const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
+                 int w, int sinks, int bs, int nsel, int hs, real* sc, real* p) {
+    const int far_end = i - w;
+    const int c0 = sinks / bs, c1 = far_end > sinks ? (far_end - 1) / bs + 1 : c0;
+    int ns = 0;
+    if (c1 - c0 <= nsel) {
+        for (int c = c0; c < c1; c++) sel[ns++] = c;
+        return ns;
+    }
+    if (nsel <= 0) return 0;
+    block_scores(sc, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs, c0, c1, hs,
+                 (real)(1.0 / sqrt((double)hs)), p);
+    for (; ns < nsel; ns++) { /* the nsel best, ties to the earlier block */
+        int best = -1;
+        for (int c = c0; c < c1; c++)
+            if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
+        if (best < 0) break; /* only non-finite scores left */
+        sel[ns] = best;
+        sc[best] = -INFINITY;
+    }
+    return ns;
+}
+
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                                int nsel, BlockScore score, int B, int T, int NH, int NKV, int hs) {
+                                int nsel, BlockScore score, const real* gate, int B, int T, int NH,
+                                int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const real scale = (real)(1.0 / sqrt((double)hs));
-    const int per = score == BLOCKS_QUEST ? 2 * hs : hs; /* block statistics per block */
+    const int per = BLOCKGATE_STATS(hs); /* block statistics per block */
     /* sinks and window: the band kernel, into out and lse */
     flash_all(out, lse, qkv, NULL, 0, w, sinks, B, T, NH, NKV, hs);
     double kept = 0;
@@ -385,18 +477,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
 #pragma omp parallel for schedule(static)
             for (int t = 0; t < NKV * nb; t++) {
                 const int kvh = t / nb, c = t % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
-                real* s = st + (size_t)t * per;
-                for (int e = 0; e < hs; e++) {
-                    real lo = INFINITY, hi = -INFINITY, sum = 0;
-                    for (int j = c * bs; j < j1; j++) {
-                        const real x = base[(size_t)j * QKV + C + kvh * hs + e];
-                        lo = x < lo ? x : lo, hi = x > hi ? x : hi, sum += x;
-                    }
-                    if (score == BLOCKS_QUEST)
-                        s[e] = lo, s[hs + e] = hi;
-                    else
-                        s[e] = sum / (real)(j1 - c * bs);
-                }
+                blockgate_key_stats(st + (size_t)t * per, base + C + kvh * hs, QKV, c * bs, j1, hs);
             }
         }
 #pragma omp parallel reduction(+ : kept)
@@ -409,24 +490,12 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             for (long t = 0; t < (long)NKV * T; t++) {
                 const int kvh = (int)(t / T), i = T - 1 - (int)(t % T), far_end = i - w;
                 double keys = band_pairs_kept(i, w, sinks) * rep;
-                const int c0 = sinks / bs, c1 = far_end > sinks ? (far_end - 1) / bs + 1 : c0;
-                int ns = 0;
-                if (c1 - c0 <= nsel) {
-                    for (int c = c0; c < c1; c++) sel[ns++] = c;
-                } else if (nsel > 0) {
-                    block_scores(sc, score, base + (size_t)i * QKV + kvh * rep * hs, rep,
-                                 st + (size_t)kvh * nb * per, base + C + kvh * hs, QKV, i, w, sinks,
-                                 bs, c0, c1, hs, scale, p);
-                    /* the nsel best, ties to the earlier block */
-                    for (; ns < nsel; ns++) {
-                        int best = -1;
-                        for (int c = c0; c < c1; c++)
-                            if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
-                        if (best < 0) break; /* only non-finite scores left */
-                        sel[ns] = best;
-                        sc[best] = -INFINITY;
-                    }
-                }
+                const int ns =
+                    block_select(sel, score, base + (size_t)i * QKV + kvh * rep * hs, rep,
+                                 st + (size_t)kvh * nb * per,
+                                 gate ? gate + (size_t)kvh * rep * BLOCKGATE_WIDTH(hs) : NULL,
+                                 lse + ((size_t)b * NH + kvh * rep) * T + i, (size_t)T,
+                                 base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, hs, sc, p);
                 for (int r = 0; r < rep && ns; r++) {
                     const int h = kvh * rep + r;
                     const real* qi = base + (size_t)i * QKV + h * hs;

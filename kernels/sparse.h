@@ -30,16 +30,57 @@ double hard_pair_count(const uint32_t* mask, int K, int w, int T);
 void attention_band_forward(real* out, real* lse, const real* qkv, int w, int sinks, int B, int T,
                             int NH, int NKV, int hs);
 
-typedef enum { BLOCKS_QUEST = 0, BLOCKS_MEAN = 1, BLOCKS_ORACLE = 2 } BlockScore;
+typedef enum {
+    BLOCKS_QUEST = 0,
+    BLOCKS_MEAN = 1,
+    BLOCKS_ORACLE = 2,
+    BLOCKS_LEARNED = 3
+} BlockScore;
 const char* block_score_name(BlockScore s);
+
+/* The learned block selector (BLOCKS_LEARNED; fitted to a frozen model's dense attention by
+ * kernels/blockgate.h). Each block keeps the statistics of its keys, per dimension e: mean,
+ * variance, min and max (BLOCKGATE_STATS floats). For a query q of one query head, scale =
+ * 1/sqrt(hs), the selector's logit of block c is its estimate of log sum_j exp(scale q . k_j)
+ * over the block's keys less log(n), the log of their count:
+ *   s_c = w_0 + sum_e a_e scale q_e mean_e + b_e scale^2 q_e^2 var_e
+ *             + g_e scale max(q_e min_e, q_e max_e)
+ * (a = 1, b = 1/2, g = 0 is the second-order cumulant expansion of a block of Gaussian keys;
+ * g = 1 alone is Quest's bound). The mass the head would give to block c is then
+ * exp(s_c + log n_c - L), L the log-sum-exp of the band's exact log-partition and of every
+ * candidate's s_c + log n_c; a key/value head keeps the blocks of most mass summed over its
+ * query heads, the rule the oracle follows with the dense mass. Weights per layer and query
+ * head: BLOCKGATE_WIDTH floats (w_0, a, b, g). */
+#define BLOCKGATE_STATS(hs) (4 * (hs))
+#define BLOCKGATE_WIDTH(hs) (1 + 3 * (hs))
+/* The statistics of keys [j0, j1) (rows of stride ldk) into st (BLOCKGATE_STATS(hs)). */
+void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int hs);
+/* The logit s_c above for query q (hs) against the statistics st of one block. */
+real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale);
+/* Weights of the cumulant expansion (a = 1, b = 1/2, g = 0, w_0 = 0) for n query heads. */
+void blockgate_init(real* wgt, int n, int hs);
 
 /* Sinks, window and the nsel best key blocks (of bs positions, block c = [c bs, (c + 1) bs))
  * among each query's distant keys [sinks, i - w), chosen per key/value head from the scores of
- * its query heads summed; a query with at most nsel candidate blocks keeps them all. Returns the
- * pairs kept, summed over the queries of all B sequences (a query's pairs averaged over its
- * heads). */
+ * its query heads summed; a query with at most nsel candidate blocks keeps them all. gate: the
+ * learned selector's weights of this layer (NH x BLOCKGATE_WIDTH(hs)) for BLOCKS_LEARNED, else
+ * unused. Returns the pairs kept, summed over the queries of all B sequences (a query's pairs
+ * averaged over its heads). */
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                                int nsel, BlockScore score, int B, int T, int NH, int NKV, int hs);
+                                int nsel, BlockScore score, const real* gate, int B, int T, int NH,
+                                int NKV, int hs);
+
+/* The key blocks that query i keeps beyond its band for one key/value head, into sel (in the
+ * order chosen); returns their number. The candidates are the blocks holding distant keys
+ * [sinks, i - w): all of them when at most nsel, else the nsel of highest score (ties to the
+ * earlier block) for the rep query heads q (stride hs) from the blocks' statistics st (per block
+ * BLOCKGATE_STATS(hs), from block 0); gate, lband (stride ldl): BLOCKS_LEARNED's weights of the
+ * rep heads and their band log-sum-exps; k (stride ldk): every key up to i, BLOCKS_ORACLE only
+ * (else unused). Scratch: sc (a score per block), p (max(i + 1, blocks) values). The forward
+ * kernel above and the decode step (model/decode.c) choose through it. */
+int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
+                 const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
+                 int w, int sinks, int bs, int nsel, int hs, real* sc, real* p);
 
 /* Pairs that query i keeps from its band (window and sinks). */
 double band_pairs_kept(int i, int w, int sinks);

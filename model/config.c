@@ -183,8 +183,9 @@ static int word_index(const char* v, const char* const* names, int n) {
 }
 
 static const char* const arch_names[] = {"gpt2", "llama"};
-static const char* const attn_names[] = {"dense",  "soft",   "hard",        "window",
-                                         "random", "blocks", "blocks_mean", "oracle"};
+static const char* const attn_names[] = {"dense",       "soft",   "hard",
+                                         "window",      "random", "blocks",
+                                         "blocks_mean", "oracle", "blocks_learned"};
 static const char* const objective_names[] = {"lm", "kl", "attn", "kl+attn"};
 
 int setting_parse(const Setting* s, void* base, const char* v) {
@@ -215,7 +216,7 @@ int setting_parse(const Setting* s, void* base, const char* v) {
             *(Arch*)field = (Arch)i;
             return 0;
         case SETTING_ATTN:
-            if ((i = word_index(v, attn_names, 8)) < 0) return -2;
+            if ((i = word_index(v, attn_names, 9)) < 0) return -2;
             *(AttnMode*)field = (AttnMode)i;
             return 0;
         case SETTING_ROUTING:
@@ -296,7 +297,8 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             break;
         case SETTING_ATTN:
             snprintf(buf, n,
-                     "one of dense, soft, hard, window, random, blocks, blocks_mean, oracle");
+                     "one of dense, soft, hard, window, random, blocks, blocks_mean, oracle, "
+                     "blocks_learned");
             break;
         case SETTING_ROUTING:
             snprintf(buf, n, "one of sinkhorn, causal, prefix_sinkhorn");

@@ -42,7 +42,7 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
 
 void kvcache_free(KVCache* c) {
     free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->keys),
-        free(c->scores), free(c->part);
+        free(c->scores), free(c->part), free(c->bstat), free(c->bkeys);
     memset(c, 0, sizeof(*c));
 }
 
@@ -74,21 +74,27 @@ static void check_mode(const Model* m) {
     const FocusConfig* f = &m->fc;
     if (f->attn == ATTN_SOFT)
         fatal("generation runs dense or hard top-k attention, not the soft gate");
-    if (f->attn >= ATTN_BLOCKS)
+    if (f->attn == ATTN_ORACLE)
         fatal(
-            "generation runs dense, hard, window or random attention; blocks, blocks_mean and "
-            "oracle are evaluation patterns (eval ppl, passkey, curve)");
+            "generation runs dense, hard, window, random or block attention; oracle is an "
+            "evaluation ceiling (it scores every key: eval ppl, passkey, curve)");
+    if (f->attn >= ATTN_BLOCKS && f->w < f->block - 1)
+        fatal(
+            "generation with key blocks needs w >= block - 1 (got w = %d, block = %d): a query's "
+            "candidate blocks must be complete",
+            f->w, f->block);
     if (f->attn == ATTN_HARD && f->routing != ROUTE_CAUSAL)
         fatal("generation needs causal routing (got %s)", routing_name(f->routing));
 }
 
 /* How layer l attends while decoding: everything, the token's groups and window (the router's
  * or random groups), or sinks and window only. */
-enum { KEYS_DENSE = 0, KEYS_GROUPS = 1, KEYS_WINDOW = 2 };
+enum { KEYS_DENSE = 0, KEYS_GROUPS = 1, KEYS_WINDOW = 2, KEYS_BLOCKS = 3 };
 static int layer_keys(const FocusConfig* f, int l) {
     const AttnMode a = focus_layer_attn(f, l);
     return a == ATTN_HARD || a == ATTN_RANDOM ? KEYS_GROUPS
            : a == ATTN_WINDOW                 ? KEYS_WINDOW
+           : a >= ATTN_BLOCKS                 ? KEYS_BLOCKS
                                               : KEYS_DENSE;
 }
 
@@ -206,13 +212,14 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
 #endif
 }
 
-/* att (NH * hs) = softmax(q k / sqrt(hs)) v over the nk keys in c->keys, for every head of
- * qkv's query. The keys are split among the threads (each reads its keys and values once for
+/* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
+ * keys[g] of its key/value head g (one list for every g but in the block patterns). The keys
+ * are split among the threads (each reads its keys and values once for
  * the rep query heads of a KV head, keeping its own running maximum, sum and output per head);
  * the parts are then merged, rescaled to the common maximum. Scores go to c->scores
  * (NH, cap), the parts to c->part. */
-static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
-                        const ModelConfig* mc) {
+static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int* const* keys,
+                        const int* nk, const ModelConfig* mc) {
     const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
     const int half = c->half;
     const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
@@ -221,20 +228,23 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
     const real scale = (real)(1.0 / sqrt((double)hs));
     real* sc = c->scores;
     const int threads = omp_get_max_threads();
-    const int parts = nk < c->split_min ? 1 : threads < c->nparts ? threads : c->nparts;
+    int most = 0;
+    for (int g = 0; g < NKV; g++) most = nk[g] > most ? nk[g] : most;
+    const int parts = most < c->split_min ? 1 : threads < c->nparts ? threads : c->nparts;
 #pragma omp parallel num_threads(parts) if (parts > 1)
     {
         const int np = omp_get_num_threads(), id = omp_get_thread_num();
-        const int t0 = (int)((long)nk * id / np), t1 = (int)((long)nk * (id + 1) / np);
         real* part = c->part + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
         int halves_done = 0;
 #ifndef FOCUS_DOUBLE
         if (half) { /* the rep heads of a KV head together: each key and value row converted once */
             for (int g = 0; g < NKV; g++) {
+                const int t0 = (int)((long)nk[g] * id / np);
+                const int t1 = (int)((long)nk[g] * (id + 1) / np);
                 const uint16_t* kb = (const uint16_t*)kc + (size_t)g * hs;
                 const uint16_t* vb = (const uint16_t*)vc + (size_t)g * hs;
                 real* sg = sc + (size_t)g * rep * c->cap;
-                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, c->keys, t0,
+                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, keys[g], t0,
                                 t1, hs, scale);
                 for (int r = 0; r < rep; r++) {
                     real* sh = sg + (size_t)r * c->cap;
@@ -246,19 +256,20 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
                     for (int e = 0; e < hs; e++) ph[2 + e] = 0;
                 }
                 f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep, vb,
-                             kvw, c->keys, t0, t1, hs);
+                             kvw, keys[g], t0, t1, hs);
             }
             halves_done = 1;
         }
 #endif
         for (int g = 0; g < NKV && !halves_done; g++) {
+            const int t0 = (int)((long)nk[g] * id / np), t1 = (int)((long)nk[g] * (id + 1) / np);
             for (int r = 0; r < rep; r++) {
                 const int hh = g * rep + r;
                 const real* q = qkv + hh * hs;
                 real* sh = sc + (size_t)hh * c->cap;
                 real mx = -INFINITY;
                 for (int t = t0; t < t1; t++) {
-                    const void* kj = kc + ((size_t)c->keys[t] * kvw + g * hs) * es;
+                    const void* kj = kc + ((size_t)keys[g][t] * kvw + g * hs) * es;
                     sh[t] = dot_kv(q, kj, half, hs) * scale;
                     mx = sh[t] > mx ? sh[t] : mx;
                 }
@@ -267,7 +278,7 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
                 for (int e = 0; e < hs; e++) ph[2 + e] = 0;
             }
             for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
-                const void* vj = vc + ((size_t)c->keys[t] * kvw + g * hs) * es;
+                const void* vj = vc + ((size_t)keys[g][t] * kvw + g * hs) * es;
                 for (int r = 0; r < rep; r++) {
                     const int hh = g * rep + r;
                     real* ph = part + (size_t)hh * (hs + 2);
@@ -299,6 +310,91 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int nk,
         }
         for (int e = 0; e < hs; e++) o[e] /= sum;
     }
+}
+
+/* ---- the block patterns (blocks, blocks_mean, blocks_learned) over the cache: each layer and
+ * key/value head keeps the statistics of every complete key block (kernels/sparse.h), made when
+ * its last key is cached; a query chooses among the complete blocks of its distant keys through
+ * block_select, as attention_blocks_forward does (w >= block - 1: a candidate block is then
+ * complete). */
+
+/* The cache's block part, made on first use. */
+static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
+    if (c->bstat && c->bs == bs) return;
+    free(c->bstat), free(c->bkeys);
+    const int hs = mc->C / mc->NH;
+    c->bs = bs, c->nbcap = c->cap / bs + 1;
+    c->bstat = mallocCheck(sizeof(real) * (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs));
+    c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
+}
+
+/* Key n of layer l is cached: the statistics of the block it completes, from the cached rows. */
+static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
+    if ((n + 1) % c->bs) return;
+    const int NKV = mc->NKV, hs = mc->C / mc->NH, kvw = NKV * hs, b = n / c->bs, j0 = b * c->bs;
+    real* rows = mallocCheck(sizeof(real) * (size_t)c->bs * hs);
+    for (int g = 0; g < NKV; g++) {
+        for (int j = j0; j <= n; j++) {
+            const size_t at = ((size_t)l * c->cap + j) * kvw + (size_t)g * hs;
+            real* r = rows + (size_t)(j - j0) * hs;
+            if (c->half)
+                for (int e = 0; e < hs; e++) r[e] = f16_to_f32(((const uint16_t*)c->k)[at + e]);
+            else
+                memcpy(r, (const real*)c->k + at, sizeof(real) * hs);
+        }
+        blockgate_key_stats(c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STATS(hs),
+                            rows, hs, 0, c->bs, hs);
+    }
+    free(rows);
+}
+
+/* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
+ * queries) into c->bkeys + g cap: the sinks before the window, the distant keys of the chosen
+ * blocks, the window. Returns their number. sel, sc, p: nbcap scratch each. */
+static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const real* q, int* sel,
+                      real* sc, real* p) {
+    const FocusConfig* f = &m->fc;
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
+    const int lo = n - f->w < 0 ? 0 : n - f->w, bs = f->block;
+    const real* st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
+    const real* gate = NULL;
+    real lb[64];
+    if (f->attn == ATTN_BLOCKS_LEARNED) { /* the band's log-sum-exp per query head */
+        if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
+        gate = m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs);
+        const real scale = (real)(1.0 / sqrt((double)hs));
+        const size_t es = c->half ? 2 : sizeof(real);
+        const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+        for (int r = 0; r < rep; r++) {
+            real mx = -INFINITY;
+            double sum = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int j = 0; j <= n; j++) {
+                    if (j >= f->sinks && j < lo) j = lo;
+                    const real s = dot_kv(q + (size_t)r * hs, kc + ((size_t)j * kvw + g * hs) * es,
+                                          c->half, hs) *
+                                   scale;
+                    if (!pass)
+                        mx = s > mx ? s : mx;
+                    else
+                        sum += exp((double)(s - mx));
+                }
+            lb[r] = mx + (real)log(sum);
+        }
+    }
+    const int ns = block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n,
+                                f->w, f->sinks, bs, f->blocks, hs, sc, p);
+    int* keys = c->bkeys + (size_t)g * c->cap;
+    int nk = 0;
+    for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
+    for (int s = 0; s < ns; s++) {
+        const int j0 = sel[s] * bs > f->sinks ? sel[s] * bs : f->sinks;
+        const int j1 = (sel[s] + 1) * bs < n - f->w ? (sel[s] + 1) * bs : n - f->w;
+        for (int j = j0; j < j1; j++) keys[nk++] = j;
+    }
+    for (int j = lo; j <= n; j++) keys[nk++] = j;
+    return nk;
 }
 
 /* The thread governor. On a machine that is busy with other work, a thread of ours may wait
@@ -467,6 +563,17 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
     real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
     real *fch = qkv + N * Q, *act = fch + N * FC, *stat = act + N * F, *proj = stat + 2 * N;
     real *S = proj + f->dg, *G = S + K;
+    /* each key/value head's key list; the block patterns' scratch */
+    int** kl = mallocCheck(sizeof(int*) * (size_t)NKV);
+    int* nkg = mallocCheck(sizeof(int) * (size_t)NKV);
+    int nbmax = 1;
+    for (int i = 0; i < n; i++) {
+        const int nb = cs[i]->cap / (f->block > 0 ? f->block : 1) + 1;
+        nbmax = nb > nbmax ? nb : nbmax;
+    }
+    int* bsel = mallocCheck(sizeof(int) * (size_t)nbmax);
+    real* bsc = mallocCheck(sizeof(real) * (size_t)nbmax);
+    real* bp = mallocCheck(sizeof(real) * (size_t)nbmax);
     /* FOCUS_PROFILE: the time of each part (tick adds the time since the last tick to part i) */
     double mark = c0->profile ? now_seconds() : 0;
 #define TICK(i)                                \
@@ -515,7 +622,24 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
             kv_put(cs[i], 1, l, pos[i], qi + C + kvw, kvw);
         }
         const int kind = layer_keys(f, l);
+        if (kind == KEYS_BLOCKS)
+            for (int i = 0; i < n; i++) {
+                block_cache(cs[i], mc, f->block);
+                block_complete(cs[i], l, pos[i], mc);
+            }
         for (int i = 0; i < n; i++) { /* in order: a cache's group lists grow row by row */
+            if (kind == KEYS_BLOCKS) {
+                long pairs = 0;
+                for (int g = 0; g < NKV; g++) {
+                    kl[g] = cs[i]->bkeys + (size_t)g * cs[i]->cap;
+                    nkg[g] = block_keys(cs[i], m, l, pos[i], g,
+                                        qkv + (size_t)i * Q + g * (NH / NKV) * hs, bsel, bsc, bp);
+                    pairs += (long)nkg[g] * (NH / NKV);
+                }
+                cs[i]->pairs += pairs;
+                attend_keys(att + (size_t)i * C, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
+                continue;
+            }
             uint32_t mi = 0;
             if (kind == KEYS_GROUPS) {
                 if (f->attn == ATTN_HARD) {
@@ -529,7 +653,8 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
             }
             const int nk = token_keys(cs[i], f, l, pos[i], mi, kind);
             cs[i]->pairs += (long)nk * NH;
-            attend_keys(att + (size_t)i * C, qkv + (size_t)i * Q, l, cs[i], nk, mc);
+            for (int g = 0; g < NKV; g++) kl[g] = cs[i]->keys, nkg[g] = nk;
+            attend_keys(att + (size_t)i * C, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
         }
         TICK(1);
         project_n(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
@@ -570,6 +695,7 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
     TICK(6);
 #undef TICK
     for (int i = 0; i < n; i++) cs[i]->n++;
+    free(kl), free(nkg), free(bsel), free(bsc), free(bp);
     free(buf);
     free(pos);
 }
@@ -635,11 +761,19 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
             attention_hard_forward(att, lse, qkv, mask, K, f->w, 1, n, NH, NKV, hs);
         } else if (kind == KEYS_WINDOW) {
             attention_band_forward(att, lse, qkv, f->w, f->sinks, 1, n, NH, NKV, hs);
+        } else if (kind == KEYS_BLOCKS) { /* the forward pass's kernel; each block's statistics */
+            const double kept = attention_blocks_forward(
+                att, lse, qkv, f->w, f->sinks, f->block, f->blocks, attn_block_score(f->attn),
+                m->blockgate ? m->blockgate + (size_t)l * NH * BLOCKGATE_WIDTH(hs) : NULL, 1, n, NH,
+                NKV, hs);
+            c->pairs += (long)llround(kept * NH);
+            block_cache(c, mc, f->block);
+            for (int t = 0; t < n; t++) block_complete(c, l, t, mc);
         } else {
             attention_flash_forward(att, lse, qkv, 1, n, NH, NKV, hs);
         }
         /* the group lists, and the pairs decoding would have counted */
-        for (int t = 0; t < n; t++)
+        for (int t = 0; t < n && kind != KEYS_BLOCKS; t++)
             c->pairs += (long)token_keys(c, f, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
         project_rows(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
                      p->attprojb ? p->attprojb + lC : NULL, C, C, nw ? nw + NATIVE_O : NULL, ex);

@@ -42,6 +42,10 @@ typedef struct {
     int split_min;  /* ... when it has at least this many keys (256; fewer: one thread) */
     Governor gov;   /* the decode steps' thread count (on by default with more than one thread) */
     long pairs;     /* attention pairs evaluated so far, summed over layers */
+    /* the block patterns (blocks, blocks_mean, blocks_learned), made on first use: */
+    int bs, nbcap; /* key block size, blocks held per layer and key/value head */
+    real* bstat;   /* (L, NKV, nbcap, BLOCKGATE_STATS(hs)): each complete block's key statistics */
+    int* bkeys;    /* (NKV, cap) the positions each key/value head's queries attend to */
     /* FOCUS_PROFILE=1: seconds of the decode steps by part (DECODE_PARTS), summed */
     int profile;
     double prof[8];

@@ -404,6 +404,7 @@ void model_free(Model* m) {
     free(m->tnegent);
     free(m->kl_losses);
     free(m->atarget);
+    free(m->blockgate);
     free(m->lora_mem);
     free(m->lora_grads_mem);
     free(m->lora_scratch);

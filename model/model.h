@@ -59,7 +59,8 @@ int model_fc_width(const ModelConfig* c);
  * patterns a router has to beat at the same budget (kernels/sparse.h): window (sinks and window
  * only), random (random groups with the router's K and k), blocks / blocks_mean (per query and key/
  * value head the best key blocks by Quest's bounds / by mean keys), oracle (the blocks holding
- * the most dense attention mass: the ceiling of block selection). */
+ * the most dense attention mass: the ceiling of block selection); blocks_learned: the blocks
+ * of most mass by the learned block selector (`focus fit-blocks`, Model.blockgate). */
 typedef enum {
     ATTN_DENSE = 0,
     ATTN_SOFT = 1,
@@ -68,7 +69,8 @@ typedef enum {
     ATTN_RANDOM = 4,
     ATTN_BLOCKS = 5,
     ATTN_BLOCKS_MEAN = 6,
-    ATTN_ORACLE = 7
+    ATTN_ORACLE = 7,
+    ATTN_BLOCKS_LEARNED = 8
 } AttnMode;
 /* modes that keep a subset of the causal pairs (reported with the share they keep) */
 static inline int attn_is_sparse(AttnMode a) { return a >= ATTN_HARD; }
@@ -76,7 +78,10 @@ static inline int attn_is_sparse(AttnMode a) { return a >= ATTN_HARD; }
 static inline int attn_uses_router(AttnMode a) { return a == ATTN_SOFT || a == ATTN_HARD; }
 /* how a block pattern scores its candidate blocks */
 static inline BlockScore attn_block_score(AttnMode a) {
-    return a == ATTN_ORACLE ? BLOCKS_ORACLE : a == ATTN_BLOCKS_MEAN ? BLOCKS_MEAN : BLOCKS_QUEST;
+    return a == ATTN_ORACLE           ? BLOCKS_ORACLE
+           : a == ATTN_BLOCKS_LEARNED ? BLOCKS_LEARNED
+           : a == ATTN_BLOCKS_MEAN    ? BLOCKS_MEAN
+                                      : BLOCKS_QUEST;
 }
 
 typedef struct {
@@ -224,6 +229,13 @@ typedef struct {
     size_t lora_sizes[NUM_LORA_TENSORS], num_lora, lora_scratch_n;
     real* beta; /* (L, K) causal routing bias, an EMA of colofs; not a gradient parameter */
     long beta_updates;
+    /* the learned block selector of --attn blocks_learned (L, NH, BLOCKGATE_WIDTH(hs)), NULL
+     * unless loaded (checkpoints/blockgate_h5.h) */
+    real* blockgate;
+    /* called by the CPU forward pass after each layer's q, k, v (RoPE applied) with that layer's
+     * (B, T, QKV) rows, when set: how `focus fit-blocks` sees a frozen model's attention */
+    void (*qkv_observer)(void* ctx, int layer, const real* qkv, int B, int T);
+    void* qkv_observer_ctx;
     /* activations for the current (B, T); with keep == 0 every layer shares one slot */
     Acts acts;
     real* acts_mem;

@@ -124,6 +124,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         linear(m, la.qkv, la.ln1, 4, p->qkvb, l, BT, C, QKV);
         lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
         if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, NH, NKV, hs, c->rope_theta, 0);
+        if (m->qkv_observer) m->qkv_observer(m->qkv_observer_ctx, l, la.qkv, B, T);
         const AttnMode mode = focus_layer_attn(f, l);
         if (attn_uses_router(f->attn) || m->routed_dense) {
             /* a dense layer's groups are still computed (reports and statistics read them) */
@@ -155,9 +156,11 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 attention_band_forward(la.att, la.lse, la.qkv, f->w, f->sinks, B, T, NH, NKV, hs);
                 break;
             case ATTN_KERNEL_BLOCKS:
-                m->pattern_kept +=
-                    attention_blocks_forward(la.att, la.lse, la.qkv, f->w, f->sinks, f->block,
-                                             f->blocks, attn_block_score(mode), B, T, NH, NKV, hs);
+                m->pattern_kept += attention_blocks_forward(
+                    la.att, la.lse, la.qkv, f->w, f->sinks, f->block, f->blocks,
+                    attn_block_score(mode),
+                    m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL, B,
+                    T, NH, NKV, hs);
                 break;
         }
         if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */

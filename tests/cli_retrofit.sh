@@ -127,6 +127,26 @@ kept=$(echo "$out" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')
 [ -n "$pd" ] && same "$pd" "$pw" && same "$pd" "$pb" && echo "$out" | grep -q "attention window (no router): sinks=2, w=8" && awk -v k="$kept" 'BEGIN { exit !(k > 0.2 && k < 0.5) }' && ok "window and blocks at full budget = dense ($pd); window w=8 keeps $(echo "$out" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')" || bad "patterns: dense $pd window $pw blocks $pb; $out"
 "$focus" eval curve --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 64 --modes dense,window:16,random:1,blocks:2,blocks_mean:2,oracle:2 --set block=8 --out "$work/curve_p.tsv" > "$work/curve_p.log" 2>/dev/null
 [ "$(grep -c "" "$work/curve_p.tsv")" -eq 7 ] && grep -q "| oracle:2 | .* of pairs" "$work/curve_p.log" && ok "eval curve: six patterns, no router" || { bad "eval curve patterns"; cat "$work/curve_p.log"; }
+# the learned block selector: fit-blocks writes a selector that eval ppl and eval curve take with
+# --router; a budget covering every block is dense to the printed digits; a truncated file, one
+# fitted on another base model, a token-router mode with it and the mode without it are refused
+fb=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt)
+"$focus" fit-blocks "${fb[@]}" --ctx 64 --windows 2 --queries 16 --iters 20 --set w=8 --set block=8 --set blocks=2 --out "$work/sel.h5" > "$work/fit.log" 2>&1
+grep -q "learned selector .* mean over layers" "$work/fit.log" && [ -s "$work/sel.h5" ] && ok "fit-blocks writes a selector and its held-out report" || { bad "fit-blocks"; tail -5 "$work/fit.log"; }
+out=$("$focus" eval ppl "${data[@]}" --router "$work/sel.h5" --attn blocks_learned --set blocks=2 2>/dev/null)
+pl=$("$focus" eval ppl "${data[@]}" --router "$work/sel.h5" --attn blocks_learned --set blocks=8 2>/dev/null | ppl)
+echo "$out" | grep -q "attention blocks (learned selector): 2 key blocks of 8 per query and key/value head, sinks=4, w=8" && echo "$out" | grep -q "pairs kept" && same "$pd" "$pl" && ok "eval ppl --router SELECTOR --attn blocks_learned; every block kept = dense ($pl)" || bad "blocks_learned: dense $pd full $pl; $out"
+"$focus" eval curve "${fb[@]}" --max-tokens 300 --ctx 64 --router "$work/sel.h5" --modes dense,blocks:2,blocks_learned:2 > "$work/curve_l.log" 2>/dev/null
+grep -q "| blocks_learned:2 | .* of pairs" "$work/curve_l.log" && ok "eval curve --modes blocks_learned:2" || { bad "eval curve blocks_learned"; cat "$work/curve_l.log"; }
+head -c 3000 "$work/sel.h5" > "$work/sel_cut.h5"
+err=$("$focus" eval ppl "${data[@]}" --router "$work/sel_cut.h5" --attn blocks_learned 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "sel_cut.h5: the .* is truncated or corrupt" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a truncated selector refused: $err" || bad "truncated selector: rc=$rc $err"
+err=$("$focus" eval ppl --model "$work/other/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --router "$work/sel.h5" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "different base model" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a selector on another base model refused" || bad "selector other base: rc=$rc $err"
+err=$("$focus" eval curve "${fb[@]}" --max-tokens 300 --ctx 64 --router "$work/sel.h5" --modes hard:1 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "needs --router" && ok "a token-router mode with a selector refused" || bad "hard:1 with selector: rc=$rc $err"
+err=$("$focus" eval ppl "${data[@]}" --attn blocks_learned 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "needs --router SELECTOR.h5" && ok "blocks_learned without a selector refused" || bad "blocks_learned alone: rc=$rc $err"
 "$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_multikey --modes dense,window:16 --lengths 250 --depths 0.5 --trials 2 --out "$work/niah.tsv" > "$work/niah.log" 2>/dev/null
 [ "$(grep -c "niah_multikey" "$work/niah.tsv")" -eq 4 ] && grep -q "window:16: .* retrieved" "$work/niah.log" && ok "eval passkey --task niah_multikey" || { bad "niah"; cat "$work/niah.log"; }
 err=$("$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_colour --lengths 150 2>&1 >/dev/null); rc=$?

@@ -73,12 +73,60 @@ static void run_band(int B, int T, int w, int sinks, Rng* rng) {
     free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);
 }
 
+/* The learned selector's scores written out (sparse.h): per query head the logit of each
+ * candidate block from its keys' mean, variance, min and max, plus the log of its distant key
+ * count, normalised with the band's exact log-partition; summed over the key/value head's query
+ * heads. s: the dense scores (T, NH) of query i; keep: its band. */
+static void learned_scores(double* sc, const real* base, const double* s, const char* keep,
+                           const real* gate, int kvh, int i, int w, int sinks, int bs, int c0,
+                           int c1, int T) {
+    const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, W = BLOCKGATE_WIDTH(HS);
+    const double scale = 1 / sqrt((double)HS);
+    for (int c = c0; c < c1; c++) sc[c] = 0;
+    for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
+        const real* q = base + (size_t)i * QKV + h * HS;
+        const real* g = gate + (size_t)h * W;
+        double lg[64], mx = -INFINITY, band = 0;
+        for (int j = 0; j <= i; j++)
+            if (keep[j]) mx = fmax(mx, s[(size_t)j * NH + h]);
+        for (int j = 0; j <= i; j++)
+            if (keep[j]) band += exp(s[(size_t)j * NH + h] - mx);
+        const double lb = mx + log(band);
+        double z = 1; /* the band, relative to lb */
+        for (int c = c0; c < c1; c++) {
+            double v = g[0];
+            for (int e = 0; e < HS; e++) {
+                double lo = INFINITY, hi = -INFINITY, mean = 0, var = 0;
+                int n = 0;
+                for (int j = c * bs; j < (c + 1) * bs && j < T; j++, n++) {
+                    double x = base[(size_t)j * QKV + C + kvh * HS + e];
+                    lo = fmin(lo, x), hi = fmax(hi, x), mean += x;
+                }
+                mean /= n;
+                for (int j = c * bs; j < (c + 1) * bs && j < T; j++) {
+                    double x = base[(size_t)j * QKV + C + kvh * HS + e];
+                    var += (x - mean) * (x - mean) / n;
+                }
+                const double x = scale * q[e];
+                v += g[1 + e] * x * mean + g[1 + HS + e] * x * x * var +
+                     g[1 + 2 * HS + e] * fmax(x * lo, x * hi);
+            }
+            int d = 0;
+            for (int j = c * bs; j < (c + 1) * bs && j < i - w; j++) d += j >= sinks;
+            lg[c - c0] = v + log((double)d);
+            z += exp(lg[c - c0] - lb);
+        }
+        for (int c = c0; c < c1; c++) sc[c] += exp(lg[c - c0] - lb - log(z));
+    }
+}
+
 /* Block selection written out per query: the candidate blocks' scores from the keys themselves,
  * the nsel best (ties to the earlier block), then a plain softmax over sinks, window and the
  * chosen blocks' distant keys. Returns the pairs kept; *mass (unless NULL) gains the dense
  * attention mass the kept pairs hold, summed over queries and heads. */
 static double blocks_reference(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                               int nsel, BlockScore score, int B, int T, double* mass) {
+                               int nsel, BlockScore score, const real* gate, int B, int T,
+                               double* mass) {
     const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const double scale = 1 / sqrt((double)HS);
     double kept = 0;
@@ -106,7 +154,9 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                 }
                 for (int j = 0; j <= i; j++) keep[j] = i - j <= w || j < sinks;
                 int c0 = sinks / bs, c1 = i - w > sinks ? (i - w - 1) / bs + 1 : c0;
-                for (int c = c0; c < c1; c++) {
+                if (score == BLOCKS_LEARNED)
+                    learned_scores(sc, base, s, keep, gate, kvh, i, w, sinks, bs, c0, c1, T);
+                for (int c = c0; c < c1 && score != BLOCKS_LEARNED; c++) {
                     sc[c] = 0;
                     for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
                         const real* q = base + (size_t)i * QKV + h * HS;
@@ -160,15 +210,18 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
 
 static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, BlockScore score,
                        Rng* rng) {
+    real gate[NH * BLOCKGATE_WIDTH(HS)];
+    blockgate_init(gate, NH, HS);
+    for (int t = 0; t < NH * BLOCKGATE_WIDTH(HS); t++) gate[t] += 0.3 * rng_normal(rng);
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
            nl = (size_t)B * NH * T;
     real* qkv = mallocCheck(sizeof(real) * nqkv);
     real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
     real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
     tu_randn(qkv, nqkv, 1.5, rng);
-    double want = blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, score, B, T, NULL);
-    double kept =
-        attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, score, B, T, NH, NKV, HS);
+    double want = blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, score, gate, B, T, NULL);
+    double kept = attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, score, gate, B, T,
+                                           NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
     printf(
         "  blocks (%s) vs per-query reference: B=%d T=%4d w=%3d sinks=%d bs=%d nsel=%d  out "
@@ -194,8 +247,8 @@ static void oracle_is_ceiling(Rng* rng) {
     tu_randn(qkv, nqkv, 1.5, rng);
     double mass[3] = {0, 0, 0}, band = 0;
     for (int s = 0; s < 3; s++)
-        blocks_reference(o, l, qkv, w, sinks, bs, nsel, (BlockScore)s, B, T, &mass[s]);
-    blocks_reference(o, l, qkv, w, sinks, bs, 0, BLOCKS_QUEST, B, T, &band);
+        blocks_reference(o, l, qkv, w, sinks, bs, nsel, (BlockScore)s, NULL, B, T, &mass[s]);
+    blocks_reference(o, l, qkv, w, sinks, bs, 0, BLOCKS_QUEST, NULL, B, T, &band);
     printf("  dense mass kept (of %d): band %.1f, Quest %.1f, mean keys %.1f, oracle %.1f\n",
            T * NH, band, mass[0], mass[1], mass[2]);
     CHECK(
@@ -245,7 +298,9 @@ int main(void) {
     run_band(1, 1, 5, 2, &rng);
     /* block selection: every score, partial blocks, T not a multiple of bs, nsel 0 (the band)
      * and nsel past the candidates (dense) */
-    for (int s = 0; s < 3; s++) run_blocks(2, 300, 24, 4, 16, 3, (BlockScore)s, &rng);
+    for (int s = 0; s < 4; s++) run_blocks(2, 300, 24, 4, 16, 3, (BlockScore)s, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_LEARNED, &rng);
+    run_blocks(1, 257, 40, 1, 64, 1, BLOCKS_LEARNED, &rng);
     run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, &rng);
     run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, &rng);
     run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_QUEST, &rng);

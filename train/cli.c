@@ -14,6 +14,7 @@
 
 #include "../checkpoints/load.h"
 #include "../checkpoints/lora_h5.h"
+#include "../checkpoints/blockgate_h5.h"
 #include "../checkpoints/router_h5.h"
 #include "../data/shard.h"
 #include "../data/text.h"
@@ -141,7 +142,14 @@ void path_join(char* out, size_t n, const char* dir, const char* name) {
 void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
                           const char* routing) {
     FocusConfig* f = &m->fc;
-    if (router) {
+    if (router && blockgate_file(router)) {
+        /* a block selector (focus fit-blocks): its block size and band, mode blocks_learned */
+        BlockGateInfo bi;
+        blockgate_load(router, m, &bi, model_fingerprint(m));
+        f->block = bi.block, f->w = bi.w, f->sinks = bi.sinks;
+        f->attn = ATTN_BLOCKS_LEARNED;
+        router = NULL;
+    } else if (router) {
         char* text = router_read_config(router);
         /* the router's own settings (SET_ROUTER in settings.h) from the stored configuration; a
          * router stored without sinks or dense_layers was trained before they existed: none */
@@ -167,6 +175,10 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
                 "--attn %s needs --router router.h5 (window, random, blocks, blocks_mean and "
                 "oracle need none)",
                 attn);
+        if (f->attn == ATTN_BLOCKS_LEARNED && !m->blockgate)
+            fatal(
+                "--attn blocks_learned needs --router SELECTOR.h5, a block selector of focus "
+                "fit-blocks");
     }
     if (topk) {
         if (config_set(&m->cfg, f, "topk", topk))
@@ -429,6 +441,12 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
                      "random groups (no router): K=%d, k=%s, w=%d, sinks=%d, dense layers %s", f->K,
                      focus_topk_str(f, tk), f->w, f->sinks, dl);
             return buf;
+        case ATTN_BLOCKS_LEARNED:
+            snprintf(buf, n,
+                     "blocks (learned selector): %d key blocks of %d per query and key/value "
+                     "head, sinks=%d, w=%d, dense layers %s",
+                     f->blocks, f->block, f->sinks, f->w, dl);
+            return buf;
         case ATTN_BLOCKS:
         case ATTN_BLOCKS_MEAN:
         case ATTN_ORACLE:
@@ -469,10 +487,13 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
         m->fc.attn = ATTN_DENSE;
         return;
     }
+    if (!strncmp(mode, "blocks_learned", 14) && !m->blockgate)
+        fatal("mode %s needs --router SELECTOR.h5, a block selector of focus fit-blocks", mode);
     /* the training-free patterns: window:W, random:k, blocks:N, blocks_mean:N, oracle:N */
     if (pattern_mode(m, mode, "window", ATTN_WINDOW, "w") ||
         pattern_mode(m, mode, "random", ATTN_RANDOM, "topk") ||
         pattern_mode(m, mode, "blocks_mean", ATTN_BLOCKS_MEAN, "blocks") ||
+        pattern_mode(m, mode, "blocks_learned", ATTN_BLOCKS_LEARNED, "blocks") ||
         pattern_mode(m, mode, "blocks", ATTN_BLOCKS, "blocks") ||
         pattern_mode(m, mode, "oracle", ATTN_ORACLE, "blocks"))
         return;
@@ -486,12 +507,13 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
     } else {
         fatal(
             "unknown mode '%s' (dense, soft, hard:k, hard:pP; window:W, random:k, blocks:N, "
-            "blocks_mean:N, oracle:N)",
+            "blocks_mean:N, oracle:N; blocks_learned:N with a block selector)",
             mode);
     }
 }
 
 void cli_set_mode(Model* m, const char* mode, int have_router) {
+    if (m->blockgate) have_router = 0; /* --router gave a block selector, not a token router */
     char buf[256];
     if (strlen(mode) >= sizeof buf) fatal("mode '%.40s...' is too long", mode);
     strcpy(buf, mode);
@@ -544,7 +566,9 @@ void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* 
         return;
     }
     model_load(m, model, &fc, info);
-    apply_router_options(m, router, router ? (attn ? attn : "hard") : attn, topk, "causal");
+    /* a token router decodes hard top-k by default, a block selector its blocks */
+    const char* kind = router && blockgate_file(router) ? "blocks_learned" : "hard";
+    apply_router_options(m, router, router ? (attn ? attn : kind) : attn, topk, "causal");
     set_native(m, model, weights);
     /* the router is checked against the fp32 weights: now the file's blocks suffice */
     model_drop_native_copies(m);

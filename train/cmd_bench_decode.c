@@ -30,7 +30,8 @@ static double log_softmax_at(const real* logits, int V, int target) {
 
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
-    "                          [--router router.h5 [--topk k]] [--prefill batched|exact|steps]\n"
+    "                          [--router router.h5 [--topk k]] [--attn A] [--set key=value]...\n"
+    "                          [--prefill batched|exact|steps]\n"
     "                          [--kv f16|f32] [--threads N] [--seed s]\n"
     "                          [--data D [--tokenizer T]]\n"
     "Tokens/s of the prompt (--ctx random token ids in one batched pass as generate feeds them:\n"
@@ -41,20 +42,24 @@ static const char decode_usage[] =
     "cache's keys and values in half precision (the default) or fp32. --weights native (the "
     "default where the GGUF\n"
     "file allows) reads the projections in their stored blocks; f32 the expanded weights.\n"
-    "With --router: hard top-k attention over the group KV cache (causal routing). With --data\n"
-    "the prompt and the decoded tokens are the first ctx + n tokens of that text or shard\n"
-    "(teacher-forced), and the perplexity of the stream is printed: native and fp32 weights\n"
-    "compared on the same tokens.\n";
+    "With --router: hard top-k attention over the group KV cache (causal routing), or with a\n"
+    "block selector of fit-blocks its key blocks; --attn window (sinks + window), blocks,\n"
+    "blocks_mean need no router; --set w=N and the other attention settings as for eval.\n"
+    "With --data the prompt and the decoded tokens are the first ctx + n tokens of that text or\n"
+    "shard (teacher-forced), and the perplexity of the stream is printed: native and fp32\n"
+    "weights compared on the same tokens.\n";
 
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
-               *tok = NULL, *prefill = "batched", *kv = "f16";
+               *attn = NULL, *tok = NULL, *prefill = "batched", *kv = "f16";
     int ctx = 1024, n = 64, seed = 1, threads = 0;
+    CliList sets = {0};
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
-                  "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024] --kv:s",
+                  "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024] --kv:s --attn:s "
+                  "--set:*",
                   &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill,
-                  &threads, &kv))
+                  &threads, &kv, &attn, &sets))
         return 0;
     if (!model) fatal("bench decode: needs --model");
     const int steps = !strcmp(prefill, "steps"), exact = !strcmp(prefill, "exact");
@@ -66,7 +71,9 @@ int cmd_bench_decode(int argc, char** argv) {
     resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
     ModelInfo info;
-    cli_load_decoder(&m, &info, model, router, NULL, topk, weights);
+    cli_load_decoder(&m, &info, model, router, attn, topk, weights);
+    cli_apply_focus_sets(&m, model, router, &sets);
+    free(sets.v);
     m.prefill_exact = exact;
     cli_check_context(&m, (long)ctx + n, "bench decode", "--ctx + -n");
     if (threads) omp_set_num_threads(threads);
@@ -132,9 +139,13 @@ int cmd_bench_decode(int argc, char** argv) {
     /* of the causal pairs of the decoded tokens (each attends to every earlier one when dense) */
     double dense_pairs = 0;
     for (int i = 0; i < n; i++) dense_pairs += (double)(ctx + i + 1) * m.cfg.NH * m.cfg.L;
+    char desc[1400];
     printf("model %s (%s), weights %s, attention %s, KV cache %s, %d threads%s\n", info.name,
            info.format, m.native ? "native (the file's blocks)" : "fp32",
-           router ? "hard top-k" : "dense", c.half ? "f16" : "f32", omp_get_max_threads(),
+           m.fc.attn == ATTN_HARD    ? "hard top-k"
+           : m.fc.attn == ATTN_DENSE ? "dense"
+                                     : cli_attention_desc(&m, desc, sizeof desc),
+           c.half ? "f16" : "f32", omp_get_max_threads(),
            c.gov.on ? " at most (chosen per decode step)" : "");
     printf("kernels: %s (this CPU's best: %s; FOCUS_ISA forces a level)\n",
            quant_isa_name(quant_isa()), quant_isa_name(quant_isa_detected()));

@@ -70,6 +70,7 @@ static const char eval_usage[] =
     "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk "
     "k|pP]\n"
     "                      [--attn window|random|blocks|blocks_mean|oracle]\n"
+    "                      [--router SELECTOR.h5 --attn blocks_learned]\n"
     "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
     "                      [--device cpu|cuda] [--lora lora.h5]\n"
     "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
@@ -86,6 +87,8 @@ static const char eval_usage[] =
     "ones --set block=64 --set blocks=8): window keeps each query's sinks and window; random\n"
     "random groups of K with --topk k; blocks / blocks_mean the best key blocks per query and\n"
     "key/value head by Quest's bounds / by mean keys; oracle those holding the most dense mass.\n"
+    "--router SELECTOR.h5 (a block selector of focus fit-blocks) --attn blocks_learned: the\n"
+    "blocks of most attention mass by the learned selector (its block size, w and sinks).\n"
     "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
     "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n";
 

@@ -39,7 +39,8 @@ static const char passkey_usage[] =
     "write it. One line per mode with the accuracy by length and depth; --out writes every trial\n"
     "(mode, length, depth, trial, key, retrieved, task) for scripts/plot_passkey.py. Modes:\n"
     "dense, soft, hard:k, hard:pP (the router's modes need --router; routing is causal), and\n"
-    "the training-free patterns window:W, random:k, blocks:N, blocks_mean:N, oracle:N.\n"
+    "the training-free patterns window:W, random:k, blocks:N, blocks_mean:N, oracle:N;\n"
+    "blocks_learned:N with --router SELECTOR.h5 (a block selector of focus fit-blocks).\n"
     "--task niah_*: RULER's needle in a haystack (a 7-digit number or a word under a two-word\n"
     "key; multikey: three distractor needles with other keys), in RULER's noise sentences or in\n"
     "the text of --haystack (a text file, cycled as needed).\n";

@@ -88,12 +88,14 @@ int cmd_generate(int argc, char** argv) {
         model_decode_step(&m, &c, next, logits);
     }
     double dt = now_seconds() - t0;
+    char desc[1400];
     printf("\n");
     if (full) fprintf(stderr, "[stopped at the model's context of %d tokens]\n", m.cfg.maxT);
-    fprintf(
-        stderr, "[%zu prompt + %zu generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
-        prompt_len, len - prompt_len, dt, (len) / dt,
-        m.fc.attn == ATTN_HARD ? "hard top-k over the group KV cache" : "dense over the KV cache");
+    fprintf(stderr, "[%zu prompt + %zu generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
+            prompt_len, len - prompt_len, dt, (len) / dt,
+            m.fc.attn == ATTN_HARD    ? "hard top-k over the group KV cache"
+            : m.fc.attn == ATTN_DENSE ? "dense over the KV cache"
+                                      : cli_attention_desc(&m, desc, sizeof desc));
     free(ids);
     free(logits);
     kvcache_free(&c);

@@ -48,6 +48,8 @@ static const Command commands[] = {
      "settings        every configuration setting, its default and meaning"},
     {"export", cmd_export,
      "export          a trained router for sharing, without its optimizer moments"},
+    {"fit-blocks", cmd_fitblocks,
+     "fit-blocks      the learned block selector, fitted to the model's own dense attention"},
 };
 
 static void usage(FILE* o) {

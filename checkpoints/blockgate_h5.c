@@ -1,0 +1,92 @@
+/* blockgate_h5.c: the learned block selector in HDF5 (see blockgate_h5.h). */
+#include "blockgate_h5.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../kernels/sparse.h"
+#include "h5file.h"
+
+#define FORMAT_VERSION 1
+
+static uint64_t checksum(const real* w, size_t n, const BlockGateInfo* info) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const int64_t s[3] = {info->block, info->w, info->sinks};
+    const unsigned char* p = (const unsigned char*)s;
+    for (size_t i = 0; i < sizeof s; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    p = (const unsigned char*)w;
+    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void dims_of(const Model* m, hsize_t d[3]) {
+    d[0] = (hsize_t)m->cfg.L, d[1] = (hsize_t)m->cfg.NH;
+    d[2] = (hsize_t)BLOCKGATE_WIDTH(m->cfg.C / m->cfg.NH);
+}
+
+void blockgate_save(const char* path, const Model* m, const real* wgt, const BlockGateInfo* info,
+                    uint64_t fingerprint) {
+    hsize_t d[3];
+    dims_of(m, d);
+    const size_t n = (size_t)(d[0] * d[1] * d[2]);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(wgt[i])) fatal("%s: the block selector holds NaN or inf; not written", path);
+    char tmp[4200];
+    hid_t f = h5_create(path, tmp, sizeof tmp);
+    hid_t g = H5Gcreate2(f, "blockgate", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    h5_write_ds(g, "w", H5T_NATIVE_FLOAT, wgt, 3, d, tmp);
+    H5Gclose(g);
+    int64_t v = FORMAT_VERSION, one = 1, s[3] = {info->block, info->w, info->sinks};
+    h5_write_attr(f, "format_version", H5T_NATIVE_INT64, &v, tmp);
+    h5_write_attr(f, "block_selector", H5T_NATIVE_INT64, &one, tmp);
+    h5_write_attr(f, "block", H5T_NATIVE_INT64, &s[0], tmp);
+    h5_write_attr(f, "w", H5T_NATIVE_INT64, &s[1], tmp);
+    h5_write_attr(f, "sinks", H5T_NATIVE_INT64, &s[2], tmp);
+    h5_write_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &fingerprint, tmp);
+    uint64_t sum = checksum(wgt, n, info);
+    h5_write_attr(f, "checksum", H5T_NATIVE_UINT64, &sum, tmp);
+    h5_commit(f, tmp, path);
+}
+
+int blockgate_file(const char* path) {
+    hid_t f = h5_open(path, "router or block selector", 1000);
+    const int is = H5Aexists(f, "block_selector") > 0;
+    h5_close(f);
+    return is;
+}
+
+void blockgate_load(const char* path, Model* m, BlockGateInfo* info, uint64_t fingerprint) {
+    hid_t f = h5_open(path, "block selector", FORMAT_VERSION);
+    if (H5Aexists(f, "block_selector") <= 0)
+        fatal("%s: not a block selector (no block_selector attribute)", path);
+    uint64_t fp, want;
+    int64_t s[3];
+    h5_read_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &fp, path);
+    if (fp != fingerprint)
+        fatal(
+            "%s: this block selector was fitted on a different base model (fingerprint %016llx, "
+            "the loaded model is %016llx)",
+            path, (unsigned long long)fp, (unsigned long long)fingerprint);
+    h5_read_attr(f, "block", H5T_NATIVE_INT64, &s[0], path);
+    h5_read_attr(f, "w", H5T_NATIVE_INT64, &s[1], path);
+    h5_read_attr(f, "sinks", H5T_NATIVE_INT64, &s[2], path);
+    h5_read_attr(f, "checksum", H5T_NATIVE_UINT64, &want, path);
+    if (s[0] < 1 || s[0] > 1048576 || s[1] < 0 || s[1] > 4194304 || s[2] < 0 || s[2] > 4194304)
+        fatal("%s: block %lld, w %lld, sinks %lld out of range; corrupt file", path,
+              (long long)s[0], (long long)s[1], (long long)s[2]);
+    info->block = (int)s[0], info->w = (int)s[1], info->sinks = (int)s[2];
+    hsize_t d[3];
+    dims_of(m, d);
+    const size_t n = (size_t)(d[0] * d[1] * d[2]);
+    real* w = mallocCheck(sizeof(real) * n);
+    fatal_defer(free, w);
+    h5_read_ds(f, "blockgate/w", H5T_NATIVE_FLOAT, w, 3, d, path);
+    if (checksum(w, n, info) != want) fatal("%s: checksum mismatch; the file is corrupt", path);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(w[i]))
+            fatal("%s: the block selector holds NaN or inf; it cannot be used", path);
+    fatal_forget(w);
+    h5_close(f);
+    free(m->blockgate);
+    m->blockgate = w;
+}
