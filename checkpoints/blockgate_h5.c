@@ -9,13 +9,20 @@
 
 #define FORMAT_VERSION 1
 
-static uint64_t checksum(const real* w, size_t n, const BlockGateInfo* info) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    const int64_t s[3] = {info->block, info->w, info->sinks};
-    const unsigned char* p = (const unsigned char*)s;
-    for (size_t i = 0; i < sizeof s; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    p = (const unsigned char*)w;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ull;
+static uint64_t fnv(uint64_t h, const void* v, size_t n) {
+    const unsigned char* p = v;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t checksum(const real* w, size_t n, const BlockGateInfo* info, int L) {
+    const int64_t s[4] = {info->block, info->w, info->sinks, info->n0};
+    uint64_t h = fnv(0xcbf29ce484222325ull, s, info->blocks ? sizeof s : 3 * sizeof s[0]);
+    h = fnv(h, w, n * sizeof(float));
+    for (int l = 0; info->blocks && l < L; l++) {
+        const int64_t b = info->blocks[l];
+        h = fnv(h, &b, sizeof b);
+    }
     return h;
 }
 
@@ -35,6 +42,15 @@ void blockgate_save(const char* path, const Model* m, const real* wgt, const Blo
     hid_t f = h5_create(path, tmp, sizeof tmp);
     hid_t g = H5Gcreate2(f, "blockgate", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     h5_write_ds(g, "w", H5T_NATIVE_FLOAT, wgt, 3, d, tmp);
+    if (info->blocks) {
+        int64_t* b = mallocCheck(sizeof(int64_t) * (size_t)m->cfg.L);
+        for (int l = 0; l < m->cfg.L; l++) b[l] = info->blocks[l];
+        hsize_t dl[1] = {(hsize_t)m->cfg.L};
+        h5_write_ds(g, "blocks", H5T_NATIVE_INT64, b, 1, dl, tmp);
+        free(b);
+        int64_t n0 = info->n0;
+        h5_write_attr(f, "blocks_mean", H5T_NATIVE_INT64, &n0, tmp);
+    }
     H5Gclose(g);
     int64_t v = FORMAT_VERSION, one = 1, s[3] = {info->block, info->w, info->sinks};
     h5_write_attr(f, "format_version", H5T_NATIVE_INT64, &v, tmp);
@@ -43,7 +59,7 @@ void blockgate_save(const char* path, const Model* m, const real* wgt, const Blo
     h5_write_attr(f, "w", H5T_NATIVE_INT64, &s[1], tmp);
     h5_write_attr(f, "sinks", H5T_NATIVE_INT64, &s[2], tmp);
     h5_write_attr(f, "base_fingerprint", H5T_NATIVE_UINT64, &fingerprint, tmp);
-    uint64_t sum = checksum(wgt, n, info);
+    uint64_t sum = checksum(wgt, n, info, m->cfg.L);
     h5_write_attr(f, "checksum", H5T_NATIVE_UINT64, &sum, tmp);
     h5_commit(f, tmp, path);
 }
@@ -75,18 +91,45 @@ void blockgate_load(const char* path, Model* m, BlockGateInfo* info, uint64_t fi
         fatal("%s: block %lld, w %lld, sinks %lld out of range; corrupt file", path,
               (long long)s[0], (long long)s[1], (long long)s[2]);
     info->block = (int)s[0], info->w = (int)s[1], info->sinks = (int)s[2];
+    info->n0 = 0, info->blocks = NULL;
     hsize_t d[3];
     dims_of(m, d);
     const size_t n = (size_t)(d[0] * d[1] * d[2]);
+    const int L = m->cfg.L;
     real* w = mallocCheck(sizeof(real) * n);
     fatal_defer(free, w);
     h5_read_ds(f, "blockgate/w", H5T_NATIVE_FLOAT, w, 3, d, path);
-    if (checksum(w, n, info) != want) fatal("%s: checksum mismatch; the file is corrupt", path);
+    int* blocks = NULL;
+    if (H5Aexists(f, "blocks_mean") > 0) { /* per-layer budgets */
+        int64_t n0;
+        h5_read_attr(f, "blocks_mean", H5T_NATIVE_INT64, &n0, path);
+        int64_t* b = mallocCheck(sizeof(int64_t) * (size_t)L);
+        fatal_defer(free, b);
+        hsize_t dl[1] = {(hsize_t)L};
+        h5_read_ds(f, "blockgate/blocks", H5T_NATIVE_INT64, b, 1, dl, path);
+        if (n0 < 1 || n0 > 1048576)
+            fatal("%s: blocks_mean %lld out of range; corrupt", path, (long long)n0);
+        blocks = mallocCheck(sizeof(int) * (size_t)L);
+        fatal_defer(free, blocks);
+        for (int l = 0; l < L; l++) {
+            if (b[l] < 0 || b[l] > 1048576)
+                fatal("%s: layer %d's budget %lld out of range; corrupt file", path, l,
+                      (long long)b[l]);
+            blocks[l] = (int)b[l];
+        }
+        fatal_release(b);
+        info->n0 = (int)n0, info->blocks = blocks;
+    }
+    if (checksum(w, n, info, L) != want) fatal("%s: checksum mismatch; the file is corrupt", path);
     for (size_t i = 0; i < n; i++)
         if (!isfinite(w[i]))
             fatal("%s: the block selector holds NaN or inf; it cannot be used", path);
+    if (blocks) fatal_forget(blocks);
     fatal_forget(w);
     h5_close(f);
     free(m->blockgate);
+    free(m->blockgate_blocks);
     m->blockgate = w;
+    m->blockgate_blocks = blocks;
+    m->blockgate_n0 = info->n0;
 }

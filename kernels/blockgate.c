@@ -252,89 +252,139 @@ void blockfit_solve(const BlockFit* f, real* wgt, int iters, real lr, double* be
     }
 }
 
+/* candidate order: score descending, ties to the earlier block (the kernels' rule) */
+typedef struct {
+    real score;
+    int c;
+} Ranked;
+
+static int by_score(const void* a, const void* b) {
+    const Ranked *x = a, *y = b;
+    if (x->score != y->score) return x->score < y->score ? 1 : -1;
+    return x->c - y->c;
+}
+
 double blockfit_kept(const BlockFit* f, int l, BlockScore how, const real* wgt, int nsel) {
+    double* k = mallocCheck(sizeof(double) * (size_t)(nsel + 1));
+    blockfit_kept_curve(f, l, how, wgt, nsel, k);
+    const double r = k[nsel];
+    free(k);
+    return r;
+}
+
+void blockfit_allocate(const double* curves, int L, int nmax, int n0, int floor, int* blocks) {
+    floor = floor < n0 ? floor : n0;
+    for (int l = 0; l < L; l++) blocks[l] = floor;
+    for (long t = (long)L * floor; t < (long)L * n0; t++) {
+        int best = -1;
+        double gain = -1;
+        for (int l = 0; l < L; l++) {
+            if (blocks[l] >= nmax) continue;
+            const double* k = curves + (size_t)l * (nmax + 1);
+            const double g = k[blocks[l] + 1] - k[blocks[l]];
+            if (g > gain) gain = g, best = l;
+        }
+        if (best < 0) break;
+        blocks[best]++;
+    }
+}
+
+void blockfit_kept_curve(const BlockFit* f, int l, BlockScore how, const real* wgt, int nmax,
+                         double* kept_out) {
     const int NH = f->NH, NKV = f->NKV, hs = f->hs, rep = NH / NKV, W4 = BLOCKGATE_STATS(hs);
     const real scale = (real)(1.0 / sqrt((double)hs));
-    double kept = 0;
+    double* kept = mallocCheck(sizeof(double) * (size_t)(nmax + 1));
+    for (int n = 0; n <= nmax; n++) kept[n] = 0;
     long count = 0;
     for (int k = 0; k < f->nwin[l]; k++) {
         const BlockFitWindow* x = &f->win[(size_t)l * f->cap + k];
         const int nb = x->nb;
-#pragma omp parallel for reduction(+ : kept, count) schedule(dynamic, 4)
-        for (int t = 0; t < x->nq * NKV; t++) {
-            const int s = t / NKV, kvh = t % NKV;
+#pragma omp parallel reduction(+ : count)
+        {
+            double* mine = mallocCheck(sizeof(double) * (size_t)(nmax + 1));
+            for (int n = 0; n <= nmax; n++) mine[n] = 0;
             real* mass = mallocCheck(sizeof(real) * nb);
             real* sc = mallocCheck(sizeof(real) * nb);
             real* lg = mallocCheck(sizeof(real) * nb);
-            double band = 0;
-            int c0, c1;
-            candidates(f, x->pos[s], &c0, &c1);
-            for (int c = 0; c < nb; c++) mass[c] = 0, sc[c] = 0;
-            for (int r = 0; r < rep; r++) {
-                const int h = kvh * rep + r;
-                const real* lz = x->lz + ((size_t)s * NH + h) * nb;
-                const real* q = x->q + ((size_t)s * NH + h) * hs;
-                const real lb = x->lband[(size_t)s * NH + h];
-                real mx = lb;
-                for (int c = 0; c < nb; c++) mx = lz[c] > mx ? lz[c] : mx;
-                double z = exp((double)(lb - mx));
-                for (int c = 0; c < nb; c++)
-                    if (lz[c] > -INFINITY) z += exp((double)(lz[c] - mx));
-                const double L = mx + log(z);
-                band += exp(lb - L);
-                for (int c = 0; c < nb; c++)
-                    if (lz[c] > -INFINITY) mass[c] += (real)exp(lz[c] - L);
-                if (how == BLOCKS_LEARNED) {
-                    const real* wg = wgt + (size_t)h * BLOCKGATE_WIDTH(hs);
-                    real m2 = lb;
-                    for (int c = c0; c < c1; c++) {
-                        lg[c] = x->logn[(size_t)s * nb + c] == -INFINITY
+            Ranked* rk = mallocCheck(sizeof(Ranked) * nb);
+#pragma omp for schedule(dynamic, 4)
+            for (int t = 0; t < x->nq * NKV; t++) {
+                const int s = t / NKV, kvh = t % NKV;
+                double band = 0;
+                int c0, c1;
+                candidates(f, x->pos[s], &c0, &c1);
+                for (int c = 0; c < nb; c++) mass[c] = 0, sc[c] = 0;
+                for (int r = 0; r < rep; r++) {
+                    const int h = kvh * rep + r;
+                    const real* lz = x->lz + ((size_t)s * NH + h) * nb;
+                    const real* q = x->q + ((size_t)s * NH + h) * hs;
+                    const real lb = x->lband[(size_t)s * NH + h];
+                    real mx = lb;
+                    for (int c = 0; c < nb; c++) mx = lz[c] > mx ? lz[c] : mx;
+                    double z = exp((double)(lb - mx));
+                    for (int c = 0; c < nb; c++)
+                        if (lz[c] > -INFINITY) z += exp((double)(lz[c] - mx));
+                    const double L = mx + log(z);
+                    band += exp(lb - L);
+                    for (int c = 0; c < nb; c++)
+                        if (lz[c] > -INFINITY) mass[c] += (real)exp(lz[c] - L);
+                    if (how == BLOCKS_LEARNED) {
+                        const real* wg = wgt + (size_t)h * BLOCKGATE_WIDTH(hs);
+                        real m2 = lb;
+                        for (int c = c0; c < c1; c++) {
+                            lg[c] =
+                                x->logn[(size_t)s * nb + c] == -INFINITY
                                     ? -INFINITY
                                     : blockgate_logit(wg, q, x->st + ((size_t)kvh * nb + c) * W4,
                                                       hs, scale) +
                                           x->logn[(size_t)s * nb + c];
-                        m2 = lg[c] > m2 ? lg[c] : m2;
-                    }
-                    double z2 = exp((double)(lb - m2));
-                    for (int c = c0; c < c1; c++)
-                        if (lg[c] > -INFINITY) z2 += exp((double)(lg[c] - m2));
-                    for (int c = c0; c < c1; c++)
-                        if (lg[c] > -INFINITY) sc[c] += (real)exp(lg[c] - m2 - log(z2));
-                } else if (how != BLOCKS_ORACLE) {
-                    for (int c = c0; c < c1; c++) {
-                        const real* st = x->st + ((size_t)kvh * nb + c) * W4;
-                        real v = 0;
-                        for (int e = 0; e < hs; e++) {
-                            if (how == BLOCKS_MEAN) {
-                                v += q[e] * st[e];
-                            } else {
-                                const real a = q[e] * st[2 * hs + e], b = q[e] * st[3 * hs + e];
-                                v += a > b ? a : b;
-                            }
+                            m2 = lg[c] > m2 ? lg[c] : m2;
                         }
-                        sc[c] += v;
+                        double z2 = exp((double)(lb - m2));
+                        for (int c = c0; c < c1; c++)
+                            if (lg[c] > -INFINITY) z2 += exp((double)(lg[c] - m2));
+                        for (int c = c0; c < c1; c++)
+                            if (lg[c] > -INFINITY) sc[c] += (real)exp(lg[c] - m2 - log(z2));
+                    } else if (how != BLOCKS_ORACLE) {
+                        for (int c = c0; c < c1; c++) {
+                            const real* st = x->st + ((size_t)kvh * nb + c) * W4;
+                            real v = 0;
+                            for (int e = 0; e < hs; e++) {
+                                if (how == BLOCKS_MEAN) {
+                                    v += q[e] * st[e];
+                                } else {
+                                    const real a = q[e] * st[2 * hs + e], b = q[e] * st[3 * hs + e];
+                                    v += a > b ? a : b;
+                                }
+                            }
+                            sc[c] += v;
+                        }
                     }
                 }
-            }
-            if (how == BLOCKS_ORACLE)
-                for (int c = c0; c < c1; c++) sc[c] = mass[c];
-            double got = band;
-            if (c1 - c0 <= nsel) {
-                for (int c = c0; c < c1; c++) got += mass[c];
-            } else {
-                for (int n = 0; n < nsel; n++) { /* the nsel best, ties to the earlier block */
-                    int best = -1;
-                    for (int c = c0; c < c1; c++)
-                        if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
-                    if (best < 0) break;
-                    got += mass[best];
-                    sc[best] = -INFINITY;
+                if (how == BLOCKS_ORACLE)
+                    for (int c = c0; c < c1; c++) sc[c] = mass[c];
+                /* budget n keeps all candidates when they are at most n, else the n best */
+                int nr = 0;
+                for (int c = c0; c < c1; c++) rk[nr].score = sc[c], rk[nr++].c = c;
+                qsort(rk, (size_t)nr, sizeof *rk, by_score);
+                double all = band;
+                for (int c = c0; c < c1; c++) all += mass[c];
+                double got = band;
+                for (int n = 0; n <= nmax; n++) {
+                    if (n >= nr) {
+                        mine[n] += all / rep;
+                        continue;
+                    }
+                    mine[n] += got / rep;
+                    if (rk[n].score > -INFINITY) got += mass[rk[n].c];
                 }
+                count++;
             }
-            kept += got / rep;
-            count++;
-            free(mass), free(sc), free(lg);
+#pragma omp critical
+            for (int n = 0; n <= nmax; n++) kept[n] += mine[n];
+            free(mass), free(sc), free(lg), free(rk), free(mine);
         }
     }
-    return count ? kept / count : 1;
+    for (int n = 0; n <= nmax; n++) kept_out[n] = count ? kept[n] / count : 1;
+    free(kept);
 }

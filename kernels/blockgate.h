@@ -61,5 +61,12 @@ void blockfit_solve(const BlockFit* f, real* wgt, int iters, real lr, double* be
  * (1 = every key's mass; the oracle is the most any choice of nsel blocks keeps). wgt: the
  * layer's weights (NH, BLOCKGATE_WIDTH(hs)) for BLOCKS_LEARNED. */
 double blockfit_kept(const BlockFit* f, int l, BlockScore how, const real* wgt, int nsel);
+/* The same for every budget 0..nmax at once: kept[n] (nmax + 1 values). */
+void blockfit_kept_curve(const BlockFit* f, int l, BlockScore how, const real* wgt, int nmax,
+                         double* kept);
+/* Per-layer budgets from the data: the blocks per query of each layer, L x n0 in all, at least
+ * floor and at most nmax in a layer; beyond the floor given one at a time to the layer whose
+ * held-out mass kept (curves: L rows of nmax + 1, from blockfit_kept_curve) gains most. */
+void blockfit_allocate(const double* curves, int L, int nmax, int n0, int floor, int* blocks);
 
 #endif

@@ -403,12 +403,13 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
         if (score == BLOCKS_LEARNED) {
             const real* wg = gate + (size_t)r * BLOCKGATE_WIDTH(hs);
             const real lb = lband[(size_t)r * ldl];
+            const real lfull = logf((real)bs); /* log n of a whole block */
             real mx = lb;
             for (int c = c0; c < c1; c++) {
                 int j0, j1;
                 distant_range(c, bs, sinks, i - w, &j0, &j1);
                 p[c] = blockgate_logit(wg, qh, st + (size_t)c * BLOCKGATE_STATS(hs), hs, scale) +
-                       logf((real)(j1 - j0));
+                       (j1 - j0 == bs ? lfull : logf((real)(j1 - j0)));
                 mx = p[c] > mx ? p[c] : mx;
             }
             double sum = lb > -INFINITY ? exp_f(lb - mx) : 0;
@@ -485,7 +486,12 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             real* sc = mallocCheck(sizeof(real) * (nb + 1));
             int* sel = mallocCheck(sizeof(int) * (nb + 1));
             real* p = mallocCheck(sizeof(real) * (T + 1));
-            real* ot = mallocCheck(sizeof(real) * hs);
+            /* the chosen keys' scores and the outputs of the rep heads */
+            const int ldS = (nsel > 0 ? nsel : 1) * bs;
+            real* S = mallocCheck(sizeof(real) * (size_t)rep * ldS);
+            real* ot = mallocCheck(sizeof(real) * (size_t)rep * hs);
+            real* rmax = mallocCheck(sizeof(real) * (size_t)rep * 2);
+            real* rsum = rmax + rep;
 #pragma omp for schedule(dynamic, 8)
             for (long t = 0; t < (long)NKV * T; t++) {
                 const int kvh = (int)(t / T), i = T - 1 - (int)(t % T), far_end = i - w;
@@ -496,44 +502,46 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                                  gate ? gate + (size_t)kvh * rep * BLOCKGATE_WIDTH(hs) : NULL,
                                  lse + ((size_t)b * NH + kvh * rep) * T + i, (size_t)T,
                                  base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, hs, sc, p);
-                for (int r = 0; r < rep && ns; r++) {
-                    const int h = kvh * rep + r;
-                    const real* qi = base + (size_t)i * QKV + h * hs;
-                    real mx = -INFINITY;
-                    int n = 0;
-                    for (int q = 0; q < ns; q++) {
-                        const int c = sel[q];
+                if (ns) { /* the rep query heads against the chosen blocks' distant keys */
+                    const real* q = base + (size_t)i * QKV + kvh * rep * hs;
+                    int nk = 0;
+                    for (int t2 = 0; t2 < ns; t2++) { /* S (rep, nk) = scale q k^T, by block */
+                        const int c = sel[t2];
                         const int j0 = c * bs > sinks ? c * bs : sinks,
                                   j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
-                        for (int j = j0; j < j1; j++) {
-                            const real* kj = base + (size_t)j * QKV + C + kvh * hs;
-                            real s = 0;
-#pragma omp simd reduction(+ : s)
-                            for (int e = 0; e < hs; e++) s += qi[e] * kj[e];
-                            p[n++] = s * scale;
-                            mx = p[n - 1] > mx ? p[n - 1] : mx;
-                        }
+                        gemm(0, 1, rep, j1 - j0, hs, scale, q, hs,
+                             base + (size_t)j0 * QKV + C + kvh * hs, QKV, 0, S + nk, ldS);
+                        nk += j1 - j0;
                     }
-                    if (!n) continue;
-                    keys += n;
-                    real sum = 0;
-                    for (int e = 0; e < hs; e++) ot[e] = 0;
-                    n = 0;
-                    for (int q = 0; q < ns; q++) {
-                        const int c = sel[q];
+                    keys += (double)nk * rep;
+                    for (int r = 0; r < rep; r++) {
+                        real* sr = S + (size_t)r * ldS;
+                        real mx = -INFINITY, sum = 0;
+                        for (int t2 = 0; t2 < nk; t2++) mx = sr[t2] > mx ? sr[t2] : mx;
+#pragma omp simd reduction(+ : sum)
+                        for (int t2 = 0; t2 < nk; t2++) {
+                            sr[t2] = exp_f(sr[t2] - mx);
+                            sum += sr[t2];
+                        }
+                        rmax[r] = mx, rsum[r] = sum;
+                    }
+                    nk = 0;
+                    for (int t2 = 0; t2 < ns; t2++) { /* O (rep, hs) = P v, by block */
+                        const int c = sel[t2];
                         const int j0 = c * bs > sinks ? c * bs : sinks,
                                   j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
-                        for (int j = j0; j < j1; j++) {
-                            const real pe = exp_f(p[n++] - mx);
-                            const real* vj = base + (size_t)j * QKV + C + NKV * hs + kvh * hs;
-                            sum += pe;
-#pragma omp simd
-                            for (int e = 0; e < hs; e++) ot[e] += pe * vj[e];
-                        }
+                        gemm(0, 0, rep, hs, j1 - j0, 1, S + nk, ldS,
+                             base + (size_t)j0 * QKV + C + NKV * hs + kvh * hs, QKV, t2 ? 1 : 0, ot,
+                             hs);
+                        nk += j1 - j0;
                     }
-                    for (int e = 0; e < hs; e++) ot[e] /= sum;
-                    merge_into(ob + (size_t)i * C + h * hs, lse + ((size_t)b * NH + h) * T + i, ot,
-                               mx + logf(sum), hs);
+                    for (int r = 0; r < rep; r++) {
+                        const int h = kvh * rep + r;
+                        real* o = ot + (size_t)r * hs;
+                        for (int e = 0; e < hs; e++) o[e] /= rsum[r];
+                        merge_into(ob + (size_t)i * C + h * hs, lse + ((size_t)b * NH + h) * T + i,
+                                   o, rmax[r] + logf(rsum[r]), hs);
+                    }
                 }
                 kept += keys / NH;
             }
@@ -541,6 +549,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             free(sel);
             free(p);
             free(ot);
+            free(S);
+            free(rmax);
         }
     }
     free(st);

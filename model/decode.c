@@ -384,7 +384,7 @@ static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const rea
         }
     }
     const int ns = block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n,
-                                f->w, f->sinks, bs, f->blocks, hs, sc, p);
+                                f->w, f->sinks, bs, model_layer_blocks(m, l), hs, sc, p);
     int* keys = c->bkeys + (size_t)g * c->cap;
     int nk = 0;
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
@@ -763,7 +763,8 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
             attention_band_forward(att, lse, qkv, f->w, f->sinks, 1, n, NH, NKV, hs);
         } else if (kind == KEYS_BLOCKS) { /* the forward pass's kernel; each block's statistics */
             const double kept = attention_blocks_forward(
-                att, lse, qkv, f->w, f->sinks, f->block, f->blocks, attn_block_score(f->attn),
+                att, lse, qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
+                attn_block_score(f->attn),
                 m->blockgate ? m->blockgate + (size_t)l * NH * BLOCKGATE_WIDTH(hs) : NULL, 1, n, NH,
                 NKV, hs);
             c->pairs += (long)llround(kept * NH);

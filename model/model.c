@@ -405,6 +405,7 @@ void model_free(Model* m) {
     free(m->kl_losses);
     free(m->atarget);
     free(m->blockgate);
+    free(m->blockgate_blocks);
     free(m->lora_mem);
     free(m->lora_grads_mem);
     free(m->lora_scratch);

@@ -232,6 +232,10 @@ typedef struct {
     /* the learned block selector of --attn blocks_learned (L, NH, BLOCKGATE_WIDTH(hs)), NULL
      * unless loaded (checkpoints/blockgate_h5.h) */
     real* blockgate;
+    /* its per-layer budgets (L): blocks kept per query in each layer when blocks = blockgate_n0,
+     * scaled to other budgets (model_layer_blocks); NULL: blocks in every layer */
+    int* blockgate_blocks;
+    int blockgate_n0;
     /* called by the CPU forward pass after each layer's q, k, v (RoPE applied) with that layer's
      * (B, T, QKV) rows, when set: how `focus fit-blocks` sees a frozen model's attention */
     void (*qkv_observer)(void* ctx, int layer, const real* qkv, int B, int T);
@@ -299,6 +303,16 @@ typedef struct {
     void (*native_release)(void*);
     char source[512]; /* the file it was loaded from ("" for a model built here): errors name it */
 } Model;
+
+/* The key blocks layer l keeps per query in the block patterns: fc.blocks, or under the learned
+ * selector with per-layer budgets its share of them (its budget of the layer times blocks /
+ * blockgate_n0, rounded). */
+static inline int model_layer_blocks(const Model* m, int l) {
+    const int n = m->fc.blocks;
+    if (!m->blockgate_blocks || m->fc.attn != ATTN_BLOCKS_LEARNED || m->blockgate_n0 <= 0) return n;
+    const long long b = m->blockgate_blocks[l];
+    return (int)((2 * b * n + m->blockgate_n0) / (2 * (long long)m->blockgate_n0));
+}
 
 /* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama, and the shapes of
  * llama2-7b, llama2-13b, llama2-70b, mistral-7b, qwen2.5-7b, llama3-8b (random weights, for

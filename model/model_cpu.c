@@ -157,7 +157,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 break;
             case ATTN_KERNEL_BLOCKS:
                 m->pattern_kept += attention_blocks_forward(
-                    la.att, la.lse, la.qkv, f->w, f->sinks, f->block, f->blocks,
+                    la.att, la.lse, la.qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
                     attn_block_score(mode),
                     m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL, B,
                     T, NH, NKV, hs);

@@ -9,7 +9,9 @@
 # and k), blocks (Quest's query-aware bounds) and blocks_mean (MoBA's mean-pooled keys) with the
 # window W_BLOCKS, oracle (the blocks holding the most dense mass: the ceiling of block
 # selection), and the router (hard:1, hard:2 with the window W_ROUTER_*, and hard:1 with
-# w = 1024 at the long context: ROUTER_MODES_*) when ROUTER is given.
+# w = 1024 at the long context: ROUTER_MODES_*) when ROUTER is given; the learned block
+# selector (blocks_learned at the BLOCKS_* budgets with the window W_BLOCKS*) when SELECTOR names
+# one (routers/smollm2-135m-pg19-blocks.h5, or a file of focus fit-blocks).
 # Knobs (environment): TOKENS (16385: the first 16,384 scored tokens of each set), CTX_LONG
 # (8192), CTX_SHORT (1024), CURVES (a subset of "pg19_long pg19_short wiki_short"), RETRIEVAL=0
 # to skip retrieval, LENGTHS, DEPTHS, TRIALS, and the budget lists below. The random groups run
@@ -42,6 +44,8 @@ for s in pg19test wikitext2; do
     [ -d "cache/shards/$s" ] || { echo "compare_budget: cache/shards/$s missing (bash scripts/pg19_shards.sh)"; exit 1; }
 done
 [ -z "$router" ] || [ -f "$router" ] || { echo "compare_budget: router $router not found"; exit 1; }
+selector=${SELECTOR:-}
+[ -z "$selector" ] || [ -f "$selector" ] || { echo "compare_budget: selector $selector not found"; exit 1; }
 mkdir -p "$out"
 source scripts/blas_env.sh "$focus"
 { date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null || true; grep -m1 "model name" /proc/cpuinfo;
@@ -70,6 +74,13 @@ curve() { # name data ctx windows blocks w_blocks w_router router_modes
             "${rt[@]}" --modes "$8" --set w="$7" \
             --out "$out/${name}_router.tsv" 2> /dev/null | tee "$out/${name}_router.log"
     fi
+    if [ -n "$selector" ]; then
+        local m="" n
+        for n in ${5//,/ }; do m+="${m:+,}blocks_learned:$n"; done
+        "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
+            --router "$selector" --modes "$m" --set w="$6" \
+            --out "$out/${name}_selector.tsv" 2> /dev/null | tee "$out/${name}_selector.log"
+    fi
 }
 # CURVES: which of the three to run (all by default)
 CURVES=${CURVES:-pg19_long pg19_short wiki_short}
@@ -88,6 +99,11 @@ if [ "${RETRIEVAL:-1}" != 0 ]; then
             "$focus" eval passkey --model "$model" --task "$task" "${rt[@]}" --modes "hard:1,hard:2" \
                 --set w="$W_ROUTER_LONG" --lengths "$LENGTHS" --depths "$DEPTHS" --trials "$TRIALS" \
                 --out "$out/${task}_router.tsv" 2> /dev/null | tee "$out/${task}_router.log"
+        fi
+        if [ -n "$selector" ]; then
+            "$focus" eval passkey --model "$model" --task "$task" --router "$selector" --modes "blocks_learned:$n0" \
+                --set w="$W_BLOCKS" --lengths "$LENGTHS" --depths "$DEPTHS" --trials "$TRIALS" \
+                --out "$out/${task}_selector.tsv" 2> /dev/null | tee "$out/${task}_selector.log"
         fi
     done
 fi

@@ -43,6 +43,24 @@ echo
 echo "passkey at 1024 tokens (the key beyond the window at every depth but the last):"
 ./build/focus eval passkey --model "$model" --router "$run/router.h5" --modes dense,window:"$w",hard:1,hard:2 \
     --set sinks=4 --lengths 1024 --depths 0,0.25,0.5,0.75 --trials 2 2>/dev/null | grep "retrieved ("
+# No training at all: the block selector the project ships (fitted to SmolLM2's own attention on
+# PG-19 books, routers/README.md) on this text at ctx 4096, against the window and Quest's blocks
+# at about the same pairs, then the passkey beyond the window.
+sel=routers/smollm2-135m-pg19-blocks.h5
+ev4=(./build/focus eval ppl --model "$model" --data "$text/val.txt" --ctx 4096 --max-tokens 8192)
+d4=$("${ev4[@]}" 2>/dev/null | field perplexity)
+r=$("${ev4[@]}" --router "$sel" --attn blocks_learned 2>/dev/null)
+sp=$(echo "$r" | field perplexity); sk=$(echo "$r" | field "pairs kept")
+w4=$(match_w "$sk" 4096 4)
+wp4=$("${ev4[@]}" --attn window --set w="$w4" --set sinks=4 2>/dev/null | field perplexity)
+qp4=$("${ev4[@]}" --attn blocks --set w=512 --set blocks=8 --set sinks=4 2>/dev/null | field perplexity)
+echo
+echo "the shipped block selector ($sel, no training), held-out text, ctx 4096: dense $d4"
+printf '| pairs kept | learned block selector | sinks + window (same pairs) | Quest blocks (no training) |\n|---|---|---|---|\n'
+printf '| %s | %s | %s (w = %s) | %s |\n' "$sk" "$sp" "$wp4" "$w4" "$qp4"
+echo "passkey at 4096 tokens:"
+./build/focus eval passkey --model "$model" --router "$sel" --modes dense,window:"$w4",blocks_learned:8 \
+    --set w=512 --lengths 4096 --depths 0.25,0.5,0.75 --trials 1 2>/dev/null | grep "retrieved ("
 echo
 echo "run files: $run/ (router.h5, metrics.jsonl, config.conf, groups/groups.txt, groups/groups.svg, run.png)"
 echo "evaluate: ./build/focus eval ppl --model $model --data $text/val.txt --ctx 512 --router $run/router.h5 --attn hard --topk 1,2"

@@ -16,7 +16,8 @@ from plotting import plt  # noqa: E402
 
 SETS = [("pg19_long", "PG-19 test"), ("pg19_short", "PG-19 test"), ("wiki_short", "WikiText-2 test")]
 LABELS = {"window": "sinks + window", "random": "random groups", "blocks": "Quest blocks",
-          "blocks_mean": "mean-key blocks", "oracle": "oracle blocks", "hard": "Focus router"}
+          "blocks_mean": "mean-key blocks", "oracle": "oracle blocks", "hard": "Focus router",
+          "blocks_learned": "learned block selector"}
 
 
 def method(mode):
@@ -80,7 +81,8 @@ def main():
     # retrieval: accuracy of each mode against the pairs it keeps at the long context
     kept = {r["mode"]: float(r["pairs_kept"]) for r in curves.get("pg19_long", [])}
     tasks = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    for p in sorted(glob.glob(os.path.join(out, "*_patterns.tsv")) + glob.glob(os.path.join(out, "*_router.tsv"))):
+    for p in sorted((glob.glob(os.path.join(out, "*_patterns.tsv")) + glob.glob(os.path.join(out, "*_router.tsv"))
+                    + glob.glob(os.path.join(out, "*_selector.tsv")))):
         rows = read(p)
         if not rows or "retrieved" not in rows[0]:
             continue

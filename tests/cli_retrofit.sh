@@ -131,8 +131,12 @@ kept=$(echo "$out" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')
 # --router; a budget covering every block is dense to the printed digits; a truncated file, one
 # fitted on another base model, a token-router mode with it and the mode without it are refused
 fb=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt)
-"$focus" fit-blocks "${fb[@]}" --ctx 64 --windows 2 --queries 16 --iters 20 --set w=8 --set block=8 --set blocks=2 --out "$work/sel.h5" > "$work/fit.log" 2>&1
+"$focus" fit-blocks "${fb[@]}" --ctx 64 --windows 2 --queries 16 --iters 20 --set w=8 --set block=8 --set blocks=2 --budget uniform --out "$work/sel.h5" > "$work/fit.log" 2>&1
 grep -q "learned selector .* mean over layers" "$work/fit.log" && [ -s "$work/sel.h5" ] && ok "fit-blocks writes a selector and its held-out report" || { bad "fit-blocks"; tail -5 "$work/fit.log"; }
+# per-layer budgets (the default): from the same held-out data, again from the fitted weights
+"$focus" fit-blocks "${fb[@]}" --ctx 64 --windows 0 --init "$work/sel.h5" --budget layers --queries 16 --set w=8 --set block=8 --set blocks=2 --out "$work/sel_l.h5" > "$work/fit_l.log" 2>&1
+out=$("$focus" eval ppl "${data[@]}" --router "$work/sel_l.h5" --attn blocks_learned --set blocks=2 2>/dev/null)
+grep -q "^per-layer budgets (2 blocks on average, at least 1, at most 8): [0-9] [0-9]$" "$work/fit_l.log" && echo "$out" | grep -q "on average (per-layer budgets)" && echo "$out" | grep -q "pairs kept" && ok "fit-blocks --init --windows 0: per-layer budgets, evaluated" || { bad "per-layer budgets: $out"; tail -4 "$work/fit_l.log"; }
 out=$("$focus" eval ppl "${data[@]}" --router "$work/sel.h5" --attn blocks_learned --set blocks=2 2>/dev/null)
 pl=$("$focus" eval ppl "${data[@]}" --router "$work/sel.h5" --attn blocks_learned --set blocks=8 2>/dev/null | ppl)
 echo "$out" | grep -q "attention blocks (learned selector): 2 key blocks of 8 per query and key/value head, sinks=4, w=8" && echo "$out" | grep -q "pairs kept" && same "$pd" "$pl" && ok "eval ppl --router SELECTOR --attn blocks_learned; every block kept = dense ($pl)" || bad "blocks_learned: dense $pd full $pl; $out"

@@ -144,6 +144,24 @@ int main(void) {
           "the oracle (%g) is not the ceiling", oracle);
     CHECK(fitted > band && fitted >= cum - 1e-3,
           "the fitted selector keeps %g (cumulant %g, band %g)", fitted, cum, band);
+    /* every budget at once: the same as each alone, never less for more blocks */
+    double curve[9];
+    blockfit_kept_curve(&held, 0, BLOCKS_LEARNED, wgt, 8, curve);
+    int mono = 1;
+    for (int n = 1; n <= 8; n++) mono &= curve[n] >= curve[n - 1] - 1e-12;
+    CHECK(mono && fabs(curve[nsel] - fitted) < 1e-12 && fabs(curve[0] - band) < 1e-12,
+          "the budget curve (%g at 0, %g at %d) differs from the single budgets (%g, %g)", curve[0],
+          curve[nsel], nsel, band, fitted);
+    /* per-layer budgets: each block to the layer that gains most from it */
+    const double gains[3][5] = {
+        {0, 0.5, 0.6, 0.6, 0.6}, {0, 0.2, 0.4, 0.6, 0.8}, {0, 0.01, 0.02, 0.03, 0.04}};
+    int share[3];
+    blockfit_allocate(&gains[0][0], 3, 4, 2, 0, share);
+    CHECK(share[0] == 2 && share[1] == 4 && share[2] == 0, "budgets %d %d %d, want 2 4 0", share[0],
+          share[1], share[2]);
+    blockfit_allocate(&gains[0][0], 3, 4, 2, 1, share); /* at least one block in every layer */
+    CHECK(share[0] == 1 && share[1] == 4 && share[2] == 1, "budgets %d %d %d, want 1 4 1", share[0],
+          share[1], share[2]);
     free(a), free(b), free(c);
     blockfit_free(&fit);
     blockfit_free(&held);

@@ -89,6 +89,11 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
         blockgate_init(m.blockgate, cfg.L * cfg.NH, cfg.C / cfg.NH);
         for (int i = 0; i < cfg.L * cfg.NH * W; i++)
             m.blockgate[i] += (real)(0.3 * rng_normal(&wr));
+        if (sinks) { /* per-layer budgets: 1 and 3 blocks, 2 on average */
+            m.blockgate_blocks = mallocCheck(sizeof(int) * cfg.L);
+            for (int l = 0; l < cfg.L; l++) m.blockgate_blocks[l] = l % 2 ? 3 : 1;
+            m.blockgate_n0 = 2;
+        }
     }
     model_init_backbone(&m, 31);
     for (size_t i = 0; i < m.num_params; i++)

@@ -444,8 +444,10 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
         case ATTN_BLOCKS_LEARNED:
             snprintf(buf, n,
                      "blocks (learned selector): %d key blocks of %d per query and key/value "
-                     "head, sinks=%d, w=%d, dense layers %s",
-                     f->blocks, f->block, f->sinks, f->w, dl);
+                     "head%s, sinks=%d, w=%d, dense layers %s",
+                     f->blocks, f->block,
+                     m->blockgate_blocks ? " on average (per-layer budgets)" : "", f->sinks, f->w,
+                     dl);
             return buf;
         case ATTN_BLOCKS:
         case ATTN_BLOCKS_MEAN:

@@ -4,8 +4,9 @@
  * candidate key block, then a convex fit per layer and query head. No backward pass through the
  * model: a window costs about one dense forward. Prints, on held-out windows of the same text,
  * the attention mass that each block selection keeps at the budget (Quest's bounds, mean keys,
- * the untrained cumulant expansion, the fitted selector, the oracle). The file evaluates with
- * --router SELECTOR.h5 and the mode blocks_learned:N. */
+ * the untrained cumulant expansion, the fitted selector, the oracle), and from the same data
+ * gives each layer its budget. The file evaluates, decodes and serves with --router
+ * SELECTOR.h5 (the mode blocks_learned:N). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,19 +18,25 @@
 #include "commands.h"
 
 static const char fit_usage[] =
-    "usage: focus fit-blocks --model M [--tokenizer T] --data DATA --out SELECTOR.h5 [--ctx 8192]\n"
-    "                        [--windows 8] [--heldout 1] [--queries 256] [--iters 300] [--lr "
-    "0.02]\n"
-    "                        [--seed 1] [--set w=512] [--set sinks=4] [--set block=64] [--set "
-    "blocks=8]\n"
+    "usage: focus fit-blocks --model M [--tokenizer T] --data DATA --out SELECTOR.h5\n"
+    "                        [--ctx 8192] [--windows 8] [--heldout 1] [--queries 256]\n"
+    "                        [--iters 300] [--lr 0.02] [--seed 1] [--budget uniform|layers]\n"
+    "                        [--floor N] [--init SELECTOR.h5] [--set w=512] [--set sinks=4]\n"
+    "                        [--set block=64] [--set blocks=8]\n"
     "The learned block selector (mode blocks_learned:N): per layer and query head, weights that\n"
     "estimate from each key block's mean, variance, min and max how much attention a query\n"
     "gives the block, fitted to the model's own dense attention on windows of ctx tokens spread\n"
     "over DATA (a shard folder, shard or text file). No gradient flows through the model, so a\n"
     "window costs one dense forward pass. w and sinks are the band every query keeps, block the\n"
-    "key block size, blocks the budget the held-out report uses. Evaluate it with --router\n"
-    "SELECTOR.h5 --attn blocks_learned (eval ppl) or --modes blocks_learned:8 (eval curve, eval\n"
-    "passkey); generation and serving do not run block selection yet.\n";
+    "key block size, blocks the budget. --budget uniform (the default) keeps that many blocks\n"
+    "in every layer; --budget layers (needs held-out windows) gives each layer its own number,\n"
+    "L x blocks in all: --floor (blocks / 2) in every layer, the rest one at a time to the layer\n"
+    "whose held-out attention mass gains most (blocks_learned:N scales them to N on average;\n"
+    "on SmolLM2 at ctx 8192 it kept more mass but gave a higher perplexity, docs/RESULTS.md).\n"
+    "--init starts from a selector's weights (with --windows 0: no fitting, only the held-out\n"
+    "report and the budgets). Evaluate it with --router SELECTOR.h5 --attn blocks_learned\n"
+    "(eval ppl) or --modes blocks_learned:8 (eval curve, eval passkey); generate, bench decode\n"
+    "and serve take it with --router too.\n";
 
 typedef struct {
     BlockFit* fit;
@@ -86,24 +93,33 @@ static void report_kept(const BlockFit* h, const real* init, const real* wgt, in
 }
 
 int cmd_fitblocks(int argc, char** argv) {
-    const char *model = NULL, *tok_path = NULL, *data = NULL, *out = NULL;
-    int ctx = 8192, windows = 8, heldout = 1, queries = 256, iters = 300, seed = 1;
+    const char *model = NULL, *tok_path = NULL, *data = NULL, *out = NULL, *budget = "uniform",
+               *init_path = NULL;
+    int ctx = 8192, windows = 8, heldout = 1, queries = 256, iters = 300, seed = 1, floor = -1;
     double lr = 0.02;
     CliList sets = {0};
     if (cli_parse(
             "fit-blocks", argc, argv, 1, fit_usage,
-            "--model:s --tokenizer:s --data:s --out:s --ctx:i[2,1048576] --windows:i[1,100000] "
+            "--model:s --tokenizer:s --data:s --out:s --ctx:i[2,1048576] --windows:i[0,100000] "
             "--heldout:i[0,100000] --queries:i[1,1000000] --iters:i[0,1000000] "
-            "--lr:x[0,10] --seed:i --set:*",
+            "--lr:x[0,10] --seed:i --budget:s --init:s --floor:i[0,1048576] --set:*",
             &model, &tok_path, &data, &out, &ctx, &windows, &heldout, &queries, &iters, &lr, &seed,
-            &sets))
+            &budget, &init_path, &floor, &sets))
         return 0;
     if (!model || !data || !out) fatal("fit-blocks: needs --model, --data and --out");
+    const int per_layer = !strcmp(budget, "layers");
+    if (!per_layer && strcmp(budget, "uniform"))
+        fatal("fit-blocks: --budget must be layers or uniform, got '%s'", budget);
+    if (per_layer && !heldout)
+        fatal("fit-blocks: --budget layers needs held-out windows (--heldout 1 or more)");
+    if (!windows && !init_path) fatal("fit-blocks: --windows 0 needs --init SELECTOR.h5");
+    if (!windows) iters = 0;
     Model m;
     ModelInfo info;
     cli_load_model(&m, &info, model, NULL, "dense", NULL, "causal", &sets, 0, NULL);
     free(sets.v);
     const FocusConfig f = m.fc;
+    if (floor < 0) floor = f.blocks / 2; /* the per-layer budgets' least */
     m.fc.attn = ATTN_DENSE;
     const ModelConfig* c = &m.cfg;
     const int hs = c->C / c->NH, W = BLOCKGATE_WIDTH(hs), nkv = model_kv_heads(c);
@@ -124,7 +140,7 @@ int cmd_fitblocks(int argc, char** argv) {
     /* windows spread evenly over the text; the held-out ones are the last */
     size_t* offs = mallocCheck(sizeof(size_t) * total);
     for (int k = 0; k < total; k++)
-        offs[k] = total > 1 ? (size_t)((double)k * (n - ctx) / (total - 1)) : 0;
+        offs[k] = total > 1 ? (size_t)((double)k * (n - ctx) / (total - 1)) : n - ctx;
     printf(
         "fit-blocks: %s, %d layers x %d query heads (%d key/value), head size %d; band: %d "
         "sinks + w %d; blocks of %d; %d windows of %d tokens (+ %d held out), %d queries each\n",
@@ -138,6 +154,16 @@ int cmd_fitblocks(int argc, char** argv) {
     real* init = mallocCheck(sizeof(real) * (size_t)c->L * c->NH * W);
     blockgate_init(init, c->L * c->NH, hs);
     memcpy(wgt, init, sizeof(real) * (size_t)c->L * c->NH * W);
+    if (init_path) { /* its weights, on this model; its band and block size must be these */
+        BlockGateInfo from;
+        blockgate_load(init_path, &m, &from, model_fingerprint(&m));
+        if (from.block != f.block || from.w != f.w || from.sinks != f.sinks)
+            fatal(
+                "fit-blocks: %s was fitted with block %d, w %d, sinks %d; this run asks for %d, "
+                "%d, %d",
+                init_path, from.block, from.w, from.sinks, f.block, f.w, f.sinks);
+        memcpy(wgt, m.blockgate, sizeof(real) * (size_t)c->L * c->NH * W);
+    }
     double* before = mallocCheck(sizeof(double) * c->L * c->NH);
     double* after = mallocCheck(sizeof(double) * c->L * c->NH);
     struct timespec t0, t1;
@@ -162,12 +188,36 @@ int cmd_fitblocks(int argc, char** argv) {
         printf("\n");
     }
     if (heldout) report_kept(&held, init, wgt, f.blocks, W);
-    BlockGateInfo bi = {f.block, f.w, f.sinks};
+    BlockGateInfo bi = {f.block, f.w, f.sinks, 0, NULL};
+    int* blocks = NULL;
+    if (per_layer) { /* each layer's held-out mass against its budget, then the greedy shares */
+        const int nmax = 4 * f.blocks;
+        double* curves = mallocCheck(sizeof(double) * (size_t)c->L * (nmax + 1));
+        for (int l = 0; l < c->L; l++)
+            blockfit_kept_curve(&held, l, BLOCKS_LEARNED, wgt + (size_t)l * c->NH * W, nmax,
+                                curves + (size_t)l * (nmax + 1));
+        blocks = mallocCheck(sizeof(int) * c->L);
+        blockfit_allocate(curves, c->L, nmax, f.blocks, floor, blocks);
+        double uni = 0, got = 0;
+        printf("per-layer budgets (%d blocks on average, at least %d, at most %d):", f.blocks,
+               floor < f.blocks ? floor : f.blocks, nmax);
+        for (int l = 0; l < c->L; l++) {
+            uni += curves[(size_t)l * (nmax + 1) + f.blocks];
+            got += curves[(size_t)l * (nmax + 1) + blocks[l]];
+            printf(" %d", blocks[l]);
+        }
+        printf(
+            "\nheld-out mass kept, mean over layers: %.4f with %d blocks in every layer, %.4f "
+            "with the per-layer budgets\n",
+            uni / c->L, f.blocks, got / c->L);
+        bi.n0 = f.blocks, bi.blocks = blocks;
+        free(curves);
+    }
     blockgate_save(out, &m, wgt, &bi, model_fingerprint(&m));
     printf("wrote %s: evaluate with --router %s --modes blocks_learned:%d\n", out, out, f.blocks);
     blockfit_free(&fit);
     blockfit_free(&held);
-    free(wgt), free(init), free(before), free(after), free(offs), free(ids);
+    free(wgt), free(init), free(before), free(after), free(offs), free(ids), free(blocks);
     model_free(&m);
     return 0;
 }
