@@ -64,8 +64,10 @@ void blockgate_save(const char* path, const Model* m, const real* wgt, const Blo
     h5_commit(f, tmp, path);
 }
 
+/* (opened as a "router checkpoint": the messages for a file of another kind stay those of the
+ * router loader, e.g. a LoRA adapter given as --router) */
 int blockgate_file(const char* path) {
-    hid_t f = h5_open(path, "router or block selector", 1000);
+    hid_t f = h5_open(path, "router checkpoint", 1000);
     const int is = H5Aexists(f, "block_selector") > 0;
     h5_close(f);
     return is;
