@@ -487,7 +487,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             int* sel = mallocCheck(sizeof(int) * (nb + 1));
             real* p = mallocCheck(sizeof(real) * (T + 1));
             /* the chosen keys' scores and the outputs of the rep heads */
-            const int ldS = (nsel > 0 ? nsel : 1) * bs;
+            const int ldS = (nsel < 1 ? 1 : nsel < nb ? nsel : nb) * bs; /* at most every block */
             real* S = mallocCheck(sizeof(real) * (size_t)rep * ldS);
             real* ot = mallocCheck(sizeof(real) * (size_t)rep * hs);
             real* rmax = mallocCheck(sizeof(real) * (size_t)rep * 2);
