@@ -366,20 +366,20 @@ static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const rea
         const real scale = (real)(1.0 / sqrt((double)hs));
         const size_t es = c->half ? 2 : sizeof(real);
         const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+        real* sb = c->scores; /* the band's scores, each computed once (attend_keys reuses it) */
         for (int r = 0; r < rep; r++) {
             real mx = -INFINITY;
             double sum = 0;
-            for (int pass = 0; pass < 2; pass++)
-                for (int j = 0; j <= n; j++) {
-                    if (j >= f->sinks && j < lo) j = lo;
-                    const real s = dot_kv(q + (size_t)r * hs, kc + ((size_t)j * kvw + g * hs) * es,
-                                          c->half, hs) *
-                                   scale;
-                    if (!pass)
-                        mx = s > mx ? s : mx;
-                    else
-                        sum += exp((double)(s - mx));
-                }
+            int nb = 0;
+            for (int j = 0; j <= n; j++) {
+                if (j >= f->sinks && j < lo) j = lo;
+                sb[nb] =
+                    dot_kv(q + (size_t)r * hs, kc + ((size_t)j * kvw + g * hs) * es, c->half, hs) *
+                    scale;
+                mx = sb[nb] > mx ? sb[nb] : mx;
+                nb++;
+            }
+            for (int t = 0; t < nb; t++) sum += exp((double)(sb[t] - mx));
             lb[r] = mx + (real)log(sum);
         }
     }
