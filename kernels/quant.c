@@ -78,7 +78,7 @@ int quant_isa(void) {
 
 /* Weights per block and bytes per block of the block formats; 0 for the others. */
 static int block_elems(int type) {
-    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0   ? 32
+    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q5_0 || type == QTYPE_Q8_0 ? 32
            : type == QTYPE_Q4_K || type == QTYPE_Q5_K || type == QTYPE_Q6_K ? 256
                                                                             : 0;
 }
@@ -88,6 +88,8 @@ static size_t block_bytes(int type) {
             return 18;
         case QTYPE_Q4_1:
             return 20;
+        case QTYPE_Q5_0:
+            return 22;
         case QTYPE_Q8_0:
             return 34;
         case QTYPE_Q4_K:
@@ -132,6 +134,8 @@ static void scale_min_k(int j, const uint8_t* q, int* sc, int* mn) {
  *   Q4_0 (18 bytes: f16 d | 16 bytes, element j < 16 the low nibble of byte j, j + 16 its high
  *        nibble): q = nibble - 8, s = d
  *   Q4_1 (20 bytes: f16 d | f16 m | nibbles as Q4_0): q = nibble, s = d, off = m
+ *   Q5_0 (22 bytes: f16 d | 32 bits qh | nibbles as Q4_0; bit j of qh is the fifth bit of
+ *        element j): q = 5 bits - 16, s = d
  *   Q8_0 (34 bytes: f16 d | 32 x int8): q, s = d
  *   Q4_K (super-blocks of 256 in 144 bytes: f16 d | f16 dmin | 12 bytes of eight 6-bit scales
  *        and mins | 128 bytes of nibbles, each 32 bytes holding sub-blocks 2c (low nibbles) and
@@ -154,6 +158,15 @@ static void sub32(Sub32* o, int type, const uint8_t* row, int i) {
         o->s[0] = o->s[1] = f16_to_f32(rd16(b));
         if (type == QTYPE_Q8_0) {
             for (int j = 0; j < 32; j++) o->q[j] = (int8_t)b[2 + j];
+            return;
+        }
+        if (type == QTYPE_Q5_0) {
+            const uint32_t qh =
+                (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
+            for (int j = 0; j < 16; j++) {
+                o->q[j] = ((b[6 + j] & 0xf) | ((qh >> j) & 1) << 4) - 16;
+                o->q[j + 16] = ((b[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16;
+            }
             return;
         }
         const uint8_t* q = b + (type == QTYPE_Q4_1 ? 4 : 2);
@@ -333,6 +346,16 @@ __attribute__((target("avx2,f16c"))) static inline float f16_fast(const uint8_t*
 }
 
 /* The 32 weights of a Q4 block as unsigned bytes: elements 0-15 (low nibbles), 16-31 (high). */
+/* byte j all ones where bit j of x is set (Q5_0's fifth bits) */
+__attribute__((target("avx2"))) static __m256i bits32(uint32_t x) {
+    const __m256i spread =
+        _mm256_shuffle_epi8(_mm256_set1_epi32((int)x),
+                            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                             2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
 __attribute__((target("avx2"))) static __m256i nibbles32(const uint8_t* q) {
     const __m128i bytes = _mm_loadu_si128((const __m128i*)q);
     const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0xf));
@@ -409,7 +432,15 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
         const __m256i qx = _mm256_loadu_si256((const __m256i*)xb[i].q);
         __m256i sum;
         float d;
-        if (type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0) {
+        if (type == QTYPE_Q5_0) { /* the nibbles with their fifth bits, then - 16 sum qx */
+            const uint8_t* b = row + (size_t)i * bb;
+            d = f16_fast(b);
+            uint32_t qh;
+            memcpy(&qh, b + 2, 4);
+            const __m256i q = _mm256_or_si256(nibbles32(b + 6),
+                                              _mm256_and_si256(bits32(qh), _mm256_set1_epi8(16)));
+            sum = _mm256_sub_epi32(dot_u8s8(q, qx), _mm256_slli_epi32(dot_u8s8(ones, qx), 4));
+        } else if (type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0) {
             const uint8_t* b = row + (size_t)i * bb;
             d = f16_fast(b);
             if (type == QTYPE_Q8_0) { /* s8 x s8: |w| as u8, the sign moved onto x */
@@ -471,7 +502,10 @@ __attribute__((target("avx2,fma,f16c"))) static float row_dot_q8_avx2(const QMat
 /* What the unsigned weights u = q + off of the int8 products add to the signed q (Q4_0's -8..7,
  * Q8_0's -127..127 unless kept signed); 0 for the formats whose q is unsigned. */
 static int panel_offset(int type, int is_signed) {
-    return type == QTYPE_Q8_0 ? (is_signed ? 0 : 128) : type == QTYPE_Q4_0 ? 8 : 0;
+    return type == QTYPE_Q8_0   ? (is_signed ? 0 : 128)
+           : type == QTYPE_Q4_0 ? 8
+           : type == QTYPE_Q5_0 ? 16
+                                : 0;
 }
 
 /* qmatrix_prepare's layout: per group of 16 rows and block of 32 weights, the weights as

@@ -14,6 +14,7 @@ enum {
     QTYPE_F16 = 1,
     QTYPE_Q4_0 = 2,
     QTYPE_Q4_1 = 3,
+    QTYPE_Q5_0 = 6,
     QTYPE_Q8_0 = 8,
     QTYPE_Q4_K = 12,
     QTYPE_Q5_K = 13,

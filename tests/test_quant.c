@@ -39,6 +39,7 @@ static uint8_t* random_matrix(int type, int rows, int cols, Rng* r) {
     /* block bytes and where its f16 scales sit (-1: none) */
     const size_t bb = type == QTYPE_Q4_0   ? 18
                       : type == QTYPE_Q4_1 ? 20
+                      : type == QTYPE_Q5_0 ? 22
                       : type == QTYPE_Q8_0 ? 34
                       : type == QTYPE_Q4_K ? 144
                       : type == QTYPE_Q5_K ? 176
@@ -113,8 +114,8 @@ static void check_format(int type, const char* name, Rng* r) {
      * product like qmatvec), fp32 panels otherwise (against the exact product to round-off) */
     static float yb[n * rows], yi[n * rows];
     qmatmul(yb, rows, &w, x, n, bias, 0);
-    const int int8 = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0 ||
-                     type == QTYPE_Q4_K || type == QTYPE_Q5_K;
+    const int int8 = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q5_0 ||
+                     type == QTYPE_Q8_0 || type == QTYPE_Q4_K || type == QTYPE_Q5_K;
     if (int8) qmatmul_int8_ref(yi, rows, &w, x, n, bias);
     double errb = 0, scb = 0, seb = 0, swb = 0, erri = 0;
     for (int t = 0; t < n; t++)
@@ -202,8 +203,9 @@ int main(void) {
         int type;
         const char* name;
     } fmts[] = {{QTYPE_F32, "F32"},   {QTYPE_F16, "F16"},   {QTYPE_BF16, "BF16"},
-                {QTYPE_Q4_0, "Q4_0"}, {QTYPE_Q4_1, "Q4_1"}, {QTYPE_Q8_0, "Q8_0"},
-                {QTYPE_Q4_K, "Q4_K"}, {QTYPE_Q5_K, "Q5_K"}, {QTYPE_Q6_K, "Q6_K"}};
+                {QTYPE_Q4_0, "Q4_0"}, {QTYPE_Q4_1, "Q4_1"}, {QTYPE_Q5_0, "Q5_0"},
+                {QTYPE_Q8_0, "Q8_0"}, {QTYPE_Q4_K, "Q4_K"}, {QTYPE_Q5_K, "Q5_K"},
+                {QTYPE_Q6_K, "Q6_K"}};
     /* every instruction-set level this CPU has, each against the scalar reference */
     const int best = quant_isa_detected();
     for (int level = best; level >= QUANT_ISA_SCALAR; level--) {
