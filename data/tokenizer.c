@@ -1,4 +1,5 @@
-/* tokenizer.c: byte-level BPE (see tokenizer.h). */
+/* tokenizer.c: byte-level BPE and SentencePiece-style merging by score (see tokenizer.h). */
+#define _GNU_SOURCE /* memmem */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer.h"
 
@@ -44,6 +45,14 @@ struct Tokenizer {
     int eot, eos, bos;
     pcre2_code* re;
     pcre2_code* re_digit;
+    /* SentencePiece ("llama" in GGUF): tok holds each piece's text (spaces as U+2581), out the
+     * bytes it decodes to; score its merge priority; user (n_user ids, longest first) the
+     * user-defined pieces matched in the raw text before merging */
+    int spm;
+    float* score;
+    Tok* out;
+    int* user;
+    int n_user;
 };
 
 /* ---------------------------------------------------------------- byte <-> unicode */
@@ -206,6 +215,114 @@ static void finish(Tokenizer* t, const char* pre, const char* src) {
     pcre2_jit_compile(t->re_digit, PCRE2_JIT_COMPLETE);
 }
 
+/* ---------------------------------------------------------------- SentencePiece */
+
+/* The GGUF token types (llama.cpp's numbering) */
+enum {
+    TOKTYPE_NORMAL = 1,
+    TOKTYPE_UNKNOWN = 2,
+    TOKTYPE_CONTROL = 3,
+    TOKTYPE_USER = 4,
+    TOKTYPE_UNUSED = 5,
+    TOKTYPE_BYTE = 6
+};
+
+/* A numeric GGUF array of n elements of type want, or fatal naming the key. */
+static const uint8_t* gguf_numbers(const GGUFFile* f, const char* path, const char* key,
+                                   uint32_t want, uint64_t n) {
+    const GGUFKV* kv = gguf_find(f, key);
+    if (!kv || kv->type != GGUF_VAL_ARRAY || kv->arr_type != want || kv->arr_n != n)
+        fatal("%s: metadata key '%s' is missing or malformed (%llu entries expected)", path, key,
+              (unsigned long long)n);
+    return kv->val + 12;
+}
+
+typedef struct {
+    int len, id;
+} LenId;
+
+static int by_length_desc(const void* a, const void* b) {
+    const LenId *x = a, *y = b;
+    return x->len != y->len ? y->len - x->len : x->id - y->id;
+}
+
+/* A SentencePiece vocabulary from GGUF (tokenizer.ggml.model = "llama"): pieces, scores and
+ * token types; byte fallback through the 256 <0xXX> pieces. */
+static Tokenizer* load_spm(const GGUFFile* f, const char* path) {
+    const GGUFKV* toks = gguf_find(f, "tokenizer.ggml.tokens");
+    if (!toks || toks->type != GGUF_VAL_ARRAY || toks->arr_type != GGUF_VAL_STRING ||
+        toks->arr_n < 256 || toks->arr_n > (1u << 24))
+        fatal("%s: metadata key 'tokenizer.ggml.tokens' is missing or malformed", path);
+    const int V = (int)toks->arr_n;
+    const uint8_t* sc = gguf_numbers(f, path, "tokenizer.ggml.scores", GGUF_VAL_FLOAT32, V);
+    const uint8_t* ty = gguf_numbers(f, path, "tokenizer.ggml.token_type", GGUF_VAL_INT32, V);
+    uint64_t v = 0;
+    if (!gguf_get_u64(f, "tokenizer.ggml.add_space_prefix", &v) && v)
+        fatal(
+            "%s: metadata key 'tokenizer.ggml.add_space_prefix' = true is not supported (the "
+            "SentencePiece reader adds no space prefix)",
+            path);
+    Tokenizer* t = tok_new(V);
+    t->spm = 1;
+    t->score = mallocCheck(sizeof(float) * (size_t)V);
+    t->out = callocCheck((size_t)V, sizeof(Tok));
+    t->user = mallocCheck(sizeof(int) * (size_t)V);
+    const uint8_t* pos = NULL;
+    for (int b = 0; b < 256; b++) t->byte_tok[b] = -1;
+    for (int i = 0; i < V; i++) {
+        uint64_t len;
+        const char* p = gguf_arr_str_next(f, toks, &pos, &len);
+        if (len > INT_MAX) fatal("%s: token %d is too long", path, i);
+        t->tok[i].bytes = mallocCheck(len + 1);
+        memcpy(t->tok[i].bytes, p, len);
+        t->tok[i].bytes[len] = 0;
+        t->tok[i].len = (int)len;
+        str_insert(t, i);
+        memcpy(&t->score[i], sc + 4 * (size_t)i, 4);
+        int32_t type;
+        memcpy(&type, ty + 4 * (size_t)i, 4);
+        /* what decoding writes: a byte piece its byte, a control piece nothing, a user piece
+         * its text, a normal one its text with U+2581 as a space */
+        Tok* o = &t->out[i];
+        o->bytes = mallocCheck(len + 1);
+        unsigned hex;
+        if (type == TOKTYPE_BYTE && len == 6 && sscanf(p, "<0x%2X>", &hex) == 1) {
+            o->bytes[0] = (char)hex, o->len = 1;
+            t->byte_tok[hex] = i;
+        } else if (type == TOKTYPE_CONTROL || type == TOKTYPE_UNKNOWN || type == TOKTYPE_UNUSED) {
+            o->len = 0;
+        } else {
+            for (uint64_t k = 0; k < len; k++) {
+                if (k + 2 < len && !memcmp(p + k, "\xe2\x96\x81", 3)) {
+                    o->bytes[o->len++] = ' ';
+                    k += 2;
+                } else {
+                    o->bytes[o->len++] = p[k];
+                }
+            }
+            if (type == TOKTYPE_USER && len) t->user[t->n_user++] = i;
+        }
+    }
+    for (int b = 0; b < 256; b++)
+        if (t->byte_tok[b] < 0)
+            fatal("%s: the SentencePiece vocabulary has no byte piece <0x%02X> (byte fallback)",
+                  path, b);
+    /* longest first: a run of newlines is one piece, not many */
+    LenId* li = mallocCheck(sizeof(LenId) * (size_t)(t->n_user + 1));
+    for (int k = 0; k < t->n_user; k++) li[k] = (LenId){t->tok[t->user[k]].len, t->user[k]};
+    qsort(li, (size_t)t->n_user, sizeof(LenId), by_length_desc);
+    for (int k = 0; k < t->n_user; k++) t->user[k] = li[k].id;
+    free(li);
+    snprintf(t->pre, sizeof t->pre, "spm");
+    if (gguf_get_u64(f, "tokenizer.ggml.eos_token_id", &v) == 0 && v < (uint64_t)V)
+        t->eos = t->eot = (int)v;
+    uint64_t add_bos = 0;
+    gguf_get_u64(f, "tokenizer.ggml.add_bos_token", &add_bos);
+    if (add_bos && gguf_get_u64(f, "tokenizer.ggml.bos_token_id", &v) == 0 && v < (uint64_t)V)
+        t->bos = (int)v;
+    return t;
+}
+
 static Tokenizer* load_gguf_tokenizer(const char* path) {
     GGUFFile f;
     char err[512];
@@ -217,9 +334,16 @@ static Tokenizer* load_gguf_tokenizer(const char* path) {
         fatal(
             "%s: the file carries no tokenizer (tokenizer.ggml.model is missing); pass --tokenizer",
             path);
+    if (n == 5 && !memcmp(model, "llama", 5)) {
+        Tokenizer* t = load_spm(&f, path);
+        fatal_release(held);
+        return t;
+    }
     if (n != 4 || memcmp(model, "gpt2", 4))
-        fatal("%s: tokenizer model '%.*s' is not supported (supported: gpt2 byte-level BPE)", path,
-              (int)n, model);
+        fatal(
+            "%s: metadata key 'tokenizer.ggml.model' = '%.*s' is not supported (supported: gpt2 "
+            "byte-level BPE, llama SentencePiece)",
+            path, (int)n, model);
     uint64_t pn = 0;
     const char* pre = gguf_get_str(&f, "tokenizer.ggml.pre", &pn);
     char pres[32] = "gpt-2";
@@ -338,6 +462,9 @@ void tokenizer_free(Tokenizer* t) {
     free(t->tok);
     free(t->str_slots);
     free(t->pairs);
+    if (t->out)
+        for (int i = 0; i < t->V; i++) free(t->out[i].bytes);
+    free(t->out), free(t->score), free(t->user);
     pcre2_code_free(t->re);
     pcre2_code_free(t->re_digit);
     free(t);
@@ -496,8 +623,174 @@ static size_t replaced_total; /* tokenizer_replaced_bytes */
 
 size_t tokenizer_replaced_bytes(void) { return replaced_total; }
 
+/* ---- SentencePiece encoding, as llama.cpp's "llama" tokenizer does it: the user-defined pieces
+ * are cut out of the raw text first (longest first, each at every occurrence left to right);
+ * in each stretch between them spaces become U+2581, the stretch is split into UTF-8
+ * characters, and the adjacent pair whose concatenation is the piece of highest score (the
+ * leftmost of equal scores) is merged until no pair forms a piece; a character that is no piece
+ * is written as its bytes' <0xXX> pieces. */
+
+typedef struct {
+    float score;
+    int left, right, size;
+} Bigram;
+
+typedef struct {
+    const char* text;          /* the escaped stretch */
+    int *at, *n, *prev, *next; /* symbols: byte offset, length (0: merged away), links */
+    size_t cap;
+    Bigram* heap;
+    size_t heap_n, heap_cap;
+} SpmWork;
+
+static int bigram_before(const Bigram* x, const Bigram* y) { /* x pops first */
+    return x->score > y->score || (x->score == y->score && x->left < y->left);
+}
+
+static void bigram_push(SpmWork* w, Bigram b) {
+    if (w->heap_n == w->heap_cap) {
+        w->heap_cap = w->heap_cap ? 2 * w->heap_cap : 64;
+        w->heap = reallocCheck(w->heap, w->heap_cap * sizeof(Bigram));
+    }
+    size_t k = w->heap_n++;
+    while (k && bigram_before(&b, &w->heap[(k - 1) / 2])) {
+        w->heap[k] = w->heap[(k - 1) / 2];
+        k = (k - 1) / 2;
+    }
+    w->heap[k] = b;
+}
+
+static Bigram bigram_pop(SpmWork* w) {
+    Bigram top = w->heap[0], last = w->heap[--w->heap_n];
+    size_t k = 0, n = w->heap_n;
+    for (;;) {
+        size_t c = 2 * k + 1;
+        if (c >= n) break;
+        if (c + 1 < n && bigram_before(&w->heap[c + 1], &w->heap[c])) c++;
+        if (!bigram_before(&w->heap[c], &last)) break;
+        w->heap[k] = w->heap[c];
+        k = c;
+    }
+    if (n) w->heap[k] = last;
+    return top;
+}
+
+static void spm_offer(const Tokenizer* t, SpmWork* w, int l, int r) {
+    if (l < 0 || r < 0) return;
+    const int size = w->n[l] + w->n[r];
+    const int id = str_lookup(t, w->text + w->at[l], size);
+    if (id >= 0) bigram_push(w, (Bigram){t->score[id], l, r, size});
+}
+
+/* One stretch of escaped text (spaces already U+2581) into ids. */
+static void spm_stretch(const Tokenizer* t, SpmWork* w, const char* s, size_t n, Out* o) {
+    if (!n) return;
+    if (n > INT_MAX) fatal("a single text piece of %zu bytes is too long to tokenize", n);
+    if (w->cap < n) {
+        w->cap = n;
+        w->at = reallocCheck(w->at, sizeof(int) * n);
+        w->n = reallocCheck(w->n, sizeof(int) * n);
+        w->prev = reallocCheck(w->prev, sizeof(int) * n);
+        w->next = reallocCheck(w->next, sizeof(int) * n);
+    }
+    w->text = s;
+    w->heap_n = 0;
+    int m = 0;
+    for (size_t at = 0; at < n;) { /* UTF-8 characters (a stray byte alone) */
+        const unsigned char c = (unsigned char)s[at];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        if (len > n - at) len = n - at;
+        w->at[m] = (int)at, w->n[m] = (int)len, w->prev[m] = m - 1;
+        at += len;
+        w->next[m] = at == n ? -1 : m + 1;
+        m++;
+    }
+    for (int i = 1; i < m; i++) spm_offer(t, w, i - 1, i);
+    while (w->heap_n) {
+        const Bigram b = bigram_pop(w);
+        if (!w->n[b.left] || !w->n[b.right] || w->n[b.left] + w->n[b.right] != b.size) continue;
+        w->n[b.left] += w->n[b.right];
+        w->n[b.right] = 0;
+        w->next[b.left] = w->next[b.right];
+        if (w->next[b.right] >= 0) w->prev[w->next[b.right]] = b.left;
+        spm_offer(t, w, w->prev[b.left], b.left);
+        spm_offer(t, w, b.left, w->next[b.left]);
+    }
+    for (int i = 0; i >= 0; i = w->next[i]) {
+        const int id = str_lookup(t, s + w->at[i], w->n[i]);
+        if (id >= 0) {
+            push(o, id);
+            continue;
+        }
+        for (int k = 0; k < w->n[i]; k++) push(o, t->byte_tok[(unsigned char)s[w->at[i] + k]]);
+    }
+}
+
+typedef struct {
+    size_t at, n;
+    int id; /* a user-defined piece, or -1: raw text */
+} Frag;
+
+static void spm_encode(const Tokenizer* t, const char* text, size_t len, Out* o) {
+    size_t nf = 1, cap = 16;
+    Frag* fr = mallocCheck(sizeof(Frag) * cap);
+    fr[0] = (Frag){0, len, -1};
+    for (int u = 0; u < t->n_user; u++) { /* cut piece u out of every raw fragment */
+        const Tok* p = &t->tok[t->user[u]];
+        size_t nn = 0, ncap = nf + 16;
+        Frag* nfr = mallocCheck(sizeof(Frag) * ncap);
+        for (size_t k = 0; k < nf; k++) {
+            Frag f = fr[k];
+            while (f.id < 0 && f.n >= (size_t)p->len) {
+                const char* hit = memmem(text + f.at, f.n, p->bytes, (size_t)p->len);
+                if (!hit) break;
+                const size_t h = (size_t)(hit - text);
+                if (nn + 3 > ncap) nfr = reallocCheck(nfr, sizeof(Frag) * (ncap *= 2));
+                if (h > f.at) nfr[nn++] = (Frag){f.at, h - f.at, -1};
+                nfr[nn++] = (Frag){h, (size_t)p->len, t->user[u]};
+                f.n -= h + (size_t)p->len - f.at;
+                f.at = h + (size_t)p->len;
+            }
+            if (f.n || f.id >= 0) {
+                if (nn + 1 > ncap) nfr = reallocCheck(nfr, sizeof(Frag) * (ncap *= 2));
+                nfr[nn++] = f;
+            }
+        }
+        free(fr);
+        fr = nfr, nf = nn;
+    }
+    SpmWork w = {0};
+    char* esc = NULL;
+    size_t esc_cap = 0;
+    for (size_t k = 0; k < nf; k++) {
+        if (fr[k].id >= 0) {
+            push(o, fr[k].id);
+            continue;
+        }
+        if (esc_cap < 3 * fr[k].n) esc = reallocCheck(esc, esc_cap = 3 * fr[k].n);
+        size_t m = 0;
+        for (size_t i = 0; i < fr[k].n; i++) {
+            if (text[fr[k].at + i] == ' ') {
+                memcpy(esc + m, "\xe2\x96\x81", 3);
+                m += 3;
+            } else {
+                esc[m++] = text[fr[k].at + i];
+            }
+        }
+        spm_stretch(t, &w, esc, m, o);
+    }
+    free(esc), free(fr);
+    free(w.at), free(w.n), free(w.prev), free(w.next), free(w.heap);
+}
+
 int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* n) {
     Out o = {0};
+    if (t->spm) {
+        spm_encode(t, text, len, &o);
+        *n = o.n;
+        if (!o.ids) o.ids = mallocCheck(sizeof(int));
+        return o.ids;
+    }
     pcre2_match_data* md = pcre2_match_data_create(4, NULL);
     const unsigned char* s = (const unsigned char*)text;
     if (!t->split_digits) {
@@ -538,17 +831,33 @@ int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* 
 }
 
 char* tokenizer_decode(const Tokenizer* t, const int* ids, size_t n, size_t* len) {
+    const Tok* out = t->out ? t->out : t->tok; /* SentencePiece: the pieces' decoded bytes */
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= t->V)
             fatal("token id %d is outside the vocabulary (V=%d)", ids[i], t->V);
-        total += (size_t)t->tok[ids[i]].len;
+        total += (size_t)out[ids[i]].len;
     }
     char* s = mallocCheck(total + 1);
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        memcpy(s + at, t->tok[ids[i]].bytes, (size_t)t->tok[ids[i]].len);
-        at += (size_t)t->tok[ids[i]].len;
+        memcpy(s + at, out[ids[i]].bytes, (size_t)out[ids[i]].len);
+        at += (size_t)out[ids[i]].len;
+    }
+    if (t->spm) {
+        /* U+2581 written as byte pieces is a space too: the stretch's split into characters can
+         * take its first byte into an invalid UTF-8 sequence before it (as llama.cpp's does),
+         * and its bytes then go through byte fallback */
+        size_t w = 0;
+        for (size_t r = 0; r < at; r++) {
+            if (r + 2 < at && !memcmp(s + r, "\xe2\x96\x81", 3)) {
+                s[w++] = ' ';
+                r += 2;
+            } else {
+                s[w++] = s[r];
+            }
+        }
+        at = w;
     }
     s[at] = 0;
     if (len) *len = at;

@@ -1,10 +1,16 @@
-/* tokenizer.h: byte-level BPE as GPT-2 and SmolLM2 use it.
+/* tokenizer.h: byte-level BPE as GPT-2 and SmolLM2 use it, and SentencePiece as Gemma uses it.
  *
  * Text is split into pieces by the pre-tokenizer regex (PCRE2, Unicode categories), each piece's
  * bytes become single-byte tokens, and the merge rules are applied in priority order. SmolLM2's
  * pre-tokenizer ("smollm" in GGUF) first isolates every digit, then applies the GPT-2 regex.
  * Sources: a GGUF file's tokenizer.ggml.* metadata, or a directory with encoder.json and
- * vocab.bpe (GPT-2). Tested by tests/test_tokenizer.c against ids from reference tokenizers. */
+ * vocab.bpe (GPT-2).
+ * SentencePiece (GGUF tokenizer.ggml.model "llama": Gemma 3): pieces with scores, merged by score
+ * as llama.cpp's tokenizer does (tokenizer.c, spm_encode), user-defined pieces (runs of newlines
+ * and spaces, HTML tags) cut out of the text first, byte fallback for characters that are no
+ * piece, no space prefix; control pieces (<bos>, <start_of_turn>) decode to nothing.
+ * Tested by tests/test_tokenizer.c against ids from reference tokenizers (Hugging Face's for
+ * GPT-2 and SmolLM2, llama.cpp's llama-tokenize for Gemma 3). */
 #ifndef FOCUS_TOKENIZER_H
 #define FOCUS_TOKENIZER_H
 

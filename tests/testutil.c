@@ -48,6 +48,12 @@ const char* tu_smollm2(void) {
     return exists(buf) ? buf : NULL;
 }
 
+const char* tu_gemma3(void) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/cache/models/gemma-3-270m-q4_k_m.gguf", FOCUS_SOURCE_DIR);
+    return exists(buf) ? buf : NULL;
+}
+
 static char tmpdir[4096];
 static pid_t tmpdir_owner;
 

@@ -40,5 +40,7 @@ int tu_fails_with(void (*fn)(const void*), const void* arg, const char* want, ch
 const char* tu_data_dir(void);
 /* The fetched SmolLM2 GGUF (scripts/fetch_model.sh), or NULL when it is not there. */
 const char* tu_smollm2(void);
+/* The Gemma 3 270M file of `scripts/fetch_model.sh gemma3-270m`, or NULL when it is not there. */
+const char* tu_gemma3(void);
 
 #endif
