@@ -1,5 +1,5 @@
-/* gguf_write.c: write a model as a GGUF `llama` file (F32, or Q8_0 matrices with an F16
- * embedding). Used to save base models trained from scratch, and by tests/test_gguf.c. */
+/* gguf_write.c: write a model as a GGUF `llama` or `gemma3` file (F32, or Q8_0 matrices with an
+ * F16 embedding). Used to save base models trained from scratch, and by tests/test_gguf.c. */
 #include <math.h>
 #include <string.h>
 
@@ -69,15 +69,24 @@ static void encode_tensor(Buf* d, const WTensor* t) {
     }
 }
 
-/* Write m as a GGUF `llama` file; quant: 0 all F32, 1 matrices in Q8_0 / F16. */
+static void kv_str(Buf* b, const char* k, const char* v) {
+    putstr(b, k);
+    put32(b, GGUF_VAL_STRING);
+    putstr(b, v);
+}
+
+/* Write m as a GGUF `llama` or `gemma3` file; quant: 0 all F32, 1 matrices in Q8_0 / F16. Our
+ * RoPE pairs are GGUF's for both (adjacent for llama, half-split for gemma3): no reordering. */
 static Buf write_gguf(const Model* m, int quant) {
-    if (m->cfg.arch != ARCH_LLAMA) fatal("GGUF export supports the llama architecture only");
+    const int gemma = m->cfg.arch == ARCH_GEMMA3;
+    if (m->cfg.arch == ARCH_GPT2) fatal("GGUF export supports the llama and gemma3 families only");
     if (m->wbf16 || m->tp) fatal("internal: writing a bf16-stored or sliced model");
     const ModelConfig* c = &m->cfg;
     const Params* p = &m->params;
-    int hs = c->C / c->NH;
-    size_t C = c->C, F = c->F, Q = (size_t)(c->NH + 2 * c->NKV) * hs;
-    WTensor* ts = mallocCheck(sizeof(WTensor) * (12 * (size_t)m->cfg.L + 4));
+    const char* arch = gemma ? "gemma3" : "llama";
+    int hs = model_head_size(c);
+    size_t C = c->C, F = c->F, Q = (size_t)(c->NH + 2 * c->NKV) * hs, A = (size_t)c->NH * hs;
+    WTensor* ts = mallocCheck(sizeof(WTensor) * (16 * (size_t)m->cfg.L + 4));
     int nt = 0;
 #define ADD(nm, ptr, r, cl, ty)                                                   \
     (snprintf(ts[nt].name, 64, "%s", nm), ts[nt].data = (ptr), ts[nt].rows = (r), \
@@ -93,7 +102,13 @@ static Buf write_gguf(const Model* m, int quant) {
           mt);
         L("attn_v.weight", p->qkvw + l * Q * C + (size_t)(c->NH + c->NKV) * hs * C,
           (size_t)c->NKV * hs, C, mt);
-        L("attn_output.weight", p->attprojw + l * C * C, C, C, mt);
+        L("attn_output.weight", p->attprojw + l * C * A, C, A, mt);
+        if (gemma) {
+            L("attn_q_norm.weight", p->qnormw + (size_t)l * hs, 1, (size_t)hs, GGML_F32);
+            L("attn_k_norm.weight", p->knormw + (size_t)l * hs, 1, (size_t)hs, GGML_F32);
+            L("post_attention_norm.weight", p->pan + l * C, 1, C, GGML_F32);
+            L("post_ffw_norm.weight", p->pfn + l * C, 1, C, GGML_F32);
+        }
         L("ffn_norm.weight", p->ln2w + l * C, 1, C, GGML_F32);
         L("ffn_gate.weight", p->fcw + l * 2 * F * C, F, C, mt);
         L("ffn_up.weight", p->fcw + l * 2 * F * C + F * C, F, C, mt);
@@ -114,18 +129,27 @@ static Buf write_gguf(const Model* m, int quant) {
     put(&h, "GGUF", 4);
     put32(&h, 3);
     put64(&h, (uint64_t)nt);
-    put64(&h, 10);
-    putstr(&h, "general.architecture");
-    put32(&h, GGUF_VAL_STRING);
-    putstr(&h, "llama");
-    kv_u32(&h, "llama.block_count", (uint32_t)c->L);
-    kv_u32(&h, "llama.embedding_length", (uint32_t)c->C);
-    kv_u32(&h, "llama.attention.head_count", (uint32_t)c->NH);
-    kv_u32(&h, "llama.attention.head_count_kv", (uint32_t)c->NKV);
-    kv_u32(&h, "llama.feed_forward_length", (uint32_t)c->F);
-    kv_u32(&h, "llama.context_length", (uint32_t)c->maxT);
-    kv_f32(&h, "llama.rope.freq_base", c->rope_theta);
-    kv_f32(&h, "llama.attention.layer_norm_rms_epsilon", c->eps);
+    put64(&h, gemma ? 16 : 10);
+    kv_str(&h, "general.architecture", arch);
+    char k[96];
+#define KEY(name) (snprintf(k, sizeof k, "%s.%s", arch, name), k)
+    kv_u32(&h, KEY("block_count"), (uint32_t)c->L);
+    kv_u32(&h, KEY("embedding_length"), (uint32_t)c->C);
+    kv_u32(&h, KEY("attention.head_count"), (uint32_t)c->NH);
+    kv_u32(&h, KEY("attention.head_count_kv"), (uint32_t)c->NKV);
+    kv_u32(&h, KEY("feed_forward_length"), (uint32_t)c->F);
+    kv_u32(&h, KEY("context_length"), (uint32_t)c->maxT);
+    kv_f32(&h, KEY("rope.freq_base"), c->rope_theta);
+    kv_f32(&h, KEY("attention.layer_norm_rms_epsilon"), c->eps);
+    if (gemma) {
+        kv_u32(&h, KEY("attention.key_length"), (uint32_t)hs);
+        kv_u32(&h, KEY("attention.value_length"), (uint32_t)hs);
+        kv_u32(&h, KEY("attention.sliding_window"), (uint32_t)c->swa);
+        kv_u32(&h, KEY("attention.sliding_window_pattern"), (uint32_t)c->swa_period);
+        kv_f32(&h, KEY("rope.freq_base_swa"), c->rope_local);
+        kv_str(&h, "tokenizer.ggml.model", "none"); /* no vocabulary: refused by the reader */
+    }
+#undef KEY
     kv_u32(&h, "general.alignment", 32);
     for (int i = 0; i < nt; i++) {
         size_t at = d.n;

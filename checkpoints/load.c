@@ -39,8 +39,9 @@ static void check_shape(const char* path, const ModelConfig* cfg, double file_by
 }
 
 static const char* const param_names[NUM_PARAM_TENSORS] = {
-    "wte",  "wpe", "ln1w", "ln1b",    "qkvw",    "qkvb", "attprojw", "attprojb", "ln2w",
-    "ln2b", "fcw", "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb",     "lmhead"};
+    "wte",      "wpe",  "ln1w",   "ln1b",   "qkvw",   "qkvb",    "attprojw",
+    "attprojb", "ln2w", "ln2b",   "fcw",    "fcb",    "fcprojw", "fcprojb",
+    "lnfw",     "lnfb", "lmhead", "qnormw", "knormw", "pan",     "pfn"};
 
 /* Every weight must be finite: a NaN or inf in a file is corruption, not a model. */
 static void check_finite(const Model* m, const char* path) {
@@ -99,8 +100,8 @@ static void gguf_slab(void* ctx, int t, int l, real* dst) {
     const GGUFSource* s = ctx;
     const GGUFFile* f = s->f;
     const ModelConfig* c = &s->cfg;
-    const int llama = c->arch == ARCH_LLAMA;
-    const size_t C = c->C, F = c->F, hs = C / c->NH, nq = (size_t)c->NH * hs,
+    const int llama = c->arch != ARCH_GPT2; /* llama and gemma3: q, k, v and gate, up apart */
+    const size_t C = c->C, F = c->F, hs = model_head_size(c), nq = (size_t)c->NH * hs,
                  nk = (size_t)c->NKV * hs;
     if (s->lean && (t == 0 || t == 4 || t == 6 || t == 10 || t == 12 || t == 16)) return;
     char n[96];
@@ -138,7 +139,7 @@ static void gguf_slab(void* ctx, int t, int l, real* dst) {
             T("attn_v.bias", dst + nq + nk, 1, nk);
             break;
         case 6:
-            T("attn_output.weight", dst, C, C);
+            T("attn_output.weight", dst, C, nq);
             break;
         case 7:
             T("attn_output.bias", dst, 1, C);
@@ -175,8 +176,52 @@ static void gguf_slab(void* ctx, int t, int l, real* dst) {
         case 16:
             gguf_load_tensor(f, "output.weight", dst, c->V, C);
             break;
+        case 17: /* gemma3: the norms of QK-norm and the sandwich (GGUF holds them with Gemma's +1)
+                  */
+            T("attn_q_norm.weight", dst, 1, hs);
+            break;
+        case 18:
+            T("attn_k_norm.weight", dst, 1, hs);
+            break;
+        case 19:
+            T("post_attention_norm.weight", dst, 1, C);
+            break;
+        case 20:
+            T("post_ffw_norm.weight", dst, 1, C);
+            break;
     }
 #undef T
+}
+
+/* A gemma3 file's own keys: the head size (key_length, which value_length must equal), the
+ * sliding window and its RoPE base (freq_base_swa; 10000, Gemma 3's, when absent), the period of
+ * the global layers (sliding_window_pattern; 6, Gemma 3's, when absent, as llama.cpp assumes).
+ * A contradiction is refused naming the key. */
+static void gemma3_config(const GGUFFile* f, const char* path, ModelConfig* c) {
+    c->hs = gguf_need_int(f, "gemma3", "attention.key_length");
+    uint64_t v;
+    if (!gguf_get_u64(f, "gemma3.attention.value_length", &v) && v != (uint64_t)c->hs)
+        fatal("%s: metadata key 'gemma3.attention.value_length' = %llu differs from key_length %d",
+              path, (unsigned long long)v, c->hs);
+    c->swa = gguf_need_int(f, "gemma3", "attention.sliding_window");
+    c->swa_period = 6;
+    if (!gguf_get_u64(f, "gemma3.attention.sliding_window_pattern", &v)) {
+        if (v < 1 || v > 256)
+            fatal("%s: metadata key 'gemma3.attention.sliding_window_pattern' = %llu (1 to 256)",
+                  path, (unsigned long long)v);
+        c->swa_period = (int)v;
+    }
+    if (gguf_get_f32(f, "gemma3.rope.freq_base_swa", &c->rope_local)) c->rope_local = 10000.0f;
+    if (c->swa >= c->maxT)
+        fatal(
+            "%s: metadata key 'gemma3.attention.sliding_window' = %d is not below the context "
+            "length %d",
+            path, c->swa, c->maxT);
+    if (c->NH % c->NKV)
+        fatal(
+            "%s: metadata key 'gemma3.attention.head_count' = %d is not a multiple of "
+            "head_count_kv = %d",
+            path, c->NH, c->NKV);
 }
 
 static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelInfo* info, int lean,
@@ -195,8 +240,11 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
         cfg.arch = ARCH_LLAMA;
     else if (!strcmp(arch, "gpt2"))
         cfg.arch = ARCH_GPT2;
+    else if (!strcmp(arch, "gemma3"))
+        cfg.arch = ARCH_GEMMA3;
     else
-        fatal("%s: architecture '%s' is not supported (supported: llama, qwen2, gpt2)", path, arch);
+        fatal("%s: architecture '%s' is not supported (supported: llama, qwen2, gpt2, gemma3)",
+              path, arch);
     cfg.L = gguf_need_int(&f, arch, "block_count");
     cfg.C = gguf_need_int(&f, arch, "embedding_length");
     cfg.NH = gguf_need_int(&f, arch, "attention.head_count");
@@ -208,7 +256,7 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     cfg.F = gguf_need_int(&f, arch, "feed_forward_length");
     cfg.maxT = gguf_need_int(&f, arch, "context_length");
     snprintf(key, sizeof key, "%s.attention.layer_norm_%s", arch,
-             cfg.arch == ARCH_LLAMA ? "rms_epsilon" : "epsilon");
+             cfg.arch != ARCH_GPT2 ? "rms_epsilon" : "epsilon");
     if (gguf_get_f32(&f, key, &cfg.eps)) cfg.eps = 1e-5f;
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
     if (gguf_get_f32(&f, key, &cfg.rope_theta)) cfg.rope_theta = 10000.0f;
@@ -218,10 +266,11 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     cfg.V = emb->ne[1] > INT_MAX ? -1 : (int)emb->ne[1];
     cfg.tied = gguf_tensor(&f, "output.weight") == NULL;
     cfg.qkv_bias = cfg.arch == ARCH_LLAMA && gguf_tensor(&f, "blk.0.attn_q.bias") != NULL;
-    int hs = cfg.NH ? cfg.C / cfg.NH : 0;
+    if (cfg.arch == ARCH_GEMMA3) gemma3_config(&f, path, &cfg);
+    int hs = cfg.NH ? model_head_size(&cfg) : 0;
     snprintf(key, sizeof key, "%s.rope.dimension_count", arch);
     uint64_t rdim;
-    if (cfg.arch == ARCH_LLAMA && !gguf_get_u64(&f, key, &rdim) && (int)rdim != hs)
+    if (cfg.arch != ARCH_GPT2 && !gguf_get_u64(&f, key, &rdim) && (int)rdim != hs)
         fatal(
             "%s: partial rotary embeddings (rope.dimension_count %llu, head size %d) are not "
             "supported",
@@ -230,6 +279,10 @@ static void load_gguf(Model* m, const char* path, const FocusConfig* fc, ModelIn
     model_build_slice(m, &cfg, fc, lay);
     GGUFSource src = {&f, cfg, lean};
     model_fill(m, &cfg, &(WeightSource){&src, gguf_slab});
+    uint64_t add_bos = 0, bos;
+    if (!gguf_get_u64(&f, "tokenizer.ggml.add_bos_token", &add_bos) && add_bos &&
+        !gguf_get_u64(&f, "tokenizer.ggml.bos_token_id", &bos) && bos < (uint64_t)cfg.V)
+        m->bos = (int)bos;
     uint64_t nlen;
     const char* name = gguf_get_str(&f, "general.name", &nlen);
     snprintf(info->format, sizeof info->format, "gguf");
@@ -278,10 +331,16 @@ static void load_llmc(Model* m, const char* path, FILE* fp, const FocusConfig* f
     if (h[1] != 3 && h[1] != 5)
         fatal("%s: llm.c version %d is not supported (3 = fp32, 5 = bf16)", path, h[1]);
     /* F = 4 C is formed only once C is known to be small (no signed overflow) */
-    ModelConfig cfg = {
-        ARCH_GPT2, h[4], h[6],  h[5], h[5], h[6] > 0 && h[6] <= 65536 ? 4 * h[6] : -1,
-        h[3],      h[2], 1e-5f, 0,    0,    1,
-        0,         0};
+    ModelConfig cfg = {.arch = ARCH_GPT2,
+                       .L = h[4],
+                       .C = h[6],
+                       .NH = h[5],
+                       .NKV = h[5],
+                       .F = h[6] > 0 && h[6] <= 65536 ? 4 * h[6] : -1,
+                       .V = h[3],
+                       .maxT = h[2],
+                       .eps = 1e-5f,
+                       .tied = 1};
     int Vp = h[7];
     char err[512];
     if (model_config_check(&cfg, err, sizeof err) || Vp < cfg.V || Vp > (1 << 24))
@@ -768,20 +827,16 @@ static void load_safetensors(Model* m, const char* path, const FocusConfig* fc, 
                 "%s: cannot infer the head count of a GPT-2 of width %d; put its config.json "
                 "(n_head) beside it",
                 file, cfg.C);
-        cfg = (ModelConfig){ARCH_GPT2,
-                            cfg.L,
-                            cfg.C,
-                            json_int(hc, "n_head", cfg.C / 64),
-                            0,
-                            4 * cfg.C,
-                            cfg.V,
-                            (int)fmin(cJSON_GetArrayItem(wpe, 0)->valuedouble, -1.0 + INT_MAX),
-                            (float)json_num(hc, "layer_norm_epsilon", 1e-5),
-                            0,
-                            0,
-                            1,
-                            0,
-                            0};
+        cfg = (ModelConfig){
+            .arch = ARCH_GPT2,
+            .L = cfg.L,
+            .C = cfg.C,
+            .NH = json_int(hc, "n_head", cfg.C / 64),
+            .F = 4 * cfg.C,
+            .V = cfg.V,
+            .maxT = (int)fmin(cJSON_GetArrayItem(wpe, 0)->valuedouble, -1.0 + INT_MAX),
+            .eps = (float)json_num(hc, "layer_norm_epsilon", 1e-5),
+            .tied = 1};
         cfg.NKV = cfg.NH;
         cfg.F = json_int(hc, "n_inner", 4 * cfg.C);
     } else {
@@ -901,12 +956,12 @@ static void native_release(void* f) {
 
 int model_load_native(Model* m, const char* path, char* why, size_t n) {
     const ModelConfig* c = &m->cfg;
-    if (c->arch != ARCH_LLAMA)
-        return snprintf(why, n, "native weights are read for llama models only"), -1;
+    if (c->arch == ARCH_GPT2)
+        return snprintf(why, n, "native weights are read for llama and gemma3 models only"), -1;
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) return snprintf(why, n, "%s", err), -1;
-    const int hs = c->C / c->NH, L = c->L;
+    const int hs = model_head_size(c), L = c->L;
     QMatrix* q = callocCheck((size_t)L * NATIVE_PER_LAYER + 2, sizeof(QMatrix));
     static const char* const names[NATIVE_PER_LAYER] = {
         "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
@@ -919,7 +974,10 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
                          : k == NATIVE_O    ? c->C
                          : k == NATIVE_DOWN ? c->C
                                             : c->F,
-                  cols = !head && k == NATIVE_DOWN ? c->F : c->C;
+                  cols = head               ? c->C
+                         : k == NATIVE_DOWN ? c->F
+                         : k == NATIVE_O    ? c->NH * hs
+                                            : c->C;
         char name[96];
         if (head)
             snprintf(name, sizeof name, "%s",
@@ -934,8 +992,8 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
                                              : NULL;
         if (bad) {
             snprintf(why, n,
-                     "tensor '%s' %s (%s; native decode reads F32, F16, BF16, Q4_0, Q4_1, Q8_0, "
-                     "Q4_K, Q5_K, Q6_K)",
+                     "tensor '%s' %s (%s; native decode reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+                     "Q8_0, Q4_K, Q5_K, Q6_K)",
                      name, bad, t ? ggml_type_name(t->type) : "-");
             free(q);
             gguf_close(&f);

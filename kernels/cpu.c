@@ -16,8 +16,8 @@ void blas_check_core(char** argv) {
     const char* core = openblas_get_corename();
     if (!core || strcasecmp(core, "prescott")) return;
     const char* want = __builtin_cpu_supports("avx512f") ? "SkylakeX"
-                       : __builtin_cpu_supports("avx2") ? "Haswell"
-                                                        : NULL;
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : NULL;
     if (!want) return;
     setenv("OPENBLAS_CORETYPE", want, 1);
     execv("/proc/self/exe", argv);
@@ -156,11 +156,12 @@ void rmsnorm_backward(real* dinp, real* dweight, const real* dout, const real* i
     }
 }
 
-/* Rotate the q and k heads of every row by +angle (sign = 1) or -angle (sign = -1). */
+/* Rotate the q and k heads of every row by +angle (sign = 1) or -angle (sign = -1): the pairs
+ * (2i, 2i + 1), or with halves (i, i + hs/2). */
 static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0,
-                       int sign) {
+                       int sign, int halves) {
     int QKV = (NH + 2 * NKV) * hs;
-    int half = hs / 2;
+    int half = hs / 2, step = halves ? half : 1, stride = halves ? 1 : 2;
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
@@ -170,10 +171,10 @@ static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real th
                 double ang = (double)(pos0 + t) * freq;
                 real c = (real)cos(ang), s = (real)(sign * sin(ang));
                 for (int h = 0; h < NH + NKV; h++) {
-                    real* v = row + h * hs + 2 * i;
-                    real x0 = v[0], x1 = v[1];
+                    real* v = row + h * hs + stride * i;
+                    real x0 = v[0], x1 = v[step];
                     v[0] = x0 * c - x1 * s;
-                    v[1] = x0 * s + x1 * c;
+                    v[step] = x0 * s + x1 * c;
                 }
             }
         }
@@ -181,11 +182,53 @@ static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real th
 }
 
 void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {
-    rope_apply(qkv, B, T, NH, NKV, hs, theta, pos0, 1);
+    rope_apply(qkv, B, T, NH, NKV, hs, theta, pos0, 1, 0);
 }
 
 void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {
-    rope_apply(dqkv, B, T, NH, NKV, hs, theta, pos0, -1);
+    rope_apply(dqkv, B, T, NH, NKV, hs, theta, pos0, -1, 0);
+}
+
+void rope_halves_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {
+    rope_apply(qkv, B, T, NH, NKV, hs, theta, pos0, 1, 1);
+}
+
+void rope_halves_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {
+    rope_apply(dqkv, B, T, NH, NKV, hs, theta, pos0, -1, 1);
+}
+
+void qknorm_forward(real* qkv, real* pre, real* rstd, const real* qw, const real* kw, size_t N,
+                    int NH, int NKV, int hs, real eps) {
+    const size_t QKV = (size_t)(NH + 2 * NKV) * hs, H = (size_t)NH + NKV;
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++)
+        for (size_t h = 0; h < H; h++) {
+            real* x = qkv + n * QKV + h * hs;
+            const real* w = h < (size_t)NH ? qw : kw;
+            double ss = 0;
+            for (int e = 0; e < hs; e++) ss += (double)x[e] * x[e];
+            const real s = (real)(1.0 / sqrt(ss / hs + eps));
+            if (pre) memcpy(pre + (n * H + h) * hs, x, sizeof(real) * hs);
+            for (int e = 0; e < hs; e++) x[e] = (x[e] * s) * w[e];
+            if (rstd) rstd[n * H + h] = s;
+        }
+}
+
+void qknorm_backward(real* dqkv, const real* pre, const real* rstd, const real* qw, const real* kw,
+                     size_t N, int NH, int NKV, int hs) {
+    const size_t QKV = (size_t)(NH + 2 * NKV) * hs, H = (size_t)NH + NKV;
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++)
+        for (size_t h = 0; h < H; h++) {
+            real* dy = dqkv + n * QKV + h * hs;
+            const real* x = pre + (n * H + h) * hs;
+            const real* w = h < (size_t)NH ? qw : kw;
+            const double r = rstd[n * H + h];
+            double dot = 0;
+            for (int e = 0; e < hs; e++) dot += (double)w[e] * dy[e] * x[e];
+            const double k = dot * r * r * r / hs;
+            for (int e = 0; e < hs; e++) dy[e] = (real)(w[e] * dy[e] * r - x[e] * k);
+        }
 }
 
 #define GELU_SCALE 0.7978845608028654 /* sqrt(2 / pi) */
@@ -234,6 +277,38 @@ void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, in
             double dy = dout[n * F + f];
             du[f] += (real)(dy * g[f] * sig);
             dg[f] += (real)(dy * u[f] * sig * (1.0 + g[f] * (1.0 - sig)));
+        }
+    }
+}
+
+void geglu_forward(real* out, const real* inp, size_t N, int F) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* g = inp + n * 2 * F;
+        const real* u = g + F;
+        for (int f = 0; f < F; f++) {
+            const double x = g[f];
+            const double gl = 0.5 * x * (1.0 + tanh(GELU_SCALE * (x + 0.044715 * x * x * x)));
+            out[n * F + f] = (real)(gl * u[f]);
+        }
+    }
+}
+
+void geglu_backward(real* dinp, const real* inp, const real* dout, size_t N, int F) {
+#pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        const real* g = inp + n * 2 * F;
+        const real* u = g + F;
+        real* dg = dinp + n * 2 * F;
+        real* du = dg + F;
+        for (int f = 0; f < F; f++) {
+            const double x = g[f], dy = dout[n * F + f];
+            const double th = tanh(GELU_SCALE * (x + 0.044715 * x * x * x));
+            const double gl = 0.5 * x * (1.0 + th);
+            const double d = 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * GELU_SCALE *
+                                                    (1.0 + 3.0 * 0.044715 * x * x);
+            du[f] += (real)(dy * gl);
+            dg[f] += (real)(dy * u[f] * d);
         }
     }
 }

@@ -49,6 +49,19 @@ void rmsnorm_backward(real* dinp, real* dweight, const real* dout, const real* i
  * inverse rotation to dqkv in place (the map is orthogonal). */
 void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
 void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
+/* The same rotation on half-split pairs (i, i + hs/2), the convention of GGUF files whose
+ * converter did not reorder q and k rows (gemma3; ggml's NEOX mode). */
+void rope_halves_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
+void rope_halves_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
+
+/* RMSNorm of every q and k head (QK-norm, Gemma 3) of qkv (N rows of (NH + 2 NKV) hs), in place:
+ * q heads by qw (hs), k heads by kw (hs); the v heads are left alone. pre (N, NH + NKV, hs): the
+ * heads before the norm, kept for the backward pass when not NULL; rstd (N, NH + NKV). The
+ * backward pass turns d(normed heads) in dqkv into d(heads before the norm), in place. */
+void qknorm_forward(real* qkv, real* pre, real* rstd, const real* qw, const real* kw, size_t N,
+                    int NH, int NKV, int hs, real eps);
+void qknorm_backward(real* dqkv, const real* pre, const real* rstd, const real* qw, const real* kw,
+                     size_t N, int NH, int NKV, int hs);
 
 /* A LoRA adapter on a linear layer: out (N, OC) += scale x A^T B^T with A (r, IC), B (OC, r);
  * t (N, r) is scratch. The backward pass accumulates dA, dB and (unless NULL) dx; t and dt
@@ -65,6 +78,9 @@ void gelu_backward(real* dinp, const real* inp, const real* dout, size_t n);
 /* SwiGLU: inp (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up. dinp += d out / d inp. */
 void swiglu_forward(real* out, const real* inp, size_t N, int F);
 void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, int F);
+/* GeGLU (Gemma): out (N, F) = gelu_tanh(gate) * up, inp as for SwiGLU. */
+void geglu_forward(real* out, const real* inp, size_t N, int F);
+void geglu_backward(real* dinp, const real* inp, const real* dout, size_t N, int F);
 
 /* out(B,T,C) = wte[token] (+ wpe[t] if wpe). */
 void encoder_forward(real* out, const int* tokens, const real* wte, const real* wpe, int B, int T,

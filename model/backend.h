@@ -49,15 +49,17 @@ typedef union {
     size_t n[NUM_ACT_TENSORS];
     struct {
         size_t encoded, ln1, ln1_mean, ln1_rstd, qkv, att, lse, res2, ln2, ln2_mean, ln2_rstd, fch,
-            fch_act, res3, rproj, rS, rG, colofs, lnf, lnf_stat, logits;
+            fch_act, res3, rproj, rS, rG, colofs, lnf, lnf_stat, logits, qkpre, qkrstd, attp,
+            attp_rstd, mlpp, mlpp_rstd;
     };
 } ActSizes;
 ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int T, int keep);
 /* Carve mem into n consecutive tensors of the given sizes; size 0 gives NULL. */
 void model_carve(real** ptrs, real* mem, const size_t* sizes, int n);
 size_t model_sum_sizes(const size_t* s, int n);
-/* Reals of the backward pass's scratch for BT rows: dres, dbuf (BT, C); dqkv (BT, QKV); dfch
- * (BT, FC); dact (BT, F); dG, dS (BT, K); dproj (BT, dg). */
+/* Reals of the backward pass's scratch for BT rows: dres (BT, C), dbuf (BT, max(C, NH hs));
+ * dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K); dproj (BT, dg); with sandwich
+ * norms (gemma3) dpost (BT, C). */
 size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t BT);
 /* (Re)allocates a model's per-call host buffers for (B, T, keep): inputs, targets, losses; frees
  * acts_mem and rmask (NULL afterwards) for the backend to allocate as it needs. */
@@ -68,6 +70,7 @@ typedef struct {
     real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_act, *res3, *rproj, *rS, *rG, *colofs;
     uint32_t* mask;
+    real *qkpre, *qkrstd, *attp, *attp_rstd, *mlpp, *mlpp_rstd; /* gemma3, else NULL */
 } LayerActs;
 LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l);
 /* Layer l's attention gate for the current attention mode: groups and masks from a (host or
@@ -90,7 +93,8 @@ static inline real* model_slice(const real* t, int l, size_t n) {
  *           exact dense kernel (CPU: attention_flash_forward; GPU: the fp32 kernel, no gate)
  *   GATED   the reference kernel with the layer's gate, whose backward exists (training, and
  *           soft evaluation)
- *   BAND    sinks and window only (the window pattern; CPU)
+ *   BAND    sinks and window only (the window pattern; a sliding-window layer's own window
+ *           without sinks; CPU)
  *   BLOCKS  sinks, window and the best key blocks per query (blocks, blocks_mean, oracle; CPU) */
 typedef enum {
     ATTN_KERNEL_SPARSE = 0,
@@ -101,7 +105,8 @@ typedef enum {
 } AttnKernel;
 static inline AttnKernel model_attn_kernel(AttnMode mode, int keep) {
     if (mode == ATTN_HARD || mode == ATTN_RANDOM) return ATTN_KERNEL_SPARSE;
-    if (mode == ATTN_WINDOW) return ATTN_KERNEL_BAND;
+    if (mode == ATTN_WINDOW || (mode == ATTN_LOCAL && !keep)) return ATTN_KERNEL_BAND;
+    if (mode == ATTN_LOCAL) return ATTN_KERNEL_GATED; /* zero masks: the window (backward) */
     if (mode >= ATTN_BLOCKS) return ATTN_KERNEL_BLOCKS;
     if (mode == ATTN_DENSE && !keep) return ATTN_KERNEL_DENSE;
     return ATTN_KERNEL_GATED;

@@ -34,43 +34,89 @@ const Setting focus_settings[] = {FOCUS_SETTINGS(FOCUS_ROW)};
 const int model_settings_count = sizeof model_settings / sizeof model_settings[0];
 const int focus_settings_count = sizeof focus_settings / sizeof focus_settings[0];
 
-int model_config_preset(const char* name, ModelConfig* c) {
-    memset(c, 0, sizeof(*c));
-    c->eps = 1e-5f;
-    c->rope_theta = 10000.0f;
-    c->tied = 1;
-    if (!strcmp(name, "gpt2-124m")) {
-        *c = (ModelConfig){ARCH_GPT2, 12, 768, 12, 12, 3072, 50257, 1024, 1e-5f, 0, 0, 1, 0, 0};
-    } else if (!strcmp(name, "smollm2-135m")) {
-        *c = (ModelConfig){ARCH_LLAMA, 30,    576,       9, 3, 1536, 49152,
-                           8192,       1e-5f, 100000.0f, 0, 1, 0,    0};
-        /* real shapes (their published configurations), for benchmarks with random weights */
-    } else if (!strcmp(name, "llama2-7b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 32,    4096,     32, 32, 11008, 32000,
-                           4096,       1e-5f, 10000.0f, 0,  0,  0,     0};
-    } else if (!strcmp(name, "llama2-13b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 40,    5120,     40, 40, 13824, 32000,
-                           4096,       1e-5f, 10000.0f, 0,  0,  0,     0};
-    } else if (!strcmp(name, "llama2-70b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 80,    8192,     64, 8, 28672, 32000,
-                           4096,       1e-5f, 10000.0f, 0,  0, 0,     0};
-    } else if (!strcmp(name, "mistral-7b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 32,    4096,     32, 8, 14336, 32000,
-                           32768,      1e-5f, 10000.0f, 0,  0, 0,     0};
-    } else if (!strcmp(name, "qwen2.5-7b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 28,    3584, 28, 4, 18944, 152064,
-                           32768,      1e-6f, 1e6f, 1,  0, 0,     0};
-    } else if (!strcmp(name, "llama3-8b")) {
-        *c = (ModelConfig){ARCH_LLAMA, 32,    4096,      32, 8, 14336, 128256,
-                           8192,       1e-5f, 500000.0f, 0,  0, 0,     0};
-    } else if (!strcmp(name, "tiny-gpt2")) {
-        *c = (ModelConfig){ARCH_GPT2, 2, 32, 4, 4, 128, 64, 64, 1e-5f, 0, 0, 1, 0, 0};
-    } else if (!strcmp(name, "tiny-llama")) {
-        *c = (ModelConfig){ARCH_LLAMA, 2, 32, 4, 2, 96, 64, 64, 1e-5f, 10000.0f, 0, 0, 0, 0};
-    } else {
-        return -1;
+/* The named shapes: published configurations (real weights come from files; these shapes serve
+ * benchmarks with random weights) and tiny ones for tests. */
+typedef struct {
+    const char* name;
+    ModelConfig cfg;
+} Preset;
+
+#define GPT2(L_, C_, NH_, F_, V_, T_)                                                             \
+    {                                                                                             \
+        .arch = ARCH_GPT2, .L = L_, .C = C_, .NH = NH_, .NKV = NH_, .F = F_, .V = V_, .maxT = T_, \
+        .eps = 1e-5f, .tied = 1                                                                   \
     }
-    return 0;
+#define LLAMA(L_, C_, NH_, NKV_, F_, V_, T_, theta, tied_)                              \
+    {                                                                                   \
+        .arch = ARCH_LLAMA, .L = L_, .C = C_, .NH = NH_, .NKV = NKV_, .F = F_, .V = V_, \
+        .maxT = T_, .eps = 1e-5f, .rope_theta = theta, .tied = tied_                    \
+    }
+
+static const Preset presets[] = {
+    {"gpt2-124m", GPT2(12, 768, 12, 3072, 50257, 1024)},
+    {"smollm2-135m", LLAMA(30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, 1)},
+    {"gemma3-270m",
+     {.arch = ARCH_GEMMA3,
+      .L = 18,
+      .C = 640,
+      .NH = 4,
+      .NKV = 1,
+      .F = 2048,
+      .V = 262144,
+      .maxT = 32768,
+      .eps = 1e-6f,
+      .rope_theta = 1e6f,
+      .tied = 1,
+      .hs = 256,
+      .swa = 512,
+      .swa_period = 6,
+      .rope_local = 1e4f}},
+    {"llama2-7b", LLAMA(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, 0)},
+    {"llama2-13b", LLAMA(40, 5120, 40, 40, 13824, 32000, 4096, 10000.0f, 0)},
+    {"llama2-70b", LLAMA(80, 8192, 64, 8, 28672, 32000, 4096, 10000.0f, 0)},
+    {"mistral-7b", LLAMA(32, 4096, 32, 8, 14336, 32000, 32768, 10000.0f, 0)},
+    {"qwen2.5-7b",
+     {.arch = ARCH_LLAMA,
+      .L = 28,
+      .C = 3584,
+      .NH = 28,
+      .NKV = 4,
+      .F = 18944,
+      .V = 152064,
+      .maxT = 32768,
+      .eps = 1e-6f,
+      .rope_theta = 1e6f,
+      .qkv_bias = 1}},
+    {"llama3-8b", LLAMA(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, 0)},
+    {"tiny-gpt2", GPT2(2, 32, 4, 128, 64, 64)},
+    {"tiny-llama", LLAMA(2, 32, 4, 2, 96, 64, 64, 10000.0f, 0)},
+    /* three layers: local, global (swa_period 2), local; head size 16 = 2 C / NH; window 6 */
+    {"tiny-gemma3",
+     {.arch = ARCH_GEMMA3,
+      .L = 3,
+      .C = 32,
+      .NH = 4,
+      .NKV = 2,
+      .F = 96,
+      .V = 64,
+      .maxT = 64,
+      .eps = 1e-6f,
+      .rope_theta = 1e6f,
+      .tied = 1,
+      .hs = 16,
+      .swa = 6,
+      .swa_period = 2,
+      .rope_local = 1e4f}},
+};
+
+int model_config_preset(const char* name, ModelConfig* c) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcmp(name, presets[i].name)) continue;
+        *c = presets[i].cfg;
+        return 0;
+    }
+    memset(c, 0, sizeof(*c));
+    return -1;
 }
 
 void focus_config_default(FocusConfig* fc) {
@@ -182,11 +228,12 @@ static int word_index(const char* v, const char* const* names, int n) {
     return -1;
 }
 
-static const char* const arch_names[] = {"gpt2", "llama"};
+static const char* const arch_names[] = {"gpt2", "llama", "gemma3"};
 static const char* const attn_names[] = {"dense",       "soft",   "hard",
                                          "window",      "random", "blocks",
                                          "blocks_mean", "oracle", "blocks_learned"};
 static const char* const objective_names[] = {"lm", "kl", "attn", "kl+attn"};
+static const char* const local_names[] = {"window", "route", "dense"};
 
 int setting_parse(const Setting* s, void* base, const char* v) {
     void* field = (char*)base + s->offset;
@@ -212,7 +259,7 @@ int setting_parse(const Setting* s, void* base, const char* v) {
             strcpy(field, v);
             return 0;
         case SETTING_ARCH:
-            if ((i = word_index(v, arch_names, 2)) < 0) return -2;
+            if ((i = word_index(v, arch_names, 3)) < 0) return -2;
             *(Arch*)field = (Arch)i;
             return 0;
         case SETTING_ATTN:
@@ -221,6 +268,10 @@ int setting_parse(const Setting* s, void* base, const char* v) {
             return 0;
         case SETTING_ROUTING:
             return routing_parse(v, field) ? -2 : 0;
+        case SETTING_LOCAL:
+            if ((i = word_index(v, local_names, 3)) < 0) return -2;
+            *(LocalLayers*)field = (LocalLayers)i;
+            return 0;
         case SETTING_TOPK:
             return parse_topk(v, (FocusConfig*)((char*)field - offsetof(FocusConfig, topk)), s->lo,
                               s->hi);
@@ -258,6 +309,9 @@ const char* setting_format(const Setting* s, const void* base, int exact, char* 
         case SETTING_ROUTING:
             snprintf(buf, n, "%s", routing_name(*(const Routing*)field));
             break;
+        case SETTING_LOCAL:
+            snprintf(buf, n, "%s", local_names[*(const LocalLayers*)field]);
+            break;
         case SETTING_TOPK: {
             char t[32];
             snprintf(
@@ -293,7 +347,7 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             snprintf(buf, n, "one of lm, kl, attn, kl+attn");
             break;
         case SETTING_ARCH:
-            snprintf(buf, n, "one of gpt2, llama");
+            snprintf(buf, n, "one of gpt2, llama, gemma3");
             break;
         case SETTING_ATTN:
             snprintf(buf, n,
@@ -302,6 +356,9 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             break;
         case SETTING_ROUTING:
             snprintf(buf, n, "one of sinkhorn, causal, prefix_sinkhorn");
+            break;
+        case SETTING_LOCAL:
+            snprintf(buf, n, "one of window, route, dense");
             break;
         case SETTING_TOPK:
             snprintf(buf, n, "k, pP or pP:k with k from %g to %g and 0 < P <= 1", s->lo, s->hi);
@@ -381,8 +438,11 @@ static int rows_check(const Setting* rows, int n, const void* base, const char* 
 int model_config_check(const ModelConfig* c, char* err, size_t n) {
     if (rows_check(model_settings, model_settings_count, c, "model config", err, n)) return -1;
     if (c->V < 2) return snprintf(err, n, "model config: V = %d, fewer than 2 tokens", c->V), -1;
-    if (c->C % c->NH)
+    if (!c->hs && c->C % c->NH)
         return snprintf(err, n, "model config: C=%d is not a multiple of NH=%d", c->C, c->NH), -1;
+    if (c->arch != ARCH_GEMMA3 && (c->swa || c->swa_period || c->rope_local))
+        return snprintf(err, n, "model config: swa, swa_period and rope_local are gemma3 settings"),
+               -1;
     if (c->NH % c->NKV)
         return snprintf(err, n, "model config: NH=%d is not a multiple of NKV=%d", c->NH, c->NKV),
                -1;
@@ -390,11 +450,25 @@ int model_config_check(const ModelConfig* c, char* err, size_t n) {
         return snprintf(err, n, "model config: gpt2 has no grouped-query attention (NKV=%d, NH=%d)",
                         c->NKV, c->NH),
                -1;
-    if (c->arch == ARCH_LLAMA && ((c->C / c->NH) % 2))
+    if (c->arch != ARCH_GPT2 && (model_head_size(c) % 2))
         return snprintf(err, n, "model config: RoPE needs an even head size (got %d)",
-                        c->C / c->NH),
+                        model_head_size(c)),
                -1;
-    if (c->arch == ARCH_LLAMA && !(c->rope_theta >= 1))
+    if (c->arch == ARCH_GEMMA3 && c->swa_period && !(c->rope_local >= 1))
+        return snprintf(err, n, "model config: rope_local = %g; a rotary base must be at least 1",
+                        (double)c->rope_local),
+               -1;
+    if (c->arch == ARCH_GEMMA3 && c->swa_period && c->swa < 1)
+        return snprintf(err, n, "model config: swa_period = %d needs a sliding window (swa = 0)",
+                        c->swa_period),
+               -1;
+    if (c->arch == ARCH_GEMMA3 && c->swa >= c->maxT)
+        return snprintf(err, n,
+                        "model config: swa = %d: the sliding window is not shorter than the "
+                        "context (%d)",
+                        c->swa, c->maxT),
+               -1;
+    if (c->arch != ARCH_GPT2 && !(c->rope_theta >= 1))
         return snprintf(err, n, "model config: rope_theta = %g; a rotary base must be at least 1",
                         (double)c->rope_theta),
                -1;

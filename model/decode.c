@@ -13,13 +13,13 @@
 /* the thread governor's step counts (see governor_update) */
 enum { GOVERN_PERIOD = 128, GOVERN_PROBE = 6, GOVERN_MIN_GAP = 16 };
 
-static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * (c->C / c->NH); }
+static int qkvw(const ModelConfig* c) { return (c->NH + 2 * c->NKV) * model_head_size(c); }
 
 void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     if (m->tp) fatal("decoding runs in one process: this model is a tensor-parallel slice");
     if (m->wbf16) fatal("decoding reads the file's or fp32 weights, not the bf16 store");
     const ModelConfig* mc = &m->cfg;
-    int hs = mc->C / mc->NH, K = m->fc.K;
+    int hs = model_head_size(mc), K = m->fc.K;
     memset(c, 0, sizeof(*c));
     c->cap = cap;
     c->half = half;
@@ -47,12 +47,29 @@ void kvcache_free(KVCache* c) {
 }
 
 /* the layer norm of n rows; stat: 2 n scratch */
-static void norm_rows(const Model* m, real* out, const real* x, const real* w, const real* b, int n,
-                      real* stat) {
-    if (m->cfg.arch == ARCH_GPT2)
+static void norm_rows(const Model* m, const LayerSpec* S, real* out, const real* x, const real* w,
+                      const real* b, int n, real* stat) {
+    if (S->norm == NORM_LAYER)
         layernorm_forward(out, stat, stat + n, x, w, b, n, m->cfg.C, m->cfg.eps);
     else
         rmsnorm_forward(out, stat, x, w, n, m->cfg.C, m->cfg.eps);
+}
+
+/* The layer's rotary positions on n rows of q and k heads at positions pos0 .. */
+static void rope_rows(const LayerSpec* S, real* qkv, int n, int NH, int NKV, int pos0) {
+    if (!S->rope) return;
+    (S->rope_halves ? rope_halves_forward : rope_forward)(qkv, 1, n, NH, NKV, S->hs, S->rope_theta,
+                                                          pos0);
+}
+
+/* The MLP's activation of n rows. */
+static void act_rows(const LayerSpec* S, real* act, const real* fch, size_t n, int F) {
+    if (S->act == ACT_GELU)
+        gelu_forward(act, fch, n * F);
+    else if (S->act == ACT_SWIGLU)
+        swiglu_forward(act, fch, n, F);
+    else
+        geglu_forward(act, fch, n, F);
 }
 
 /* y (n rows of ldy; columns 0 .. out - 1) = x (n, in) W^T + b: from the file's blocks when the
@@ -90,12 +107,22 @@ static void check_mode(const Model* m) {
 /* How layer l attends while decoding: everything, the token's groups and window (the router's
  * or random groups), or sinks and window only. */
 enum { KEYS_DENSE = 0, KEYS_GROUPS = 1, KEYS_WINDOW = 2, KEYS_BLOCKS = 3 };
-static int layer_keys(const FocusConfig* f, int l) {
-    const AttnMode a = focus_layer_attn(f, l);
-    return a == ATTN_HARD || a == ATTN_RANDOM ? KEYS_GROUPS
-           : a == ATTN_WINDOW                 ? KEYS_WINDOW
-           : a >= ATTN_BLOCKS                 ? KEYS_BLOCKS
-                                              : KEYS_DENSE;
+static int layer_keys(const Model* m, int l) {
+    const AttnMode a = model_layer_attn(m, l);
+    return a == ATTN_HARD || a == ATTN_RANDOM    ? KEYS_GROUPS
+           : a == ATTN_WINDOW || a == ATTN_LOCAL ? KEYS_WINDOW
+           : a >= ATTN_BLOCKS                    ? KEYS_BLOCKS
+                                                 : KEYS_DENSE;
+}
+
+/* The band of KEYS_WINDOW on layer l: the window pattern's w and sinks, or a sliding-window
+ * layer's own window without sinks. */
+static void layer_band(const Model* m, int l, int* w, int* sinks) {
+    if (model_layer_attn(m, l) == ATTN_LOCAL) {
+        *w = model_layer_spec(&m->cfg, l).window, *sinks = 0;
+        return;
+    }
+    *w = m->fc.w, *sinks = m->fc.sinks;
 }
 
 /* The group mask of the token at position n of layer l (KEYS_GROUPS): the router's top-k of
@@ -114,7 +141,10 @@ static uint32_t token_mask(const Model* m, int l, int n, const real* G) {
  * c->keys: its groups' earlier tokens before the window, each taken in the lowest group it
  * shares, then the window (everything when dense; KEYS_WINDOW: the sinks before the window, then
  * the window). Returns their number. */
-static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t mi, int kind) {
+static int token_keys(KVCache* c, const Model* m, int l, int n, uint32_t mi, int kind) {
+    const FocusConfig* f = &m->fc;
+    int bw, bsinks; /* KEYS_WINDOW's band */
+    layer_band(m, l, &bw, &bsinks);
     const int routed = kind == KEYS_GROUPS;
     const int K = f->K;
     uint32_t* cm = c->mask + (size_t)l * c->cap;
@@ -134,8 +164,8 @@ static int token_keys(KVCache* c, const FocusConfig* f, int l, int n, uint32_t m
         }
     }
     if (kind == KEYS_WINDOW) {
-        lo = n - f->w < 0 ? 0 : n - f->w;
-        for (int j = 0; j < f->sinks && j < lo; j++) c->keys[nk++] = j;
+        lo = n - bw < 0 ? 0 : n - bw;
+        for (int j = 0; j < bsinks && j < lo; j++) c->keys[nk++] = j;
     }
     for (int j = lo; j <= n; j++) c->keys[nk++] = j;
     return nk;
@@ -220,7 +250,7 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
  * (NH, cap), the parts to c->part. */
 static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int* const* keys,
                         const int* nk, const ModelConfig* mc) {
-    const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
     const int half = c->half;
     const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
     const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
@@ -322,7 +352,7 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int* cons
 static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
     if (c->bstat && c->bs == bs) return;
     free(c->bstat), free(c->bkeys);
-    const int hs = mc->C / mc->NH;
+    const int hs = model_head_size(mc);
     c->bs = bs, c->nbcap = c->cap / bs + 1;
     c->bstat = mallocCheck(sizeof(real) * (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs));
     c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
@@ -331,7 +361,8 @@ static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
 /* Key n of layer l is cached: the statistics of the block it completes, from the cached rows. */
 static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
     if ((n + 1) % c->bs) return;
-    const int NKV = mc->NKV, hs = mc->C / mc->NH, kvw = NKV * hs, b = n / c->bs, j0 = b * c->bs;
+    const int NKV = mc->NKV, hs = model_head_size(mc), kvw = NKV * hs, b = n / c->bs;
+    const int j0 = b * c->bs;
     real* rows = mallocCheck(sizeof(real) * (size_t)c->bs * hs);
     for (int g = 0; g < NKV; g++) {
         for (int j = j0; j <= n; j++) {
@@ -355,7 +386,7 @@ static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const rea
                       real* sc, real* p) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
-    const int NH = mc->NH, NKV = mc->NKV, hs = mc->C / NH, rep = NH / NKV, kvw = NKV * hs;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
     const int lo = n - f->w < 0 ? 0 : n - f->w, bs = f->block;
     const real* st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
     const real* gate = NULL;
@@ -543,8 +574,8 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
-    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
-    const int F = mc->F, FC = mc->arch == ARCH_LLAMA ? 2 * F : F, kvw = NKV * hs;
+    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), Q = qkvw(mc);
+    const int K = f->K, F = mc->F, FC = model_fc_width(mc), kvw = NKV * hs, A = NH * hs;
     const int ex = m->prefill_exact && !per_row;
     const size_t N = (size_t)n;
     check_mode(m);
@@ -556,11 +587,12 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
         pos[i] = cs[i]->n;
         for (int j = 0; j < i; j++) pos[i] += cs[j] == cs[i];
         if (pos[i] >= cs[i]->cap) fatal("KV cache full (%d tokens)", cs[i]->cap);
-        if (mc->arch == ARCH_GPT2 && pos[i] >= mc->maxT)
+        if (!model_layer_spec(mc, 0).rope && pos[i] >= mc->maxT) /* learned positions */
             fatal("position %d exceeds the model's context (%d)", pos[i], mc->maxT);
     }
-    real* buf = mallocCheck(sizeof(real) * (N * (4 * (size_t)C + Q + FC + F + 2) + f->dg + 2 * K));
-    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
+    real* buf =
+        mallocCheck(sizeof(real) * (N * (3 * (size_t)C + A + Q + FC + F + 2) + f->dg + 2 * K));
+    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * A, *qkv = tmp + N * C;
     real *fch = qkv + N * Q, *act = fch + N * FC, *stat = act + N * F, *proj = stat + 2 * N;
     real *S = proj + f->dg, *G = S + K;
     /* each key/value head's key list; the block patterns' scratch */
@@ -596,32 +628,39 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
             xi[e] =
                 p->wte[(size_t)tokens[i] * C + e] + (p->wpe ? p->wpe[(size_t)pos[i] * C + e] : 0);
     }
+    const real escale = model_embed_scale(mc);
+    if (escale != 1)
+        for (size_t e = 0; e < N * C; e++) x[e] *= escale;
     check_finite_acts(m, x, N * C, -1);
     TICK(7);
     for (int l = 0; l < mc->L; l++) {
+        const LayerSpec ls = model_layer_spec(mc, l);
         size_t lC = (size_t)l * C;
-        norm_rows(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
+        norm_rows(m, &ls, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
         TICK(5);
         const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
         if (nw) { /* q, k and v are three matrices in the file, written side by side */
             const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
-            project_n(qkv, Q, h, n, NULL, qb, C, C, nw + NATIVE_Q, ex, per_row);
-            project_n(qkv + C, Q, h, n, NULL, qb ? qb + C : NULL, C, kvw, nw + NATIVE_K, ex,
+            project_n(qkv, Q, h, n, NULL, qb, C, A, nw + NATIVE_Q, ex, per_row);
+            project_n(qkv + A, Q, h, n, NULL, qb ? qb + A : NULL, C, kvw, nw + NATIVE_K, ex,
                       per_row);
-            project_n(qkv + C + kvw, Q, h, n, NULL, qb ? qb + C + kvw : NULL, C, kvw, nw + NATIVE_V,
+            project_n(qkv + A + kvw, Q, h, n, NULL, qb ? qb + A + kvw : NULL, C, kvw, nw + NATIVE_V,
                       ex, per_row);
         } else {
             project_n(qkv, Q, h, n, p->qkvw + (size_t)l * Q * C,
                       p->qkvb ? p->qkvb + (size_t)l * Q : NULL, C, Q, NULL, ex, per_row);
         }
         TICK(0);
+        if (ls.qk_norm)
+            qknorm_forward(qkv, NULL, NULL, p->qnormw + (size_t)l * hs, p->knormw + (size_t)l * hs,
+                           N, NH, NKV, hs, mc->eps);
         for (int i = 0; i < n; i++) {
             real* qi = qkv + (size_t)i * Q;
-            if (mc->arch == ARCH_LLAMA) rope_forward(qi, 1, 1, NH, NKV, hs, mc->rope_theta, pos[i]);
-            kv_put(cs[i], 0, l, pos[i], qi + C, kvw);
-            kv_put(cs[i], 1, l, pos[i], qi + C + kvw, kvw);
+            rope_rows(&ls, qi, 1, NH, NKV, pos[i]);
+            kv_put(cs[i], 0, l, pos[i], qi + A, kvw);
+            kv_put(cs[i], 1, l, pos[i], qi + A + kvw, kvw);
         }
-        const int kind = layer_keys(f, l);
+        const int kind = layer_keys(m, l);
         if (kind == KEYS_BLOCKS)
             for (int i = 0; i < n; i++) {
                 block_cache(cs[i], mc, f->block);
@@ -637,7 +676,7 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
                     pairs += (long)nkg[g] * (NH / NKV);
                 }
                 cs[i]->pairs += pairs;
-                attend_keys(att + (size_t)i * C, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
+                attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
                 continue;
             }
             uint32_t mi = 0;
@@ -651,18 +690,19 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
                 /* a sink position (n < sinks) joins every group, so every later query keeps it */
                 mi = token_mask(m, l, pos[i], G);
             }
-            const int nk = token_keys(cs[i], f, l, pos[i], mi, kind);
+            const int nk = token_keys(cs[i], m, l, pos[i], mi, kind);
             cs[i]->pairs += (long)nk * NH;
             for (int g = 0; g < NKV; g++) kl[g] = cs[i]->keys, nkg[g] = nk;
-            attend_keys(att + (size_t)i * C, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
+            attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
         }
         TICK(1);
-        project_n(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
-                  p->attprojb ? p->attprojb + lC : NULL, C, C, nw ? nw + NATIVE_O : NULL, ex,
+        project_n(tmp, C, att, n, p->attprojw + (size_t)l * C * A,
+                  p->attprojb ? p->attprojb + lC : NULL, A, C, nw ? nw + NATIVE_O : NULL, ex,
                   per_row);
         TICK(2);
+        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pan + lC, NULL, n, stat);
         for (size_t e = 0; e < N * C; e++) x[e] += tmp[e];
-        norm_rows(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
+        norm_rows(m, &ls, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
         TICK(5);
         if (nw) { /* gate rows then up rows, as fcw holds them */
             project_n(fch, FC, h, n, NULL, NULL, C, F, nw + NATIVE_GATE, ex, per_row);
@@ -672,22 +712,21 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
                       p->fcb ? p->fcb + (size_t)l * FC : NULL, C, FC, NULL, ex, per_row);
         }
         TICK(3);
-        if (mc->arch == ARCH_GPT2)
-            gelu_forward(act, fch, N * F);
-        else
-            swiglu_forward(act, fch, N, F);
+        act_rows(&ls, act, fch, N, F);
         TICK(5);
         project_n(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
                   p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex,
                   per_row);
         TICK(4);
+        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pfn + lC, NULL, n, stat);
         for (size_t e = 0; e < N * C; e++) x[e] += tmp[e];
         check_finite_acts(m, x, N * C, l);
         TICK(5);
     }
     const int rows = all ? n : 1;
     const real* last = all ? x : x + (N - 1) * C;
-    norm_rows(m, h, last, p->lnfw, p->lnfb, rows, stat);
+    const LayerSpec S0 = model_layer_spec(mc, 0);
+    norm_rows(m, &S0, h, last, p->lnfw, p->lnfb, rows, stat);
     TICK(5);
     project_n(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
               m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex, per_row);
@@ -708,13 +747,13 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
-    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = C / NH, Q = qkvw(mc), K = f->K;
-    const int F = mc->F, FC = mc->arch == ARCH_LLAMA ? 2 * F : F, kvw = NKV * hs;
+    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), Q = qkvw(mc);
+    const int K = f->K, F = mc->F, FC = model_fc_width(mc), kvw = NKV * hs, A = NH * hs;
     const size_t N = (size_t)n;
     const int ex = m->prefill_exact;
     real* buf =
-        mallocCheck(sizeof(real) * N * (4 * (size_t)C + Q + FC + F + NH + 2 + f->dg + 2 * K));
-    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * C, *qkv = tmp + N * C;
+        mallocCheck(sizeof(real) * N * (3 * (size_t)C + A + Q + FC + F + NH + 2 + f->dg + 2 * K));
+    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * A, *qkv = tmp + N * C;
     real *fch = qkv + N * Q, *act = fch + N * FC, *lse = act + N * F, *stat = lse + N * NH;
     real *proj = stat + 2 * N, *S = proj + N * f->dg, *G = S + N * K;
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * N);
@@ -727,27 +766,34 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
     {
         encoder_forward(x, tokens, p->wte, p->wpe, 1, n, C);
     }
+    const real escale = model_embed_scale(mc);
+    if (escale != 1)
+        for (size_t e = 0; e < N * C; e++) x[e] *= escale;
     check_finite_acts(m, x, N * C, -1);
     for (int l = 0; l < mc->L; l++) {
+        const LayerSpec ls = model_layer_spec(mc, l);
         size_t lC = (size_t)l * C;
-        norm_rows(m, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
+        norm_rows(m, &ls, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
         const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
         if (nw) { /* three matrices in the file, written side by side into the rows of qkv */
             const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
-            project_rows(qkv, Q, h, n, NULL, qb, C, C, nw + NATIVE_Q, ex);
-            project_rows(qkv + C, Q, h, n, NULL, qb ? qb + C : NULL, C, kvw, nw + NATIVE_K, ex);
-            project_rows(qkv + C + kvw, Q, h, n, NULL, qb ? qb + C + kvw : NULL, C, kvw,
+            project_rows(qkv, Q, h, n, NULL, qb, C, A, nw + NATIVE_Q, ex);
+            project_rows(qkv + A, Q, h, n, NULL, qb ? qb + A : NULL, C, kvw, nw + NATIVE_K, ex);
+            project_rows(qkv + A + kvw, Q, h, n, NULL, qb ? qb + A + kvw : NULL, C, kvw,
                          nw + NATIVE_V, ex);
         } else {
             matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
                            p->qkvb ? p->qkvb + (size_t)l * Q : NULL, N, C, Q);
         }
-        if (mc->arch == ARCH_LLAMA) rope_forward(qkv, 1, n, NH, NKV, hs, mc->rope_theta, 0);
+        if (ls.qk_norm)
+            qknorm_forward(qkv, NULL, NULL, p->qnormw + (size_t)l * hs, p->knormw + (size_t)l * hs,
+                           N, NH, NKV, hs, mc->eps);
+        rope_rows(&ls, qkv, n, NH, NKV, 0);
         for (int t = 0; t < n; t++) {
-            kv_put(c, 0, l, t, qkv + (size_t)t * Q + C, kvw);
-            kv_put(c, 1, l, t, qkv + (size_t)t * Q + C + kvw, kvw);
+            kv_put(c, 0, l, t, qkv + (size_t)t * Q + A, kvw);
+            kv_put(c, 1, l, t, qkv + (size_t)t * Q + A + kvw, kvw);
         }
-        const int kind = layer_keys(f, l);
+        const int kind = layer_keys(m, l);
         if (kind == KEYS_GROUPS) {
             if (f->attn == ATTN_HARD) {
                 router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
@@ -760,7 +806,9 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
             }
             attention_hard_forward(att, lse, qkv, mask, K, f->w, 1, n, NH, NKV, hs);
         } else if (kind == KEYS_WINDOW) {
-            attention_band_forward(att, lse, qkv, f->w, f->sinks, 1, n, NH, NKV, hs);
+            int bw, bsinks;
+            layer_band(m, l, &bw, &bsinks);
+            attention_band_forward(att, lse, qkv, bw, bsinks, 1, n, NH, NKV, hs);
         } else if (kind == KEYS_BLOCKS) { /* the forward pass's kernel; each block's statistics */
             const double kept = attention_blocks_forward(
                 att, lse, qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
@@ -775,11 +823,12 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
         }
         /* the group lists, and the pairs decoding would have counted */
         for (int t = 0; t < n && kind != KEYS_BLOCKS; t++)
-            c->pairs += (long)token_keys(c, f, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
-        project_rows(tmp, C, att, n, p->attprojw + (size_t)l * C * C,
-                     p->attprojb ? p->attprojb + lC : NULL, C, C, nw ? nw + NATIVE_O : NULL, ex);
+            c->pairs += (long)token_keys(c, m, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
+        project_rows(tmp, C, att, n, p->attprojw + (size_t)l * C * A,
+                     p->attprojb ? p->attprojb + lC : NULL, A, C, nw ? nw + NATIVE_O : NULL, ex);
+        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pan + lC, NULL, n, stat);
         for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
-        norm_rows(m, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
+        norm_rows(m, &ls, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
         if (nw) { /* gate then up in each row, as fcw holds them */
             project_rows(fch, FC, h, n, NULL, NULL, C, F, nw + NATIVE_GATE, ex);
             project_rows(fch + F, FC, h, n, NULL, NULL, C, F, nw + NATIVE_UP, ex);
@@ -787,19 +836,18 @@ static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real
             matmul_forward(fch, h, p->fcw + (size_t)l * FC * C,
                            p->fcb ? p->fcb + (size_t)l * FC : NULL, N, C, FC);
         }
-        if (mc->arch == ARCH_GPT2)
-            gelu_forward(act, fch, N * F);
-        else
-            swiglu_forward(act, fch, N, F);
+        act_rows(&ls, act, fch, N, F);
         project_rows(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
                      p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex);
+        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pfn + lC, NULL, n, stat);
         for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
         check_finite_acts(m, x, N * C, l);
     }
     /* the head: every row's logits, or the last row's only (a prompt needs no more) */
     const int rows = all ? n : 1;
     const real* last = all ? x : x + (N - 1) * C;
-    norm_rows(m, h, last, p->lnfw, p->lnfb, rows, stat);
+    const LayerSpec S0 = model_layer_spec(mc, 0);
+    norm_rows(m, &S0, h, last, p->lnfw, p->lnfb, rows, stat);
     project_rows(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
                  m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex);
     check_finite_acts(m, logits, (size_t)rows * mc->V, mc->L);
@@ -812,7 +860,7 @@ void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits,
     check_mode(m);
     if (n < 1) fatal("prefill: no tokens");
     if (c->n + n > c->cap) fatal("KV cache full (%d + %d tokens, capacity %d)", c->n, n, c->cap);
-    if (m->cfg.arch == ARCH_GPT2 && c->n + n > m->cfg.maxT)
+    if (!model_layer_spec(&m->cfg, 0).rope && c->n + n > m->cfg.maxT) /* learned positions */
         fatal("position %d exceeds the model's context (%d)", c->n + n - 1, m->cfg.maxT);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.V)

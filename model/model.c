@@ -35,11 +35,46 @@ int model_kv_head(const ModelConfig* c, int j) {
 }
 
 int model_qkv_width(const ModelConfig* c) {
-    return (model_heads(c) + 2 * model_kv_heads(c)) * (c->C / c->NH);
+    return (model_heads(c) + 2 * model_kv_heads(c)) * model_head_size(c);
 }
-int model_att_width(const ModelConfig* c) { return model_heads(c) * (c->C / c->NH); }
+int model_att_width(const ModelConfig* c) { return model_heads(c) * model_head_size(c); }
 int model_fc_width(const ModelConfig* c) {
-    return c->arch == ARCH_LLAMA ? 2 * model_ffn(c) : model_ffn(c);
+    return c->arch == ARCH_GPT2 ? model_ffn(c) : 2 * model_ffn(c);
+}
+
+LayerSpec model_layer_spec(const ModelConfig* c, int l) {
+    const int gemma = c->arch == ARCH_GEMMA3;
+    LayerSpec s = {.norm = c->arch == ARCH_GPT2 ? NORM_LAYER : NORM_RMS,
+                   .sandwich = gemma,
+                   .qk_norm = gemma,
+                   .act = c->arch == ARCH_GPT2 ? ACT_GELU
+                          : gemma              ? ACT_GEGLU
+                                               : ACT_SWIGLU,
+                   .rope = c->arch != ARCH_GPT2,
+                   .rope_halves = gemma,
+                   .rope_theta = c->rope_theta,
+                   .hs = model_head_size(c),
+                   .window = -1};
+    if (gemma && c->swa_period && l % c->swa_period != c->swa_period - 1) {
+        s.window = c->swa - 1; /* keys i - swa < j <= i */
+        s.rope_theta = c->rope_local;
+    }
+    return s;
+}
+
+AttnMode model_layer_attn(const Model* m, int l) {
+    if (model_layer_spec(&m->cfg, l).window >= 0 && m->fc.local != LOCAL_ROUTE)
+        return m->fc.local == LOCAL_DENSE ? ATTN_DENSE : ATTN_LOCAL;
+    return focus_layer_attn(&m->fc, l);
+}
+
+int model_layer_routed(const Model* m, int l) {
+    return !focus_layer_dense(&m->fc, l) &&
+           !(model_layer_spec(&m->cfg, l).window >= 0 && m->fc.local != LOCAL_ROUTE);
+}
+
+real model_embed_scale(const ModelConfig* c) {
+    return c->arch == ARCH_GEMMA3 ? (real)sqrtf((float)c->C) : 1;
 }
 
 int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
@@ -78,6 +113,11 @@ static void param_sizes(size_t* s, const ModelConfig* c) {
     s[14] = C;
     s[15] = g ? C : 0;
     s[16] = c->tied ? 0 : V * C;
+    const int gemma = c->arch == ARCH_GEMMA3;
+    s[17] = gemma ? L * model_head_size(c) : 0;
+    s[18] = gemma ? L * model_head_size(c) : 0;
+    s[19] = gemma ? L * C : 0;
+    s[20] = gemma ? L * C : 0;
 }
 
 size_t model_param_count(const ModelConfig* c) {
@@ -132,6 +172,7 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     m->params_mem = callocCheck(m->num_params, sizeof(real));
     model_carve((real**)&m->params, m->params_mem, m->param_sizes, NUM_PARAM_TENSORS);
     m->mean_loss = -1;
+    m->bos = -1;
     m->backend = &model_cpu_backend;
     alloc_router(m);
 }
@@ -144,9 +185,18 @@ static uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
 }
 #define FNV1A_START 0xcbf29ce484222325ull
 
+/* The hash's start for a model of shape c: the fields before the slice's, then for gemma3 the
+ * fields after them (the other families' fingerprints are those they had before those fields) */
+static uint64_t shape_hash(const ModelConfig* c) {
+    uint64_t h = fnv1a(FNV1A_START, c, offsetof(ModelConfig, tp));
+    if (c->arch == ARCH_GEMMA3)
+        h = fnv1a(h, &c->hs, sizeof(ModelConfig) - offsetof(ModelConfig, hs));
+    return h;
+}
+
 uint64_t model_weights_hash(const Model* m) {
     /* the shape (the fields before the slice's), the fp32 parameters, the bf16 store */
-    uint64_t h = fnv1a(FNV1A_START, &m->cfg, offsetof(ModelConfig, tp));
+    uint64_t h = shape_hash(&m->cfg);
     h = fnv1a(h, m->params_mem, m->num_params * sizeof(real));
     return fnv1a(h, m->wbf16, m->wbf16_n * sizeof(uint16_t));
 }
@@ -233,13 +283,16 @@ static void copy_cols(real* dst, const real* src, size_t rows, size_t cols, size
     for (size_t r = 0; r < rows; r++) memcpy(dst + r * n, src + r * cols + c0, sizeof(real) * n);
 }
 
-/* Tensors 2 .. 13 of Params (ln1w .. fcprojb) are stacked over layers. */
-static int param_layers(const ModelConfig* c, int t) { return t >= 2 && t <= 13 ? c->L : 1; }
+/* Tensors 2 .. 13 of Params (ln1w .. fcprojb) and 17 .. 20 (qnormw .. pfn) are stacked over
+ * layers. */
+static int param_layers(const ModelConfig* c, int t) {
+    return (t >= 2 && t <= 13) || t >= 17 ? c->L : 1;
+}
 
 /* Slab l of parameter tensor t of the whole model w (in stage): the part slice c holds, to dst. */
 static void slice_slab(const ModelConfig* c, const ModelConfig* w, int t, const real* stage,
                        real* dst) {
-    const size_t C = w->C, hs = C / w->NH, F = w->F, cols = t == 4 ? C : 1;
+    const size_t C = w->C, hs = model_head_size(w), F = w->F, cols = t == 4 ? C : 1;
     const size_t nh = model_heads(c), h0 = (size_t)c->tp_rank * nh, Fl = model_ffn(c);
     const size_t f0 = (size_t)c->tp_rank * Fl;
     switch (t) {
@@ -253,7 +306,7 @@ static void slice_slab(const ModelConfig* c, const ModelConfig* w, int t, const 
                         ((size_t)w->NH + (size_t)kv * w->NKV + model_kv_head(c, j)) * hs, hs, cols);
             break;
         case 6: /* attprojw: row-parallel, the input columns of this slice's heads */
-            copy_cols(dst, stage, C, C, h0 * hs, nh * hs);
+            copy_cols(dst, stage, C, (size_t)w->NH * hs, h0 * hs, nh * hs);
             break;
         case 10: /* fcw, fcb: column-parallel (llama: the gate rows, then the up rows) */
         case 11:
@@ -300,7 +353,7 @@ void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src) {
         if ((staged(t, tp, m->wbf16 != NULL)) && ws[t] / param_layers(whole, t) > most)
             most = ws[t] / param_layers(whole, t);
     real* stage = mallocCheck(sizeof(real) * (most ? most : 1));
-    uint64_t h = fnv1a(FNV1A_START, whole, offsetof(ModelConfig, tp));
+    uint64_t h = shape_hash(whole);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         const size_t n = ws[t] / param_layers(whole, t), nl = model_param_slab(&m->cfg, t);
         const int k = m->wbf16 ? bf16_index(t) : -1, via = staged(t, tp, m->wbf16 != NULL);
@@ -569,6 +622,14 @@ ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int 
     s[18] = BT * C;
     s[19] = 2 * BT;
     s[20] = BT * c->V;
+    const int gemma = c->arch == ARCH_GEMMA3;
+    const size_t H = (size_t)model_heads(c) + model_kv_heads(c);
+    s[21] = gemma ? Ls * BT * H * model_head_size(c) : 0;
+    s[22] = gemma ? Ls * BT * H : 0;
+    s[23] = gemma ? Ls * BT * C : 0;
+    s[24] = gemma ? Ls * BT : 0;
+    s[25] = gemma ? Ls * BT * C : 0;
+    s[26] = gemma ? Ls * BT : 0;
     return r;
 }
 
@@ -614,12 +675,25 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
     r.rG = a->rG + (size_t)l * BT * f->K;
     r.colofs = a->colofs + (size_t)l * m->B * f->K;
     r.mask = rmask + slot * BT;
+    const size_t H = (size_t)model_heads(c) + model_kv_heads(c);
+    r.qkpre = model_slice(a->qkpre, (int)slot, BT * H * model_head_size(c));
+    r.qkrstd = model_slice(a->qkrstd, (int)slot, BT * H);
+    r.attp = model_slice(a->attp, (int)slot, BT * c->C);
+    r.attp_rstd = model_slice(a->attp_rstd, (int)slot, BT);
+    r.mlpp = model_slice(a->mlpp, (int)slot, BT * c->C);
+    r.mlpp_rstd = model_slice(a->mlpp_rstd, (int)slot, BT);
     return r;
 }
 
 AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a) {
     AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0, m->fc.sinks};
-    AttnMode mode = focus_layer_attn(&m->fc, l);
+    AttnMode mode = model_layer_attn(m, l);
+    if (mode == ATTN_LOCAL) { /* the layer's own window: a hard gate whose masks are all 0 */
+        g.mode = GATE_HARD;
+        g.w = model_layer_spec(&m->cfg, l).window;
+        g.sinks = 0;
+        return g;
+    }
     if (mode == ATTN_SOFT) g.mode = GATE_SOFT;
     if (mode == ATTN_HARD || mode == ATTN_RANDOM) g.mode = GATE_HARD;
     if (m->router.gate) {
@@ -665,7 +739,7 @@ void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_l
 
 double model_attn_objective_norm(const Model* m) {
     int routed = 0;
-    for (int l = 0; l < m->cfg.L; l++) routed += !focus_layer_dense(&m->fc, l);
+    for (int l = 0; l < m->cfg.L; l++) routed += model_layer_routed(m, l);
     return routed ? 1.0 / ((double)routed * m->B * m->T * m->cfg.NH) : 0;
 }
 
@@ -833,8 +907,9 @@ void model_drop_native_copies(Model* m) {
 }
 
 size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t BT) {
-    return BT * (2 * (size_t)c->C + model_qkv_width(c) + model_fc_width(c) + model_ffn(c) +
-                 2 * (size_t)f->K + f->dg);
+    const size_t C = c->C, A = model_att_width(c), wide = A > C ? A : C;
+    return BT * (C + wide + model_qkv_width(c) + model_fc_width(c) + model_ffn(c) +
+                 2 * (size_t)f->K + f->dg + (c->arch == ARCH_GEMMA3 ? C : 0));
 }
 
 MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,

@@ -1,6 +1,8 @@
-/* model.h: GPT-2 and LLaMA transformers with the Focus router, forward and backward.
+/* model.h: GPT-2, LLaMA and Gemma 3 transformers with the Focus router, forward and backward.
  *
- * One config struct covers both families; parameters live in one buffer carved into named
+ * One config struct covers the families, and one per-layer description computed from it
+ * (model_layer_spec: norms, activation, head size, RoPE, sliding window) is what the passes
+ * read instead of the family; parameters live in one buffer carved into named
  * pointers by walking a size table (tensors a family does not use have size 0 and a NULL
  * pointer). Router parameters live in a second buffer, so that retrofit training can give
  * gradients to them alone. Tested by tests/test_gradcheck.c, tests/test_causality.c and
@@ -17,7 +19,7 @@
 #include "../kernels/sparse.h"
 #include "settings.h"
 
-typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
+typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1, ARCH_GEMMA3 = 2 } Arch;
 
 typedef struct {
     Arch arch;
@@ -36,8 +38,42 @@ typedef struct {
      * key/value heads (model_kv_head), feed-forward columns [tp_rank F/tp, ...); the norms,
      * embeddings, output head and output biases are whole on every rank. See model_shard. */
     int tp, tp_rank;
+    /* Gemma 3 (0 in the other families, so their fingerprints are unchanged): the head size
+     * when it is not C / NH (model_head_size); the sliding window of the local layers (a query
+     * keeps the swa keys i - swa < j <= i) and the period of the global layers (layer l attends
+     * globally when l % swa_period == swa_period - 1; 0: every layer); the local layers' rotary
+     * base (rope_theta is the global layers'). */
+    int hs;
+    int swa, swa_period;
+    float rope_local;
 } ModelConfig;
 
+/* The head size: hs, or C / NH. */
+static inline int model_head_size(const ModelConfig* c) { return c->hs > 0 ? c->hs : c->C / c->NH; }
+
+/* One layer as the passes see it, computed from the config once (model_layer_spec) instead of
+ * branches on the family:
+ *   gpt2    LayerNorm, GELU MLP, learned positions, biases
+ *   llama   RMSNorm, SwiGLU, RoPE on adjacent pairs (GGUF's order)
+ *   gemma3  RMSNorm before and after each sub-layer ("sandwich"), RMSNorm of each q and k head
+ *           before RoPE, gated GELU (tanh), RoPE on half-split pairs, token embeddings scaled by
+ *           sqrt(C), 5 of 6 layers attending within a sliding window with their own RoPE base */
+typedef enum { NORM_LAYER = 0, NORM_RMS = 1 } NormKind;
+typedef enum { ACT_GELU = 0, ACT_SWIGLU = 1, ACT_GEGLU = 2 } ActKind;
+typedef struct {
+    NormKind norm;
+    int sandwich;     /* a norm after attention and after the MLP, before each residual add */
+    int qk_norm;      /* RMSNorm of every q and k head (hs weights each) before RoPE */
+    ActKind act;      /* ACT_SWIGLU / ACT_GEGLU: fcw holds F gate rows, then F up rows */
+    int rope;         /* rotary positions (else learned, wpe) */
+    int rope_halves;  /* RoPE rotates (i, i + hs/2) (NEOX, Gemma's GGUF) instead of (2i, 2i + 1) */
+    float rope_theta; /* this layer's rotary base */
+    int hs;           /* head size */
+    int window;       /* a local layer keeps keys i - j <= window whatever the mode; -1: global */
+} LayerSpec;
+LayerSpec model_layer_spec(const ModelConfig* c, int l);
+/* The scale of the token embedding (sqrt(C) for gemma3, else 1). */
+real model_embed_scale(const ModelConfig* c);
 /* The tensor-parallel ranks of a model (1 without), and its slice's shape: query heads, key/value
  * heads, feed-forward width. Key/value heads are split with the query heads when tp divides NKV;
  * otherwise each rank keeps copies of the ones its query heads read: one when its query heads
@@ -70,8 +106,17 @@ typedef enum {
     ATTN_BLOCKS = 5,
     ATTN_BLOCKS_MEAN = 6,
     ATTN_ORACLE = 7,
-    ATTN_BLOCKS_LEARNED = 8
+    ATTN_BLOCKS_LEARNED = 8,
+    /* not a setting: a local layer of a model with sliding-window layers keeping its own window
+     * (LocalLayers, model_layer_attn) */
+    ATTN_LOCAL = 9
 } AttnMode;
+
+/* How the sliding-window layers of a model that has them (gemma3) attend under Focus: their own
+ * window whatever the mode (the default: the router and the patterns act on the global layers,
+ * where a query's keys are not already bounded), as the global layers (the window replaced by
+ * the mode's pattern), or dense. */
+typedef enum { LOCAL_WINDOW = 0, LOCAL_ROUTE = 1, LOCAL_DENSE = 2 } LocalLayers;
 /* modes that keep a subset of the causal pairs (reported with the share they keep) */
 static inline int attn_is_sparse(AttnMode a) { return a >= ATTN_HARD; }
 /* modes that read the trained router */
@@ -100,9 +145,10 @@ typedef struct {
     float tau;                /* Sinkhorn / softmax temperature */
     float lambda, bias;       /* gate sharpness and offset (initial values if learned) */
     float beta_momentum;      /* EMA momentum of the causal per-group bias */
-    int beta_balance; /* beta balances causal routing itself (else: EMA of Sinkhorn's offsets) */
-    int learn_gate;   /* lambda and b receive gradients */
-    uint64_t seed;    /* router initialisation */
+    int beta_balance;  /* beta balances causal routing itself (else: EMA of Sinkhorn's offsets) */
+    int learn_gate;    /* lambda and b receive gradients */
+    uint64_t seed;     /* router initialisation */
+    LocalLayers local; /* sliding-window layers: their window, routed, or dense */
 } FocusConfig;
 
 /* the seed of layer l's random groups (--attn random): one per layer, the same in the forward
@@ -111,7 +157,7 @@ static inline uint64_t focus_random_seed(const FocusConfig* f, int l) {
     return f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1);
 }
 
-#define NUM_PARAM_TENSORS 17
+#define NUM_PARAM_TENSORS 21
 typedef struct {
     real* wte;      /* (V, C) */
     real* wpe;      /* (maxT, C)      gpt2 */
@@ -119,7 +165,7 @@ typedef struct {
     real* ln1b;     /* (L, C)         gpt2 */
     real* qkvw;     /* (L, QKV, C)    QKV = (NH + 2*NKV) * hs; rows: q heads, k heads, v heads */
     real* qkvb;     /* (L, QKV)       gpt2, or llama with qkv_bias */
-    real* attprojw; /* (L, C, C) */
+    real* attprojw; /* (L, C, A)      A = NH * hs */
     real* attprojb; /* (L, C)         gpt2 */
     real* ln2w;     /* (L, C) */
     real* ln2b;     /* (L, C)         gpt2 */
@@ -130,6 +176,10 @@ typedef struct {
     real* lnfw;     /* (C) */
     real* lnfb;     /* (C)            gpt2 */
     real* lmhead;   /* (V, C)         untied only */
+    real* qnormw;   /* (L, hs)        gemma3: the q and k heads' norms */
+    real* knormw;   /* (L, hs)        gemma3 */
+    real* pan;      /* (L, C)         gemma3: the norm after attention (post_attention_norm) */
+    real* pfn;      /* (L, C)         gemma3: the norm after the MLP (post_ffw_norm) */
 } Params;
 
 #define NUM_ROUTER_TENSORS 3
@@ -139,7 +189,7 @@ typedef struct {
     real* gate; /* (L, 2)     lambda, b */
 } RouterParams;
 
-#define NUM_ACT_TENSORS 21
+#define NUM_ACT_TENSORS 27
 typedef struct {
     real* encoded;  /* (B, T, C)       residual stream entering layer 0 */
     real* ln1;      /* (L, B, T, C) */
@@ -162,6 +212,13 @@ typedef struct {
     real* lnf;      /* (B, T, C) */
     real* lnf_stat; /* (2, B, T)       final norm mean, rstd */
     real* logits;   /* (B, T, V)       overwritten by dlogits in the backward pass */
+    /* gemma3 only (size 0 otherwise): what the backward of its extra norms reads */
+    real* qkpre;     /* (L, B, T, NH + NKV, hs) q and k heads before QK-norm */
+    real* qkrstd;    /* (L, B, T, NH + NKV) */
+    real* attp;      /* (L, B, T, C)    attention output projection, before its norm */
+    real* attp_rstd; /* (L, B, T) */
+    real* mlpp;      /* (L, B, T, C)    MLP output, before its norm */
+    real* mlpp_rstd; /* (L, B, T) */
 } Acts;
 
 /* LoRA adapters (Hu et al., 2021), the fine-tuning baseline a router retrofit is compared with:
@@ -302,6 +359,9 @@ typedef struct {
     void* native_owner;
     void (*native_release)(void*);
     char source[512]; /* the file it was loaded from ("" for a model built here): errors name it */
+    /* the token a sequence starts with, when the model's tokenizer adds one (GGUF
+     * add_bos_token: Gemma's <bos>), else -1: evaluation windows start with it */
+    int bos;
 } Model;
 
 /* The key blocks layer l keeps per query in the block patterns: fc.blocks, or under the learned
@@ -314,7 +374,8 @@ static inline int model_layer_blocks(const Model* m, int l) {
     return (int)((2 * b * n + m->blockgate_n0) / (2 * (long long)m->blockgate_n0));
 }
 
-/* Named configurations: gpt2-124m, smollm2-135m, tiny-gpt2, tiny-llama, and the shapes of
+/* Named configurations: gpt2-124m, smollm2-135m, gemma3-270m, tiny-gpt2, tiny-llama, tiny-gemma3,
+ * and the shapes of
  * llama2-7b, llama2-13b, llama2-70b, mistral-7b, qwen2.5-7b, llama3-8b (random weights, for
  * benchmarks). 0 on success. */
 int model_config_preset(const char* name, ModelConfig* cfg);
@@ -332,6 +393,12 @@ static inline int focus_layer_dense(const FocusConfig* f, int l) {
 static inline AttnMode focus_layer_attn(const FocusConfig* f, int l) {
     return focus_layer_dense(f, l) ? ATTN_DENSE : f->attn;
 }
+/* The attention mode layer l of m runs in: ATTN_LOCAL on a sliding-window layer keeping its own
+ * window (LocalLayers), ATTN_DENSE on one made dense, else focus_layer_attn. */
+AttnMode model_layer_attn(const Model* m, int l);
+/* Layer l's router is used (and trained): not dense by dense_layers, not a sliding-window layer
+ * keeping its own window or made dense. */
+int model_layer_routed(const Model* m, int l);
 /* "1", "2", or "p0.9" / "p0.9:2" for an adaptive budget (with a cap on k). buf: 32 bytes. */
 const char* focus_topk_str(const FocusConfig* f, char* buf);
 /* "0,1,29", or "none". buf: at least 1024 bytes. */

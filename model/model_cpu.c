@@ -60,21 +60,52 @@ static void lora_grad(Model* m, int k, int l, real* dx, const real* dout, const 
                   (real)(m->lora.alpha / r), t, t + BT * r);
 }
 
-static void norm_forward(const Model* m, real* out, real* mean, real* rstd, const real* inp,
-                         const real* w, const real* b, size_t N) {
-    if (m->cfg.arch == ARCH_GPT2)
+static void norm_forward(const Model* m, const LayerSpec* S, real* out, real* mean, real* rstd,
+                         const real* inp, const real* w, const real* b, size_t N) {
+    if (S->norm == NORM_LAYER)
         layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
     else
         rmsnorm_forward(out, rstd, inp, w, N, m->cfg.C, m->cfg.eps);
 }
 
-static void norm_backward(const Model* m, real* dinp, real* dw, real* db, const real* dout,
-                          const real* inp, const real* w, const real* mean, const real* rstd,
-                          size_t N) {
-    if (m->cfg.arch == ARCH_GPT2)
+static void norm_backward(const Model* m, const LayerSpec* S, real* dinp, real* dw, real* db,
+                          const real* dout, const real* inp, const real* w, const real* mean,
+                          const real* rstd, size_t N) {
+    if (S->norm == NORM_LAYER)
         layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, m->cfg.C);
     else
         rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, m->cfg.C);
+}
+
+/* The layer's rotary positions on the q and k heads of qkv (sign 1), or their inverse on
+ * dqkv (-1). */
+static void layer_rope(const LayerSpec* S, real* qkv, int B, int T, int NH, int NKV, int sign) {
+    if (!S->rope) return;
+    if (S->rope_halves)
+        (sign > 0 ? rope_halves_forward : rope_halves_backward)(qkv, B, T, NH, NKV, S->hs,
+                                                                S->rope_theta, 0);
+    else
+        (sign > 0 ? rope_forward : rope_backward)(qkv, B, T, NH, NKV, S->hs, S->rope_theta, 0);
+}
+
+/* The MLP's activation of fch (BT rows) into act, and its backward. */
+static void act_forward(const LayerSpec* S, real* act, const real* fch, size_t BT, int F) {
+    if (S->act == ACT_GELU)
+        gelu_forward(act, fch, BT * F);
+    else if (S->act == ACT_SWIGLU)
+        swiglu_forward(act, fch, BT, F);
+    else
+        geglu_forward(act, fch, BT, F);
+}
+
+static void act_backward(const LayerSpec* S, real* dfch, const real* fch, const real* dact,
+                         size_t BT, int F) {
+    if (S->act == ACT_GELU)
+        gelu_backward(dfch, fch, dact, BT * F);
+    else if (S->act == ACT_SWIGLU)
+        swiglu_backward(dfch, fch, dact, BT, F);
+    else
+        geglu_backward(dfch, fch, dact, BT, F);
 }
 
 /* Tensor parallelism: x (n reals), a partial sum over this slice's heads or feed-forward units,
@@ -89,7 +120,7 @@ static const real* tp_bias(const Model* m, const real* b) { return m->cfg.tp_ran
 
 /* Pairs kept by one layer of a training-free pattern (the blocks kernels count their own), and
  * the causal pairs, into m->pattern_kept / pattern_pairs. */
-static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, int T) {
+static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, int T, int window) {
     const FocusConfig* f = &m->fc;
     const double causal = (double)T * (T + 1) / 2;
     m->pattern_pairs += B * causal;
@@ -97,6 +128,8 @@ static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, 
         m->pattern_kept += B * causal;
     else if (mode == ATTN_WINDOW)
         for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, f->w, f->sinks);
+    else if (mode == ATTN_LOCAL)
+        for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, window, 0);
     else if (mode == ATTN_RANDOM)
         for (int b = 0; b < B; b++)
             m->pattern_kept += mask_pairs_kept(mask + (size_t)b * T, T, f->w, f->sinks);
@@ -109,23 +142,30 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
     memcpy(m->inputs, inputs, sizeof(int) * B * T);
     const size_t BT = (size_t)B * T;
     /* this slice's heads and feed-forward width (the whole model's without tensor parallelism) */
-    const int C = c->C, hs = C / c->NH, QKV = model_qkv_width(c), FC = model_fc_width(c);
+    const int C = c->C, hs = model_head_size(c), QKV = model_qkv_width(c), FC = model_fc_width(c);
     const int NH = model_heads(c), NKV = model_kv_heads(c), F = model_ffn(c), A = NH * hs;
     const Params* p = &m->params;
     Acts* a = &m->acts;
     encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
+    const real escale = model_embed_scale(c);
+    if (escale != 1)
+        for (size_t i = 0; i < BT * C; i++) a->encoded[i] *= escale;
     const real* x = a->encoded;
     m->pattern_kept = m->pattern_pairs = 0;
     for (int l = 0; l < c->L; l++) {
+        const LayerSpec S = model_layer_spec(c, l);
         LayerActs la = layer_acts(m, l);
         size_t lC = (size_t)l * C;
-        norm_forward(m, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
+        norm_forward(m, &S, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
                      model_slice(p->ln1b, l, C), BT);
         linear(m, la.qkv, la.ln1, 4, p->qkvb, l, BT, C, QKV);
         lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
-        if (c->arch == ARCH_LLAMA) rope_forward(la.qkv, B, T, NH, NKV, hs, c->rope_theta, 0);
+        if (S.qk_norm)
+            qknorm_forward(la.qkv, la.qkpre, la.qkrstd, model_slice(p->qnormw, l, hs),
+                           model_slice(p->knormw, l, hs), BT, NH, NKV, hs, c->eps);
+        layer_rope(&S, la.qkv, B, T, NH, NKV, 1);
         if (m->qkv_observer) m->qkv_observer(m->qkv_observer_ctx, l, la.qkv, B, T);
-        const AttnMode mode = focus_layer_attn(f, l);
+        const AttnMode mode = model_layer_attn(m, l);
         if (attn_uses_router(f->attn) || m->routed_dense) {
             /* a dense layer's groups are still computed (reports and statistics read them) */
             router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
@@ -137,6 +177,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         }
         if (mode == ATTN_RANDOM)
             routing_random_mask(la.mask, B, T, f->K, f->topk, f->sinks, 0, focus_random_seed(f, l));
+        if (mode == ATTN_LOCAL) memset(la.mask, 0, sizeof(uint32_t) * BT); /* no groups */
         /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
          * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
          * training and the soft gate */
@@ -152,8 +193,9 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
             case ATTN_KERNEL_GATED:
                 attention_forward(la.att, la.lse, la.qkv, &gate, B, T, NH, NKV, hs);
                 break;
-            case ATTN_KERNEL_BAND:
-                attention_band_forward(la.att, la.lse, la.qkv, f->w, f->sinks, B, T, NH, NKV, hs);
+            case ATTN_KERNEL_BAND: /* the window pattern, or a local layer's own window */
+                attention_band_forward(la.att, la.lse, la.qkv, gate.w, gate.sinks, B, T, NH, NKV,
+                                       hs);
                 break;
             case ATTN_KERNEL_BLOCKS:
                 m->pattern_kept += attention_blocks_forward(
@@ -164,26 +206,33 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
                 break;
         }
         if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */
-            pattern_count(m, mode, la.mask, B, T);
-        linear(m, la.res2, la.att, 6, tp_bias(m, p->attprojb), l, BT, A, C);
-        lora_add(m, 1, l, la.res2, la.att, BT, C, C);
-        tp_sum(m, la.res2, BT * C);
+            pattern_count(m, mode, la.mask, B, T, S.window);
+        /* the attention output (gemma3: normed before the residual add) */
+        real* ao = S.sandwich ? la.attp : la.res2;
+        linear(m, ao, la.att, 6, tp_bias(m, p->attprojb), l, BT, A, C);
+        lora_add(m, 1, l, ao, la.att, BT, A, C);
+        tp_sum(m, ao, BT * C);
+        if (S.sandwich)
+            norm_forward(m, &S, la.res2, NULL, la.attp_rstd, ao, model_slice(p->pan, l, C), NULL,
+                         BT);
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
-        norm_forward(m, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
+        norm_forward(m, &S, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
         linear(m, la.fch, la.ln2, 10, p->fcb, l, BT, C, FC);
         lora_add(m, 2, l, la.fch, la.ln2, BT, C, FC);
-        if (c->arch == ARCH_GPT2)
-            gelu_forward(la.fch_act, la.fch, BT * F);
-        else
-            swiglu_forward(la.fch_act, la.fch, BT, F);
-        linear(m, la.res3, la.fch_act, 12, tp_bias(m, p->fcprojb), l, BT, F, C);
-        lora_add(m, 3, l, la.res3, la.fch_act, BT, F, C);
-        tp_sum(m, la.res3, BT * C);
+        act_forward(&S, la.fch_act, la.fch, BT, F);
+        real* mo = S.sandwich ? la.mlpp : la.res3;
+        linear(m, mo, la.fch_act, 12, tp_bias(m, p->fcprojb), l, BT, F, C);
+        lora_add(m, 3, l, mo, la.fch_act, BT, F, C);
+        tp_sum(m, mo, BT * C);
+        if (S.sandwich)
+            norm_forward(m, &S, la.res3, NULL, la.mlpp_rstd, mo, model_slice(p->pfn, l, C), NULL,
+                         BT);
         for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
         x = la.res3;
     }
-    norm_forward(m, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
+    const LayerSpec S0 = model_layer_spec(c, 0);
+    norm_forward(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
     matmul_forward(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
     m->have_dlogits = 0;
     m->mean_loss = -1;
@@ -225,7 +274,7 @@ static void cpu_teacher(Model* m, int want_logp, int want_mass) {
             m->atarget_n = (size_t)c->L * BT * f->K;
             m->atarget = reallocCheck(m->atarget, sizeof(real) * m->atarget_n);
         }
-        const int hs = c->C / c->NH;
+        const int hs = model_head_size(c);
         for (int l = 0; l < c->L; l++) {
             LayerActs la = layer_acts(m, l);
             attention_group_mass(m->atarget + (size_t)l * BT * f->K, la.qkv, la.lse, la.rG, f->K,
@@ -246,7 +295,7 @@ static double cpu_attn_objective(Model* m, real weight, int backward) {
     real* dproj = mallocCheck(sizeof(real) * BT * f->dg);
     double loss = 0;
     for (int l = 0; l < c->L; l++) {
-        if (focus_layer_dense(f, l)) continue;
+        if (!model_layer_routed(m, l)) continue;
         LayerActs la = layer_acts(m, l);
         const real* t = m->atarget + (size_t)l * BT * K;
         for (size_t i = 0; i < BT * K; i++) {
@@ -291,7 +340,7 @@ static void cpu_backward(Model* m, GradMode mode) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     if (mode == GRAD_ALL && !m->grads_mem) model_zero_grad(m, GRAD_ALL);
-    const int B = m->B, T = m->T, C = c->C, hs = C / c->NH, QKV = model_qkv_width(c),
+    const int B = m->B, T = m->T, C = c->C, hs = model_head_size(c), QKV = model_qkv_width(c),
               FC = model_fc_width(c), NH = model_heads(c), NKV = model_kv_heads(c),
               F = model_ffn(c), A = NH * hs;
     const size_t BT = (size_t)B * T;
@@ -301,13 +350,15 @@ static void cpu_backward(Model* m, GradMode mode) {
         fatal("the bf16 weight store trains the router only (no weight or adapter gradients)");
     if (m->tp && (all || lora))
         fatal("a tensor-parallel model trains its router only (no weight or adapter gradients)");
+    if (c->arch == ARCH_GEMMA3 && (all || lora))
+        fatal("gemma3 trains its router only here (no weight or adapter gradients)");
     const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
     const Params* p = &m->params;
     Params* g = all ? &m->grads : &(Params){0};
     Acts* a = &m->acts;
 
-    /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
-     * dproj (BT, dg) */
+    /* scratch (model_backward_scratch): dres (BT, C), dbuf (BT, max(C, A)); dqkv (BT, QKV); dfch
+     * (BT, FC); dact (BT, F); dG, dS (BT, K); dproj (BT, dg); gemma3: dpost (BT, C) */
     size_t need = model_backward_scratch(c, f, BT);
     if (m->scratch_size < need) {
         free(m->scratch_mem);
@@ -316,12 +367,13 @@ static void cpu_backward(Model* m, GradMode mode) {
     }
     real* dres = m->scratch_mem;
     real* dbuf = dres + BT * C;
-    real* dqkv = dbuf + BT * C;
+    real* dqkv = dbuf + BT * (A > C ? A : C);
     real* dfch = dqkv + BT * QKV;
     real* dact = dfch + BT * FC;
     real* dG = dact + BT * F;
     real* dS = dG + BT * f->K;
     real* dproj = dS + BT * f->K;
+    real* dpost = dproj + BT * f->dg;
 
     /* d loss / d logits, in place over the logits */
     size_t valid = 0;
@@ -339,42 +391,55 @@ static void cpu_backward(Model* m, GradMode mode) {
     memset(dres, 0, sizeof(real) * BT * C);
     matmul_backward(dbuf, all ? (c->tied ? g->wte : g->lmhead) : NULL, NULL, a->logits, a->lnf,
                     c->tied ? p->wte : p->lmhead, BT, C, c->V);
-    norm_backward(m, dres, g->lnfw, g->lnfb, dbuf, xlast, p->lnfw, a->lnf_stat, a->lnf_stat + BT,
-                  BT);
+    const LayerSpec S0 = model_layer_spec(c, 0);
+    norm_backward(m, &S0, dres, g->lnfw, g->lnfb, dbuf, xlast, p->lnfw, a->lnf_stat,
+                  a->lnf_stat + BT, BT);
 
     for (int l = c->L - 1; l >= 0; l--) {
+        const LayerSpec S = model_layer_spec(c, l);
         LayerActs la = layer_acts(m, l);
         const real* x = l == 0 ? a->encoded : a->res3 + (size_t)(l - 1) * BT * C;
         size_t lC = (size_t)l * C;
         /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. With tensor
          * parallelism dres is whole on every rank, and the input gradients of the column-parallel
          * products are partial sums: added up across the slices (tp_sum). */
+        const real* dmo = dres; /* d(MLP output); through its norm with sandwich norms */
+        if (S.sandwich) {
+            memset(dpost, 0, sizeof(real) * BT * C);
+            norm_backward(m, &S, dpost, NULL, NULL, dres, la.mlpp, p->pfn + lC, NULL, la.mlpp_rstd,
+                          BT);
+            dmo = dpost;
+        }
         memset(dact, 0, sizeof(real) * BT * F);
         matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * F),
-                        model_slice(g->fcprojb, l, C), dres, la.fch_act,
+                        model_slice(g->fcprojb, l, C), dmo, la.fch_act,
                         model_layer_weight(m, 12, l), BT, F, C);
-        if (lora) lora_grad(m, 3, l, dact, dres, la.fch_act, BT, F, C);
+        if (lora) lora_grad(m, 3, l, dact, dmo, la.fch_act, BT, F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
-        if (c->arch == ARCH_GPT2)
-            gelu_backward(dfch, la.fch, dact, BT * F);
-        else
-            swiglu_backward(dfch, la.fch, dact, BT, F);
+        act_backward(&S, dfch, la.fch, dact, BT, F);
         memset(dbuf, 0, sizeof(real) * BT * C);
         matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
                         model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
                         model_layer_weight(m, 10, l), BT, C, FC);
         if (lora) lora_grad(m, 2, l, dbuf, dfch, la.ln2, BT, C, FC);
         tp_sum(m, dbuf, BT * C);
-        norm_backward(m, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
+        norm_backward(m, &S, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
                       la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
         /* attention (dbuf: this slice's heads' d(att), (BT, A)) */
+        const real* dao = dres; /* d(attention output); through its norm with sandwich norms */
+        if (S.sandwich) {
+            memset(dpost, 0, sizeof(real) * BT * C);
+            norm_backward(m, &S, dpost, NULL, NULL, dres, la.attp, p->pan + lC, NULL, la.attp_rstd,
+                          BT);
+            dao = dpost;
+        }
         memset(dbuf, 0, sizeof(real) * BT * A);
         matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * A),
-                        model_slice(g->attprojb, l, C), dres, la.att, model_layer_weight(m, 6, l),
+                        model_slice(g->attprojb, l, C), dao, la.att, model_layer_weight(m, 6, l),
                         BT, A, C);
-        if (lora) lora_grad(m, 1, l, dbuf, dres, la.att, BT, C, C);
+        if (lora) lora_grad(m, 1, l, dbuf, dao, la.att, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
-        const int router = router_on && !focus_layer_dense(f, l);
+        const int router = router_on && model_layer_routed(m, l);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
         AttnGate gate = model_layer_gate(m, l, &la);
         real* dgate = router && f->learn_gate ? m->rgrads.gate + 2 * l : NULL;
@@ -393,7 +458,10 @@ static void cpu_backward(Model* m, GradMode mode) {
         }
         /* Layer 0's input gradient is needed only for the embeddings. */
         if (l == 0 && !all && !router && !(lora && (m->lora.targets & LORA_QKV))) break;
-        if (c->arch == ARCH_LLAMA) rope_backward(dqkv, B, T, NH, NKV, hs, c->rope_theta, 0);
+        layer_rope(&S, dqkv, B, T, NH, NKV, -1);
+        if (S.qk_norm)
+            qknorm_backward(dqkv, la.qkpre, la.qkrstd, p->qnormw + (size_t)l * hs,
+                            p->knormw + (size_t)l * hs, BT, NH, NKV, hs);
         memset(dbuf, 0, sizeof(real) * BT * C);
         if (l > 0 || all) {
             matmul_backward(dbuf, model_slice(g->qkvw, l, (size_t)QKV * C),
@@ -412,7 +480,7 @@ static void cpu_backward(Model* m, GradMode mode) {
                                    m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
         }
         if (l == 0 && !all) break;
-        norm_backward(m, dres, model_slice(g->ln1w, l, C), model_slice(g->ln1b, l, C), dbuf, x,
+        norm_backward(m, &S, dres, model_slice(g->ln1w, l, C), model_slice(g->ln1b, l, C), dbuf, x,
                       p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
     }
     if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);

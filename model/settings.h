@@ -26,7 +26,7 @@
 
 /* The model's shape (ModelConfig). */
 #define MODEL_SETTINGS(X)                                                                  \
-    X(model, arch, ARCH, arch, NULL, 0, 0, 0, "architecture: gpt2 or llama")               \
+    X(model, arch, ARCH, arch, NULL, 0, 0, 0, "architecture: gpt2, llama or gemma3")       \
     X(model, L, INT, L, NULL, 1, 256, 0, "layers")                                         \
     X(model, C, INT, C, NULL, 1, 65536, 0, "model width")                                  \
     X(model, NH, INT, NH, NULL, 1, 4096, 0, "query heads")                                 \
@@ -39,7 +39,14 @@
     X(model, rope_theta, FLOAT, rope_theta, NULL, 0, 1e12, 0, "rotary base (llama: >= 1)") \
     X(model, qkv_bias, INT, qkv_bias, NULL, 0, 1, 0,                                       \
       "Q/K/V projections carry biases (llama family)")                                     \
-    X(model, tied, INT, tied, NULL, 0, 1, 0, "output head shares the token embedding")
+    X(model, tied, INT, tied, NULL, 0, 1, 0, "output head shares the token embedding")     \
+    X(model, hs, INT, hs, "0", 0, 65536, 0, "head size (0: C / NH)")                       \
+    X(model, swa, INT, swa, "0", 0, 4194304, 0,                                            \
+      "gemma3: sliding window of the local layers (0: none)")                              \
+    X(model, swa_period, INT, swa_period, "0", 0, 256, 0,                                  \
+      "gemma3: every swa_period-th layer attends globally")                                \
+    X(model, rope_local, FLOAT, rope_local, "0", 0, 1e12, 0,                               \
+      "gemma3: rotary base of the local layers")
 
 /* The router and how attention uses it (FocusConfig). Project choices (METHOD.md section 9):
  * sinks = 4 as StreamingLLM (on SmolLM2 one sink took hard k=1 from 35.3 to 21.0, dense 20.3,
@@ -73,9 +80,12 @@
       "dense | soft (the gate) | hard (top-k groups) | window | random | blocks | blocks_mean | "  \
       "oracle (training-free patterns at the same budget) | blocks_learned (fit-blocks)")          \
     X(focus, block, INT, block, "64", 1, 1048576, SET_EVAL,                                        \
-      "blocks, blocks_mean, oracle, blocks_learned: key block size")                                               \
+      "blocks, blocks_mean, oracle, blocks_learned: key block size")                               \
     X(focus, blocks, INT, blocks, "8", 0, 1048576, SET_EVAL,                                       \
-      "blocks, blocks_mean, oracle: key blocks kept per query beyond sinks and window")
+      "blocks, blocks_mean, oracle: key blocks kept per query beyond sinks and window")            \
+    X(focus, local, LOCAL, local, "window", 0, 0, SET_ROUTER,                                      \
+      "a model's sliding-window layers (gemma3): window (their own), route (as the others), "      \
+      "dense")
 
 typedef enum {
     SETTING_INT,
@@ -87,6 +97,7 @@ typedef enum {
     SETTING_ROUTING,
     SETTING_TOPK,   /* topk and the topp after it in FocusConfig */
     SETTING_LAYERS, /* the dense_layers bitset */
+    SETTING_LOCAL,  /* LocalLayers */
     SETTING_OBJECTIVE
 } SettingType;
 

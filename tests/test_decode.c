@@ -68,6 +68,9 @@ static void check_batch(Model* m, const int* tok, const char* preset) {
     free(want), free(got);
 }
 
+/* how the next runs' sliding-window layers attend (gemma3) */
+static LocalLayers local_mode = LOCAL_WINDOW;
+
 static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
     FocusConfig fc;
@@ -75,18 +78,18 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     cfg.maxT = T;
     focus_config_default(&fc);
     fc.K = 4, fc.dg = 8, fc.w = 6, fc.routing = ROUTE_CAUSAL, fc.attn = attn, fc.topk = topk;
-    fc.sinks = sinks, fc.topp = topp;
+    fc.sinks = sinks, fc.topp = topp, fc.local = local_mode;
     if (dense0) fc.dense_layers[0] = 1;
     const int blocks = attn >= ATTN_BLOCKS;
     if (blocks) fc.block = 4, fc.blocks = 2; /* w = 6 >= block - 1 */
     Model m;
     model_build(&m, &cfg, &fc);
     if (attn == ATTN_BLOCKS_LEARNED) {
-        const int W = BLOCKGATE_WIDTH(cfg.C / cfg.NH);
+        const int W = BLOCKGATE_WIDTH(model_head_size(&cfg));
         Rng wr;
         rng_seed(&wr, 9);
         m.blockgate = mallocCheck(sizeof(real) * (size_t)cfg.L * cfg.NH * W);
-        blockgate_init(m.blockgate, cfg.L * cfg.NH, cfg.C / cfg.NH);
+        blockgate_init(m.blockgate, cfg.L * cfg.NH, model_head_size(&cfg));
         for (int i = 0; i < cfg.L * cfg.NH * W; i++)
             m.blockgate[i] += (real)(0.3 * rng_normal(&wr));
         if (sinks) { /* per-layer budgets: 1 and 3 blocks, 2 on average */
@@ -138,7 +141,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
           c.pairs);
     int same = !memcmp(c2.gn, c.gn, sizeof(int) * cfg.L * fc.K);
     for (int l = 0; l < cfg.L; l++) /* the masks of the routed layers (the others keep none) */
-        if (grouped && !focus_layer_dense(&fc, l))
+        if (grouped && model_layer_routed(&m, l))
             same &= !memcmp(c2.mask + l * T, c.mask + l * T, sizeof(uint32_t) * T);
     CHECK(same, "%s: prefill left other group lists than decoding", preset);
     kvcache_free(&c2);
@@ -153,7 +156,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
      * models' adaptive budget does that), then there is nothing to compare */
     int moved = 0;
     for (int l = 0; l < cfg.L; l++)
-        if (grouped && !focus_layer_dense(&fc, l))
+        if (grouped && model_layer_routed(&m, l))
             moved |= memcmp(c2.mask + l * T, c.mask + l * T, sizeof(uint32_t) * T) != 0;
     /* (the block patterns choose from the rounded keys' statistics: another block is the same
      * kind of discrete change, so their f16 logits are not compared) */
@@ -244,5 +247,17 @@ int main(void) {
     run("tiny-gpt2", ATTN_BLOCKS_MEAN, 1, 0, 0, 1);
     run("tiny-llama", ATTN_BLOCKS_LEARNED, 1, 3, 0, 0);
     run("tiny-gpt2", ATTN_BLOCKS_LEARNED, 1, 0, 0, 1);
+    /* gemma3: QK-norm, sandwich norms, GeGLU, local layers in their own window (a hard gate on
+     * the global layer), then routed like the global one, then dense */
+    run("tiny-gemma3", ATTN_DENSE, 1, 0, 0, 0);
+    run("tiny-gemma3", ATTN_HARD, 1, 2, 0, 0);
+    run("tiny-gemma3", ATTN_WINDOW, 1, 3, 0, 0);
+    run("tiny-gemma3", ATTN_BLOCKS_LEARNED, 1, 3, 0, 0);
+    local_mode = LOCAL_ROUTE;
+    run("tiny-gemma3", ATTN_HARD, 2, 2, 0, 0);
+    run("tiny-gemma3", ATTN_BLOCKS, 1, 2, 0, 0);
+    local_mode = LOCAL_DENSE;
+    run("tiny-gemma3", ATTN_HARD, 1, 2, 0, 0);
+    local_mode = LOCAL_WINDOW;
     return tu_finish("test_decode");
 }

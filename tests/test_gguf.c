@@ -14,6 +14,8 @@
 #include "../io/gguf.h"
 #include "../checkpoints/load.h"
 #include "../data/text.h"
+#include "../data/tokenizer.h"
+#include "../model/decode.h"
 #include "testutil.h"
 
 /* ------------------------------------------------------------- dequantisation fixture */
@@ -110,6 +112,8 @@ static int try_open(const char* path, const Buf* b, char* err, size_t errlen) {
     return rc;
 }
 
+static void load_tokenizer_path(const void* path) { tokenizer_free(tokenizer_load(path)); }
+
 static void load_path(const void* path) {
     Model m;
     FocusConfig fc;
@@ -187,7 +191,106 @@ static void bad_metadata(const Model* m) {
     free(good.b);
 }
 
+/* A tiny gemma3 through GGUF: the shape's own keys read back (head size, sliding window, its
+ * period and RoPE base), the logits exactly (F32) or to Q8_0's rounding (the native decode
+ * path too); a file contradicting itself refused naming the key (issue 26). */
+static void gemma3_file(void) {
+    ModelConfig cfg;
+    FocusConfig fc;
+    model_config_preset("tiny-gemma3", &cfg);
+    focus_config_default(&fc);
+    fc.attn = ATTN_DENSE;
+    Model m;
+    model_build(&m, &cfg, &fc);
+    model_init_backbone(&m, 5);
+    for (size_t i = 0; i < m.num_params; i++)
+        if (m.params_mem[i] != 1) m.params_mem[i] *= 10;
+    enum { T = 20 };
+    int tok[T];
+    for (int i = 0; i < T; i++) tok[i] = (i * 5 + 1) % cfg.V;
+    model_forward(&m, tok, NULL, 1, T, 0);
+    const size_t nl = (size_t)T * cfg.V;
+    real* ref = mallocCheck(sizeof(real) * nl);
+    memcpy(ref, model_logits(&m), sizeof(real) * nl);
+    double scale = 0;
+    for (size_t i = 0; i < nl; i++) scale = fmax(scale, fabs(ref[i]));
+    for (int quant = 0; quant < 2; quant++) {
+        Buf b = write_gguf(&m, quant);
+        const char* path = tu_path(quant ? "gemma_q8.gguf" : "gemma.gguf");
+        save(path, &b);
+        Model m2;
+        ModelInfo info;
+        model_load(&m2, path, &fc, &info);
+        const ModelConfig* c2 = &m2.cfg;
+        CHECK(c2->arch == ARCH_GEMMA3 && c2->hs == cfg.hs && c2->swa == cfg.swa &&
+                  c2->swa_period == cfg.swa_period && c2->rope_local == cfg.rope_local &&
+                  !strcmp(info.arch, "gemma3"),
+              "gemma3 shape read back: arch %d hs %d swa %d period %d rope_local %g", c2->arch,
+              c2->hs, c2->swa, c2->swa_period, (double)c2->rope_local);
+        CHECK(model_fingerprint(&m2) == model_fingerprint(&m) || quant,
+              "gemma3 F32 file: another fingerprint");
+        model_forward(&m2, tok, NULL, 1, T, 0);
+        double d = tu_max_abs_diff(ref, model_logits(&m2), nl);
+        /* the file's blocks, decoded in place (Q8_0 matrices, int8 activations) */
+        char why[256];
+        double dn = -1;
+        if (quant && !model_load_native(&m2, path, why, sizeof why)) {
+            KVCache kc;
+            kvcache_init(&kc, &m2, T, 0);
+            real* lg = mallocCheck(sizeof(real) * cfg.V);
+            dn = 0;
+            for (int t = 0; t < T; t++) {
+                model_decode_step(&m2, &kc, tok[t], lg);
+                for (int v = 0; v < cfg.V; v++)
+                    dn = fmax(dn, fabs(lg[v] - ref[(size_t)t * cfg.V + v]));
+            }
+            free(lg);
+            kvcache_free(&kc);
+        }
+        printf(
+            "  tiny gemma3 through GGUF (%s): max |logit difference| %.2e%s (max |logit| %.1f)\n",
+            quant ? "F16 + Q8_0" : "F32", d, quant ? ", native decode" : "", scale);
+        if (quant) {
+            CHECK(d < 0.02 * scale && d > 0, "quantised gemma3 GGUF logits differ by %g", d);
+            CHECK(dn >= 0 && dn < 0.03 * scale, "gemma3 native decode: %s (differs by %g)",
+                  dn < 0 ? why : "ok", dn);
+        } else {
+            CHECK(d == 0, "F32 gemma3 GGUF must reproduce the logits exactly (%g)", d);
+        }
+        model_free(&m2);
+        free(b.b);
+    }
+    /* contradictions: each refused in one line naming the key */
+    Buf good = write_gguf(&m, 0);
+    char msg[4096];
+    const char* p = tu_path("bad_gemma.gguf");
+    const uint32_t big = 100000, three = 3, hs24 = 24;
+    struct {
+        const char* key;
+        const void* v;
+        const char* want;
+    } cases[] = {
+        {"gemma3.attention.sliding_window", &big, "'gemma3.attention.sliding_window' = 100000"},
+        {"gemma3.attention.head_count", &three, "'gemma3.attention.head_count' = 3"},
+        {"gemma3.attention.value_length", &hs24, "'gemma3.attention.value_length' = 24"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        save_patched(&good, cases[i].key, cases[i].v, 4, p);
+        int ok = tu_fails_with(load_path, p, cases[i].want, msg, sizeof msg);
+        CHECK(ok && strstr(msg, "bad_gemma.gguf") && !strchr(msg, '\n'), "%s mutated: %s",
+              cases[i].key, msg);
+        printf("  %s mutated: %s\n", cases[i].key, msg);
+    }
+    save(p, &good); /* its tokenizer model is "none" */
+    CHECK(tu_fails_with(load_tokenizer_path, p, "'tokenizer.ggml.model' = 'none'", msg, sizeof msg),
+          "unknown tokenizer model: %s", msg);
+    free(good.b);
+    free(ref);
+    model_free(&m);
+}
+
 int main(int argc, char** argv) {
+    gemma3_file();
     check_dequant();
 
     ModelConfig cfg;

@@ -121,14 +121,16 @@ static void check_norm(int rms) {
 /* ---------------------------------------------------------------- pointwise */
 typedef struct {
     real *inp, *out, *R;
-    int N, F, kind; /* 0 gelu, 1 swiglu */
+    int N, F, kind; /* 0 gelu, 1 swiglu, 2 geglu */
 } PointCtx;
 static double point_loss(void* p) {
     PointCtx* c = p;
     if (c->kind == 0)
         gelu_forward(c->out, c->inp, (size_t)c->N * c->F);
-    else
+    else if (c->kind == 1)
         swiglu_forward(c->out, c->inp, c->N, c->F);
+    else
+        geglu_forward(c->out, c->inp, c->N, c->F);
     return dot_r(c->out, c->R, (size_t)c->N * c->F);
 }
 static void check_pointwise(int kind) {
@@ -139,33 +141,65 @@ static void check_pointwise(int kind) {
     tu_randn(R, N * F, 1, &rng);
     if (kind == 0)
         gelu_backward(dinp, inp, R, N * F);
-    else
+    else if (kind == 1)
         swiglu_backward(dinp, inp, R, N, F);
-    report(kind ? "swiglu dinp" : "gelu dinp",
+    else
+        geglu_backward(dinp, inp, R, N, F);
+    report(kind == 0   ? "gelu dinp"
+           : kind == 1 ? "swiglu dinp"
+                       : "geglu dinp",
            fd_check(point_loss, &c, inp, dinp, kind ? N * 2 * F : N * F, 1000, 1e-6), TOL);
 }
 
 /* ---------------------------------------------------------------- rope */
 typedef struct {
     real *qkv, *tmp, *R;
-    int B, T, NH, NKV, hs;
+    int B, T, NH, NKV, hs, halves;
 } RopeCtx;
 static double rope_loss(void* p) {
     RopeCtx* c = p;
     size_t n = (size_t)c->B * c->T * (c->NH + 2 * c->NKV) * c->hs;
     memcpy(c->tmp, c->qkv, n * sizeof(real));
-    rope_forward(c->tmp, c->B, c->T, c->NH, c->NKV, c->hs, 10000, 3);
+    (c->halves ? rope_halves_forward : rope_forward)(c->tmp, c->B, c->T, c->NH, c->NKV, c->hs,
+                                                     10000, 3);
     return dot_r(c->tmp, c->R, n);
 }
-static void check_rope(void) {
+static void check_rope(int halves) {
     enum { B = 2, T = 5, NH = 4, NKV = 2, hs = 6, n = B * T * (NH + 2 * NKV) * hs };
     real qkv[n], tmp[n], R[n], d[n];
-    RopeCtx c = {qkv, tmp, R, B, T, NH, NKV, hs};
+    RopeCtx c = {qkv, tmp, R, B, T, NH, NKV, hs, halves};
     tu_randn(qkv, n, 1, &rng);
     tu_randn(R, n, 1, &rng);
     memcpy(d, R, sizeof d);
-    rope_backward(d, B, T, NH, NKV, hs, 10000, 3);
-    report("rope dqkv", fd_check(rope_loss, &c, qkv, d, n, 1000, 1e-6), TOL);
+    (halves ? rope_halves_backward : rope_backward)(d, B, T, NH, NKV, hs, 10000, 3);
+    report(halves ? "rope (half-split pairs) dqkv" : "rope dqkv",
+           fd_check(rope_loss, &c, qkv, d, n, 1000, 1e-6), TOL);
+}
+
+/* QK-norm: the per-head RMSNorm of q and k heads (v left alone) */
+typedef struct {
+    real *qkv, *tmp, *pre, *rstd, *qw, *kw, *R;
+    int N, NH, NKV, hs;
+} QkCtx;
+static double qk_loss(void* p) {
+    QkCtx* c = p;
+    size_t n = (size_t)c->N * (c->NH + 2 * c->NKV) * c->hs;
+    memcpy(c->tmp, c->qkv, n * sizeof(real));
+    qknorm_forward(c->tmp, c->pre, c->rstd, c->qw, c->kw, c->N, c->NH, c->NKV, c->hs, 1e-6);
+    return dot_r(c->tmp, c->R, n);
+}
+static void check_qknorm(void) {
+    enum { N = 5, NH = 4, NKV = 2, hs = 6, n = N * (NH + 2 * NKV) * hs };
+    real qkv[n], tmp[n], R[n], d[n], pre[N * (NH + NKV) * hs], rstd[N * (NH + NKV)], qw[hs], kw[hs];
+    QkCtx c = {qkv, tmp, pre, rstd, qw, kw, R, N, NH, NKV, hs};
+    tu_randn(qkv, n, 1, &rng);
+    tu_randn(R, n, 1, &rng);
+    tu_randn(qw, hs, 1, &rng);
+    tu_randn(kw, hs, 1, &rng);
+    qk_loss(&c); /* pre and rstd of the point */
+    memcpy(d, R, sizeof d);
+    qknorm_backward(d, pre, rstd, qw, kw, N, NH, NKV, hs);
+    report("qk-norm dqkv", fd_check(qk_loss, &c, qkv, d, n, 1000, 1e-6), TOL);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -304,14 +338,19 @@ static void check_model(const char* preset, Routing routing, int qkv_bias, int s
     fc.K = 4, fc.dg = 4, fc.w = 8, fc.iters = 10, fc.routing = routing, fc.learn_gate = 1;
     fc.lambda = 4, fc.bias = 0.4f, fc.sinks = sinks;
     if (dense1) fc.dense_layers[0] = 2;
+    /* gemma3 (tiny: layers local, global, local): the router on the global layer only, its
+     * gradient flowing back through the local layer after it; with qkv_bias set here, the
+     * router on every layer (local = route) */
+    if (cfg.arch == ARCH_GEMMA3 && qkv_bias) cfg.qkv_bias = 0, fc.local = LOCAL_ROUTE;
     enum { B = 2, T = 40 };
     int inp[B * T], tgt[B * T];
     Model m;
     build_checked_model(&m, &cfg, &fc, 7, inp, tgt, B * T, 3);
     ModelCtx c = {&m, inp, tgt, B, T};
     char what[96], name[64];
-    snprintf(name, sizeof name, "%s%s%s", routing_name(routing), sinks ? " +sinks" : "",
-             dense1 ? " +dense layer 1" : "");
+    snprintf(name, sizeof name, "%s%s%s%s", routing_name(routing), sinks ? " +sinks" : "",
+             dense1 ? " +dense layer 1" : "",
+             fc.local == LOCAL_ROUTE ? " +routed local layers" : "");
 
     model_loss(&c);
     model_zero_grad(&m, GRAD_ROUTER);
@@ -331,6 +370,11 @@ static void check_model(const char* preset, Routing routing, int qkv_bias, int s
                     m.router_sizes[2], 100, 1e-6),
            2e-6);
 
+    if (cfg.arch == ARCH_GEMMA3) { /* gemma3 trains its router only */
+        free(rg);
+        model_free(&m);
+        return;
+    }
     /* All parameters: backbone gradients too; router gradients must agree with router-only. */
     model_loss(&c);
     model_zero_grad(&m, GRAD_ALL);
@@ -343,8 +387,9 @@ static void check_model(const char* preset, Routing routing, int qkv_bias, int s
     real** pt = (real**)&m.params;
     real** gt = (real**)&m.grads;
     static const char* names[NUM_PARAM_TENSORS] = {
-        "wte",  "wpe", "ln1w", "ln1b",    "qkvw",    "qkvb", "attprojw", "attprojb", "ln2w",
-        "ln2b", "fcw", "fcb",  "fcprojw", "fcprojb", "lnfw", "lnfb",     "lmhead"};
+        "wte",      "wpe",  "ln1w",   "ln1b",   "qkvw",   "qkvb",    "attprojw",
+        "attprojb", "ln2w", "ln2b",   "fcw",    "fcb",    "fcprojw", "fcprojb",
+        "lnfw",     "lnfb", "lmhead", "qnormw", "knormw", "pan",     "pfn"};
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (!pt[t]) continue;
         snprintf(what, sizeof what, "%s %s all-params: %s", preset, name, names[t]);
@@ -480,7 +525,10 @@ int main(void) {
     check_norm(1);
     check_pointwise(0);
     check_pointwise(1);
-    check_rope();
+    check_pointwise(2);
+    check_rope(0);
+    check_rope(1);
+    check_qknorm();
     check_attention(GATE_NONE, 0);
     check_attention(GATE_SOFT, 0);
     check_attention(GATE_SOFT, 3);
@@ -494,6 +542,8 @@ int main(void) {
     check_model("tiny-llama", ROUTE_SINKHORN, 1, 0, 0);
     check_model("tiny-llama", ROUTE_PREFIX, 0, 0, 0);
     check_model("tiny-llama", ROUTE_SINKHORN, 0, 2, 1);
+    check_model("tiny-gemma3", ROUTE_SINKHORN, 0, 2, 0);
+    check_model("tiny-gemma3", ROUTE_CAUSAL, 1, 2, 0);
     check_objectives();
     check_lora("tiny-llama");
     check_lora("tiny-gpt2");

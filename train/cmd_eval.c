@@ -66,7 +66,7 @@ static void eval_layer_sensitivity(Model* m, const int* ids, size_t n, int ctx, 
 
 static const char eval_usage[] =
     "usage: focus eval ppl|layers --model M [--tokenizer T] --data DIR|SHARD|TEXT [--ctx 1024] "
-    "[--stride s]\n"
+    "[--stride s] [--llama-perplexity]\n"
     "                      [--max-tokens n] [--router router.h5 [--attn dense|soft|hard] [--topk "
     "k|pP]\n"
     "                      [--attn window|random|blocks|blocks_mean|oracle]\n"
@@ -76,6 +76,9 @@ static const char eval_usage[] =
     "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
     "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
     "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
+    "A model whose tokenizer adds a BOS (Gemma) reads it in place of each window's first\n"
+    "token. --llama-perplexity scores as llama.cpp's llama-perplexity does (the tokens after\n"
+    "a BOS, whole windows only, the second half of each window less its last token).\n"
     "With --router the trained router is loaded onto the model (which must be the one it was\n"
     "trained on); --attn soft is the default then, routing causal. Sinkhorn routing sees the\n"
     "future, so its numbers are marked non-causal. --device cuda runs the model on the GPU.\n"
@@ -93,10 +96,12 @@ static const char eval_usage[] =
     "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n";
 
 static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n, const char* data,
-                        int ctx, int stride) {
-    PplResult r = eval_perplexity(m, ids, n, ctx, stride, 0);
-    printf("model %s (%s)  data %s  ctx %d stride %d\n", info->name, info->format, data, ctx,
-           stride);
+                        int ctx, int stride, int llama) {
+    PplResult r = eval_perplexity_llama(m, ids, n, ctx, stride, llama, 0);
+    printf("model %s (%s)  data %s  ctx %d stride %d", info->name, info->format, data, ctx, stride);
+    if (llama) printf("  scored as llama-perplexity");
+    if (m->bos >= 0) printf("  windows start with BOS %d", m->bos);
+    printf("\n");
     char mode[1400];
     cli_attention_desc(m, mode, sizeof mode);
     const char* mark =
@@ -123,22 +128,24 @@ int cmd_eval(int argc, char** argv) {
     if (strcmp(argv[1], "ppl") && !layers)
         fatal("eval: unknown evaluation '%s' (ppl, layers, tasks, passkey or curve)", argv[1]);
     const char *model = NULL, *tok = NULL, *data = NULL;
-    int ctx = 1024, stride = 0;
+    int ctx = 1024, stride = 0, llama = 0;
     int max_tokens = 0, device = 0;
     const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL, *lora = NULL;
     CliList sets = {0};
     if (cli_parse("eval", argc, argv, 2, eval_usage,
                   "--model:s --tokenizer:s --data:s --ctx:i[2,1048576] --stride:i[1,1048576] "
-                  "--max-tokens:i[1,2147483647] "
+                  "--max-tokens:i[1,2147483647] --llama-perplexity:f "
                   "--router:s --attn:s --topk:s --routing:s --device:d --set:* --lora:s",
-                  &model, &tok, &data, &ctx, &stride, &max_tokens, &router, &attn, &topk, &routing,
-                  &device, &sets, &lora))
+                  &model, &tok, &data, &ctx, &stride, &max_tokens, &llama, &router, &attn, &topk,
+                  &routing, &device, &sets, &lora))
         return 0;
     if (max_tokens < 0) fatal("eval: --max-tokens must be >= 0");
     if (!model || !data) fatal("eval ppl: needs --model and --data");
     if (ctx < 2) fatal("eval ppl: --ctx must be at least 2");
     if (!stride) stride = ctx;
     if (stride < 1 || stride > ctx) fatal("eval ppl: --stride must be in 1..ctx");
+    if (llama && stride != ctx)
+        fatal("eval ppl: --llama-perplexity scores windows that do not overlap (--stride = --ctx)");
     Model m;
     ModelInfo info;
     cli_load_model(&m, &info, model, router, attn, topk && !strchr(topk, ',') ? topk : NULL,
@@ -152,6 +159,12 @@ int cmd_eval(int argc, char** argv) {
             fatal("%s: token id %d is outside the model's vocabulary (V=%d); wrong tokenizer?",
                   data, ids[i], m.cfg.V);
     cli_check_context(&m, ctx, "eval ppl", "--ctx");
+    if (llama && m.bos >= 0) { /* llama-perplexity's token list starts with the BOS */
+        ids = reallocCheck(ids, sizeof(int) * (n + 1));
+        memmove(ids + 1, ids, sizeof(int) * n);
+        ids[0] = m.bos;
+        n++;
+    }
     if (layers) {
         if (!router || m.fc.attn == ATTN_DENSE)
             fatal("eval layers: needs --router (and hard or soft attention)");
@@ -171,7 +184,7 @@ int cmd_eval(int argc, char** argv) {
             apply_router_options(&m, NULL, NULL, next_budget, NULL);
             next_budget = comma ? comma + 1 : NULL;
         }
-        eval_report(&m, &info, ids, n, data, ctx, stride);
+        eval_report(&m, &info, ids, n, data, ctx, stride, llama);
     } while (next_budget);
     free(ids);
     model_free(&m);

@@ -26,23 +26,33 @@ double hard_pairs_kept(const Model* m) {
 
 /* Strided perplexity: windows of ctx input tokens (predicting the ctx tokens after each),
  * advancing by stride; each window scores only the targets the previous window did not, so
- * with stride = ctx every token after the first is scored exactly once. */
-PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet) {
+ * with stride = ctx every token after the first is scored exactly once. A model whose
+ * tokenizer adds a BOS (m->bos) reads it in place of each window's first token, as llama.cpp's
+ * perplexity does: a window then starts as the model's own sequences do (Gemma is lost without
+ * it). llama (stride = ctx): llama.cpp's llama-perplexity instead, ids holding the BOS first:
+ * whole windows only, each scoring the predictions of its positions ctx/2 .. ctx - 2. */
+PplResult eval_perplexity_llama(Model* m, const int* ids, size_t n, int ctx, int stride, int llama,
+                                int quiet) {
     PplResult r = {0, 0, 0, 0};
     int windows = 0;
     if (n < 2) fatal("eval: need at least 2 tokens, got %zu", n);
     int* tgt = mallocCheck(sizeof(int) * ctx);
+    int* in = mallocCheck(sizeof(int) * ctx);
     double t0 = now_seconds();
     size_t scored_to = 0; /* targets with absolute index <= scored_to are done */
     for (size_t st = 0;; st += (size_t)stride) {
         size_t end = st + (size_t)ctx + 1 < n ? st + (size_t)ctx + 1 : n; /* targets < end */
         int T = (int)(end - st) - 1;
+        if (llama && st + (size_t)ctx > n) break; /* whole windows only */
+        if (llama) T = ctx, end = st + (size_t)ctx;
         if (T < 1) break;
         for (int i = 0; i < T; i++) {
             size_t j = st + 1 + (size_t)i;
-            tgt[i] = j > scored_to ? ids[j] : -1;
+            tgt[i] = (llama ? i >= ctx / 2 && i < ctx - 1 : j > scored_to) ? ids[j] : -1;
         }
-        model_forward(m, ids + st, tgt, 1, T, 0);
+        memcpy(in, ids + st, sizeof(int) * (size_t)T);
+        if (m->bos >= 0) in[0] = m->bos;
+        model_forward(m, in, tgt, 1, T, 0);
         if (attn_is_sparse(m->fc.attn)) {
             r.kept +=
                 m->fc.attn == ATTN_HARD ? hard_pairs_kept(m) : m->pattern_kept / m->pattern_pairs;
@@ -63,10 +73,16 @@ PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int strid
         if (end == n) break;
     }
     if (!quiet) fprintf(stderr, "\n");
+    if (!r.count) fatal("eval: no window of %d tokens in %zu tokens", ctx, n);
     r.seconds = now_seconds() - t0;
     if (windows) r.kept /= windows;
     free(tgt);
+    free(in);
     return r;
+}
+
+PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet) {
+    return eval_perplexity_llama(m, ids, n, ctx, stride, 0, quiet);
 }
 
 PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, int topk, Routing r) {

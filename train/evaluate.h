@@ -12,8 +12,13 @@ typedef struct {
     double kept; /* hard attention: fraction of causal pairs kept, averaged over windows */
 } PplResult;
 
-/* Strided perplexity of m (its current attention and routing settings) on ids. */
+/* Strided perplexity of m (its current attention and routing settings) on ids; windows start
+ * with the model's BOS where its tokenizer adds one (m->bos, in place of the first token). */
 PplResult eval_perplexity(Model* m, const int* ids, size_t n, int ctx, int stride, int quiet);
+/* With llama: scored as llama.cpp's llama-perplexity does (ids then start with the BOS; whole
+ * windows of ctx, stride = ctx, each scoring the predictions of its positions ctx/2 .. ctx - 2). */
+PplResult eval_perplexity_llama(Model* m, const int* ids, size_t n, int ctx, int stride, int llama,
+                                int quiet);
 /* The same in a given mode, windows of T; the model's settings are restored afterwards. */
 PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, int topk, Routing r);
 /* Scoring continuations, as lm-evaluation-harness's loglikelihood requests: nc token sequences
