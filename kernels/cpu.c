@@ -391,17 +391,22 @@ static void crossentropy_rows(real* losses, real* dlogits, const real* logits, c
 #pragma omp parallel for
     for (size_t n = 0; n < N; n++) {
         const real* x = logits + n * V;
+        int tgt = targets[n];
+        if (tgt < 0) { /* an unscored row: no loss, no gradient (a 262K vocabulary's exps saved) */
+            losses[n] = 0;
+            if (dlogits) memset(dlogits + n * V, 0, sizeof(real) * (size_t)V);
+            continue;
+        }
         double m = -INFINITY;
         for (int v = 0; v < V; v++) m = x[v] > m ? x[v] : m;
         double s = 0;
         for (int v = 0; v < V; v++) s += exp(x[v] - m);
         double lse = m + log(s);
-        int tgt = targets[n];
-        losses[n] = tgt >= 0 ? (real)(lse - x[tgt]) : 0;
+        losses[n] = (real)(lse - x[tgt]);
         if (dlogits) {
             real* d = dlogits + n * V;
             for (int v = 0; v < V; v++) {
-                double p = tgt >= 0 ? exp(x[v] - lse) : 0;
+                double p = exp(x[v] - lse);
                 d[v] = (real)(dscale * (p - (v == tgt)));
             }
         }

@@ -452,6 +452,7 @@ void model_free(Model* m) {
     free(m->inputs);
     free(m->targets);
     free(m->losses);
+    free(m->row_max), free(m->row_target);
     free(m->scratch_mem);
     free(m->tprob);
     free(m->tnegent);
@@ -591,6 +592,16 @@ void model_init_router(Model* m, uint64_t seed) {
 
 /* Activation sizes for (B, T); per-layer tensors hold L layers when keep, else one; with
  * keep = KEEP_ROUTER one for ln2 and fch_act as well. */
+static size_t head_limit = (size_t)1 << 30; /* reals: 4 GiB of logits */
+
+void model_set_head_limit(size_t reals) { head_limit = reals ? reals : (size_t)1 << 30; }
+
+size_t model_head_rows(const ModelConfig* c, size_t BT, int keep) {
+    if (keep || BT * (size_t)c->V <= head_limit) return BT;
+    const size_t rows = (head_limit / 4) / (size_t)c->V; /* a quarter of the limit per chunk */
+    return rows < 1 ? 1 : rows > BT ? BT : rows;
+}
+
 ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int T, int keep) {
     ActSizes r;
     size_t* s = r.n;
@@ -621,7 +632,7 @@ ActSizes model_act_sizes(const ModelConfig* c, const FocusConfig* f, int B, int 
     s[17] = router ? (size_t)c->L * B * f->K : 0;
     s[18] = BT * C;
     s[19] = 2 * BT;
-    s[20] = BT * c->V;
+    s[20] = model_head_rows(c, BT, keep) * c->V;
     const int gemma = c->arch == ARCH_GEMMA3;
     const size_t H = (size_t)model_heads(c) + model_kv_heads(c);
     s[21] = gemma ? Ls * BT * H * model_head_size(c) : 0;
@@ -641,6 +652,8 @@ void model_host_buffers(Model* m, int B, int T, int keep) {
     m->inputs = reallocCheck(m->inputs, sizeof(int) * B * T);
     m->targets = reallocCheck(m->targets, sizeof(int) * B * T);
     m->losses = reallocCheck(m->losses, sizeof(real) * B * T);
+    m->row_max = reallocCheck(m->row_max, sizeof(real) * B * T);
+    m->row_target = reallocCheck(m->row_target, sizeof(real) * B * T);
     m->B = B;
     m->T = T;
     m->keep = keep;

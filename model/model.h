@@ -302,9 +302,13 @@ typedef struct {
     real* acts_mem;
     uint32_t* rmask; /* (L, B, T) hard top-k masks */
     int B, T, keep;
-    int* inputs;    /* (B, T) */
-    int* targets;   /* (B, T) */
-    real* losses;   /* (B, T) */
+    int* inputs;  /* (B, T) */
+    int* targets; /* (B, T) */
+    real* losses; /* (B, T) */
+    /* after a forward pass with targets: each scored row's largest logit and its target's logit
+     * (the target is the greedy choice when they are equal), whether or not the pass kept its
+     * logits (model_head_rows) */
+    real *row_max, *row_target;
     real mean_loss; /* -1 when no targets were given */
     /* teacher signals of the kl and attn objectives (model_teacher_forward) */
     real* tprob;     /* (B, T, V) the dense model's next-token probabilities */
@@ -549,6 +553,13 @@ double model_router_grad_norm(Model* m, size_t n, int accum);
 void model_router_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip, int accum);
 void model_router_adamw_sync(Model* m, AdamW* opt);
 
+/* The rows of logits a forward pass holds at once: all B T, or for an evaluation pass (keep = 0)
+ * whose logits would pass 4 GiB (Gemma's 262,144-token vocabulary at 8K tokens and beyond) a
+ * chunk of rows at a time, the head and the loss computed chunk by chunk (model_logits then
+ * holds the last chunk's; losses, row_max and row_target every row's). */
+size_t model_head_rows(const ModelConfig* c, size_t BT, int keep);
+/* Tests: the logits (in reals) above which an evaluation pass goes chunk by chunk (0: 2^30). */
+void model_set_head_limit(size_t reals);
 /* Logits of the last forward: (B, T, V), valid until the next backward. */
 static inline const real* model_logits(const Model* m) { return m->acts.logits; }
 /* Group distributions of layer l from the last forward: (B, T, K). */

@@ -233,14 +233,29 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
     }
     const LayerSpec S0 = model_layer_spec(c, 0);
     norm_forward(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
-    matmul_forward(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
     m->have_dlogits = 0;
     m->mean_loss = -1;
+    const size_t hr = model_head_rows(c, BT, keep); /* rows of logits held at once */
+    if (hr < BT && (!targets || m->kl_active))
+        fatal("internal: a forward pass of %zu rows whose logits are not kept needs targets", BT);
+    const real* head = c->tied ? p->wte : p->lmhead;
+    for (size_t r0 = 0; r0 < BT; r0 += hr) { /* the head, a chunk of rows at a time */
+        const size_t nr = BT - r0 < hr ? BT - r0 : hr;
+        matmul_forward(a->logits, a->lnf + r0 * C, head, NULL, nr, C, c->V);
+        if (!targets) continue;
+        crossentropy_forward(m->losses + r0, a->logits, targets + r0, nr, c->V);
+        for (size_t i = 0; i < nr; i++) { /* what the greedy check of a continuation reads */
+            const real* row = a->logits + i * c->V;
+            real mx = row[0];
+            for (int v = 1; v < c->V; v++) mx = row[v] > mx ? row[v] : mx;
+            m->row_max[r0 + i] = mx;
+            m->row_target[r0 + i] = targets[r0 + i] >= 0 ? row[targets[r0 + i]] : 0;
+        }
+    }
     if (targets) {
         memcpy(m->targets, targets, sizeof(int) * BT);
         size_t valid = 0;
         for (size_t i = 0; i < BT; i++) valid += targets[i] >= 0;
-        crossentropy_forward(m->losses, a->logits, targets, BT, c->V);
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;

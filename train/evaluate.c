@@ -126,23 +126,25 @@ double focus_gate_far_mean(const Model* m, Rng* rng) {
 
 void eval_continuations(Model* m, int* const* seqs, const size_t* n, const size_t* first, int nc,
                         double* ll, int* greedy) {
+    /* a model whose tokenizer adds a BOS reads each sequence after it (Gemma) */
+    const int off = m->bos >= 0;
     int T = 1;
     for (int c = 0; c < nc; c++) {
         if (n[c] < 2 || first[c] < 1 || first[c] >= n[c])
             fatal("internal: eval_continuations needs 1 <= first < n");
-        if ((int)n[c] - 1 > T) T = (int)n[c] - 1;
+        if ((int)n[c] - 1 + off > T) T = (int)n[c] - 1 + off;
     }
     int* inp = callocCheck((size_t)nc * T, sizeof(int)); /* padding: token 0, never scored */
     int* tgt = mallocCheck(sizeof(int) * (size_t)nc * T);
     for (int i = 0; i < nc * T; i++) tgt[i] = -1;
-    for (int c = 0; c < nc; c++)
+    for (int c = 0; c < nc; c++) {
+        if (off) inp[c * T] = m->bos;
         for (size_t t = 0; t + 1 < n[c]; t++) {
-            inp[c * T + (int)t] = seqs[c][t];
-            if (t + 1 >= first[c]) tgt[c * T + (int)t] = seqs[c][t + 1];
+            inp[c * T + (int)t + off] = seqs[c][t];
+            if (t + 1 >= first[c]) tgt[c * T + (int)t + off] = seqs[c][t + 1];
         }
+    }
     model_forward(m, inp, tgt, nc, T, 0);
-    const real* logits = model_logits(m);
-    const int V = m->cfg.V;
     for (int c = 0; c < nc; c++) {
         ll[c] = 0;
         greedy[c] = 1;
@@ -150,8 +152,8 @@ void eval_continuations(Model* m, int* const* seqs, const size_t* n, const size_
             const int y = tgt[c * T + t];
             if (y < 0) continue;
             ll[c] -= m->losses[c * T + t];
-            const real* row = logits + ((size_t)c * T + t) * V;
-            for (int v = 0; v < V && greedy[c]; v++) greedy[c] = !(row[v] > row[y]);
+            /* greedy: no token scores above the target (ties keep it) */
+            greedy[c] &= !(m->row_max[c * T + t] > m->row_target[c * T + t]);
         }
     }
     free(inp);

@@ -24,8 +24,9 @@ PplResult eval_mode(Model* m, const int* ids, size_t n, int T, AttnMode attn, in
 /* Scoring continuations, as lm-evaluation-harness's loglikelihood requests: nc token sequences
  * seqs[c] of n[c] tokens run as one batch (padded to the longest); ll[c] receives the summed
  * log-probability of tokens first[c] .. n[c] - 1 given what precedes them, greedy[c] whether
- * each of them is the model's most likely next token (so greedy decoding would produce them). On
- * the CPU (the logits are read on the host). */
+ * each of them is the model's most likely next token (so greedy decoding would produce them). A
+ * model whose tokenizer adds a BOS (m->bos) reads each sequence after it. On the CPU (the logits
+ * are read on the host). */
 void eval_continuations(Model* m, int* const* seqs, const size_t* n, const size_t* first, int nc,
                         double* ll, int* greedy);
 /* Fraction of causal pairs the hard top-k mask keeps in the last forward pass, all layers. */

@@ -34,14 +34,18 @@
 #include "evaluate.h"
 
 /* Next micro-batch: B rows of T+1 consecutive tokens starting at random offsets drawn from the
- * data sampler r (its state is checkpointed, so a resumed run draws the same batches). */
-static void next_batch(const int* data, size_t n, Rng* r, int B, int T, int* inp, int* tgt) {
+ * data sampler r (its state is checkpointed, so a resumed run draws the same batches). A model
+ * whose tokenizer adds a BOS (bos >= 0: Gemma) reads it in place of each row's first token, as
+ * its evaluation windows do. */
+static void next_batch(const int* data, size_t n, Rng* r, int B, int T, int* inp, int* tgt,
+                       int bos) {
     for (int b = 0; b < B; b++) {
         uint64_t pos = rng_u64(r) % (uint64_t)(n - (size_t)T);
         for (int t = 0; t < T; t++) {
             inp[b * T + t] = data[pos + (uint64_t)t];
             tgt[b * T + t] = data[pos + (uint64_t)t + 1];
         }
+        if (bos >= 0) inp[b * T] = bos;
     }
 }
 
@@ -93,7 +97,7 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
             rc->pretrain_steps, B, T, m->num_params / 1e6);
     double t0 = now_seconds();
     for (int s = 0; s < rc->pretrain_steps; s++) {
-        next_batch(data, n, &sampler, B, T, inp, tgt);
+        next_batch(data, n, &sampler, B, T, inp, tgt, m->bos);
         model_forward(m, inp, tgt, B, T, 1);
         if (!isfinite(m->mean_loss))
             fatal("pretraining: loss became %g at step %d; lower pretrain_lr", (double)m->mean_loss,
@@ -241,7 +245,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         model_zero_grad(m, GRAD_ROUTER);
         double loss = 0, lm_loss = 0;
         for (int micro = 0; micro < rc->grad_accum; micro++) {
-            next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt);
+            next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt, m->bos);
             double obj = 0;
             if (use_kl || use_attn) model_teacher_forward(m, inp + first, Bl, T, use_kl, use_attn);
             if (use_attn) {
@@ -654,7 +658,7 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
         model_zero_grad(m, mode);
         double loss = 0;
         for (int micro = 0; micro < rc->grad_accum; micro++) {
-            next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt);
+            next_batch(d->train, d->ntrain, &sampler, B, T, inp, tgt, m->bos);
             model_forward(m, inp, tgt, B, T, 1);
             if (!isfinite(m->mean_loss))
                 fatal("finetune: the loss became %g at step %ld; try a lower lr",
