@@ -28,7 +28,7 @@ static uint64_t checksum(const real* w, size_t n, const BlockGateInfo* info, int
 
 static void dims_of(const Model* m, hsize_t d[3]) {
     d[0] = (hsize_t)m->cfg.L, d[1] = (hsize_t)m->cfg.NH;
-    d[2] = (hsize_t)BLOCKGATE_WIDTH(m->cfg.C / m->cfg.NH);
+    d[2] = (hsize_t)BLOCKGATE_WIDTH(model_head_size(&m->cfg));
 }
 
 void blockgate_save(const char* path, const Model* m, const real* wgt, const BlockGateInfo* info,

@@ -398,7 +398,7 @@ int cmd_bench(int argc, char** argv) {
     if (device) {
         AttnGate probe = {GATE_SOFT, fc.K, fc.w, NULL, NULL, 0, 0, 0};
         printf("training attention: %s\n",
-               attention_mma_applies(&probe, cfg.C / cfg.NH)
+               attention_mma_applies(&probe, model_head_size(&cfg))
                    ? "bf16 tensor cores (FOCUS_ATTN_MMA=0 for the fp32 kernels)"
                    : "fp32 flash kernels");
     }

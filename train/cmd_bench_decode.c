@@ -184,7 +184,7 @@ int cmd_bench_decode(int argc, char** argv) {
     resident_kb(&anon1, &file1);
     struct stat st;
     const double file_mb = stat(model, &st) ? 0 : st.st_size / 1048576.0;
-    const int hs = m.cfg.C / m.cfg.NH;
+    const int hs = model_head_size(&m.cfg);
     const double kv_mb =
         2.0 * m.cfg.L * c.cap * m.cfg.NKV * hs * (c.half ? 2 : sizeof(real)) / 1048576.0;
     const double all_mb = (anon1 - anon0 + file1 - file0) / 1024.0;

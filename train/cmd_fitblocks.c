@@ -122,7 +122,7 @@ int cmd_fitblocks(int argc, char** argv) {
     if (floor < 0) floor = f.blocks / 2; /* the per-layer budgets' least */
     m.fc.attn = ATTN_DENSE;
     const ModelConfig* c = &m.cfg;
-    const int hs = c->C / c->NH, W = BLOCKGATE_WIDTH(hs), nkv = model_kv_heads(c);
+    const int hs = model_head_size(c), W = BLOCKGATE_WIDTH(hs), nkv = model_kv_heads(c);
     if (model_tp(c) > 1) fatal("fit-blocks: runs on one process (no tensor parallelism)");
     if (ctx > c->maxT)
         fatal("fit-blocks: --ctx %d exceeds the model's context of %d", ctx, c->maxT);
