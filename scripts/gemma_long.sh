@@ -43,7 +43,7 @@ if has passkey; then
 fi
 if has speed; then
   : >"$out/speed.txt"
-  for ctx in 8192 32768; do
+  for ctx in 8192 32736; do  # 32736 + 32 decoded = the context of 32,768
     for a in dense "window" "selector"; do
       case $a in
         dense) opt=() ;;
