@@ -247,7 +247,7 @@ static int by_length_desc(const void* a, const void* b) {
 }
 
 /* A SentencePiece vocabulary from GGUF (tokenizer.ggml.model = "llama"): pieces, scores and
- * token types; byte fallback through the 256 <0xXX> pieces. */
+ * token types; byte fallback through the 256 byte pieces <0x00> .. <0xFF>. */
 static Tokenizer* load_spm(const GGUFFile* f, const char* path) {
     const GGUFKV* toks = gguf_find(f, "tokenizer.ggml.tokens");
     if (!toks || toks->type != GGUF_VAL_ARRAY || toks->arr_type != GGUF_VAL_STRING ||
@@ -628,7 +628,7 @@ size_t tokenizer_replaced_bytes(void) { return replaced_total; }
  * in each stretch between them spaces become U+2581, the stretch is split into UTF-8
  * characters, and the adjacent pair whose concatenation is the piece of highest score (the
  * leftmost of equal scores) is merged until no pair forms a piece; a character that is no piece
- * is written as its bytes' <0xXX> pieces. */
+ * is written as its bytes' byte pieces (<0x00> .. <0xFF>). */
 
 typedef struct {
     float score;
