@@ -28,6 +28,7 @@ struct Server {
     ChatTemplate ct;
     atomic_int ready;
     atomic_long http_requests, http_errors, next_id;
+    atomic_int streams; /* streamed responses not yet freed (all of their bytes handed over) */
     double started;
 };
 
@@ -364,6 +365,7 @@ static void stream_free(void* cls) {
     engine_wait(s->sv->e, s->j, 0, 0, NULL, &st);
     if (st.finish == FINISH_NONE) engine_cancel(s->sv->e, s->j); /* the client left mid-stream */
     engine_release(s->sv->e, s->j);
+    atomic_fetch_sub(&s->sv->streams, 1);
     free(s->buf);
     free(s);
 }
@@ -511,6 +513,7 @@ static enum MHD_Result completions(Server* sv, struct MHD_Connection* c, const c
         s->sv = sv, s->c = c, s->j = j, s->chat = chat, s->include_usage = g.include_usage;
         s->created = created;
         memcpy(s->id, id, sizeof id);
+        atomic_fetch_add(&sv->streams, 1);
         struct MHD_Response* r =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -791,6 +794,12 @@ void serve_ready(Server* sv, Model* m, const Tokenizer* t, const ChatTemplate* c
 void serve_stop(Server* sv) {
     MHD_socket s = MHD_quiesce_daemon(sv->d); /* no new connections */
     if (sv->e) engine_stop(sv->e, sv->o.grace);
+    /* The engine has finished every job, but a stream's last events may still be on their way
+     * to its client: stopping the daemon now would cut them off. Wait for the streams to drain
+     * (a client that stops reading is not waited for past the grace and a few seconds more). */
+    const struct timespec tick = {0, 10 * 1000 * 1000};
+    for (int i = 0; atomic_load(&sv->streams) > 0 && i < 100 * (sv->o.grace + 5); i++)
+        nanosleep(&tick, NULL);
     MHD_stop_daemon(sv->d); /* the connections' threads end */
     if (s != MHD_INVALID_SOCKET) close(s);
     if (sv->e) engine_free(sv->e);
