@@ -999,9 +999,12 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
             gguf_close(&f);
             return -1;
         }
-        q[i] =
-            (QMatrix){(int)t->type, rows, cols, qtype_row_bytes((int)t->type, cols), t->data, NULL};
-        /* the products' copy for the VNNI decode (the embedding is only looked up by row) */
+        q[i] = (QMatrix){.type = (int)t->type,
+                         .rows = rows,
+                         .cols = cols,
+                         .row_bytes = qtype_row_bytes((int)t->type, cols),
+                         .data = t->data};
+        /* the products' packed copy for the decode (the embedding is only looked up by row) */
         if (i < L * NATIVE_PER_LAYER + 1) qmatrix_prepare(&q[i]);
     }
     GGUFFile* owner = mallocCheck(sizeof *owner);

@@ -518,10 +518,12 @@ static int vnni_format(int type) {
 static size_t vnni_block_bytes(int type) { return (type == QTYPE_Q8_0 ? 512 : 256) + 64; }
 
 void qmatrix_prepare(QMatrix* w) {
-    if (w->vnni || !vnni_format(w->type) || quant_isa() != QUANT_ISA_AVX512_VNNI) return;
+    const int level = quant_isa();
+    if (w->packed || !vnni_format(w->type) || level < QUANT_ISA_AVX2) return;
     const int nb = w->cols / 32, groups = (w->rows + 15) / 16;
     const size_t S = vnni_block_bytes(w->type);
-    const int off = panel_offset(w->type, 0), q8 = w->type == QTYPE_Q8_0;
+    /* VPMADDUBSW saturates its int16 pairs: at avx2, Q8_0 stays signed (the sign trick) */
+    const int off = panel_offset(w->type, level == QUANT_ISA_AVX2), q8 = w->type == QTYPE_Q8_0;
     uint8_t* v = callocCheck((size_t)groups * nb, S);
     const size_t bb = block_bytes(w->type);
 #pragma omp parallel for schedule(static)
@@ -549,12 +551,13 @@ void qmatrix_prepare(QMatrix* w) {
             }
         }
     }
-    w->vnni = v;
+    w->packed = v;
+    w->packed_isa = level;
 }
 
 void qmatrix_release(QMatrix* w) {
-    free(w->vnni);
-    w->vnni = NULL;
+    free(w->packed);
+    w->packed = NULL;
 }
 
 #if defined(__x86_64__)
@@ -569,7 +572,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_gro
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     __m512 cacc = _mm512_setzero_ps();
-    const uint8_t* base = w->vnni + (size_t)g * nb * S;
+    const uint8_t* base = w->packed + (size_t)g * nb * S;
     for (int k = 0; k < nb; k++) {
         const uint8_t* blk = base + (size_t)k * S;
         const XBlock* x = xb + k;
@@ -612,6 +615,127 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_gro
     _mm512_mask_storeu_ps(y + 16 * g, m, r);
 }
 
+/* The same layout in 256-bit registers: rows 0-7 and 8-15 of a group in two halves of 32 bytes.
+ * A block's integer sums per level: with AVX-VNNI, VPDPBUSD as above; with AVX2, VPMADDUBSW
+ * (pairs of u8 x s8 to int16) and VPMADDWD by ones (to int32). For 4-bit weights the eight
+ * pair sums of a block stay in int16 (8 x 2 x 15 x 127 = 30,480 < 32,767), so one VPMADDWD per
+ * block; Q8_0 is kept signed at avx2 and goes through the sign trick, |w| x (x sign w). */
+__attribute__((target("avx2"))) static inline void q4_sums_avx2(__m256i s[2], const uint8_t* blk,
+                                                                const int8_t* xq) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+        int32_t a0, a1;
+        memcpy(&a0, xq + 8 * t, 4);
+        memcpy(&a1, xq + 8 * t + 4, 4);
+        const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
+        const __m256i v0 = _mm256_loadu_si256((const __m256i*)(blk + 64 * t));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i*)(blk + 64 * t + 32));
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_and_si256(v0, m4), x0));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_and_si256(v1, m4), x0));
+        p0 = _mm256_add_epi16(
+            p0, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), x1));
+        p1 = _mm256_add_epi16(
+            p1, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), x1));
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    s[0] = _mm256_madd_epi16(p0, ones), s[1] = _mm256_madd_epi16(p1, ones);
+}
+
+__attribute__((target("avx2"))) static inline void q8_sums_avx2(__m256i s[2], const uint8_t* blk,
+                                                                const int8_t* xq) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    s[0] = s[1] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        int32_t a;
+        memcpy(&a, xq + 4 * t, 4);
+        const __m256i x = _mm256_set1_epi32(a);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 64 * t + 32 * h));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v));
+            s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+        }
+    }
+}
+
+__attribute__((target("avx2,avxvnni"))) static inline void q4_sums_avxvnni(__m256i s[2],
+                                                                           const uint8_t* blk,
+                                                                           const int8_t* xq) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    s[0] = s[1] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; t++) {
+        int32_t a0, a1;
+        memcpy(&a0, xq + 8 * t, 4);
+        memcpy(&a1, xq + 8 * t + 4, 4);
+        const __m256i x0 = _mm256_set1_epi32(a0), x1 = _mm256_set1_epi32(a1);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 64 * t + 32 * h));
+            s[h] = _mm256_dpbusd_avx_epi32(s[h], _mm256_and_si256(v, m4), x0);
+            s[h] = _mm256_dpbusd_avx_epi32(s[h], _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), x1);
+        }
+    }
+}
+
+__attribute__((target("avx2,avxvnni"))) static inline void q8_sums_avxvnni(__m256i s[2],
+                                                                           const uint8_t* blk,
+                                                                           const int8_t* xq) {
+    s[0] = s[1] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        int32_t a;
+        memcpy(&a, xq + 4 * t, 4);
+        const __m256i x = _mm256_set1_epi32(a);
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm256_dpbusd_avx_epi32(
+                s[h], _mm256_loadu_si256((const __m256i*)(blk + 64 * t + 32 * h)), x);
+    }
+}
+
+/* One 16-row group of y = W x from the packed copy at a 256-bit level: the block sums less the
+ * offset's (off sum qx), times d_w d_x, on two chains (even and odd blocks) per half; Q4_1's
+ * minimums times sum x on a chain of their own. */
+#define GEMV_GROUP_256(NAME, TARGET, Q4SUMS, Q8SUMS)                                               \
+    __attribute__((target(TARGET))) static void NAME(float* y, const QMatrix* w, const XBlock* xb, \
+                                                     const float* bias, int g) {                   \
+        const int nb = w->cols / 32, q8 = w->type == QTYPE_Q8_0, q41 = w->type == QTYPE_Q4_1;      \
+        const size_t S = vnni_block_bytes(w->type), so = q8 ? 512 : 256;                           \
+        const int off = panel_offset(w->type, w->packed_isa == QUANT_ISA_AVX2);                    \
+        __m256 acc[2][2], cacc[2];                                                                 \
+        for (int h = 0; h < 2; h++) acc[0][h] = acc[1][h] = cacc[h] = _mm256_setzero_ps();         \
+        const uint8_t* base = w->packed + (size_t)g * nb * S;                                      \
+        for (int k = 0; k < nb; k++) {                                                             \
+            const uint8_t* blk = base + (size_t)k * S;                                             \
+            const XBlock* x = xb + k;                                                              \
+            __m256i s[2];                                                                          \
+            if (q8)                                                                                \
+                Q8SUMS(s, blk, x->q);                                                              \
+            else                                                                                   \
+                Q4SUMS(s, blk, x->q);                                                              \
+            const __m256i corr = _mm256_set1_epi32(off * x->qsum);                                 \
+            const __m256 dx = _mm256_set1_ps(x->d);                                                \
+            for (int h = 0; h < 2; h++) {                                                          \
+                const __m256 d =                                                                   \
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + so + 16 * h)));         \
+                acc[k & 1][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s[h], corr)),  \
+                                                _mm256_mul_ps(d, dx), acc[k & 1][h]);              \
+                if (q41)                                                                           \
+                    cacc[h] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(                     \
+                                                  (const __m128i*)(blk + so + 32 + 16 * h))),      \
+                                              _mm256_set1_ps(x->sum), cacc[h]);                    \
+            }                                                                                      \
+        }                                                                                          \
+        float r[16];                                                                               \
+        for (int h = 0; h < 2; h++)                                                                \
+            _mm256_storeu_ps(r + 8 * h,                                                            \
+                             _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[1][h]), cacc[h]));         \
+        const int nr = w->rows - 16 * g < 16 ? w->rows - 16 * g : 16;                              \
+        for (int i = 0; i < nr; i++) y[16 * g + i] = r[i] + (bias ? bias[16 * g + i] : 0.0f);      \
+    }
+
+GEMV_GROUP_256(gemv_avx2_group, "avx2,fma,f16c", q4_sums_avx2, q8_sums_avx2)
+GEMV_GROUP_256(gemv_avxvnni_group, "avx2,fma,f16c,avxvnni", q4_sums_avxvnni, q8_sums_avxvnni)
+
+typedef void (*GemvGroup)(float* y, const QMatrix* w, const XBlock* xb, const float* bias, int g);
+
 #endif
 
 /* The n rows of x (n, cols) against W into the rows of y (ldy apart), each row's arithmetic
@@ -636,14 +760,16 @@ static void matvec(float* y, size_t ldy, const QMatrix* w, const float* x, int n
             quantize_rows(xb + (size_t)i * nb, x + (size_t)i * w->cols, w->cols, vector);
     }
 #if defined(__x86_64__)
-    if (vector && w->vnni && quant_isa() == QUANT_ISA_AVX512_VNNI) {
+    if (vector && w->packed && quant_isa() == w->packed_isa) {
         /* the loop stays apart from the target-specific body: clang outlines an OpenMP region
          * into a function of its own, without the target attribute */
+        static const GemvGroup group_at[QUANT_ISA_COUNT] = {NULL, gemv_avx2_group,
+                                                            gemv_avxvnni_group, gemv_vnni_group};
+        const GemvGroup group = group_at[w->packed_isa];
         const int groups = (w->rows + 15) / 16;
 #pragma omp parallel for schedule(static)
         for (int g = 0; g < groups; g++)
-            for (int i = 0; i < n; i++)
-                gemv_vnni_group(y + (size_t)i * ldy, w, xb + (size_t)i * nb, bias, g);
+            for (int i = 0; i < n; i++) group(y + (size_t)i * ldy, w, xb + (size_t)i * nb, bias, g);
         if (xb != stack) free(xb);
         return;
     }

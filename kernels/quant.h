@@ -29,8 +29,10 @@ typedef struct {
     int type, rows, cols;
     size_t row_bytes;
     const uint8_t* data;
-    /* qmatrix_prepare's copy for the AVX-512 VNNI decode product (owned; NULL: none) */
-    uint8_t* vnni;
+    /* qmatrix_prepare's copy for the packed decode products (owned; NULL: none), and the
+     * instruction-set level it was laid out for (its Q8_0 weights are signed at avx2) */
+    uint8_t* packed;
+    int packed_isa;
 } QMatrix;
 
 /* Instruction-set levels of the kernels, chosen at run time: the best this CPU has, or the one
@@ -59,11 +61,12 @@ int qtype_supported(int type);
 size_t qtype_row_bytes(int type, int cols);
 /* Row r of w as floats (cols of them): an embedding lookup from stored blocks. */
 void qrow(float* out, const QMatrix* w, int r);
-/* At the level avx512_vnni, a Q4_0, Q4_1 or Q8_0 matrix gets a second copy of its blocks laid
- * out for VPDPBUSD (16 rows x 4 weights in a register: 4-bit weights stay 4-bit, fp16 scales;
- * the same bytes as the file's), which qmatvec then reads instead of the file's rows: 16 rows
- * per instruction instead of one. Nothing at other levels or for other formats.
- * qmatrix_release frees it. */
+/* At the levels avx2 and above, a Q4_0, Q4_1 or Q8_0 matrix gets a second copy of its blocks
+ * laid out in groups of 16 rows x 4 weights (4-bit weights stay 4-bit, fp16 scales; the same
+ * bytes as the file's), which qmatvec then reads instead of the file's rows: 16 rows per
+ * VPDPBUSD at avx512_vnni, 8 per VPDPBUSD (avx_vnni) or VPMADDUBSW (avx2) instead of one.
+ * Nothing at the scalar level or for other formats; a copy made for one level is not read at
+ * another. qmatrix_release frees it. */
 void qmatrix_prepare(QMatrix* w);
 void qmatrix_release(QMatrix* w);
 /* y (rows) = W x (cols) + bias (may be NULL); rows split over the OpenMP threads. */

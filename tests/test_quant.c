@@ -62,9 +62,12 @@ static uint8_t* random_matrix(int type, int rows, int cols, Rng* r) {
 
 static void check_format(int type, const char* name, Rng* r) {
     enum { rows = 37, cols = 512, n = 11 };
-    QMatrix w = {type, rows, cols, qtype_row_bytes(type, cols), random_matrix(type, rows, cols, r),
-                 NULL};
-    qmatrix_prepare(&w); /* the VNNI decode copy, where this level and format have one */
+    QMatrix w = {.type = type,
+                 .rows = rows,
+                 .cols = cols,
+                 .row_bytes = qtype_row_bytes(type, cols),
+                 .data = random_matrix(type, rows, cols, r)};
+    qmatrix_prepare(&w); /* the packed decode copy, where this level and format have one */
     float* dense = mallocCheck(sizeof(float) * rows * cols);
     CHECK(ggml_dequantize(dense, w.data, (uint32_t)type, (uint64_t)rows * cols) == 0,
           "%s: dequantise", name);
