@@ -178,5 +178,14 @@ out=$("$focus" eval ppl --model "$work/scratch_focus/model.gguf" --tokenizer ../
 [ "$(grep -c '"ppl_hard"' "$work/scratch_focus/metrics.jsonl")" -eq 3 ] && [ "$(grep -c '"ppl"' "$work/scratch_dense/metrics.jsonl")" -eq 3 ] && echo "$out" | grep -q "pairs kept" && ok "pretrain dense and focus, evaluated at steps 0, 2 and 3; model.gguf + router.h5 load" || { bad "pretrain: $out"; cat "$work/scratch_focus/metrics.jsonl"; }
 err=$("$focus" pretrain --config configs/tiny.conf --set model="$work/full/base.gguf" --out "$work/scratch_bad" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "model = scratch" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "pretrain refuses a pretrained model" || bad "pretrain non-scratch: rc=$rc $err"
+# a model with sliding-window layers (Gemma 3, when fetched): fit-blocks fits the global layers
+# only (5, 11, 17), the others keep their own window; per-layer budgets over those three
+gm=cache/models/gemma-3-270m-q4_k_m.gguf
+if [ -f "$gm" ]; then
+    "$focus" fit-blocks --model "$gm" --data ../shared/data/tinyshakespeare/input.txt --ctx 64 --windows 2 --queries 16 --iters 20 --set w=8 --set block=8 --set blocks=2 --budget layers --out "$work/gsel.h5" > "$work/gfit.log" 2>&1
+    [ "$(grep -c "own sliding window .*not fitted" "$work/gfit.log")" -eq 15 ] && [ "$(grep -c "^  layer  *\(5\|11\|17\): [0-9.]* -> " "$work/gfit.log")" -eq 3 ] && grep -q "^per-layer budgets (2 blocks on average, at least 1, at most 8): [0-9] [0-9] [0-9]$" "$work/gfit.log" && [ -s "$work/gsel.h5" ] && ok "fit-blocks on Gemma 3: the 3 global layers fitted, 15 keep their window" || { bad "fit-blocks on Gemma 3"; tail -8 "$work/gfit.log"; }
+else
+    echo "  skip fit-blocks on Gemma 3 ($gm absent: bash scripts/fetch_model.sh gemma3-270m)"
+fi
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -36,16 +36,22 @@ static const char fit_usage[] =
     "--init starts from a selector's weights (with --windows 0: no fitting, only the held-out\n"
     "report and the budgets). Evaluate it with --router SELECTOR.h5 --attn blocks_learned\n"
     "(eval ppl) or --modes blocks_learned:8 (eval curve, eval passkey); generate, bench decode\n"
-    "and serve take it with --router too.\n";
+    "and serve take it with --router too. On a model with sliding-window layers (Gemma 3) only\n"
+    "the layers the selector acts on are sampled and fitted: under local = window (the default)\n"
+    "the global ones, the others keeping their own window.\n";
 
 typedef struct {
     BlockFit* fit;
+    const Model* m;
     int nq;
     uint64_t seed;
 } Observer;
 
+/* Samples of the layers the selector acts on: a sliding-window layer under local = window keeps
+ * its own band, so its samples (and its fit) would be spent on weights nothing reads. */
 static void observe(void* ctx, int layer, const real* qkv, int B, int T) {
     Observer* o = ctx;
+    if (!model_layer_routed(o->m, layer)) return;
     for (int b = 0; b < B; b++)
         blockfit_add(o->fit, layer,
                      qkv + (size_t)b * T * (o->fit->NH + 2 * o->fit->NKV) * o->fit->hs, T, o->nq,
@@ -55,7 +61,7 @@ static void observe(void* ctx, int layer, const real* qkv, int B, int T) {
 /* Run dense forward passes over n windows of ctx tokens starting at the offsets, feeding fit. */
 static void collect(Model* m, BlockFit* fit, const int* ids, const size_t* offs, int n, int ctx,
                     int nq, uint64_t seed, const char* what) {
-    Observer o = {fit, nq, seed};
+    Observer o = {fit, m, nq, seed};
     m->qkv_observer = observe;
     m->qkv_observer_ctx = &o;
     for (int k = 0; k < n; k++) {
@@ -82,13 +88,17 @@ static void report_kept(const BlockFit* h, const real* init, const real* wgt, in
            h->bs);
     for (int s = 0; s < 5; s++) {
         double sum = 0, worst = 1;
+        int fitted = 0;
         for (int l = 0; l < h->L; l++) {
+            if (!blockfit_samples(h, l)) continue; /* a layer with its own window */
+            fitted++;
             const real* w = s == 2 ? init : wgt;
             double k = blockfit_kept(h, l, how[s], w + (size_t)l * h->NH * W, nsel);
             sum += k;
             worst = k < worst ? k : worst;
         }
-        printf("  %-22s mean over layers %.4f, lowest layer %.4f\n", names[s], sum / h->L, worst);
+        printf("  %-22s mean over layers %.4f, lowest layer %.4f\n", names[s],
+               fitted ? sum / fitted : 0.0, worst);
     }
 }
 
@@ -174,7 +184,14 @@ int cmd_fitblocks(int argc, char** argv) {
         "fit: %d Adam steps per (layer, head) in %.1f s; KL (nats) from the dense mass, mean "
         "over heads, training samples:\n",
         iters, (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
+    int routed = 0;
     for (int l = 0; l < c->L; l++) {
+        if (!model_layer_routed(&m, l)) {
+            printf("  layer %2d: its own sliding window (keys i - j <= %d; not fitted)\n", l,
+                   model_layer_spec(c, l).window);
+            continue;
+        }
+        routed++;
         double b = 0, a = 0, hb = 0, ha = 0;
         for (int h = 0; h < c->NH; h++) {
             b += before[l * c->NH + h], a += after[l * c->NH + h];
@@ -191,27 +208,35 @@ int cmd_fitblocks(int argc, char** argv) {
     BlockGateInfo bi = {f.block, f.w, f.sinks, 0, NULL};
     int* blocks = NULL;
     if (per_layer) { /* each layer's held-out mass against its budget, then the greedy shares */
+        /* over the layers the selector acts on; the others keep the uniform number (unread) */
         const int nmax = 4 * f.blocks;
-        double* curves = mallocCheck(sizeof(double) * (size_t)c->L * (nmax + 1));
-        for (int l = 0; l < c->L; l++)
-            blockfit_kept_curve(&held, l, BLOCKS_LEARNED, wgt + (size_t)l * c->NH * W, nmax,
-                                curves + (size_t)l * (nmax + 1));
+        double* curves = mallocCheck(sizeof(double) * (size_t)routed * (nmax + 1));
+        int* at = mallocCheck(sizeof(int) * (size_t)routed);
+        int* got_blocks = mallocCheck(sizeof(int) * (size_t)routed);
+        for (int l = 0, r = 0; l < c->L; l++)
+            if (model_layer_routed(&m, l)) {
+                at[r] = l;
+                blockfit_kept_curve(&held, l, BLOCKS_LEARNED, wgt + (size_t)l * c->NH * W, nmax,
+                                    curves + (size_t)r++ * (nmax + 1));
+            }
+        blockfit_allocate(curves, routed, nmax, f.blocks, floor, got_blocks);
         blocks = mallocCheck(sizeof(int) * c->L);
-        blockfit_allocate(curves, c->L, nmax, f.blocks, floor, blocks);
+        for (int l = 0; l < c->L; l++) blocks[l] = f.blocks;
         double uni = 0, got = 0;
         printf("per-layer budgets (%d blocks on average, at least %d, at most %d):", f.blocks,
                floor < f.blocks ? floor : f.blocks, nmax);
-        for (int l = 0; l < c->L; l++) {
-            uni += curves[(size_t)l * (nmax + 1) + f.blocks];
-            got += curves[(size_t)l * (nmax + 1) + blocks[l]];
-            printf(" %d", blocks[l]);
+        for (int r = 0; r < routed; r++) {
+            blocks[at[r]] = got_blocks[r];
+            uni += curves[(size_t)r * (nmax + 1) + f.blocks];
+            got += curves[(size_t)r * (nmax + 1) + got_blocks[r]];
+            printf(" %d", got_blocks[r]);
         }
         printf(
             "\nheld-out mass kept, mean over layers: %.4f with %d blocks in every layer, %.4f "
             "with the per-layer budgets\n",
-            uni / c->L, f.blocks, got / c->L);
+            routed ? uni / routed : 0.0, f.blocks, routed ? got / routed : 0.0);
         bi.n0 = f.blocks, bi.blocks = blocks;
-        free(curves);
+        free(curves), free(at), free(got_blocks);
     }
     blockgate_save(out, &m, wgt, &bi, model_fingerprint(&m));
     printf("wrote %s: evaluate with --router %s --modes blocks_learned:%d\n", out, out, f.blocks);
