@@ -100,95 +100,32 @@ static void gguf_slab(void* ctx, int t, int l, real* dst) {
     const GGUFSource* s = ctx;
     const GGUFFile* f = s->f;
     const ModelConfig* c = &s->cfg;
-    const int llama = c->arch != ARCH_GPT2; /* llama and gemma3: q, k, v and gate, up apart */
+    const int split = c->arch != ARCH_GPT2; /* llama and gemma3: q, k, v and gate, up apart */
     const size_t C = c->C, F = c->F, hs = model_head_size(c), nq = (size_t)c->NH * hs,
                  nk = (size_t)c->NKV * hs;
-    if (s->lean && (t == 0 || t == 4 || t == 6 || t == 10 || t == 12 || t == 16)) return;
+    const ParamSpec* p = &model_params[t];
+    if (s->lean && p->native) return;
     char n[96];
 #define T(name, d, rows, cols) \
     (snprintf(n, sizeof n, "blk.%d.%s", l, name), gguf_load_tensor(f, n, d, rows, cols))
-    switch (t) {
-        case 0:
-            gguf_load_tensor(f, "token_embd.weight", dst, c->V, C);
-            break;
-        case 1:
-            gguf_load_tensor(f, "position_embd.weight", dst, c->maxT, C);
-            break;
-        case 2:
-            T("attn_norm.weight", dst, 1, C);
-            break;
-        case 3:
-            T("attn_norm.bias", dst, 1, C);
-            break;
-        case 4:
-            if (!llama) {
-                T("attn_qkv.weight", dst, nq + 2 * nk, C);
-                break;
-            }
-            T("attn_q.weight", dst, nq, C);
-            T("attn_k.weight", dst + nq * C, nk, C);
-            T("attn_v.weight", dst + (nq + nk) * C, nk, C);
-            break;
-        case 5:
-            if (!llama) {
-                T("attn_qkv.bias", dst, 1, nq + 2 * nk);
-                break;
-            }
-            T("attn_q.bias", dst, 1, nq);
-            T("attn_k.bias", dst + nq, 1, nk);
-            T("attn_v.bias", dst + nq + nk, 1, nk);
-            break;
-        case 6:
-            T("attn_output.weight", dst, C, nq);
-            break;
-        case 7:
-            T("attn_output.bias", dst, 1, C);
-            break;
-        case 8:
-            T("ffn_norm.weight", dst, 1, C);
-            break;
-        case 9:
-            T("ffn_norm.bias", dst, 1, C);
-            break;
-        case 10:
-            if (llama) {
-                T("ffn_gate.weight", dst, F, C);
-                T("ffn_up.weight", dst + F * C, F, C);
-            } else {
-                T("ffn_up.weight", dst, F, C);
-            }
-            break;
-        case 11:
-            T("ffn_up.bias", dst, 1, F);
-            break;
-        case 12:
-            T("ffn_down.weight", dst, C, F);
-            break;
-        case 13:
-            T("ffn_down.bias", dst, 1, C);
-            break;
-        case 14:
-            gguf_load_tensor(f, "output_norm.weight", dst, 1, C);
-            break;
-        case 15:
-            gguf_load_tensor(f, "output_norm.bias", dst, 1, C);
-            break;
-        case 16:
-            gguf_load_tensor(f, "output.weight", dst, c->V, C);
-            break;
-        case 17: /* gemma3: the norms of QK-norm and the sandwich (GGUF holds them with Gemma's +1)
-                  */
-            T("attn_q_norm.weight", dst, 1, hs);
-            break;
-        case 18:
-            T("attn_k_norm.weight", dst, 1, hs);
-            break;
-        case 19:
-            T("post_attention_norm.weight", dst, 1, C);
-            break;
-        case 20:
-            T("post_ffw_norm.weight", dst, 1, C);
-            break;
+    if (split && t == P_QKVW) {
+        T("attn_q.weight", dst, nq, C);
+        T("attn_k.weight", dst + nq * C, nk, C);
+        T("attn_v.weight", dst + (nq + nk) * C, nk, C);
+    } else if (split && t == P_QKVB) {
+        T("attn_q.bias", dst, 1, nq);
+        T("attn_k.bias", dst + nq, 1, nk);
+        T("attn_v.bias", dst + nq + nk, 1, nk);
+    } else if (split && t == P_FCW) {
+        T("ffn_gate.weight", dst, F, C);
+        T("ffn_up.weight", dst + F * C, F, C);
+    } else { /* one tensor of the file, named in model_params */
+        size_t rows, cols;
+        model_param_shape(c, t, &rows, &cols);
+        if (p->per_layer)
+            T(p->gguf, dst, rows, cols);
+        else
+            gguf_load_tensor(f, p->gguf, dst, rows, cols);
     }
 #undef T
 }
@@ -313,7 +250,8 @@ typedef struct {
 static void llmc_slab(void* ctx, int t, int l, real* dst) {
     (void)l;
     LlmcSource* s = ctx;
-    const size_t n = model_param_slab(&s->cfg, t), nfile = t == 0 ? (size_t)s->Vp * s->cfg.C : n;
+    const size_t n = model_param_slab(&s->cfg, t),
+                 nfile = t == P_WTE ? (size_t)s->Vp * s->cfg.C : n;
     if (s->esz == 4) {
         if (fread(dst, 4, n, s->fp) != n) fatal("%s: truncated parameter data", s->path);
         if (nfile > n && fseek(s->fp, (long)((nfile - n) * 4), SEEK_CUR))
@@ -641,53 +579,54 @@ static void safe_slab(void* ctx, int t, int l, real* dst) {
                                                 0,    F,       0, C, 0, 0, 0, 0};
         const size_t cols[NUM_PARAM_TENSORS] = {C, C, C, C, C, Q, C, C, C, C, C, F, F, C, C, C, 0};
         if (!names[t]) fatal("%s: internal: GPT-2 has no tensor %d", set->name, t);
-        if (t >= 2 && t <= 13)
+        if (model_params[t].per_layer)
             snprintf(n, sizeof n, "%sh.%d.%s", s->pre, l, names[t]);
         else
             snprintf(n, sizeof n, "%s%s", s->pre, names[t]);
-        safe_tensor(set, n, dst, rows[t], cols[t], t == 4 || t == 6 || t == 10 || t == 12, 0);
+        /* GPT-2's Conv1D projections are stored transposed */
+        safe_tensor(set, n, dst, rows[t], cols[t], model_params[t].proj >= 0, 0);
         return;
     }
 #define G(name, d, rows, cols) \
     (snprintf(n, sizeof n, "model.layers.%d.%s", l, name), safe_tensor(set, n, d, rows, cols, 0, 0))
     switch (t) {
-        case 0:
+        case P_WTE:
             safe_tensor(set, "model.embed_tokens.weight", dst, c->V, C, 0, 0);
             break;
-        case 2:
+        case P_LN1W:
             G("input_layernorm.weight", dst, 0, C);
             break;
-        case 4:
+        case P_QKVW:
             G("self_attn.q_proj.weight", dst, nq, C);
             G("self_attn.k_proj.weight", dst + nq * C, nk, C);
             G("self_attn.v_proj.weight", dst + (nq + nk) * C, nk, C);
             unpermute_rope(dst, c->NH, (int)hs, C);
             unpermute_rope(dst + nq * C, c->NKV, (int)hs, C);
             break;
-        case 5:
+        case P_QKVB:
             G("self_attn.q_proj.bias", dst, 0, nq);
             G("self_attn.k_proj.bias", dst + nq, 0, nk);
             G("self_attn.v_proj.bias", dst + nq + nk, 0, nk);
             unpermute_rope(dst, c->NH, (int)hs, 1);
             unpermute_rope(dst + nq, c->NKV, (int)hs, 1);
             break;
-        case 6:
+        case P_ATTPROJW:
             G("self_attn.o_proj.weight", dst, C, C);
             break;
-        case 8:
+        case P_LN2W:
             G("post_attention_layernorm.weight", dst, 0, C);
             break;
-        case 10:
+        case P_FCW:
             G("mlp.gate_proj.weight", dst, F, C);
             G("mlp.up_proj.weight", dst + F * C, F, C);
             break;
-        case 12:
+        case P_FCPROJW:
             G("mlp.down_proj.weight", dst, C, F);
             break;
-        case 14:
+        case P_LNFW:
             safe_tensor(set, "model.norm.weight", dst, 0, C, 0, 0);
             break;
-        case 16:
+        case P_LMHEAD:
             safe_tensor(set, "lm_head.weight", dst, c->V, C, 0, 0);
             break;
         default:

@@ -92,32 +92,106 @@ int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
     return 0;
 }
 
+/* name, per layer, cut, projection, native, init, GGUF name */
+const ParamSpec model_params[NUM_PARAM_TENSORS] = {
+    [P_WTE] = {"wte", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "token_embd.weight"},
+    [P_WPE] = {"wpe", 0, CUT_WHOLE, -1, 0, INIT_RANDOM, "position_embd.weight"},
+    [P_LN1W] = {"ln1w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_norm.weight"},
+    [P_LN1B] = {"ln1b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_norm.bias"},
+    [P_QKVW] = {"qkvw", 1, CUT_HEAD_ROWS, 0, 1, INIT_RANDOM, "attn_qkv.weight"},
+    [P_QKVB] = {"qkvb", 1, CUT_HEAD_ROWS, -1, 0, INIT_ZERO, "attn_qkv.bias"},
+    [P_ATTPROJW] = {"attprojw", 1, CUT_HEAD_COLS, 1, 1, INIT_RANDOM, "attn_output.weight"},
+    [P_ATTPROJB] = {"attprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_output.bias"},
+    [P_LN2W] = {"ln2w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "ffn_norm.weight"},
+    [P_LN2B] = {"ln2b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_norm.bias"},
+    [P_FCW] = {"fcw", 1, CUT_FFN_ROWS, 2, 1, INIT_RANDOM, "ffn_up.weight"},
+    [P_FCB] = {"fcb", 1, CUT_FFN_ROWS, -1, 0, INIT_ZERO, "ffn_up.bias"},
+    [P_FCPROJW] = {"fcprojw", 1, CUT_FFN_COLS, 3, 1, INIT_RANDOM, "ffn_down.weight"},
+    [P_FCPROJB] = {"fcprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_down.bias"},
+    [P_LNFW] = {"lnfw", 0, CUT_WHOLE, -1, 0, INIT_ONE, "output_norm.weight"},
+    [P_LNFB] = {"lnfb", 0, CUT_WHOLE, -1, 0, INIT_ZERO, "output_norm.bias"},
+    [P_LMHEAD] = {"lmhead", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "output.weight"},
+    /* gemma3: the norms of QK-norm and the sandwich (GGUF holds them with Gemma's +1) */
+    [P_QNORMW] = {"qnormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_q_norm.weight"},
+    [P_KNORMW] = {"knormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_k_norm.weight"},
+    [P_PAN] = {"pan", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_attention_norm.weight"},
+    [P_PFN] = {"pfn", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_ffw_norm.weight"},
+};
+
+/* the table's order is Params' */
+_Static_assert(offsetof(Params, pfn) == P_PFN * sizeof(real*) &&
+                   offsetof(Params, qkvw) == P_QKVW * sizeof(real*) &&
+                   sizeof(Params) == NUM_PARAM_TENSORS * sizeof(real*),
+               "model_params and Params disagree");
+
+void model_param_shape(const ModelConfig* c, int t, size_t* rows, size_t* cols) {
+    const size_t C = c->C, V = c->V, Q = model_qkv_width(c), FC = model_fc_width(c),
+                 F = model_ffn(c), A = model_att_width(c), hs = model_head_size(c);
+    const int g = c->arch == ARCH_GPT2, gemma = c->arch == ARCH_GEMMA3;
+    size_t r = 1, k = C;
+    switch ((ParamId)t) {
+        case P_WTE:
+            r = V;
+            break;
+        case P_WPE:
+            r = g ? (size_t)c->maxT : 0;
+            break;
+        case P_QKVW:
+            r = Q;
+            break;
+        case P_QKVB:
+            r = g || c->qkv_bias, k = Q;
+            break;
+        case P_ATTPROJW:
+            r = C, k = A;
+            break;
+        case P_FCW:
+            r = FC;
+            break;
+        case P_FCB:
+            r = g, k = FC;
+            break;
+        case P_FCPROJW:
+            r = C, k = F;
+            break;
+        case P_LMHEAD:
+            r = c->tied ? 0 : V;
+            break;
+        case P_QNORMW:
+        case P_KNORMW:
+            r = gemma, k = hs;
+            break;
+        case P_PAN:
+        case P_PFN:
+            r = gemma;
+            break;
+        case P_LN1B:
+        case P_ATTPROJB:
+        case P_LN2B:
+        case P_FCPROJB:
+        case P_LNFB:
+            r = g;
+            break;
+        case P_LN1W:
+        case P_LN2W:
+        case P_LNFW:
+            break;
+        case NUM_PARAM_TENSORS:
+            fatal("internal: parameter tensor %d", t);
+    }
+    *rows = r, *cols = k;
+}
+
+static int param_layers(const ModelConfig* c, int t) {
+    return model_params[t].per_layer ? c->L : 1;
+}
+
 static void param_sizes(size_t* s, const ModelConfig* c) {
-    size_t L = c->L, C = c->C, V = c->V, Q = model_qkv_width(c), FC = model_fc_width(c),
-           F = model_ffn(c), A = model_att_width(c);
-    int g = c->arch == ARCH_GPT2;
-    s[0] = V * C;
-    s[1] = g ? (size_t)c->maxT * C : 0;
-    s[2] = L * C;
-    s[3] = g ? L * C : 0;
-    s[4] = L * Q * C;
-    s[5] = (g || c->qkv_bias) ? L * Q : 0;
-    s[6] = L * C * A;
-    s[7] = g ? L * C : 0;
-    s[8] = L * C;
-    s[9] = g ? L * C : 0;
-    s[10] = L * FC * C;
-    s[11] = g ? L * FC : 0;
-    s[12] = L * C * F;
-    s[13] = g ? L * C : 0;
-    s[14] = C;
-    s[15] = g ? C : 0;
-    s[16] = c->tied ? 0 : V * C;
-    const int gemma = c->arch == ARCH_GEMMA3;
-    s[17] = gemma ? L * model_head_size(c) : 0;
-    s[18] = gemma ? L * model_head_size(c) : 0;
-    s[19] = gemma ? L * C : 0;
-    s[20] = gemma ? L * C : 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t r, k;
+        model_param_shape(c, t, &r, &k);
+        s[t] = (size_t)param_layers(c, t) * r * k;
+    }
 }
 
 size_t model_param_count(const ModelConfig* c) {
@@ -205,14 +279,11 @@ uint64_t model_fingerprint(const Model* m) {
     return model_tp(&m->cfg) > 1 || m->wbf16 ? m->whole_fingerprint : model_weights_hash(m);
 }
 
-static const int bf16_tensors[4] = {4, 6, 10, 12}; /* qkvw, attprojw, fcw, fcprojw */
+/* The store's four projection matrices, by their place in it. */
+static const int bf16_tensors[4] = {P_QKVW, P_ATTPROJW, P_FCW, P_FCPROJW};
 
 /* The store's index of parameter tensor t, or -1 for a tensor kept in fp32. */
-static int bf16_index(int t) {
-    for (int k = 0; k < 4; k++)
-        if (bf16_tensors[k] == t) return k;
-    return -1;
-}
+static int bf16_index(int t) { return model_params[t].proj; }
 
 static void drop_pages(void* p, size_t n);
 
@@ -283,40 +354,36 @@ static void copy_cols(real* dst, const real* src, size_t rows, size_t cols, size
     for (size_t r = 0; r < rows; r++) memcpy(dst + r * n, src + r * cols + c0, sizeof(real) * n);
 }
 
-/* Tensors 2 .. 13 of Params (ln1w .. fcprojb) and 17 .. 20 (qnormw .. pfn) are stacked over
- * layers. */
-static int param_layers(const ModelConfig* c, int t) {
-    return (t >= 2 && t <= 13) || t >= 17 ? c->L : 1;
-}
-
 /* Slab l of parameter tensor t of the whole model w (in stage): the part slice c holds, to dst. */
 static void slice_slab(const ModelConfig* c, const ModelConfig* w, int t, const real* stage,
                        real* dst) {
-    const size_t C = w->C, hs = model_head_size(w), F = w->F, cols = t == 4 ? C : 1;
+    size_t rows, cols;
+    model_param_shape(w, t, &rows, &cols);
+    const size_t hs = model_head_size(w), F = w->F;
     const size_t nh = model_heads(c), h0 = (size_t)c->tp_rank * nh, Fl = model_ffn(c);
     const size_t f0 = (size_t)c->tp_rank * Fl;
-    switch (t) {
-        case 4: /* qkvw, qkvb: column-parallel, this slice's q heads, then the k and v heads */
-        case 5:
-            dst = copy_rows(dst, stage, h0 * hs, nh * hs, cols);
+    /* a bias is one row: its "rows" below are its elements */
+    const size_t per = rows == 1 ? 1 : cols;
+    switch (model_params[t].cut) {
+        case CUT_HEAD_ROWS: /* qkvw, qkvb: this slice's q heads, then its k and v heads */
+            dst = copy_rows(dst, stage, h0 * hs, nh * hs, per);
             for (int kv = 0; kv < 2; kv++)
                 for (int j = 0; j < model_kv_heads(c); j++)
                     dst = copy_rows(
                         dst, stage,
-                        ((size_t)w->NH + (size_t)kv * w->NKV + model_kv_head(c, j)) * hs, hs, cols);
+                        ((size_t)w->NH + (size_t)kv * w->NKV + model_kv_head(c, j)) * hs, hs, per);
             break;
-        case 6: /* attprojw: row-parallel, the input columns of this slice's heads */
-            copy_cols(dst, stage, C, (size_t)w->NH * hs, h0 * hs, nh * hs);
+        case CUT_HEAD_COLS: /* attprojw: the input columns of this slice's heads */
+            copy_cols(dst, stage, rows, cols, h0 * hs, nh * hs);
             break;
-        case 10: /* fcw, fcb: column-parallel (llama: the gate rows, then the up rows) */
-        case 11:
+        case CUT_FFN_ROWS: /* fcw, fcb: this slice's units (llama: of the gate, then of up) */
             for (size_t part = 0; part < (size_t)model_fc_width(w) / F; part++)
-                dst = copy_rows(dst, stage, part * F + f0, Fl, t == 10 ? C : 1);
+                dst = copy_rows(dst, stage, part * F + f0, Fl, per);
             break;
-        case 12: /* fcprojw: row-parallel, the input columns of this slice's units */
-            copy_cols(dst, stage, C, F, f0, Fl);
+        case CUT_FFN_COLS: /* fcprojw: the input columns of this slice's units */
+            copy_cols(dst, stage, rows, cols, f0, Fl);
             break;
-        default: /* norms, embeddings, head, output biases: whole */
+        case CUT_WHOLE: /* norms, embeddings, head, output biases */
             memcpy(dst, stage, sizeof(real) * model_param_slab(c, t));
     }
 }
@@ -329,8 +396,7 @@ size_t model_param_slab(const ModelConfig* c, int t) {
 
 /* Tensor t passes through model_fill's stage: cut into slices (tp) or stored in bf16. */
 static int staged(int t, int tp, int bf16) {
-    return (tp && (t == 4 || t == 5 || t == 6 || t == 10 || t == 11 || t == 12)) ||
-           (bf16 && bf16_index(t) >= 0);
+    return (tp && model_params[t].cut != CUT_WHOLE) || (bf16 && bf16_index(t) >= 0);
 }
 
 void model_fill(Model* m, const ModelConfig* whole, const WeightSource* src) {

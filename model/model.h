@@ -157,7 +157,51 @@ static inline uint64_t focus_random_seed(const FocusConfig* f, int l) {
     return f->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(l + 1);
 }
 
-#define NUM_PARAM_TENSORS 21
+/* The parameter tensors by name: each one's place in Params (below), what it is in
+ * model_params, its shape from the config in model_param_shape. */
+typedef enum {
+    P_WTE,
+    P_WPE,
+    P_LN1W,
+    P_LN1B,
+    P_QKVW,
+    P_QKVB,
+    P_ATTPROJW,
+    P_ATTPROJB,
+    P_LN2W,
+    P_LN2B,
+    P_FCW,
+    P_FCB,
+    P_FCPROJW,
+    P_FCPROJB,
+    P_LNFW,
+    P_LNFB,
+    P_LMHEAD,
+    P_QNORMW,
+    P_KNORMW,
+    P_PAN,
+    P_PFN,
+    NUM_PARAM_TENSORS
+} ParamId;
+
+/* What a tensor-parallel slice holds of a slab: all of it, the rows of its own heads (q heads,
+ * then the k and v heads it uses), of its own feed-forward units (llama: of the gate and of the
+ * up part), or the input columns of its heads / units. */
+typedef enum { CUT_WHOLE, CUT_HEAD_ROWS, CUT_FFN_ROWS, CUT_HEAD_COLS, CUT_FFN_COLS } ParamCut;
+typedef enum { INIT_RANDOM, INIT_ONE, INIT_ZERO } ParamInit;
+
+typedef struct {
+    const char* name; /* the field of Params */
+    int per_layer;    /* stacked over the layers: one slab per layer (else one slab) */
+    ParamCut cut;     /* tensor parallelism */
+    int proj;         /* 0-3: one of a layer's four projection matrices (the bf16 store's
+                       * place); -1 otherwise */
+    int native;       /* decoding from the file's blocks reads it there (a lean load skips it) */
+    ParamInit init;   /* synthetic weights (bench forward): N(0, 0.02), ones (norms), zeros */
+    const char* gguf; /* its GGUF tensor (per layer: after "blk.N."); the split forms of qkv
+                       * and of gate + up are the loader's */
+} ParamSpec;
+extern const ParamSpec model_params[NUM_PARAM_TENSORS];
 typedef struct {
     real* wte;      /* (V, C) */
     real* wpe;      /* (maxT, C)      gpt2 */
@@ -452,6 +496,9 @@ typedef struct {
 /* The reals of one slab (one layer's part of a tensor stacked over layers, or the whole of
  * another) of parameter tensor t of a model of shape c. */
 size_t model_param_slab(const ModelConfig* c, int t);
+/* The (rows, cols) of one slab of tensor t for config c (a slice's for a slice); rows 0 for a
+ * tensor this model does not have. */
+void model_param_shape(const ModelConfig* c, int t, size_t* rows, size_t* cols);
 /* Fill m's parameters from the whole model of shape `whole`: all of them, or, for a slice or a
  * bf16 store (model_build_slice), its part, each whole slab passing through one buffer (the
  * process never holds more than its weights and one slab) and hashed for the whole fp32 model's

@@ -158,7 +158,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         size_t lC = (size_t)l * C;
         norm_forward(m, &S, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
                      model_slice(p->ln1b, l, C), BT);
-        linear(m, la.qkv, la.ln1, 4, p->qkvb, l, BT, C, QKV);
+        linear(m, la.qkv, la.ln1, P_QKVW, p->qkvb, l, BT, C, QKV);
         lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
         if (S.qk_norm)
             qknorm_forward(la.qkv, la.qkpre, la.qkrstd, model_slice(p->qnormw, l, hs),
@@ -209,7 +209,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
             pattern_count(m, mode, la.mask, B, T, S.window);
         /* the attention output (gemma3: normed before the residual add) */
         real* ao = S.sandwich ? la.attp : la.res2;
-        linear(m, ao, la.att, 6, tp_bias(m, p->attprojb), l, BT, A, C);
+        linear(m, ao, la.att, P_ATTPROJW, tp_bias(m, p->attprojb), l, BT, A, C);
         lora_add(m, 1, l, ao, la.att, BT, A, C);
         tp_sum(m, ao, BT * C);
         if (S.sandwich)
@@ -218,11 +218,11 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
         norm_forward(m, &S, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
                      model_slice(p->ln2b, l, C), BT);
-        linear(m, la.fch, la.ln2, 10, p->fcb, l, BT, C, FC);
+        linear(m, la.fch, la.ln2, P_FCW, p->fcb, l, BT, C, FC);
         lora_add(m, 2, l, la.fch, la.ln2, BT, C, FC);
         act_forward(&S, la.fch_act, la.fch, BT, F);
         real* mo = S.sandwich ? la.mlpp : la.res3;
-        linear(m, mo, la.fch_act, 12, tp_bias(m, p->fcprojb), l, BT, F, C);
+        linear(m, mo, la.fch_act, P_FCPROJW, tp_bias(m, p->fcprojb), l, BT, F, C);
         lora_add(m, 3, l, mo, la.fch_act, BT, F, C);
         tp_sum(m, mo, BT * C);
         if (S.sandwich)
@@ -428,14 +428,14 @@ static void cpu_backward(Model* m, GradMode mode) {
         memset(dact, 0, sizeof(real) * BT * F);
         matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * F),
                         model_slice(g->fcprojb, l, C), dmo, la.fch_act,
-                        model_layer_weight(m, 12, l), BT, F, C);
+                        model_layer_weight(m, P_FCPROJW, l), BT, F, C);
         if (lora) lora_grad(m, 3, l, dact, dmo, la.fch_act, BT, F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
         act_backward(&S, dfch, la.fch, dact, BT, F);
         memset(dbuf, 0, sizeof(real) * BT * C);
         matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
                         model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
-                        model_layer_weight(m, 10, l), BT, C, FC);
+                        model_layer_weight(m, P_FCW, l), BT, C, FC);
         if (lora) lora_grad(m, 2, l, dbuf, dfch, la.ln2, BT, C, FC);
         tp_sum(m, dbuf, BT * C);
         norm_backward(m, &S, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
@@ -450,8 +450,8 @@ static void cpu_backward(Model* m, GradMode mode) {
         }
         memset(dbuf, 0, sizeof(real) * BT * A);
         matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * A),
-                        model_slice(g->attprojb, l, C), dao, la.att, model_layer_weight(m, 6, l),
-                        BT, A, C);
+                        model_slice(g->attprojb, l, C), dao, la.att,
+                        model_layer_weight(m, P_ATTPROJW, l), BT, A, C);
         if (lora) lora_grad(m, 1, l, dbuf, dao, la.att, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         const int router = router_on && model_layer_routed(m, l);
@@ -481,7 +481,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         if (l > 0 || all) {
             matmul_backward(dbuf, model_slice(g->qkvw, l, (size_t)QKV * C),
                             model_slice(g->qkvb, l, (size_t)QKV), dqkv, la.ln1,
-                            model_layer_weight(m, 4, l), BT, C, QKV);
+                            model_layer_weight(m, P_QKVW, l), BT, C, QKV);
             tp_sum(m, dbuf, BT * C); /* before the router's share, which every rank has whole */
         }
         if (lora) lora_grad(m, 0, l, l > 0 ? dbuf : NULL, dqkv, la.ln1, BT, C, QKV);

@@ -225,7 +225,8 @@ static int bench_attention_cuda(const int* Ts, int nT, const int* Ks, int nK, in
 static void random_slab(void* ctx, int t, int l, real* dst) {
     const ModelConfig* c = ctx;
     const size_t n = model_param_slab(c, t);
-    const int norm = t == 2 || t == 8 || t == 14, bias = t % 2 == 1 && t >= 3 && t <= 15;
+    const ParamInit init = model_params[t].init;
+    const int norm = init == INIT_ONE, bias = init == INIT_ZERO;
     Rng rng;
     rng_seed(&rng, 0x5eed0000ull + (uint64_t)t * 4096 + (uint64_t)l);
     for (size_t i = 0; i < n; i++) dst[i] = norm ? 1 : bias ? 0 : (real)(0.02 * rng_normal(&rng));
