@@ -7,7 +7,9 @@
 #   bash scripts/gemma_long.sh [OUT]     (default OUT: runs/gemma_long; about 75 minutes on 2 cores)
 # Needs build/focus, the model (bash scripts/fetch_model.sh gemma3-270m) and its PG-19 shards
 # (bash scripts/pg19_shards.sh build/focus cache/models/gemma-3-270m-q4_k_m.gguf cache/shards/gemma3).
-# PARTS (default "fit curve passkey speed") picks the parts to run.
+# PARTS (default "fit curve passkey speed") picks the parts to run; PARTS=router evaluates the
+# token router of `focus retrofit --config configs/gemma3_pg19.conf --out runs/gemma3` (ROUTER,
+# default runs/gemma3/router.h5): Focus k = 1 and k = 2 on the same tokens, passkey, speed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gemma_long}
@@ -40,6 +42,23 @@ if has passkey; then
   "$focus" eval passkey --model "$model" --router "$out/selector.h5" \
       --modes dense,window:512,blocks_learned:8 --lengths 8192,32768 --depths 0.25,0.75 \
       --trials 1 "${band[@]}" --out "$out/passkey.tsv"
+fi
+if has router; then
+  router=${ROUTER:-runs/gemma3/router.h5}
+  [ -f "$router" ] || { echo "gemma_long: $router missing (focus retrofit --config configs/gemma3_pg19.conf)"; exit 1; }
+  "$focus" eval curve --model "$model" --data "$shards/pg19test" --router "$router" \
+      --modes hard:1,hard:2 --ctx 8192 --max-tokens 16385 "${band[@]}" --out "$out/curve8k_router.tsv"
+  "$focus" eval curve --model "$model" --data "$shards/pg19test" --router "$router" \
+      --modes hard:1,hard:2 --ctx 32768 --max-tokens 32769 "${band[@]}" --out "$out/curve32k_router.tsv"
+  "$focus" eval passkey --model "$model" --router "$router" --modes hard:1,hard:2 \
+      --lengths 8192,32768 --depths 0.25,0.75 --trials 1 "${band[@]}" --out "$out/passkey_router.tsv"
+  for ctx in 8192 32736; do
+    for k in 1 2; do
+      echo "== ctx $ctx router k=$k" | tee -a "$out/speed_router.txt"
+      "$focus" bench decode --model "$model" --ctx "$ctx" -n 32 --router "$router" --topk $k \
+          "${band[@]}" | tee -a "$out/speed_router.txt"
+    done
+  done
 fi
 if has speed; then
   : >"$out/speed.txt"
