@@ -184,8 +184,14 @@ gm=cache/models/gemma-3-270m-q4_k_m.gguf
 if [ -f "$gm" ]; then
     "$focus" fit-blocks --model "$gm" --data ../shared/data/tinyshakespeare/input.txt --ctx 64 --windows 2 --queries 16 --iters 20 --set w=8 --set block=8 --set blocks=2 --budget layers --out "$work/gsel.h5" > "$work/gfit.log" 2>&1
     [ "$(grep -c "own sliding window .*not fitted" "$work/gfit.log")" -eq 15 ] && [ "$(grep -c "^  layer  *\(5\|11\|17\): [0-9.]* -> " "$work/gfit.log")" -eq 3 ] && grep -q "^per-layer budgets (2 blocks on average, at least 1, at most 8): [0-9] [0-9] [0-9]$" "$work/gfit.log" && [ -s "$work/gsel.h5" ] && ok "fit-blocks on Gemma 3: the 3 global layers fitted, 15 keep their window" || { bad "fit-blocks on Gemma 3"; tail -8 "$work/gfit.log"; }
+    # the token router on Gemma: one retrofit step; its pairs count the 15 sliding-window layers
+    # at their own window (at ctx 256 they keep every pair), the 3 global ones routed (w = 16)
+    "$focus" retrofit --config configs/gemma3_pg19.conf --set train=../shared/data/tinyshakespeare/input.txt --set val=../shared/data/tinyshakespeare/input.txt --set T=64 --set w=16 --set steps=1 --set eval_every=1 --set eval_tokens=128 --set warmup=0 --out "$work/gemma_rt" > "$work/gemma_rt.log" 2>&1
+    out=$("$focus" eval ppl --model "$gm" --router "$work/gemma_rt/router.h5" --attn hard --data ../shared/data/tinyshakespeare/input.txt --ctx 256 --max-tokens 512 2>/dev/null)
+    kept=$(echo "$out" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')
+    [ -n "$kept" ] && awk -v k="$kept" 'BEGIN { exit !(k > 15 / 18 && k < 1) }' && ok "retrofit on Gemma 3; hard k=1 keeps $kept of the pairs (local layers whole at ctx 256)" || { bad "Gemma router pairs: $out"; tail -3 "$work/gemma_rt.log"; }
 else
-    echo "  skip fit-blocks on Gemma 3 ($gm absent: bash scripts/fetch_model.sh gemma3-270m)"
+    echo "  skip fit-blocks and the router on Gemma 3 ($gm absent: bash scripts/fetch_model.sh gemma3-270m)"
 fi
 echo "cli_retrofit: $pass passed, $fail failed"
 [ $fail -eq 0 ]

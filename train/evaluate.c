@@ -12,13 +12,21 @@ double hard_pairs_kept(const Model* m) {
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * (size_t)B * T);
     double kept = 0, total = 0;
     for (int l = 0; l < m->cfg.L; l++) {
+        const double causal = (double)T * (T + 1) / 2;
+        total += B * causal;
+        const AttnMode a = model_layer_attn(m, l);
+        if (a == ATTN_LOCAL) { /* a sliding-window layer keeps its own window, not the router's */
+            const int window = model_layer_spec(&m->cfg, l).window;
+            for (int i = 0; i < T; i++) kept += B * band_pairs_kept(i, window, 0);
+            continue;
+        }
+        if (a == ATTN_DENSE) {
+            kept += B * causal;
+            continue;
+        }
         /* the sinks are members of every group in the masks: counted as shared distant keys */
         routing_topk_mask(mask, model_groups(m, l), B, T, K, f->topk, f->topp, f->sinks, 0);
-        for (int b = 0; b < B; b++) {
-            total += (double)T * (T + 1) / 2;
-            kept += focus_layer_dense(f, l) ? (double)T * (T + 1) / 2
-                                            : mask_pairs_kept(mask + (size_t)b * T, T, w, 0);
-        }
+        for (int b = 0; b < B; b++) kept += mask_pairs_kept(mask + (size_t)b * T, T, w, 0);
     }
     free(mask);
     return kept / total;
