@@ -542,13 +542,18 @@ static int panel_offset(int type, int is_signed) {
 }
 
 /* qmatrix_prepare's layout: per group of 16 rows and block of 32 weights, the weights as
- * unsigned u = q + off (Q4: 4 bytes per row and t = 0..3, byte e holding weight 8t + e in its
- * low nibble and 8t + 4 + e in its high one; Q8_0: 4 bytes per row and t = 0..7), then the 16
- * rows' scales and offsets (Q4_1's minimum; 0 otherwise) as fp16, copied from the blocks. */
+ * unsigned u = q + off (Q4 and Q5_0: 4 bytes per row and t = 0..3, byte e holding the low four
+ * bits of weight 8t + e in its low nibble and of 8t + 4 + e in its high one; Q8_0: 4 bytes per
+ * row and t = 0..7); Q5_0's fifth bits next, 16 bytes per t, byte L holding row L's bits of
+ * weights 8t .. 8t + 7 (bit e: weight 8t + e); then the 16 rows' scales and offsets (Q4_1's
+ * minimum; 0 otherwise) as fp16, copied from the blocks. */
 static int vnni_format(int type) {
-    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0;
+    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q5_0 || type == QTYPE_Q8_0;
 }
-static size_t vnni_block_bytes(int type) { return (type == QTYPE_Q8_0 ? 512 : 256) + 64; }
+static size_t packed_scales_at(int type) {
+    return type == QTYPE_Q8_0 ? 512 : type == QTYPE_Q5_0 ? 320 : 256;
+}
+static size_t vnni_block_bytes(int type) { return packed_scales_at(type) + 64; }
 
 void qmatrix_prepare(QMatrix* w) {
     const int level = quant_isa();
@@ -570,15 +575,19 @@ void qmatrix_prepare(QMatrix* w) {
                 for (int t = 0; t < (q8 ? 8 : 4); t++)
                     for (int e = 0; e < 4; e++) {
                         uint8_t* at = blk + 64 * t + 4 * L + e;
-                        if (q8)
+                        if (q8) {
                             *at = (uint8_t)(b.q[4 * t + e] + off);
-                        else
-                            *at = (uint8_t)((b.q[8 * t + e] + off) |
-                                            ((b.q[8 * t + 4 + e] + off) << 4));
+                            continue;
+                        }
+                        const int lo = b.q[8 * t + e] + off, hi = b.q[8 * t + 4 + e] + off;
+                        *at = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+                        if (w->type == QTYPE_Q5_0)
+                            blk[256 + 16 * t + L] |=
+                                (uint8_t)(((lo >> 4) << e) | ((hi >> 4) << (4 + e)));
                     }
                 /* the scales as the file has them: d (and Q4_1's m) are its fp16 values */
                 const uint8_t* fb = row + (size_t)k * bb;
-                uint8_t* sc = blk + (q8 ? 512 : 256);
+                uint8_t* sc = blk + packed_scales_at(w->type);
                 memcpy(sc + 2 * L, fb, 2);
                 if (w->type == QTYPE_Q4_1) memcpy(sc + 32 + 2 * L, fb + 2, 2);
             }
@@ -599,10 +608,16 @@ void qmatrix_release(QMatrix* w) {
  * separate chains, so the dependent instructions of one block do not wait on each other. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_group(
     float* y, const QMatrix* w, const XBlock* xb, const float* bias, int g) {
-    const int nb = w->cols / 32, q8 = w->type == QTYPE_Q8_0;
-    const size_t S = vnni_block_bytes(w->type), so = q8 ? 512 : 256;
+    const int nb = w->cols / 32, q8 = w->type == QTYPE_Q8_0, q5 = w->type == QTYPE_Q5_0;
+    const size_t S = vnni_block_bytes(w->type), so = packed_scales_at(w->type);
     const int off = panel_offset(w->type, 0), q41 = w->type == QTYPE_Q4_1;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), f16 = _mm512_set1_epi8(16);
+    /* Q5_0: byte p of a register is row p / 4's weight e = p % 4 (low nibble) and 4 + e */
+    const __m512i spread =
+        _mm512_set_epi8(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12, 11, 11, 11,
+                        11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5,
+                        5, 4, 4, 4, 4, 3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i elo = _mm512_set1_epi32(0x08040201), ehi = _mm512_set1_epi32((int)0x80402010);
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     __m512 cacc = _mm512_setzero_ps();
     const uint8_t* base = w->packed + (size_t)g * nb * S;
@@ -626,9 +641,17 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_gro
                 int32_t a0, a1;
                 memcpy(&a0, x->q + 8 * t, 4);
                 memcpy(&a1, x->q + 8 * t + 4, 4);
-                s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(v, m4), _mm512_set1_epi32(a0));
-                s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                         _mm512_set1_epi32(a1));
+                __m512i lo = _mm512_and_si512(v, m4),
+                        hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (q5) { /* the fifth bits: row L's byte to its 4 bytes, bit e / 4 + e of each */
+                    const __m512i b = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((
+                                                              const __m128i*)(blk + 256 + 16 * t))),
+                                                          spread);
+                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(b, elo), lo, f16);
+                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(b, ehi), hi, f16);
+                }
+                s0 = _mm512_dpbusd_epi32(s0, lo, _mm512_set1_epi32(a0));
+                s1 = _mm512_dpbusd_epi32(s1, hi, _mm512_set1_epi32(a1));
             }
         }
         const __m512i isum =
@@ -673,6 +696,62 @@ __attribute__((target("avx2"))) static inline void q4_sums_avx2(__m256i s[2], co
     }
     const __m256i ones = _mm256_set1_epi16(1);
     s[0] = _mm256_madd_epi16(p0, ones), s[1] = _mm256_madd_epi16(p1, ones);
+}
+
+/* Q5_0's u of t's register in half h: the nibbles, and 16 where row 8h + p / 4's fifth bit of
+ * weight e = p % 4 (low) or 4 + e (high) is set */
+__attribute__((target("avx2"))) static inline void q5_u_avx2(__m256i u[2], const uint8_t* blk,
+                                                             int t, int h) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), f16 = _mm256_set1_epi8(16);
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 64 * t + 32 * h));
+    const __m256i idx =
+        _mm256_add_epi8(_mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4,
+                                         5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
+                        _mm256_set1_epi8((char)(8 * h)));
+    const __m256i b = _mm256_shuffle_epi8(
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(blk + 256 + 16 * t))), idx);
+    const __m256i elo = _mm256_set1_epi32(0x08040201), ehi = _mm256_set1_epi32((int)0x80402010);
+    u[0] = _mm256_or_si256(_mm256_and_si256(v, m4),
+                           _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, elo), elo), f16));
+    u[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                           _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, ehi), ehi), f16));
+}
+
+/* u <= 31: the pairs of two registers (t, t + 1) stay in int16 (4 x 2 x 31 x 127 = 31,496) */
+__attribute__((target("avx2"))) static inline void q5_sums_avx2(__m256i s[2], const uint8_t* blk,
+                                                                const int8_t* xq) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    s[0] = s[1] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 4; t += 2) {
+            __m256i p = _mm256_setzero_si256();
+            for (int tt = t; tt < t + 2; tt++) {
+                __m256i u[2];
+                q5_u_avx2(u, blk, tt, h);
+                int32_t a0, a1;
+                memcpy(&a0, xq + 8 * tt, 4);
+                memcpy(&a1, xq + 8 * tt + 4, 4);
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[0], _mm256_set1_epi32(a0)));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(a1)));
+            }
+            s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+        }
+}
+
+__attribute__((target("avx2,avxvnni"))) static inline void q5_sums_avxvnni(__m256i s[2],
+                                                                           const uint8_t* blk,
+                                                                           const int8_t* xq) {
+    s[0] = s[1] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 4; t++) {
+            __m256i u[2];
+            q5_u_avx2(u, blk, t, h);
+            int32_t a0, a1;
+            memcpy(&a0, xq + 8 * t, 4);
+            memcpy(&a1, xq + 8 * t + 4, 4);
+            s[h] = _mm256_dpbusd_avx_epi32(s[h], u[0], _mm256_set1_epi32(a0));
+            s[h] = _mm256_dpbusd_avx_epi32(s[h], u[1], _mm256_set1_epi32(a1));
+        }
 }
 
 __attribute__((target("avx2"))) static inline void q8_sums_avx2(__m256i s[2], const uint8_t* blk,
@@ -726,11 +805,11 @@ __attribute__((target("avx2,avxvnni"))) static inline void q8_sums_avxvnni(__m25
 /* One 16-row group of y = W x from the packed copy at a 256-bit level: the block sums less the
  * offset's (off sum qx), times d_w d_x, on two chains (even and odd blocks) per half; Q4_1's
  * minimums times sum x on a chain of their own. */
-#define GEMV_GROUP_256(NAME, TARGET, Q4SUMS, Q8SUMS)                                               \
+#define GEMV_GROUP_256(NAME, TARGET, Q4SUMS, Q5SUMS, Q8SUMS)                                       \
     __attribute__((target(TARGET))) static void NAME(float* y, const QMatrix* w, const XBlock* xb, \
                                                      const float* bias, int g) {                   \
         const int nb = w->cols / 32, q8 = w->type == QTYPE_Q8_0, q41 = w->type == QTYPE_Q4_1;      \
-        const size_t S = vnni_block_bytes(w->type), so = q8 ? 512 : 256;                           \
+        const size_t S = vnni_block_bytes(w->type), so = packed_scales_at(w->type);                \
         const int off = panel_offset(w->type, w->packed_isa == QUANT_ISA_AVX2);                    \
         __m256 acc[2][2], cacc[2];                                                                 \
         for (int h = 0; h < 2; h++) acc[0][h] = acc[1][h] = cacc[h] = _mm256_setzero_ps();         \
@@ -741,6 +820,8 @@ __attribute__((target("avx2,avxvnni"))) static inline void q8_sums_avxvnni(__m25
             __m256i s[2];                                                                          \
             if (q8)                                                                                \
                 Q8SUMS(s, blk, x->q);                                                              \
+            else if (w->type == QTYPE_Q5_0)                                                        \
+                Q5SUMS(s, blk, x->q);                                                              \
             else                                                                                   \
                 Q4SUMS(s, blk, x->q);                                                              \
             const __m256i corr = _mm256_set1_epi32(off * x->qsum);                                 \
@@ -764,8 +845,9 @@ __attribute__((target("avx2,avxvnni"))) static inline void q8_sums_avxvnni(__m25
         for (int i = 0; i < nr; i++) y[16 * g + i] = r[i] + (bias ? bias[16 * g + i] : 0.0f);      \
     }
 
-GEMV_GROUP_256(gemv_avx2_group, "avx2,fma,f16c", q4_sums_avx2, q8_sums_avx2)
-GEMV_GROUP_256(gemv_avxvnni_group, "avx2,fma,f16c,avxvnni", q4_sums_avxvnni, q8_sums_avxvnni)
+GEMV_GROUP_256(gemv_avx2_group, "avx2,fma,f16c", q4_sums_avx2, q5_sums_avx2, q8_sums_avx2)
+GEMV_GROUP_256(gemv_avxvnni_group, "avx2,fma,f16c,avxvnni", q4_sums_avxvnni, q5_sums_avxvnni,
+               q8_sums_avxvnni)
 
 typedef void (*GemvGroup)(float* y, const QMatrix* w, const XBlock* xb, const float* bias, int g);
 

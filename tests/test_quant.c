@@ -68,7 +68,8 @@ static void check_format(int type, const char* name, Rng* r) {
                  .row_bytes = qtype_row_bytes(type, cols),
                  .data = random_matrix(type, rows, cols, r)};
     qmatrix_prepare(&w); /* the packed decode copy, where this level and format have one */
-    const int packs = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q8_0;
+    const int packs =
+        type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q5_0 || type == QTYPE_Q8_0;
     CHECK(!w.packed == !(packs && quant_isa() >= QUANT_ISA_AVX2),
           "%s: a packed decode copy %s at the level %s", name, w.packed ? "made" : "missing",
           quant_isa_name(quant_isa()));
