@@ -1,5 +1,5 @@
 /* decode.c: one-token forward passes over a group-organised KV cache (see decode.h). */
-#include "decode.h"
+#include "layer_cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -44,32 +44,6 @@ void kvcache_free(KVCache* c) {
     free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->keys),
         free(c->scores), free(c->part), free(c->bstat), free(c->bkeys);
     memset(c, 0, sizeof(*c));
-}
-
-/* the layer norm of n rows; stat: 2 n scratch */
-static void norm_rows(const Model* m, const LayerSpec* S, real* out, const real* x, const real* w,
-                      const real* b, int n, real* stat) {
-    if (S->norm == NORM_LAYER)
-        layernorm_forward(out, stat, stat + n, x, w, b, n, m->cfg.C, m->cfg.eps);
-    else
-        rmsnorm_forward(out, stat, x, w, n, m->cfg.C, m->cfg.eps);
-}
-
-/* The layer's rotary positions on n rows of q and k heads at positions pos0 .. */
-static void rope_rows(const LayerSpec* S, real* qkv, int n, int NH, int NKV, int pos0) {
-    if (!S->rope) return;
-    (S->rope_halves ? rope_halves_forward : rope_forward)(qkv, 1, n, NH, NKV, S->hs, S->rope_theta,
-                                                          pos0);
-}
-
-/* The MLP's activation of n rows. */
-static void act_rows(const LayerSpec* S, real* act, const real* fch, size_t n, int F) {
-    if (S->act == ACT_GELU)
-        gelu_forward(act, fch, n * F);
-    else if (S->act == ACT_SWIGLU)
-        swiglu_forward(act, fch, n, F);
-    else
-        geglu_forward(act, fch, n, F);
 }
 
 /* y (n rows of ldy; columns 0 .. out - 1) = x (n, in) W^T + b: from the file's blocks when the
@@ -174,7 +148,7 @@ static int token_keys(KVCache* c, const Model* m, int l, int n, uint32_t mi, int
 /* The n activations after layer l (-1: the token embedding, L: the output head) must be finite:
  * a NaN or infinite weight that the loader could not check (a block's scale in the file's own
  * format, a norm of a lean load) or an overflow would otherwise turn into garbage tokens. */
-static void check_finite_acts(const Model* m, const real* x, size_t n, int l) {
+void check_finite_acts(const Model* m, const real* x, size_t n, int l) {
     for (size_t i = 0; i < n; i++) {
         if (isfinite(x[i])) continue;
         char where[64];
@@ -546,10 +520,8 @@ void kvcache_truncate(KVCache* c, int n) {
         }
     c->n = n;
 }
-/* The rows' product y (n rows of ldy) = x (n, in) W^T + b, as project_rows computes it, but
- * with every row's arithmetic that of a single row (per_row: decode steps, batched or not). */
-static void project_n(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
-                      int out, const QMatrix* nw, int exact, int per_row) {
+void rows_project(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
+                  int out, const QMatrix* nw, int exact, int per_row) {
 #ifndef FOCUS_DOUBLE
     if (nw && per_row) {
         qmatvec_rows(y, ldy, nw, x, n, b);
@@ -564,58 +536,133 @@ static void project_n(real* y, int ldy, const real* x, int n, const real* w, con
     project_rows(y, ldy, x, n, w, b, in, out, nw, exact);
 }
 
-/* The decode step's layers over n rows: row i feeds tokens[i] to cs[i] at the next position of
- * that cache (rows of one cache in order: a prompt's tokens after cached ones). Products over
- * all rows at once (per_row: each row's arithmetic that of a single-row step, else the prompt's
- * products), attention row by row over its cache. logits: each row's (n, V) when `all`, else
- * the last row's. */
-static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
-                        int all, int per_row) {
+struct RowScratch {
+    real *proj, *S, *G; /* one row's router projection, scores, groups */
+    int **kl, *nkg;     /* each key/value head's key list and its length */
+    int* bsel;          /* the block patterns' scratch (nbmax each) */
+    real *bsc, *bp;
+};
+
+void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
+                         real* att) {
+    const ModelConfig* mc = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int n = r->T, C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc),
+              Q = qkvw(mc), K = f->K, kvw = NKV * hs, A = NH * hs;
+    KVCache* const* cs = r->cs;
+    const int* pos = r->pos;
+    RowScratch* s = r->scratch;
+    const size_t lC = (size_t)l * C;
+    for (int i = 0; i < n; i++) {
+        const real* qi = qkv + (size_t)i * Q;
+        kv_put(cs[i], 0, l, pos[i], qi + A, kvw);
+        kv_put(cs[i], 1, l, pos[i], qi + A + kvw, kvw);
+    }
+    const int kind = layer_keys(m, l);
+    if (kind == KEYS_BLOCKS)
+        for (int i = 0; i < n; i++) {
+            block_cache(cs[i], mc, f->block);
+            block_complete(cs[i], l, pos[i], mc);
+        }
+    for (int i = 0; i < n; i++) { /* in order: a cache's group lists grow row by row */
+        if (kind == KEYS_BLOCKS) {
+            long pairs = 0;
+            for (int g = 0; g < NKV; g++) {
+                s->kl[g] = cs[i]->bkeys + (size_t)g * cs[i]->cap;
+                s->nkg[g] =
+                    block_keys(cs[i], m, l, pos[i], g, qkv + (size_t)i * Q + g * (NH / NKV) * hs,
+                               s->bsel, s->bsc, s->bp);
+                pairs += (long)s->nkg[g] * (NH / NKV);
+            }
+            cs[i]->pairs += pairs;
+            attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], s->kl, s->nkg, mc);
+            continue;
+        }
+        uint32_t mi = 0;
+        if (kind == KEYS_GROUPS) {
+            if (f->attn == ATTN_HARD) {
+                router_scores_forward(s->proj, s->S, h + (size_t)i * C, m->router.wg + lC * f->dg,
+                                      m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
+                routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
+                                f->tau, f->iters);
+            }
+            /* a sink position (n < sinks) joins every group, so every later query keeps it */
+            mi = token_mask(m, l, pos[i], s->G);
+        }
+        const int nk = token_keys(cs[i], m, l, pos[i], mi, kind);
+        cs[i]->pairs += (long)nk * NH;
+        for (int g = 0; g < NKV; g++) s->kl[g] = cs[i]->keys, s->nkg[g] = nk;
+        attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], s->kl, s->nkg, mc);
+    }
+}
+
+void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint32_t* mask, int n,
+                  double kept) {
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, kvw = mc->NKV * model_head_size(mc), Q = qkvw(mc),
+              A = NH * model_head_size(mc);
+    for (int t = 0; t < n; t++) {
+        kv_put(c, 0, l, t, qkv + (size_t)t * Q + A, kvw);
+        kv_put(c, 1, l, t, qkv + (size_t)t * Q + A + kvw, kvw);
+    }
+    const int kind = layer_keys(m, l);
+    if (kind == KEYS_BLOCKS) { /* each block's statistics */
+        c->pairs += (long)llround(kept * NH);
+        block_cache(c, mc, m->fc.block);
+        for (int t = 0; t < n; t++) block_complete(c, l, t, mc);
+        return;
+    }
+    /* the group lists, and the pairs decoding would have counted */
+    for (int t = 0; t < n; t++)
+        c->pairs += (long)token_keys(c, m, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
+}
+
+/* FOCUS_PROFILE: the seconds since *mark to part i of prof (NULL: not profiling) */
+static void tick(double* prof, double* mark, int i) {
+    if (!prof) return;
+    const double now = now_seconds();
+    prof[i] += now - *mark;
+    *mark = now;
+}
+
+/* The layers (cpu_layer) over n rows of tokens and the head, the decode step's and the
+ * prompt's: row i feeds tokens[i] to cs[i] at position pos[i] (rows of one cache in order: a
+ * prompt's tokens after cached ones). kind ROWS_PREFILL: one cache, empty, filled by the
+ * full-sequence kernels (products batched over the rows); ROWS_CACHED: attention row by row over
+ * each row's cache (per_row: each row's arithmetic that of a single-row step, else the prompt's
+ * batched products). logits: each row's (n, V) when `all`, else the last row's. */
+static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* tokens, int n,
+                      real* logits, int all, RowsKind kind, int per_row) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
     const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), Q = qkvw(mc);
-    const int K = f->K, F = mc->F, FC = model_fc_width(mc), kvw = NKV * hs, A = NH * hs;
-    const int ex = m->prefill_exact && !per_row;
+    const int K = f->K, F = mc->F, FC = model_fc_width(mc), A = NH * hs;
     const size_t N = (size_t)n;
-    check_mode(m);
     KVCache* c0 = cs[0];
-    int* pos = mallocCheck(sizeof(int) * N); /* each row's position in its cache */
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= mc->V)
-            fatal("token id %d outside the vocabulary (V=%d)", tokens[i], mc->V);
-        pos[i] = cs[i]->n;
-        for (int j = 0; j < i; j++) pos[i] += cs[j] == cs[i];
-        if (pos[i] >= cs[i]->cap) fatal("KV cache full (%d tokens)", cs[i]->cap);
-        if (!model_layer_spec(mc, 0).rope && pos[i] >= mc->maxT) /* learned positions */
-            fatal("position %d exceeds the model's context (%d)", pos[i], mc->maxT);
-    }
     real* buf =
-        mallocCheck(sizeof(real) * (N * (3 * (size_t)C + A + Q + FC + F + 2) + f->dg + 2 * K));
+        mallocCheck(sizeof(real) * N * (3 * (size_t)C + A + Q + FC + F + NH + 2 + f->dg + 2 * K));
     real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * A, *qkv = tmp + N * C;
-    real *fch = qkv + N * Q, *act = fch + N * FC, *stat = act + N * F, *proj = stat + 2 * N;
-    real *S = proj + f->dg, *G = S + K;
-    /* each key/value head's key list; the block patterns' scratch */
-    int** kl = mallocCheck(sizeof(int*) * (size_t)NKV);
-    int* nkg = mallocCheck(sizeof(int) * (size_t)NKV);
+    real *fch = qkv + N * Q, *act = fch + N * FC, *lse = act + N * F, *stat = lse + N * NH;
+    real *proj = stat + 2 * N, *S = proj + N * f->dg, *G = S + N * K;
+    uint32_t* mask = mallocCheck(sizeof(uint32_t) * N);
+    /* the cached rows' scratch: each key/value head's key list, the block patterns' */
     int nbmax = 1;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < (kind == ROWS_PREFILL ? 1 : n); i++) { /* a prefill's one cache */
         const int nb = cs[i]->cap / (f->block > 0 ? f->block : 1) + 1;
         nbmax = nb > nbmax ? nb : nbmax;
     }
-    int* bsel = mallocCheck(sizeof(int) * (size_t)nbmax);
-    real* bsc = mallocCheck(sizeof(real) * (size_t)nbmax);
-    real* bp = mallocCheck(sizeof(real) * (size_t)nbmax);
-    /* FOCUS_PROFILE: the time of each part (tick adds the time since the last tick to part i) */
-    double mark = c0->profile ? now_seconds() : 0;
-#define TICK(i)                                \
-    do {                                       \
-        if (c0->profile) {                     \
-            const double now_ = now_seconds(); \
-            c0->prof[i] += now_ - mark;        \
-            mark = now_;                       \
-        }                                      \
-    } while (0)
+    RowScratch rs = {.proj = proj,
+                     .S = S,
+                     .G = G,
+                     .kl = mallocCheck(sizeof(int*) * (size_t)NKV),
+                     .nkg = mallocCheck(sizeof(int) * (size_t)NKV),
+                     .bsel = mallocCheck(sizeof(int) * (size_t)nbmax),
+                     .bsc = mallocCheck(sizeof(real) * (size_t)nbmax),
+                     .bp = mallocCheck(sizeof(real) * (size_t)nbmax)};
+    /* FOCUS_PROFILE: the decode steps' parts (a prompt's prefill is not counted) */
+    double* prof = c0->profile && kind == ROWS_CACHED ? c0->prof : NULL;
+    double mark = prof ? now_seconds() : 0;
     for (int i = 0; i < n; i++) {
         real* xi = x + (size_t)i * C;
 #ifndef FOCUS_DOUBLE
@@ -632,228 +679,93 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
     if (escale != 1)
         for (size_t e = 0; e < N * C; e++) x[e] *= escale;
     check_finite_acts(m, x, N * C, -1);
-    TICK(7);
-    for (int l = 0; l < mc->L; l++) {
-        const LayerSpec ls = model_layer_spec(mc, l);
-        size_t lC = (size_t)l * C;
-        norm_rows(m, &ls, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
-        TICK(5);
-        const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
-        if (nw) { /* q, k and v are three matrices in the file, written side by side */
-            const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
-            project_n(qkv, Q, h, n, NULL, qb, C, A, nw + NATIVE_Q, ex, per_row);
-            project_n(qkv + A, Q, h, n, NULL, qb ? qb + A : NULL, C, kvw, nw + NATIVE_K, ex,
-                      per_row);
-            project_n(qkv + A + kvw, Q, h, n, NULL, qb ? qb + A + kvw : NULL, C, kvw, nw + NATIVE_V,
-                      ex, per_row);
-        } else {
-            project_n(qkv, Q, h, n, p->qkvw + (size_t)l * Q * C,
-                      p->qkvb ? p->qkvb + (size_t)l * Q : NULL, C, Q, NULL, ex, per_row);
-        }
-        TICK(0);
-        if (ls.qk_norm)
-            qknorm_forward(qkv, NULL, NULL, p->qnormw + (size_t)l * hs, p->knormw + (size_t)l * hs,
-                           N, NH, NKV, hs, mc->eps);
-        for (int i = 0; i < n; i++) {
-            real* qi = qkv + (size_t)i * Q;
-            rope_rows(&ls, qi, 1, NH, NKV, pos[i]);
-            kv_put(cs[i], 0, l, pos[i], qi + A, kvw);
-            kv_put(cs[i], 1, l, pos[i], qi + A + kvw, kvw);
-        }
-        const int kind = layer_keys(m, l);
-        if (kind == KEYS_BLOCKS)
-            for (int i = 0; i < n; i++) {
-                block_cache(cs[i], mc, f->block);
-                block_complete(cs[i], l, pos[i], mc);
-            }
-        for (int i = 0; i < n; i++) { /* in order: a cache's group lists grow row by row */
-            if (kind == KEYS_BLOCKS) {
-                long pairs = 0;
-                for (int g = 0; g < NKV; g++) {
-                    kl[g] = cs[i]->bkeys + (size_t)g * cs[i]->cap;
-                    nkg[g] = block_keys(cs[i], m, l, pos[i], g,
-                                        qkv + (size_t)i * Q + g * (NH / NKV) * hs, bsel, bsc, bp);
-                    pairs += (long)nkg[g] * (NH / NKV);
-                }
-                cs[i]->pairs += pairs;
-                attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
-                continue;
-            }
-            uint32_t mi = 0;
-            if (kind == KEYS_GROUPS) {
-                if (f->attn == ATTN_HARD) {
-                    router_scores_forward(proj, S, h + (size_t)i * C, m->router.wg + lC * f->dg,
-                                          m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
-                    routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
-                                    f->tau, f->iters);
-                }
-                /* a sink position (n < sinks) joins every group, so every later query keeps it */
-                mi = token_mask(m, l, pos[i], G);
-            }
-            const int nk = token_keys(cs[i], m, l, pos[i], mi, kind);
-            cs[i]->pairs += (long)nk * NH;
-            for (int g = 0; g < NKV; g++) kl[g] = cs[i]->keys, nkg[g] = nk;
-            attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], kl, nkg, mc);
-        }
-        TICK(1);
-        project_n(tmp, C, att, n, p->attprojw + (size_t)l * C * A,
-                  p->attprojb ? p->attprojb + lC : NULL, A, C, nw ? nw + NATIVE_O : NULL, ex,
-                  per_row);
-        TICK(2);
-        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pan + lC, NULL, n, stat);
-        for (size_t e = 0; e < N * C; e++) x[e] += tmp[e];
-        norm_rows(m, &ls, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
-        TICK(5);
-        if (nw) { /* gate rows then up rows, as fcw holds them */
-            project_n(fch, FC, h, n, NULL, NULL, C, F, nw + NATIVE_GATE, ex, per_row);
-            project_n(fch + F, FC, h, n, NULL, NULL, C, F, nw + NATIVE_UP, ex, per_row);
-        } else {
-            project_n(fch, FC, h, n, p->fcw + (size_t)l * FC * C,
-                      p->fcb ? p->fcb + (size_t)l * FC : NULL, C, FC, NULL, ex, per_row);
-        }
-        TICK(3);
-        act_rows(&ls, act, fch, N, F);
-        TICK(5);
-        project_n(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
-                  p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex,
-                  per_row);
-        TICK(4);
-        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pfn + lC, NULL, n, stat);
-        for (size_t e = 0; e < N * C; e++) x[e] += tmp[e];
-        check_finite_acts(m, x, N * C, l);
-        TICK(5);
-    }
-    const int rows = all ? n : 1;
+    tick(prof, &mark, 7);
+    /* one layer's tensors: the stream x updated in place, the branch outputs in tmp */
+    const LayerActs la = {.ln1 = h,
+                          .ln1_mean = stat,
+                          .ln1_rstd = stat + N,
+                          .qkv = qkv,
+                          .att = att,
+                          .lse = lse,
+                          .res2 = x,
+                          .ln2 = h,
+                          .ln2_mean = stat,
+                          .ln2_rstd = stat + N,
+                          .fch = fch,
+                          .fch_act = act,
+                          .res3 = x,
+                          .rproj = proj,
+                          .rS = S,
+                          .rG = G,
+                          .mask = mask,
+                          .attp = tmp,
+                          .attp_rstd = stat,
+                          .mlpp = tmp,
+                          .mlpp_rstd = stat};
+    const LayerRows rows = {.kind = kind,
+                            .B = 1,
+                            .T = n,
+                            .cs = cs,
+                            .pos = pos,
+                            .exact = m->prefill_exact && !per_row,
+                            .per_row = per_row,
+                            .scratch = &rs,
+                            .prof = prof,
+                            .mark = &mark};
+    for (int l = 0; l < mc->L; l++) cpu_layer(m, l, x, &la, &rows);
+    /* the head: every row's logits, or the last row's only (a prompt needs no more) */
+    const int nr = all ? n : 1;
     const real* last = all ? x : x + (N - 1) * C;
     const LayerSpec S0 = model_layer_spec(mc, 0);
-    norm_rows(m, &S0, h, last, p->lnfw, p->lnfb, rows, stat);
-    TICK(5);
-    project_n(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
-              m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex, per_row);
-    check_finite_acts(m, logits, (size_t)rows * mc->V, mc->L);
-    TICK(6);
-#undef TICK
-    for (int i = 0; i < n; i++) cs[i]->n++;
-    free(kl), free(nkg), free(bsel), free(bsc), free(bp);
+    if (S0.norm == NORM_LAYER)
+        layernorm_forward(h, stat, stat + nr, last, p->lnfw, p->lnfb, nr, C, mc->eps);
+    else
+        rmsnorm_forward(h, stat, last, p->lnfw, nr, C, mc->eps);
+    tick(prof, &mark, 5);
+    rows_project(logits, mc->V, h, nr, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
+                 m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, rows.exact,
+                 per_row);
+    check_finite_acts(m, logits, (size_t)nr * mc->V, mc->L);
+    tick(prof, &mark, 6);
+    if (kind == ROWS_PREFILL)
+        c0->n = n;
+    else
+        for (int i = 0; i < n; i++) cs[i]->n++;
+    free(rs.kl), free(rs.nkg), free(rs.bsel), free(rs.bsc), free(rs.bp);
+    free(mask);
     free(buf);
+}
+
+/* The decode step's layers over n rows (ROWS_CACHED): each row's position the next of its
+ * cache. */
+static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
+                        int all, int per_row) {
+    const ModelConfig* mc = &m->cfg;
+    check_mode(m);
+    int* pos = mallocCheck(sizeof(int) * (size_t)n); /* each row's position in its cache */
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= mc->V)
+            fatal("token id %d outside the vocabulary (V=%d)", tokens[i], mc->V);
+        pos[i] = cs[i]->n;
+        for (int j = 0; j < i; j++) pos[i] += cs[j] == cs[i];
+        if (pos[i] >= cs[i]->cap) fatal("KV cache full (%d tokens)", cs[i]->cap);
+        if (!model_layer_spec(mc, 0).rope && pos[i] >= mc->maxT) /* learned positions */
+            fatal("position %d exceeds the model's context (%d)", pos[i], mc->maxT);
+    }
+    rows_pass(m, cs, pos, tokens, n, logits, all, ROWS_CACHED, per_row);
     free(pos);
 }
 
-/* The prompt in one pass: the layers of model_decode_step over all n tokens at once (batched
- * products, the full-sequence attention kernels: the sparse executor on routed layers, the
- * flash kernel elsewhere), each layer's keys, values and group lists written to the cache as
+/* The prompt in one pass into an empty cache (ROWS_PREFILL): batched products, the
+ * full-sequence attention kernels (the sparse executor on routed layers, the flash kernel
+ * elsewhere), each layer's keys, values and group lists written to the cache as
  * model_decode_step would have left them. */
 static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
-    const ModelConfig* mc = &m->cfg;
-    const FocusConfig* f = &m->fc;
-    const Params* p = &m->params;
-    const int C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), Q = qkvw(mc);
-    const int K = f->K, F = mc->F, FC = model_fc_width(mc), kvw = NKV * hs, A = NH * hs;
-    const size_t N = (size_t)n;
-    const int ex = m->prefill_exact;
-    real* buf =
-        mallocCheck(sizeof(real) * N * (3 * (size_t)C + A + Q + FC + F + NH + 2 + f->dg + 2 * K));
-    real *x = buf, *h = x + N * C, *att = h + N * C, *tmp = att + N * A, *qkv = tmp + N * C;
-    real *fch = qkv + N * Q, *act = fch + N * FC, *lse = act + N * F, *stat = lse + N * NH;
-    real *proj = stat + 2 * N, *S = proj + N * f->dg, *G = S + N * K;
-    uint32_t* mask = mallocCheck(sizeof(uint32_t) * N);
-#ifndef FOCUS_DOUBLE
-    if (m->native) {
-        for (int t = 0; t < n; t++)
-            qrow(x + (size_t)t * C, m->native + (size_t)mc->L * NATIVE_PER_LAYER + 1, tokens[t]);
-    } else
-#endif
-    {
-        encoder_forward(x, tokens, p->wte, p->wpe, 1, n, C);
-    }
-    const real escale = model_embed_scale(mc);
-    if (escale != 1)
-        for (size_t e = 0; e < N * C; e++) x[e] *= escale;
-    check_finite_acts(m, x, N * C, -1);
-    for (int l = 0; l < mc->L; l++) {
-        const LayerSpec ls = model_layer_spec(mc, l);
-        size_t lC = (size_t)l * C;
-        norm_rows(m, &ls, h, x, p->ln1w + lC, p->ln1b ? p->ln1b + lC : NULL, n, stat);
-        const QMatrix* nw = m->native ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
-        if (nw) { /* three matrices in the file, written side by side into the rows of qkv */
-            const real* qb = p->qkvb ? p->qkvb + (size_t)l * Q : NULL;
-            project_rows(qkv, Q, h, n, NULL, qb, C, A, nw + NATIVE_Q, ex);
-            project_rows(qkv + A, Q, h, n, NULL, qb ? qb + A : NULL, C, kvw, nw + NATIVE_K, ex);
-            project_rows(qkv + A + kvw, Q, h, n, NULL, qb ? qb + A + kvw : NULL, C, kvw,
-                         nw + NATIVE_V, ex);
-        } else {
-            matmul_forward(qkv, h, p->qkvw + (size_t)l * Q * C,
-                           p->qkvb ? p->qkvb + (size_t)l * Q : NULL, N, C, Q);
-        }
-        if (ls.qk_norm)
-            qknorm_forward(qkv, NULL, NULL, p->qnormw + (size_t)l * hs, p->knormw + (size_t)l * hs,
-                           N, NH, NKV, hs, mc->eps);
-        rope_rows(&ls, qkv, n, NH, NKV, 0);
-        for (int t = 0; t < n; t++) {
-            kv_put(c, 0, l, t, qkv + (size_t)t * Q + A, kvw);
-            kv_put(c, 1, l, t, qkv + (size_t)t * Q + A + kvw, kvw);
-        }
-        const int kind = layer_keys(m, l);
-        if (kind == KEYS_GROUPS) {
-            if (f->attn == ATTN_HARD) {
-                router_scores_forward(proj, S, h, m->router.wg + lC * f->dg,
-                                      m->router.cent + (size_t)l * K * f->dg, N, C, f->dg, K);
-                routing_forward(G, NULL, S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, n, K, f->tau,
-                                f->iters);
-                routing_topk_mask(mask, G, 1, n, K, f->topk, f->topp, f->sinks, 0);
-            } else {
-                routing_random_mask(mask, 1, n, K, f->topk, f->sinks, 0, focus_random_seed(f, l));
-            }
-            attention_hard_forward(att, lse, qkv, mask, K, f->w, 1, n, NH, NKV, hs);
-        } else if (kind == KEYS_WINDOW) {
-            int bw, bsinks;
-            layer_band(m, l, &bw, &bsinks);
-            attention_band_forward(att, lse, qkv, bw, bsinks, 1, n, NH, NKV, hs);
-        } else if (kind == KEYS_BLOCKS) { /* the forward pass's kernel; each block's statistics */
-            const double kept = attention_blocks_forward(
-                att, lse, qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
-                attn_block_score(f->attn),
-                m->blockgate ? m->blockgate + (size_t)l * NH * BLOCKGATE_WIDTH(hs) : NULL, 1, n, NH,
-                NKV, hs);
-            c->pairs += (long)llround(kept * NH);
-            block_cache(c, mc, f->block);
-            for (int t = 0; t < n; t++) block_complete(c, l, t, mc);
-        } else {
-            attention_flash_forward(att, lse, qkv, 1, n, NH, NKV, hs);
-        }
-        /* the group lists, and the pairs decoding would have counted */
-        for (int t = 0; t < n && kind != KEYS_BLOCKS; t++)
-            c->pairs += (long)token_keys(c, m, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
-        project_rows(tmp, C, att, n, p->attprojw + (size_t)l * C * A,
-                     p->attprojb ? p->attprojb + lC : NULL, A, C, nw ? nw + NATIVE_O : NULL, ex);
-        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pan + lC, NULL, n, stat);
-        for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
-        norm_rows(m, &ls, h, x, p->ln2w + lC, p->ln2b ? p->ln2b + lC : NULL, n, stat);
-        if (nw) { /* gate then up in each row, as fcw holds them */
-            project_rows(fch, FC, h, n, NULL, NULL, C, F, nw + NATIVE_GATE, ex);
-            project_rows(fch + F, FC, h, n, NULL, NULL, C, F, nw + NATIVE_UP, ex);
-        } else {
-            matmul_forward(fch, h, p->fcw + (size_t)l * FC * C,
-                           p->fcb ? p->fcb + (size_t)l * FC : NULL, N, C, FC);
-        }
-        act_rows(&ls, act, fch, N, F);
-        project_rows(tmp, C, act, n, p->fcprojw + (size_t)l * C * F,
-                     p->fcprojb ? p->fcprojb + lC : NULL, F, C, nw ? nw + NATIVE_DOWN : NULL, ex);
-        if (ls.sandwich) norm_rows(m, &ls, tmp, tmp, p->pfn + lC, NULL, n, stat);
-        for (size_t i = 0; i < N * C; i++) x[i] += tmp[i];
-        check_finite_acts(m, x, N * C, l);
-    }
-    /* the head: every row's logits, or the last row's only (a prompt needs no more) */
-    const int rows = all ? n : 1;
-    const real* last = all ? x : x + (N - 1) * C;
-    const LayerSpec S0 = model_layer_spec(mc, 0);
-    norm_rows(m, &S0, h, last, p->lnfw, p->lnfb, rows, stat);
-    project_rows(logits, mc->V, h, rows, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
-                 m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, ex);
-    check_finite_acts(m, logits, (size_t)rows * mc->V, mc->L);
-    c->n = n;
-    free(mask);
-    free(buf);
+    int* pos = mallocCheck(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    KVCache* cs[1] = {c};
+    rows_pass(m, cs, pos, tokens, n, logits, all, ROWS_PREFILL, 0);
+    free(pos);
 }
 
 void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {

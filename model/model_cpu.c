@@ -7,7 +7,7 @@
 
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
-#include "backend.h"
+#include "layer_cpu.h"
 
 static void ensure_acts(Model* m, int B, int T, int keep) {
     if (m->acts_mem && m->B == B && m->T == T && m->keep == keep) return;
@@ -20,13 +20,6 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
 
 static LayerActs layer_acts(const Model* m, int l) {
     return model_layer_acts(m, &m->acts, m->rmask, l);
-}
-
-/* out (BT, rows) = in (BT, cols) W^T + b with layer l's W (rows, cols; projection tensor t,
- * model_layer_weight) and b (rows, or none) */
-static void linear(Model* m, real* out, const real* in, int t, const real* b, int l, size_t BT,
-                   int cols, int rows) {
-    matmul_forward(out, in, model_layer_weight(m, t, l), model_slice(b, l, rows), BT, cols, rows);
 }
 
 /* LoRA adapter k (0 qkv, 1 o, 2 fc, 3 fcproj) of layer l, when m has one: out (BT, OC) of the
@@ -88,6 +81,13 @@ static void layer_rope(const LayerSpec* S, real* qkv, int B, int T, int NH, int 
         (sign > 0 ? rope_forward : rope_backward)(qkv, B, T, NH, NKV, S->hs, S->rope_theta, 0);
 }
 
+/* ... on one row of q and k heads at position pos. */
+static void layer_rope_at(const LayerSpec* S, real* qkv, int NH, int NKV, int pos) {
+    if (!S->rope) return;
+    (S->rope_halves ? rope_halves_forward : rope_forward)(qkv, 1, 1, NH, NKV, S->hs, S->rope_theta,
+                                                          pos);
+}
+
 /* The MLP's activation of fch (BT rows) into act, and its backward. */
 static void act_forward(const LayerSpec* S, real* act, const real* fch, size_t BT, int F) {
     if (S->act == ACT_GELU)
@@ -135,15 +135,176 @@ static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, 
             m->pattern_kept += mask_pairs_kept(mask + (size_t)b * T, T, f->w, f->sinks);
 }
 
-static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+/* Projection k of layer l (0 q k v, 1 attention output, 2 gate + up or fc, 3 down or fc
+ * projection) over n rows, with its LoRA adapter and, after a row-parallel product, the partial
+ * sums of tensor parallelism added up. The cached rows read the file's blocks where the model
+ * has them (the q, k, v and gate, up matrices side by side in the rows of out). */
+static void layer_project(Model* m, const LayerRows* r, int k, int l, real* out, const real* in,
+                          size_t n) {
+    const ModelConfig* c = &m->cfg;
+    const Params* p = &m->params;
+    const int C = c->C, A = model_att_width(c), F = model_ffn(c), QKV = model_qkv_width(c),
+              FC = model_fc_width(c);
+    static const ParamId W[4] = {P_QKVW, P_ATTPROJW, P_FCW, P_FCPROJW};
+    const int cols[4] = {C, A, C, F}, rows[4] = {QKV, C, FC, C};
+    const real* bias[4] = {model_slice(p->qkvb, l, QKV), model_slice(tp_bias(m, p->attprojb), l, C),
+                           model_slice(p->fcb, l, FC), model_slice(tp_bias(m, p->fcprojb), l, C)};
+    const real* b = bias[k];
+    const QMatrix* nw =
+        m->native && r->kind != ROWS_SEQUENCES ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
+    const int N = (int)n, ex = r->exact, pr = r->per_row;
+    if (nw && k == 0) { /* three matrices in the file */
+        const int kvw = model_kv_heads(c) * model_head_size(c);
+        rows_project(out, QKV, in, N, NULL, b, C, A, nw + NATIVE_Q, ex, pr);
+        rows_project(out + A, QKV, in, N, NULL, b ? b + A : NULL, C, kvw, nw + NATIVE_K, ex, pr);
+        rows_project(out + A + kvw, QKV, in, N, NULL, b ? b + A + kvw : NULL, C, kvw, nw + NATIVE_V,
+                     ex, pr);
+    } else if (nw && k == 2) { /* gate rows then up rows, as fcw holds them */
+        rows_project(out, FC, in, N, NULL, NULL, C, F, nw + NATIVE_GATE, ex, pr);
+        rows_project(out + F, FC, in, N, NULL, NULL, C, F, nw + NATIVE_UP, ex, pr);
+    } else {
+        const QMatrix* q = nw ? nw + (k == 1 ? NATIVE_O : NATIVE_DOWN) : NULL;
+        const real* w = q ? NULL : model_layer_weight(m, W[k], l);
+        rows_project(out, rows[k], in, N, w, b, cols[k], rows[k], q, ex, pr);
+    }
+    lora_add(m, k, l, out, in, n, cols[k], rows[k]);
+    if (k == 1 || k == 3) tp_sum(m, out, n * C);
+}
+
+/* The stream y = x + o, the branch output o normed first with sandwich norms (weight w, its
+ * rstd to rstd); y may be x (in place: the norm then overwrites o) or o. */
+static void layer_join(const Model* m, const LayerSpec* S, real* y, const real* x, real* o,
+                       const real* w, real* rstd, size_t n) {
+    const size_t C = (size_t)m->cfg.C;
+    if (S->sandwich) {
+        real* normed = y != x ? y : o;
+        norm_forward(m, S, normed, NULL, rstd, o, w, NULL, n);
+        o = normed;
+    }
+    for (size_t i = 0; i < n * C; i++) y[i] = x[i] + o[i];
+}
+
+/* The attention of layer l over whole sequences (ROWS_SEQUENCES, ROWS_PREFILL): the router's
+ * groups where the mode needs them, the kernel of the layer's mode, the pairs it keeps. */
+static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRows* r) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
+    const int B = r->B, T = r->T, hs = model_head_size(c), NH = model_heads(c),
+              NKV = model_kv_heads(c);
+    const size_t BT = (size_t)B * T, lC = (size_t)l * c->C;
+    const int seqs = r->kind == ROWS_SEQUENCES;
+    const AttnMode mode = model_layer_attn(m, l);
+    /* a dense layer's groups are still computed in a full pass (reports and statistics read
+     * them); a prefill computes the groups it attends with only */
+    if (mode == ATTN_HARD || (seqs && (attn_uses_router(f->attn) || m->routed_dense))) {
+        router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
+                              m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
+        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, f->routing, B, T,
+                        f->K, f->tau, f->iters);
+        if (mode == ATTN_HARD)
+            routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
+    }
+    if (mode == ATTN_RANDOM)
+        routing_random_mask(la->mask, B, T, f->K, f->topk, f->sinks, 0, focus_random_seed(f, l));
+    if (mode == ATTN_LOCAL) memset(la->mask, 0, sizeof(uint32_t) * BT); /* no groups */
+    /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
+     * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
+     * training and the soft gate */
+    AttnGate gate = model_layer_gate(m, l, la);
+    double kept = 0; /* the block kernels' count */
+    switch (model_attn_kernel(mode, r->keep)) {
+        case ATTN_KERNEL_SPARSE:
+            attention_hard_forward(la->att, la->lse, la->qkv, la->mask, f->K, f->w, B, T, NH, NKV,
+                                   hs);
+            break;
+        case ATTN_KERNEL_DENSE:
+            attention_flash_forward(la->att, la->lse, la->qkv, B, T, NH, NKV, hs);
+            break;
+        case ATTN_KERNEL_GATED:
+            attention_forward(la->att, la->lse, la->qkv, &gate, B, T, NH, NKV, hs);
+            break;
+        case ATTN_KERNEL_BAND: /* the window pattern, or a local layer's own window */
+            attention_band_forward(la->att, la->lse, la->qkv, gate.w, gate.sinks, B, T, NH, NKV,
+                                   hs);
+            break;
+        case ATTN_KERNEL_BLOCKS:
+            kept = attention_blocks_forward(
+                la->att, la->lse, la->qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
+                attn_block_score(mode),
+                m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL, B, T,
+                NH, NKV, hs);
+            break;
+    }
+    if (!seqs) {
+        kvcache_fill(r->cs[0], m, l, la->qkv, la->mask, T, kept);
+        return;
+    }
+    m->pattern_kept += kept;
+    if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */
+        pattern_count(m, mode, la->mask, B, T, model_layer_spec(c, l).window);
+}
+
+void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerRows* r) {
+    const ModelConfig* c = &m->cfg;
+    const Params* p = &m->params;
+    const size_t n = (size_t)r->B * r->T, C = (size_t)c->C;
+    const int hs = model_head_size(c), NH = model_heads(c), NKV = model_kv_heads(c),
+              F = model_ffn(c), QKV = model_qkv_width(c);
+    const LayerSpec S = model_layer_spec(c, l);
+    /* FOCUS_PROFILE: the time since the last tick to part i of DECODE_PARTS */
+#define TICK(i)                                \
+    do {                                       \
+        if (r->prof) {                         \
+            const double now_ = now_seconds(); \
+            r->prof[i] += now_ - *r->mark;     \
+            *r->mark = now_;                   \
+        }                                      \
+    } while (0)
+    norm_forward(m, &S, la->ln1, la->ln1_mean, la->ln1_rstd, x, model_slice(p->ln1w, l, C),
+                 model_slice(p->ln1b, l, C), n);
+    TICK(5);
+    layer_project(m, r, 0, l, la->qkv, la->ln1, n);
+    TICK(0);
+    if (S.qk_norm)
+        qknorm_forward(la->qkv, la->qkpre, la->qkrstd, model_slice(p->qnormw, l, hs),
+                       model_slice(p->knormw, l, hs), n, NH, NKV, hs, c->eps);
+    if (r->kind == ROWS_CACHED) { /* each row at its own position */
+        for (size_t i = 0; i < n; i++) layer_rope_at(&S, la->qkv + i * QKV, NH, NKV, r->pos[i]);
+        kvcache_attend_rows(m, l, r, la->ln1, la->qkv, la->att);
+    } else {
+        layer_rope(&S, la->qkv, r->B, r->T, NH, NKV, 1);
+        if (m->qkv_observer && r->kind == ROWS_SEQUENCES)
+            m->qkv_observer(m->qkv_observer_ctx, l, la->qkv, r->B, r->T);
+        layer_attention(m, l, la, r);
+    }
+    TICK(1);
+    /* the attention output (gemma3: normed before the residual add) */
+    real* ao = la->attp ? la->attp : la->res2;
+    layer_project(m, r, 1, l, ao, la->att, n);
+    TICK(2);
+    layer_join(m, &S, la->res2, x, ao, model_slice(p->pan, l, C), la->attp_rstd, n);
+    norm_forward(m, &S, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, model_slice(p->ln2w, l, C),
+                 model_slice(p->ln2b, l, C), n);
+    TICK(5);
+    layer_project(m, r, 2, l, la->fch, la->ln2, n);
+    TICK(3);
+    act_forward(&S, la->fch_act, la->fch, n, F);
+    TICK(5);
+    real* mo = la->mlpp ? la->mlpp : la->res3;
+    layer_project(m, r, 3, l, mo, la->fch_act, n);
+    TICK(4);
+    layer_join(m, &S, la->res3, la->res2, mo, model_slice(p->pfn, l, C), la->mlpp_rstd, n);
+    if (r->kind != ROWS_SEQUENCES) check_finite_acts(m, la->res3, n * C, l);
+    TICK(5);
+#undef TICK
+}
+
+static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
+    const ModelConfig* c = &m->cfg;
     ensure_acts(m, B, T, keep);
     memcpy(m->inputs, inputs, sizeof(int) * B * T);
     const size_t BT = (size_t)B * T;
-    /* this slice's heads and feed-forward width (the whole model's without tensor parallelism) */
-    const int C = c->C, hs = model_head_size(c), QKV = model_qkv_width(c), FC = model_fc_width(c);
-    const int NH = model_heads(c), NKV = model_kv_heads(c), F = model_ffn(c), A = NH * hs;
+    const int C = c->C;
     const Params* p = &m->params;
     Acts* a = &m->acts;
     encoder_forward(a->encoded, inputs, p->wte, p->wpe, B, T, C);
@@ -152,83 +313,10 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         for (size_t i = 0; i < BT * C; i++) a->encoded[i] *= escale;
     const real* x = a->encoded;
     m->pattern_kept = m->pattern_pairs = 0;
+    const LayerRows rows = {.kind = ROWS_SEQUENCES, .B = B, .T = T, .keep = keep};
     for (int l = 0; l < c->L; l++) {
-        const LayerSpec S = model_layer_spec(c, l);
         LayerActs la = layer_acts(m, l);
-        size_t lC = (size_t)l * C;
-        norm_forward(m, &S, la.ln1, la.ln1_mean, la.ln1_rstd, x, model_slice(p->ln1w, l, C),
-                     model_slice(p->ln1b, l, C), BT);
-        linear(m, la.qkv, la.ln1, P_QKVW, p->qkvb, l, BT, C, QKV);
-        lora_add(m, 0, l, la.qkv, la.ln1, BT, C, QKV);
-        if (S.qk_norm)
-            qknorm_forward(la.qkv, la.qkpre, la.qkrstd, model_slice(p->qnormw, l, hs),
-                           model_slice(p->knormw, l, hs), BT, NH, NKV, hs, c->eps);
-        layer_rope(&S, la.qkv, B, T, NH, NKV, 1);
-        if (m->qkv_observer) m->qkv_observer(m->qkv_observer_ctx, l, la.qkv, B, T);
-        const AttnMode mode = model_layer_attn(m, l);
-        if (attn_uses_router(f->attn) || m->routed_dense) {
-            /* a dense layer's groups are still computed (reports and statistics read them) */
-            router_scores_forward(la.rproj, la.rS, la.ln1, m->router.wg + lC * f->dg,
-                                  m->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg, f->K);
-            routing_forward(la.rG, la.colofs, la.rS, m->beta + (size_t)l * f->K, f->routing, B, T,
-                            f->K, f->tau, f->iters);
-            if (mode == ATTN_HARD)
-                routing_topk_mask(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
-        }
-        if (mode == ATTN_RANDOM)
-            routing_random_mask(la.mask, B, T, f->K, f->topk, f->sinks, 0, focus_random_seed(f, l));
-        if (mode == ATTN_LOCAL) memset(la.mask, 0, sizeof(uint32_t) * BT); /* no groups */
-        /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
-         * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
-         * training and the soft gate */
-        AttnGate gate = model_layer_gate(m, l, &la);
-        switch (model_attn_kernel(mode, keep)) {
-            case ATTN_KERNEL_SPARSE:
-                attention_hard_forward(la.att, la.lse, la.qkv, la.mask, f->K, f->w, B, T, NH, NKV,
-                                       hs);
-                break;
-            case ATTN_KERNEL_DENSE:
-                attention_flash_forward(la.att, la.lse, la.qkv, B, T, NH, NKV, hs);
-                break;
-            case ATTN_KERNEL_GATED:
-                attention_forward(la.att, la.lse, la.qkv, &gate, B, T, NH, NKV, hs);
-                break;
-            case ATTN_KERNEL_BAND: /* the window pattern, or a local layer's own window */
-                attention_band_forward(la.att, la.lse, la.qkv, gate.w, gate.sinks, B, T, NH, NKV,
-                                       hs);
-                break;
-            case ATTN_KERNEL_BLOCKS:
-                m->pattern_kept += attention_blocks_forward(
-                    la.att, la.lse, la.qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
-                    attn_block_score(mode),
-                    m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL, B,
-                    T, NH, NKV, hs);
-                break;
-        }
-        if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */
-            pattern_count(m, mode, la.mask, B, T, S.window);
-        /* the attention output (gemma3: normed before the residual add) */
-        real* ao = S.sandwich ? la.attp : la.res2;
-        linear(m, ao, la.att, P_ATTPROJW, tp_bias(m, p->attprojb), l, BT, A, C);
-        lora_add(m, 1, l, ao, la.att, BT, A, C);
-        tp_sum(m, ao, BT * C);
-        if (S.sandwich)
-            norm_forward(m, &S, la.res2, NULL, la.attp_rstd, ao, model_slice(p->pan, l, C), NULL,
-                         BT);
-        for (size_t i = 0; i < BT * C; i++) la.res2[i] += x[i];
-        norm_forward(m, &S, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, model_slice(p->ln2w, l, C),
-                     model_slice(p->ln2b, l, C), BT);
-        linear(m, la.fch, la.ln2, P_FCW, p->fcb, l, BT, C, FC);
-        lora_add(m, 2, l, la.fch, la.ln2, BT, C, FC);
-        act_forward(&S, la.fch_act, la.fch, BT, F);
-        real* mo = S.sandwich ? la.mlpp : la.res3;
-        linear(m, mo, la.fch_act, P_FCPROJW, tp_bias(m, p->fcprojb), l, BT, F, C);
-        lora_add(m, 3, l, mo, la.fch_act, BT, F, C);
-        tp_sum(m, mo, BT * C);
-        if (S.sandwich)
-            norm_forward(m, &S, la.res3, NULL, la.mlpp_rstd, mo, model_slice(p->pfn, l, C), NULL,
-                         BT);
-        for (size_t i = 0; i < BT * C; i++) la.res3[i] += la.res2[i];
+        cpu_layer(m, l, x, &la, &rows);
         x = la.res3;
     }
     const LayerSpec S0 = model_layer_spec(c, 0);

@@ -1,0 +1,64 @@
+/* layer_cpu.h: the one CPU transformer layer, over a block of rows, that every CPU pass runs
+ * (for model/ only): the full forward pass of training and evaluation (model_cpu.c), the
+ * prompt's batched prefill and the decode step over a KV cache (decode.c). The layer reads its
+ * structure from the LayerSpec (model.h) only; the rows say where its keys come from and go:
+ *
+ *   ROWS_SEQUENCES  B sequences of T rows from position 0, no cache: the full-sequence
+ *                   attention kernel of each layer's mode (model_attn_kernel)
+ *   ROWS_PREFILL    one sequence of T rows from position 0 into the empty cache cs[0]: the same
+ *                   kernels, then the keys, values and group lists cached as decode steps would
+ *                   have left them
+ *   ROWS_CACHED     row i at position pos[i] of cache cs[i] (a prompt's rows after cached ones,
+ *                   or the decode step of one or several caches): attention row by row over its
+ *                   cache
+ *
+ * The cache's side of attention (kvcache_attend_rows, kvcache_fill) and the products with the
+ * file's quantised blocks (rows_project) are decode.c's. */
+#ifndef FOCUS_LAYER_CPU_H
+#define FOCUS_LAYER_CPU_H
+
+#include "backend.h"
+#include "decode.h"
+
+typedef enum { ROWS_SEQUENCES = 0, ROWS_PREFILL = 1, ROWS_CACHED = 2 } RowsKind;
+
+/* the cached rows' per-row scratch (decode.c) */
+typedef struct RowScratch RowScratch;
+
+typedef struct {
+    RowsKind kind;
+    int B, T;           /* n = B T rows (ROWS_PREFILL, ROWS_CACHED: B = 1) */
+    int keep;           /* ROWS_SEQUENCES: the pass's keep (which kernel a mode runs) */
+    KVCache* const* cs; /* ROWS_PREFILL: cs[0]; ROWS_CACHED: each row's cache */
+    const int* pos;     /* ROWS_CACHED: each row's position in its cache */
+    /* the products with the file's blocks (cached rows only; rows_project): exact fp32
+     * products, and each row's arithmetic that of a single row (decode steps) */
+    int exact, per_row;
+    RowScratch* scratch; /* ROWS_CACHED */
+    double *prof, *mark; /* FOCUS_PROFILE: seconds by part (DECODE_PARTS), the last tick */
+} LayerRows;
+
+/* Layer l over the rows: from the residual stream x (n, C) to la->res3 (n, C) through la's
+ * tensors (backend.h). la->res2 and la->res3 may be x itself (the stream updated in place);
+ * then la->attp and la->mlpp must be scratch of (n, C), for the branch outputs. */
+void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerRows* r);
+
+/* y (n rows of ldy) = x (n, in) W^T + b: from the file's blocks nw when given (exact: fp32
+ * products), else the fp32 weights w (then ldy = out); per_row: each row's arithmetic that of a
+ * single row (decode steps, batched or not). */
+void rows_project(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
+                  int out, const QMatrix* nw, int exact, int per_row);
+/* ROWS_CACHED attention of layer l: each row's key and value (qkv: n rows after RoPE) cached at
+ * its position, its group lists grown (h: the rows' normed input, which the router reads), and
+ * att (n, NH hs) attending over its cache. */
+void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
+                         real* att);
+/* ROWS_PREFILL, after the layer's kernel: the n rows' keys and values (qkv) cached, their group
+ * lists (mask: the rows' groups on routed layers) or block statistics made, and the pairs
+ * decoding would have counted (kept: the block kernels' count per head) added to c->pairs. */
+void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint32_t* mask, int n,
+                  double kept);
+/* the activations after layer l must be finite (decode.c; -1: the embedding, L: the head) */
+void check_finite_acts(const Model* m, const real* x, size_t n, int l);
+
+#endif
