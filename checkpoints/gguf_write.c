@@ -75,6 +75,29 @@ static void kv_str(Buf* b, const char* k, const char* v) {
     putstr(b, v);
 }
 
+/* Tensor t's slab l of m (when m has it) to ts as its GGUF parts (model_params' gguf_part):
+ * F32, or with quant the projection matrices in Q8_0 and the embedding in F16. */
+static void add_parts(WTensor* ts, int* nt, const Model* m, int t, int l, int quant) {
+    const ModelConfig* c = &m->cfg;
+    const ParamSpec* s = &model_params[t];
+    size_t rows, cols;
+    model_param_shape(c, t, &rows, &cols);
+    const float* src = ((float* const*)&m->params)[t];
+    if (!rows || !src) return;
+    src += (size_t)l * rows * cols;
+    for (int i = 0; i < model_param_parts(c, t); i++) {
+        model_param_part(c, t, i, &rows, &cols);
+        WTensor* w = &ts[(*nt)++];
+        if (s->per_layer)
+            snprintf(w->name, sizeof w->name, "blk.%d.%s", l, s->gguf_part[i]);
+        else
+            snprintf(w->name, sizeof w->name, "%s", s->gguf_part[i]);
+        w->data = src, w->rows = rows, w->cols = cols;
+        w->type = !quant ? GGML_F32 : t == P_WTE ? GGML_F16 : s->proj >= 0 ? GGML_Q8_0 : GGML_F32;
+        src += rows * cols;
+    }
+}
+
 /* Write m as a GGUF `llama` or `gemma3` file; quant: 0 all F32, 1 matrices in Q8_0 / F16. Our
  * RoPE pairs are GGUF's for both (adjacent for llama, half-split for gemma3): no reordering. */
 static Buf write_gguf(const Model* m, int quant) {
@@ -82,49 +105,18 @@ static Buf write_gguf(const Model* m, int quant) {
     if (m->cfg.arch == ARCH_GPT2) fatal("GGUF export supports the llama and gemma3 families only");
     if (m->wbf16 || m->tp) fatal("internal: writing a bf16-stored or sliced model");
     const ModelConfig* c = &m->cfg;
-    const Params* p = &m->params;
     const char* arch = gemma ? "gemma3" : "llama";
-    int hs = model_head_size(c);
-    size_t C = c->C, F = c->F, Q = (size_t)(c->NH + 2 * c->NKV) * hs, A = (size_t)c->NH * hs;
-    WTensor* ts = mallocCheck(sizeof(WTensor) * (16 * (size_t)m->cfg.L + 4));
+    const int hs = model_head_size(c);
+    WTensor* ts = mallocCheck(sizeof(WTensor) * (3 * NUM_PARAM_TENSORS * ((size_t)c->L + 1)));
     int nt = 0;
-#define ADD(nm, ptr, r, cl, ty)                                                   \
-    (snprintf(ts[nt].name, 64, "%s", nm), ts[nt].data = (ptr), ts[nt].rows = (r), \
-     ts[nt].cols = (cl), ts[nt].type = (ty), nt++)
-    ADD("token_embd.weight", p->wte, c->V, C, quant ? GGML_F16 : GGML_F32);
-    for (int l = 0; l < c->L; l++) {
-        char n[64];
-        uint32_t mt = quant ? GGML_Q8_0 : GGML_F32;
-#define L(nm, ptr, r, cl, ty) (snprintf(n, 64, "blk.%d." nm, l), ADD(n, ptr, r, cl, ty))
-        L("attn_norm.weight", p->ln1w + l * C, 1, C, GGML_F32);
-        L("attn_q.weight", p->qkvw + l * Q * C, (size_t)c->NH * hs, C, mt);
-        L("attn_k.weight", p->qkvw + l * Q * C + (size_t)c->NH * hs * C, (size_t)c->NKV * hs, C,
-          mt);
-        L("attn_v.weight", p->qkvw + l * Q * C + (size_t)(c->NH + c->NKV) * hs * C,
-          (size_t)c->NKV * hs, C, mt);
-        L("attn_output.weight", p->attprojw + l * C * A, C, A, mt);
-        if (gemma) {
-            L("attn_q_norm.weight", p->qnormw + (size_t)l * hs, 1, (size_t)hs, GGML_F32);
-            L("attn_k_norm.weight", p->knormw + (size_t)l * hs, 1, (size_t)hs, GGML_F32);
-            L("post_attention_norm.weight", p->pan + l * C, 1, C, GGML_F32);
-            L("post_ffw_norm.weight", p->pfn + l * C, 1, C, GGML_F32);
+    /* the table's tensors that the model has, in their parts: the embedding, each layer's, then
+     * the final norm and the head */
+    for (int l = -1; l <= c->L; l++) /* -1: the embedding; 0 .. L - 1: the layers; L: the rest */
+        for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+            const int per_layer = model_params[t].per_layer;
+            const int here = per_layer ? l >= 0 && l < c->L : l == (t == P_WTE ? -1 : c->L);
+            if (here) add_parts(ts, &nt, m, t, per_layer ? l : 0, quant);
         }
-        L("ffn_norm.weight", p->ln2w + l * C, 1, C, GGML_F32);
-        L("ffn_gate.weight", p->fcw + l * 2 * F * C, F, C, mt);
-        L("ffn_up.weight", p->fcw + l * 2 * F * C + F * C, F, C, mt);
-        L("ffn_down.weight", p->fcprojw + l * C * F, C, F, mt);
-        if (p->qkvb) {
-            L("attn_q.bias", p->qkvb + l * Q, 1, (size_t)c->NH * hs, GGML_F32);
-            L("attn_k.bias", p->qkvb + l * Q + (size_t)c->NH * hs, 1, (size_t)c->NKV * hs,
-              GGML_F32);
-            L("attn_v.bias", p->qkvb + l * Q + (size_t)(c->NH + c->NKV) * hs, 1,
-              (size_t)c->NKV * hs, GGML_F32);
-        }
-#undef L
-    }
-    ADD("output_norm.weight", p->lnfw, 1, C, GGML_F32);
-    if (!c->tied) ADD("output.weight", p->lmhead, c->V, C, GGML_F32);
-#undef ADD
     Buf h = {0}, d = {0};
     put(&h, "GGUF", 4);
     put32(&h, 3);

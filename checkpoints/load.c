@@ -98,36 +98,26 @@ typedef struct {
  * memory), for a model that decodes from the file's blocks. */
 static void gguf_slab(void* ctx, int t, int l, real* dst) {
     const GGUFSource* s = ctx;
-    const GGUFFile* f = s->f;
     const ModelConfig* c = &s->cfg;
-    const int split = c->arch != ARCH_GPT2; /* llama and gemma3: q, k, v and gate, up apart */
-    const size_t C = c->C, F = c->F, hs = model_head_size(c), nq = (size_t)c->NH * hs,
-                 nk = (size_t)c->NKV * hs;
     const ParamSpec* p = &model_params[t];
     if (s->lean && p->native) return;
-    char n[96];
-#define T(name, d, rows, cols) \
-    (snprintf(n, sizeof n, "blk.%d.%s", l, name), gguf_load_tensor(f, n, d, rows, cols))
-    if (split && t == P_QKVW) {
-        T("attn_q.weight", dst, nq, C);
-        T("attn_k.weight", dst + nq * C, nk, C);
-        T("attn_v.weight", dst + (nq + nk) * C, nk, C);
-    } else if (split && t == P_QKVB) {
-        T("attn_q.bias", dst, 1, nq);
-        T("attn_k.bias", dst + nq, 1, nk);
-        T("attn_v.bias", dst + nq + nk, 1, nk);
-    } else if (split && t == P_FCW) {
-        T("ffn_gate.weight", dst, F, C);
-        T("ffn_up.weight", dst + F * C, F, C);
-    } else { /* one tensor of the file, named in model_params */
+    /* llama and gemma3 files hold q, k, v and gate, up apart (model_params' gguf_part) */
+    const int split = c->arch != ARCH_GPT2, parts = split ? model_param_parts(c, t) : 1;
+    for (int i = 0; i < parts; i++) {
         size_t rows, cols;
-        model_param_shape(c, t, &rows, &cols);
-        if (p->per_layer)
-            T(p->gguf, dst, rows, cols);
+        if (split)
+            model_param_part(c, t, i, &rows, &cols);
         else
-            gguf_load_tensor(f, p->gguf, dst, rows, cols);
+            model_param_shape(c, t, &rows, &cols);
+        const char* name = split ? p->gguf_part[i] : p->gguf;
+        char n[96];
+        if (p->per_layer)
+            snprintf(n, sizeof n, "blk.%d.%s", l, name);
+        else
+            snprintf(n, sizeof n, "%s", name);
+        gguf_load_tensor(s->f, n, dst, rows, cols);
+        dst += rows * cols;
     }
-#undef T
 }
 
 /* A gemma3 file's own keys: the head size (key_length, which value_length must equal), the
@@ -548,91 +538,40 @@ typedef struct {
     const char* pre; /* GPT-2 names' prefix: "" or "transformer." */
 } SafeSource;
 
-/* Slab l of parameter tensor t (model_fill) from the safetensors tensors that hold it: GPT-2's
- * Conv1D matrices transposed, LLaMA's q and k rows from the half-split rotation to ours. */
+/* Slab l of parameter tensor t (model_fill) from the safetensors tensors that hold it, named in
+ * model_params: GPT-2's Conv1D matrices transposed, LLaMA's q and k rows from the half-split
+ * rotation to ours. */
 static void safe_slab(void* ctx, int t, int l, real* dst) {
     const SafeSource* s = ctx;
     const SafeSet* set = s->set;
     const ModelConfig* c = &s->cfg;
-    const size_t C = c->C, F = c->F, hs = C / c->NH, nq = (size_t)c->NH * hs,
-                 nk = (size_t)c->NKV * hs, Q = nq + 2 * nk;
-    char n[256];
-    if (c->arch == ARCH_GPT2) {
-        static const char* const names[NUM_PARAM_TENSORS] = {"wte.weight",
-                                                             "wpe.weight",
-                                                             "ln_1.weight",
-                                                             "ln_1.bias",
-                                                             "attn.c_attn.weight",
-                                                             "attn.c_attn.bias",
-                                                             "attn.c_proj.weight",
-                                                             "attn.c_proj.bias",
-                                                             "ln_2.weight",
-                                                             "ln_2.bias",
-                                                             "mlp.c_fc.weight",
-                                                             "mlp.c_fc.bias",
-                                                             "mlp.c_proj.weight",
-                                                             "mlp.c_proj.bias",
-                                                             "ln_f.weight",
-                                                             "ln_f.bias",
-                                                             NULL};
-        const size_t rows[NUM_PARAM_TENSORS] = {c->V, c->maxT, 0, 0, Q, 0, C, 0, 0,
-                                                0,    F,       0, C, 0, 0, 0, 0};
-        const size_t cols[NUM_PARAM_TENSORS] = {C, C, C, C, C, Q, C, C, C, C, C, F, F, C, C, C, 0};
-        if (!names[t]) fatal("%s: internal: GPT-2 has no tensor %d", set->name, t);
-        if (model_params[t].per_layer)
-            snprintf(n, sizeof n, "%sh.%d.%s", s->pre, l, names[t]);
+    const ParamSpec* p = &model_params[t];
+    const int gpt2 = c->arch == ARCH_GPT2, parts = gpt2 ? 1 : model_param_parts(c, t);
+    if (gpt2 ? !p->hf_gpt2 : !p->hf_part[0])
+        fatal("%s: internal: %s has no tensor %s", set->name, gpt2 ? "GPT-2" : "LLaMA", p->name);
+    real* d = dst;
+    for (int i = 0; i < parts; i++) {
+        size_t rows, cols;
+        if (gpt2)
+            model_param_shape(c, t, &rows, &cols);
         else
-            snprintf(n, sizeof n, "%s%s", s->pre, names[t]);
-        /* GPT-2's Conv1D projections are stored transposed */
-        safe_tensor(set, n, dst, rows[t], cols[t], model_params[t].proj >= 0, 0);
-        return;
+            model_param_part(c, t, i, &rows, &cols);
+        char n[256];
+        const char* name = gpt2 ? p->hf_gpt2 : p->hf_part[i];
+        if (p->per_layer)
+            snprintf(n, sizeof n, gpt2 ? "%sh.%d.%s" : "%smodel.layers.%d.%s", gpt2 ? s->pre : "",
+                     l, name);
+        else
+            snprintf(n, sizeof n, "%s%s", gpt2 ? s->pre : "", name);
+        /* a vector's shape is (0, n) here; GPT-2's Conv1D projections are stored transposed */
+        safe_tensor(set, n, d, rows == 1 ? 0 : rows, cols, gpt2 && p->proj >= 0, 0);
+        d += rows * cols;
     }
-#define G(name, d, rows, cols) \
-    (snprintf(n, sizeof n, "model.layers.%d.%s", l, name), safe_tensor(set, n, d, rows, cols, 0, 0))
-    switch (t) {
-        case P_WTE:
-            safe_tensor(set, "model.embed_tokens.weight", dst, c->V, C, 0, 0);
-            break;
-        case P_LN1W:
-            G("input_layernorm.weight", dst, 0, C);
-            break;
-        case P_QKVW:
-            G("self_attn.q_proj.weight", dst, nq, C);
-            G("self_attn.k_proj.weight", dst + nq * C, nk, C);
-            G("self_attn.v_proj.weight", dst + (nq + nk) * C, nk, C);
-            unpermute_rope(dst, c->NH, (int)hs, C);
-            unpermute_rope(dst + nq * C, c->NKV, (int)hs, C);
-            break;
-        case P_QKVB:
-            G("self_attn.q_proj.bias", dst, 0, nq);
-            G("self_attn.k_proj.bias", dst + nq, 0, nk);
-            G("self_attn.v_proj.bias", dst + nq + nk, 0, nk);
-            unpermute_rope(dst, c->NH, (int)hs, 1);
-            unpermute_rope(dst + nq, c->NKV, (int)hs, 1);
-            break;
-        case P_ATTPROJW:
-            G("self_attn.o_proj.weight", dst, C, C);
-            break;
-        case P_LN2W:
-            G("post_attention_layernorm.weight", dst, 0, C);
-            break;
-        case P_FCW:
-            G("mlp.gate_proj.weight", dst, F, C);
-            G("mlp.up_proj.weight", dst + F * C, F, C);
-            break;
-        case P_FCPROJW:
-            G("mlp.down_proj.weight", dst, C, F);
-            break;
-        case P_LNFW:
-            safe_tensor(set, "model.norm.weight", dst, 0, C, 0, 0);
-            break;
-        case P_LMHEAD:
-            safe_tensor(set, "lm_head.weight", dst, c->V, C, 0, 0);
-            break;
-        default:
-            fatal("%s: internal: LLaMA has no tensor %d", set->name, t);
+    if (!gpt2 && (t == P_QKVW || t == P_QKVB)) { /* q and k heads: to our rotation's rows */
+        const size_t hs = model_head_size(c), C = t == P_QKVW ? (size_t)c->C : 1;
+        unpermute_rope(dst, c->NH, (int)hs, C);
+        unpermute_rope(dst + (size_t)c->NH * hs * C, c->NKV, (int)hs, C);
     }
-#undef G
 }
 
 static void safe_set_release(void* p) {
@@ -900,29 +839,20 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
     GGUFFile f;
     char err[512];
     if (gguf_open(&f, path, err, sizeof err)) return snprintf(why, n, "%s", err), -1;
-    const int hs = model_head_size(c), L = c->L;
+    const int L = c->L;
     QMatrix* q = callocCheck((size_t)L * NATIVE_PER_LAYER + 2, sizeof(QMatrix));
-    static const char* const names[NATIVE_PER_LAYER] = {
-        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     for (int i = 0; i <= L * NATIVE_PER_LAYER + 1; i++) { /* the layers, the head, the embedding */
-        const int l = i / NATIVE_PER_LAYER, k = i % NATIVE_PER_LAYER,
-                  head = i >= L * NATIVE_PER_LAYER;
-        const int rows = head               ? c->V
-                         : k == NATIVE_Q    ? c->NH * hs
-                         : k <= NATIVE_V    ? c->NKV * hs
-                         : k == NATIVE_O    ? c->C
-                         : k == NATIVE_DOWN ? c->C
-                                            : c->F,
-                  cols = head               ? c->C
-                         : k == NATIVE_DOWN ? c->F
-                         : k == NATIVE_O    ? c->NH * hs
-                                            : c->C;
+        const int l = i / NATIVE_PER_LAYER, head = i >= L * NATIVE_PER_LAYER;
+        const NativePart np = model_native[i % NATIVE_PER_LAYER];
+        size_t r = (size_t)c->V, k = (size_t)c->C;
+        if (!head) model_param_part(c, np.t, np.part, &r, &k);
+        const int rows = (int)r, cols = (int)k;
         char name[96];
         if (head)
             snprintf(name, sizeof name, "%s",
                      c->tied || i > L * NATIVE_PER_LAYER ? "token_embd.weight" : "output.weight");
         else
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, names[k]);
+            snprintf(name, sizeof name, "blk.%d.%s", l, model_params[np.t].gguf_part[np.part]);
         const GGUFTensor* t = gguf_tensor(&f, name);
         const char* bad =
             !t                                                                ? "is missing"

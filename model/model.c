@@ -93,30 +93,84 @@ int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
 }
 
 /* name, per layer, cut, projection, native, init, GGUF name */
+#define PARTS(...) \
+    { __VA_ARGS__ }
 const ParamSpec model_params[NUM_PARAM_TENSORS] = {
-    [P_WTE] = {"wte", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "token_embd.weight"},
-    [P_WPE] = {"wpe", 0, CUT_WHOLE, -1, 0, INIT_RANDOM, "position_embd.weight"},
-    [P_LN1W] = {"ln1w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_norm.weight"},
-    [P_LN1B] = {"ln1b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_norm.bias"},
-    [P_QKVW] = {"qkvw", 1, CUT_HEAD_ROWS, 0, 1, INIT_RANDOM, "attn_qkv.weight"},
-    [P_QKVB] = {"qkvb", 1, CUT_HEAD_ROWS, -1, 0, INIT_ZERO, "attn_qkv.bias"},
-    [P_ATTPROJW] = {"attprojw", 1, CUT_HEAD_COLS, 1, 1, INIT_RANDOM, "attn_output.weight"},
-    [P_ATTPROJB] = {"attprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_output.bias"},
-    [P_LN2W] = {"ln2w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "ffn_norm.weight"},
-    [P_LN2B] = {"ln2b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_norm.bias"},
-    [P_FCW] = {"fcw", 1, CUT_FFN_ROWS, 2, 1, INIT_RANDOM, "ffn_up.weight"},
-    [P_FCB] = {"fcb", 1, CUT_FFN_ROWS, -1, 0, INIT_ZERO, "ffn_up.bias"},
-    [P_FCPROJW] = {"fcprojw", 1, CUT_FFN_COLS, 3, 1, INIT_RANDOM, "ffn_down.weight"},
-    [P_FCPROJB] = {"fcprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_down.bias"},
-    [P_LNFW] = {"lnfw", 0, CUT_WHOLE, -1, 0, INIT_ONE, "output_norm.weight"},
-    [P_LNFB] = {"lnfb", 0, CUT_WHOLE, -1, 0, INIT_ZERO, "output_norm.bias"},
-    [P_LMHEAD] = {"lmhead", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "output.weight"},
+    [P_WTE] = {"wte", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "token_embd.weight",
+               PARTS("token_embd.weight"), PARTS("model.embed_tokens.weight"), "wte.weight"},
+    [P_WPE] = {"wpe", 0, CUT_WHOLE, -1, 0, INIT_RANDOM, "position_embd.weight", PARTS(NULL),
+               PARTS(NULL), "wpe.weight"},
+    [P_LN1W] = {"ln1w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_norm.weight",
+                PARTS("attn_norm.weight"), PARTS("input_layernorm.weight"), "ln_1.weight"},
+    [P_LN1B] = {"ln1b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_norm.bias", PARTS(NULL), PARTS(NULL),
+                "ln_1.bias"},
+    [P_QKVW] = {"qkvw", 1, CUT_HEAD_ROWS, 0, 1, INIT_RANDOM, "attn_qkv.weight",
+                PARTS("attn_q.weight", "attn_k.weight", "attn_v.weight"),
+                PARTS("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                      "self_attn.v_proj.weight"),
+                "attn.c_attn.weight"},
+    [P_QKVB] = {"qkvb", 1, CUT_HEAD_ROWS, -1, 0, INIT_ZERO, "attn_qkv.bias",
+                PARTS("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+                PARTS("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+                "attn.c_attn.bias"},
+    [P_ATTPROJW] = {"attprojw", 1, CUT_HEAD_COLS, 1, 1, INIT_RANDOM, "attn_output.weight",
+                    PARTS("attn_output.weight"), PARTS("self_attn.o_proj.weight"),
+                    "attn.c_proj.weight"},
+    [P_ATTPROJB] = {"attprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_output.bias", PARTS(NULL),
+                    PARTS(NULL), "attn.c_proj.bias"},
+    [P_LN2W] = {"ln2w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "ffn_norm.weight", PARTS("ffn_norm.weight"),
+                PARTS("post_attention_layernorm.weight"), "ln_2.weight"},
+    [P_LN2B] = {"ln2b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_norm.bias", PARTS(NULL), PARTS(NULL),
+                "ln_2.bias"},
+    [P_FCW] = {"fcw", 1, CUT_FFN_ROWS, 2, 1, INIT_RANDOM, "ffn_up.weight",
+               PARTS("ffn_gate.weight", "ffn_up.weight"),
+               PARTS("mlp.gate_proj.weight", "mlp.up_proj.weight"), "mlp.c_fc.weight"},
+    [P_FCB] = {"fcb", 1, CUT_FFN_ROWS, -1, 0, INIT_ZERO, "ffn_up.bias", PARTS(NULL), PARTS(NULL),
+               "mlp.c_fc.bias"},
+    [P_FCPROJW] = {"fcprojw", 1, CUT_FFN_COLS, 3, 1, INIT_RANDOM, "ffn_down.weight",
+                   PARTS("ffn_down.weight"), PARTS("mlp.down_proj.weight"), "mlp.c_proj.weight"},
+    [P_FCPROJB] = {"fcprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_down.bias", PARTS(NULL),
+                   PARTS(NULL), "mlp.c_proj.bias"},
+    [P_LNFW] = {"lnfw", 0, CUT_WHOLE, -1, 0, INIT_ONE, "output_norm.weight",
+                PARTS("output_norm.weight"), PARTS("model.norm.weight"), "ln_f.weight"},
+    [P_LNFB] = {"lnfb", 0, CUT_WHOLE, -1, 0, INIT_ZERO, "output_norm.bias", PARTS(NULL),
+                PARTS(NULL), "ln_f.bias"},
+    [P_LMHEAD] = {"lmhead", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "output.weight",
+                  PARTS("output.weight"), PARTS("lm_head.weight"), NULL},
     /* gemma3: the norms of QK-norm and the sandwich (GGUF holds them with Gemma's +1) */
-    [P_QNORMW] = {"qnormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_q_norm.weight"},
-    [P_KNORMW] = {"knormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_k_norm.weight"},
-    [P_PAN] = {"pan", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_attention_norm.weight"},
-    [P_PFN] = {"pfn", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_ffw_norm.weight"},
+    [P_QNORMW] = {"qnormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_q_norm.weight",
+                  PARTS("attn_q_norm.weight"), PARTS(NULL), NULL},
+    [P_KNORMW] = {"knormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_k_norm.weight",
+                  PARTS("attn_k_norm.weight"), PARTS(NULL), NULL},
+    [P_PAN] = {"pan", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_attention_norm.weight",
+               PARTS("post_attention_norm.weight"), PARTS(NULL), NULL},
+    [P_PFN] = {"pfn", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_ffw_norm.weight",
+               PARTS("post_ffw_norm.weight"), PARTS(NULL), NULL},
 };
+#undef PARTS
+
+const NativePart model_native[NATIVE_PER_LAYER] = {
+    [NATIVE_Q] = {P_QKVW, 0},      [NATIVE_K] = {P_QKVW, 1},   [NATIVE_V] = {P_QKVW, 2},
+    [NATIVE_O] = {P_ATTPROJW, 0},  [NATIVE_GATE] = {P_FCW, 0}, [NATIVE_UP] = {P_FCW, 1},
+    [NATIVE_DOWN] = {P_FCPROJW, 0}};
+
+int model_param_parts(const ModelConfig* c, int t) {
+    (void)c;
+    int n = 0;
+    while (n < 3 && model_params[t].gguf_part[n]) n++;
+    return n;
+}
+
+void model_param_part(const ModelConfig* c, int t, int i, size_t* rows, size_t* cols) {
+    model_param_shape(c, t, rows, cols);
+    const size_t hs = model_head_size(c), heads = (size_t)(i ? c->NKV : c->NH) * hs;
+    if (t == P_QKVW) /* q, then k and v */
+        *rows = heads;
+    else if (t == P_QKVB)
+        *cols = heads;
+    else if (t == P_FCW) /* gate, then up */
+        *rows = (size_t)c->F;
+}
 
 /* the table's order is Params' */
 _Static_assert(offsetof(Params, pfn) == P_PFN * sizeof(real*) &&

@@ -198,10 +198,19 @@ typedef struct {
                        * place); -1 otherwise */
     int native;       /* decoding from the file's blocks reads it there (a lean load skips it) */
     ParamInit init;   /* synthetic weights (bench forward): N(0, 0.02), ones (norms), zeros */
-    const char* gguf; /* its GGUF tensor (per layer: after "blk.N."); the split forms of qkv
-                       * and of gate + up are the loader's */
+    /* Its tensors in the files (per layer: the names after "blk.N.", "model.layers.N.",
+     * "h.N."; NULL: not in that format). A tensor that llama-family files hold in parts (q, k,
+     * v; gate, up) lists them, each part's shape from model_param_part. */
+    const char* gguf;         /* GGUF, one tensor (GPT-2 family files) */
+    const char* gguf_part[3]; /* GGUF, llama and gemma3 files */
+    const char* hf_part[3];   /* Hugging Face LLaMA safetensors */
+    const char* hf_gpt2;      /* Hugging Face GPT-2 safetensors (Conv1D projections transposed) */
 } ParamSpec;
 extern const ParamSpec model_params[NUM_PARAM_TENSORS];
+/* The parts of tensor t in a llama-family file (model_params' gguf_part, hf_part): their
+ * number, and part i's shape (rows 1: a vector). */
+int model_param_parts(const ModelConfig* c, int t);
+void model_param_part(const ModelConfig* c, int t, int i, size_t* rows, size_t* cols);
 typedef struct {
     real* wte;      /* (V, C) */
     real* wpe;      /* (maxT, C)      gpt2 */
@@ -308,6 +317,13 @@ enum {
     NATIVE_DOWN,
     NATIVE_PER_LAYER
 };
+/* Native matrix k of a layer: part `part` of parameter tensor t (model_param_part; its GGUF
+ * name model_params[t].gguf_part[part]). */
+typedef struct {
+    ParamId t;
+    int part;
+} NativePart;
+extern const NativePart model_native[NATIVE_PER_LAYER];
 
 typedef struct {
     ModelConfig cfg;
