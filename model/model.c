@@ -333,10 +333,13 @@ uint64_t model_fingerprint(const Model* m) {
     return model_tp(&m->cfg) > 1 || m->wbf16 ? m->whole_fingerprint : model_weights_hash(m);
 }
 
-/* The store's four projection matrices, by their place in it. */
-static const int bf16_tensors[4] = {P_QKVW, P_ATTPROJW, P_FCW, P_FCPROJW};
+ParamId model_proj_tensor(int k) {
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+        if (model_params[t].proj == k) return (ParamId)t;
+    fatal("internal: projection %d", k);
+}
 
-/* The store's index of parameter tensor t, or -1 for a tensor kept in fp32. */
+/* The store's index of parameter tensor t (its projection), or -1 for a tensor kept in fp32. */
 static int bf16_index(int t) { return model_params[t].proj; }
 
 static void drop_pages(void* p, size_t n);
@@ -346,11 +349,11 @@ static void drop_pages(void* p, size_t n);
 static void bf16_layout(Model* m) {
     size_t total = 0, stage = 0;
     for (int k = 0; k < 4; k++) {
-        const size_t n = model_param_slab(&m->cfg, bf16_tensors[k]);
+        const size_t n = model_param_slab(&m->cfg, model_proj_tensor(k));
         m->wbf16_off[k] = total;
         total += n * m->cfg.L;
         stage = n > stage ? n : stage;
-        m->param_sizes[bf16_tensors[k]] = 0;
+        m->param_sizes[model_proj_tensor(k)] = 0;
     }
     m->num_params = model_sum_sizes(m->param_sizes, NUM_PARAM_TENSORS);
     m->wbf16 = mallocCheck(sizeof(uint16_t) * total);
@@ -371,7 +374,7 @@ void model_store_bf16(Model* m) {
     /* each projection rounded into the store, its fp32 pages given back at once (the process
      * never holds much more than the fp32 model it had) */
     for (int k = 0; k < 4; k++) {
-        const int t = bf16_tensors[k];
+        const int t = model_proj_tensor(k);
         real_to_bf16_rows(m->wbf16 + m->wbf16_off[k], src[t], old[t]);
         drop_pages(src[t], sizeof(real) * old[t]);
     }

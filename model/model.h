@@ -207,6 +207,9 @@ typedef struct {
     const char* hf_gpt2;      /* Hugging Face GPT-2 safetensors (Conv1D projections transposed) */
 } ParamSpec;
 extern const ParamSpec model_params[NUM_PARAM_TENSORS];
+/* The parameter tensor of a layer's projection k (0 q k v, 1 attention output, 2 fc or gate +
+ * up, 3 fc projection or down: model_params' proj). */
+ParamId model_proj_tensor(int k);
 /* The parts of tensor t in a llama-family file (model_params' gguf_part, hf_part): their
  * number, and part i's shape (rows 1: a vector). */
 int model_param_parts(const ModelConfig* c, int t);

@@ -145,7 +145,6 @@ static void layer_project(Model* m, const LayerRows* r, int k, int l, real* out,
     const Params* p = &m->params;
     const int C = c->C, A = model_att_width(c), F = model_ffn(c), QKV = model_qkv_width(c),
               FC = model_fc_width(c);
-    static const ParamId W[4] = {P_QKVW, P_ATTPROJW, P_FCW, P_FCPROJW};
     const int cols[4] = {C, A, C, F}, rows[4] = {QKV, C, FC, C};
     const real* bias[4] = {model_slice(p->qkvb, l, QKV), model_slice(tp_bias(m, p->attprojb), l, C),
                            model_slice(p->fcb, l, FC), model_slice(tp_bias(m, p->fcprojb), l, C)};
@@ -164,7 +163,7 @@ static void layer_project(Model* m, const LayerRows* r, int k, int l, real* out,
         rows_project(out + F, FC, in, N, NULL, NULL, C, F, nw + NATIVE_UP, ex, pr);
     } else {
         const QMatrix* q = nw ? nw + (k == 1 ? NATIVE_O : NATIVE_DOWN) : NULL;
-        const real* w = q ? NULL : model_layer_weight(m, W[k], l);
+        const real* w = q ? NULL : model_layer_weight(m, model_proj_tensor(k), l);
         rows_project(out, rows[k], in, N, w, b, cols[k], rows[k], q, ex, pr);
     }
     lora_add(m, k, l, out, in, n, cols[k], rows[k]);
