@@ -9,7 +9,9 @@
 # (bash scripts/pg19_shards.sh build/focus cache/models/gemma-3-270m-q4_k_m.gguf cache/shards/gemma3).
 # PARTS (default "fit curve passkey speed") picks the parts to run; PARTS=router evaluates the
 # token router of `focus retrofit --config configs/gemma3_pg19.conf --out runs/gemma3` (ROUTER,
-# default runs/gemma3/router.h5): Focus k = 1 and k = 2 on the same tokens, passkey, speed.
+# default runs/gemma3/router.h5): Focus k = 1 and k = 2 on the same tokens, passkey, speed;
+# PARTS=mid every method at 16K (perplexity on the first 16,384 test tokens, prompt and decoding
+# speed), the selector and the token router included (about 45 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gemma_long}
@@ -73,5 +75,27 @@ if has speed; then
       "$focus" bench decode --model "$model" --ctx "$ctx" -n 32 "${opt[@]}" "${band[@]}" \
           --set blocks=8 | tee -a "$out/speed.txt"
     done
+  done
+fi
+if has mid; then
+  router=${ROUTER:-runs/gemma3/router.h5}
+  [ -f "$router" ] || { echo "gemma_long: $router missing (focus retrofit --config configs/gemma3_pg19.conf)"; exit 1; }
+  "$focus" eval curve --model "$model" --data "$shards/pg19test" --router "$out/selector.h5" \
+      --modes "$modes" --ctx 16384 --max-tokens 16385 "${band[@]}" --out "$out/curve16k.tsv"
+  "$focus" eval curve --model "$model" --data "$shards/pg19test" --router "$router" \
+      --modes hard:1,hard:2 --ctx 16384 --max-tokens 16385 "${band[@]}" --out "$out/curve16k_router.tsv"
+  : >"$out/speed16k.txt"
+  ctx=16352  # + 32 decoded = 16,384
+  for a in dense window selector k1 k2; do
+    case $a in
+      dense) opt=() ;;
+      window) opt=(--attn window) ;;
+      selector) opt=(--router "$out/selector.h5" --set blocks=8) ;;
+      k1) opt=(--router "$router" --topk 1) ;;
+      k2) opt=(--router "$router" --topk 2) ;;
+    esac
+    echo "== ctx $ctx $a" | tee -a "$out/speed16k.txt"
+    "$focus" bench decode --model "$model" --ctx "$ctx" -n 32 "${opt[@]}" "${band[@]}" \
+        | tee -a "$out/speed16k.txt"
   done
 fi
