@@ -183,6 +183,12 @@ static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int kv
 #endif
 }
 
+/* row `row` of layer l := the key and value heads of one qkv row (after its A query values) */
+static void kv_put_row(KVCache* c, int l, int row, const real* qkv_row, int A, int kvw) {
+    kv_put(c, 0, l, row, qkv_row + A, kvw);
+    kv_put(c, 1, l, row, qkv_row + A + kvw, kvw);
+}
+
 static real dot_kv(const real* q, const void* k, int half, int n) {
     if (!half) {
         const real* kr = k;
@@ -553,11 +559,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     const int* pos = r->pos;
     RowScratch* s = r->scratch;
     const size_t lC = (size_t)l * C;
-    for (int i = 0; i < n; i++) {
-        const real* qi = qkv + (size_t)i * Q;
-        kv_put(cs[i], 0, l, pos[i], qi + A, kvw);
-        kv_put(cs[i], 1, l, pos[i], qi + A + kvw, kvw);
-    }
+    for (int i = 0; i < n; i++) kv_put_row(cs[i], l, pos[i], qkv + (size_t)i * Q, A, kvw);
     const int kind = layer_keys(m, l);
     if (kind == KEYS_BLOCKS)
         for (int i = 0; i < n; i++) {
@@ -601,10 +603,7 @@ void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, kvw = mc->NKV * model_head_size(mc), Q = qkvw(mc),
               A = NH * model_head_size(mc);
-    for (int t = 0; t < n; t++) {
-        kv_put(c, 0, l, t, qkv + (size_t)t * Q + A, kvw);
-        kv_put(c, 1, l, t, qkv + (size_t)t * Q + A + kvw, kvw);
-    }
+    for (int t = 0; t < n; t++) kv_put_row(c, l, t, qkv + (size_t)t * Q, A, kvw);
     const int kind = layer_keys(m, l);
     if (kind == KEYS_BLOCKS) { /* each block's statistics */
         c->pairs += (long)llround(kept * NH);
@@ -615,14 +614,6 @@ void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint
     /* the group lists, and the pairs decoding would have counted */
     for (int t = 0; t < n; t++)
         c->pairs += (long)token_keys(c, m, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
-}
-
-/* FOCUS_PROFILE: the seconds since *mark to part i of prof (NULL: not profiling) */
-static void tick(double* prof, double* mark, int i) {
-    if (!prof) return;
-    const double now = now_seconds();
-    prof[i] += now - *mark;
-    *mark = now;
 }
 
 /* The layers (cpu_layer) over n rows of tokens and the head, the decode step's and the
@@ -679,7 +670,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     if (escale != 1)
         for (size_t e = 0; e < N * C; e++) x[e] *= escale;
     check_finite_acts(m, x, N * C, -1);
-    tick(prof, &mark, 7);
+    profile_tick(prof, &mark, 7);
     /* one layer's tensors: the stream x updated in place, the branch outputs in tmp */
     const LayerActs la = {.ln1 = h,
                           .ln1_mean = stat,
@@ -717,16 +708,13 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     const int nr = all ? n : 1;
     const real* last = all ? x : x + (N - 1) * C;
     const LayerSpec S0 = model_layer_spec(mc, 0);
-    if (S0.norm == NORM_LAYER)
-        layernorm_forward(h, stat, stat + nr, last, p->lnfw, p->lnfb, nr, C, mc->eps);
-    else
-        rmsnorm_forward(h, stat, last, p->lnfw, nr, C, mc->eps);
-    tick(prof, &mark, 5);
+    cpu_norm(m, &S0, h, stat, stat + nr, last, p->lnfw, p->lnfb, nr);
+    profile_tick(prof, &mark, 5);
     rows_project(logits, mc->V, h, nr, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
                  m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, rows.exact,
                  per_row);
     check_finite_acts(m, logits, (size_t)nr * mc->V, mc->L);
-    tick(prof, &mark, 6);
+    profile_tick(prof, &mark, 6);
     if (kind == ROWS_PREFILL)
         c0->n = n;
     else

@@ -58,6 +58,17 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
  * decoding would have counted (kept: the block kernels' count per head) added to c->pairs. */
 void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint32_t* mask, int n,
                   double kept);
+/* The norm of a layer spec S (LayerNorm or RMSNorm) over n rows: out, and its statistics (mean
+ * only for LayerNorm; either may be NULL where nothing reads them). */
+void cpu_norm(const Model* m, const LayerSpec* S, real* out, real* mean, real* rstd, const real* in,
+              const real* w, const real* b, size_t n);
+/* FOCUS_PROFILE: the seconds since *mark to part i of prof (NULL: not profiling) */
+static inline void profile_tick(double* prof, double* mark, int i) {
+    if (!prof) return;
+    const double now = now_seconds();
+    prof[i] += now - *mark;
+    *mark = now;
+}
 /* the activations after layer l must be finite (decode.c; -1: the embedding, L: the head) */
 void check_finite_acts(const Model* m, const real* x, size_t n, int l);
 

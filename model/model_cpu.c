@@ -53,8 +53,8 @@ static void lora_grad(Model* m, int k, int l, real* dx, const real* dout, const 
                   (real)(m->lora.alpha / r), t, t + BT * r);
 }
 
-static void norm_forward(const Model* m, const LayerSpec* S, real* out, real* mean, real* rstd,
-                         const real* inp, const real* w, const real* b, size_t N) {
+void cpu_norm(const Model* m, const LayerSpec* S, real* out, real* mean, real* rstd,
+              const real* inp, const real* w, const real* b, size_t N) {
     if (S->norm == NORM_LAYER)
         layernorm_forward(out, mean, rstd, inp, w, b, N, m->cfg.C, m->cfg.eps);
     else
@@ -177,7 +177,7 @@ static void layer_join(const Model* m, const LayerSpec* S, real* y, const real* 
     const size_t C = (size_t)m->cfg.C;
     if (S->sandwich) {
         real* normed = y != x ? y : o;
-        norm_forward(m, S, normed, NULL, rstd, o, w, NULL, n);
+        cpu_norm(m, S, normed, NULL, rstd, o, w, NULL, n);
         o = normed;
     }
     for (size_t i = 0; i < n * C; i++) y[i] = x[i] + o[i];
@@ -250,20 +250,12 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
     const int hs = model_head_size(c), NH = model_heads(c), NKV = model_kv_heads(c),
               F = model_ffn(c), QKV = model_qkv_width(c);
     const LayerSpec S = model_layer_spec(c, l);
-    /* FOCUS_PROFILE: the time since the last tick to part i of DECODE_PARTS */
-#define TICK(i)                                \
-    do {                                       \
-        if (r->prof) {                         \
-            const double now_ = now_seconds(); \
-            r->prof[i] += now_ - *r->mark;     \
-            *r->mark = now_;                   \
-        }                                      \
-    } while (0)
-    norm_forward(m, &S, la->ln1, la->ln1_mean, la->ln1_rstd, x, model_slice(p->ln1w, l, C),
-                 model_slice(p->ln1b, l, C), n);
-    TICK(5);
+    /* FOCUS_PROFILE: the time of each part of DECODE_PARTS */
+    cpu_norm(m, &S, la->ln1, la->ln1_mean, la->ln1_rstd, x, model_slice(p->ln1w, l, C),
+             model_slice(p->ln1b, l, C), n);
+    profile_tick(r->prof, r->mark, 5);
     layer_project(m, r, 0, l, la->qkv, la->ln1, n);
-    TICK(0);
+    profile_tick(r->prof, r->mark, 0);
     if (S.qk_norm)
         qknorm_forward(la->qkv, la->qkpre, la->qkrstd, model_slice(p->qnormw, l, hs),
                        model_slice(p->knormw, l, hs), n, NH, NKV, hs, c->eps);
@@ -276,26 +268,25 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
             m->qkv_observer(m->qkv_observer_ctx, l, la->qkv, r->B, r->T);
         layer_attention(m, l, la, r);
     }
-    TICK(1);
+    profile_tick(r->prof, r->mark, 1);
     /* the attention output (gemma3: normed before the residual add) */
     real* ao = la->attp ? la->attp : la->res2;
     layer_project(m, r, 1, l, ao, la->att, n);
-    TICK(2);
+    profile_tick(r->prof, r->mark, 2);
     layer_join(m, &S, la->res2, x, ao, model_slice(p->pan, l, C), la->attp_rstd, n);
-    norm_forward(m, &S, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, model_slice(p->ln2w, l, C),
-                 model_slice(p->ln2b, l, C), n);
-    TICK(5);
+    cpu_norm(m, &S, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, model_slice(p->ln2w, l, C),
+             model_slice(p->ln2b, l, C), n);
+    profile_tick(r->prof, r->mark, 5);
     layer_project(m, r, 2, l, la->fch, la->ln2, n);
-    TICK(3);
+    profile_tick(r->prof, r->mark, 3);
     act_forward(&S, la->fch_act, la->fch, n, F);
-    TICK(5);
+    profile_tick(r->prof, r->mark, 5);
     real* mo = la->mlpp ? la->mlpp : la->res3;
     layer_project(m, r, 3, l, mo, la->fch_act, n);
-    TICK(4);
+    profile_tick(r->prof, r->mark, 4);
     layer_join(m, &S, la->res3, la->res2, mo, model_slice(p->pfn, l, C), la->mlpp_rstd, n);
     if (r->kind != ROWS_SEQUENCES) check_finite_acts(m, la->res3, n * C, l);
-    TICK(5);
-#undef TICK
+    profile_tick(r->prof, r->mark, 5);
 }
 
 static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, int T, int keep) {
@@ -319,7 +310,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         x = la.res3;
     }
     const LayerSpec S0 = model_layer_spec(c, 0);
-    norm_forward(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
+    cpu_norm(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
     m->have_dlogits = 0;
     m->mean_loss = -1;
     const size_t hr = model_head_rows(c, BT, keep); /* rows of logits held at once */
