@@ -75,7 +75,7 @@ static void kv_str(Buf* b, const char* k, const char* v) {
     putstr(b, v);
 }
 
-/* Tensor t's slab l of m (when m has it) to ts as its GGUF parts (model_params' gguf_part):
+/* Tensor t's slab l of m (when m has it) to ts as its GGUF parts (model_param_gguf):
  * F32, or with quant the projection matrices in Q8_0 and the embedding in F16. */
 static void add_parts(WTensor* ts, int* nt, const Model* m, int t, int l, int quant) {
     const ModelConfig* c = &m->cfg;
@@ -85,13 +85,13 @@ static void add_parts(WTensor* ts, int* nt, const Model* m, int t, int l, int qu
     const float* src = ((float* const*)&m->params)[t];
     if (!rows || !src) return;
     src += (size_t)l * rows * cols;
-    for (int i = 0; i < model_param_parts(c, t); i++) {
+    for (int i = 0; i < model_param_parts(t); i++) {
         model_param_part(c, t, i, &rows, &cols);
         WTensor* w = &ts[(*nt)++];
         if (s->per_layer)
-            snprintf(w->name, sizeof w->name, "blk.%d.%s", l, s->gguf_part[i]);
+            snprintf(w->name, sizeof w->name, "blk.%d.%s", l, model_param_gguf(t, i, 1));
         else
-            snprintf(w->name, sizeof w->name, "%s", s->gguf_part[i]);
+            snprintf(w->name, sizeof w->name, "%s", model_param_gguf(t, i, 1));
         w->data = src, w->rows = rows, w->cols = cols;
         w->type = !quant ? GGML_F32 : t == P_WTE ? GGML_F16 : s->proj >= 0 ? GGML_Q8_0 : GGML_F32;
         src += rows * cols;

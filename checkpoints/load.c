@@ -101,15 +101,15 @@ static void gguf_slab(void* ctx, int t, int l, real* dst) {
     const ModelConfig* c = &s->cfg;
     const ParamSpec* p = &model_params[t];
     if (s->lean && p->native) return;
-    /* llama and gemma3 files hold q, k, v and gate, up apart (model_params' gguf_part) */
-    const int split = c->arch != ARCH_GPT2, parts = split ? model_param_parts(c, t) : 1;
+    /* llama and gemma3 files hold q, k, v and gate, up apart (model_param_gguf) */
+    const int split = c->arch != ARCH_GPT2, parts = split ? model_param_parts(t) : 1;
     for (int i = 0; i < parts; i++) {
         size_t rows, cols;
         if (split)
             model_param_part(c, t, i, &rows, &cols);
         else
             model_param_shape(c, t, &rows, &cols);
-        const char* name = split ? p->gguf_part[i] : p->gguf;
+        const char* name = model_param_gguf(t, i, split);
         char n[96];
         if (p->per_layer)
             snprintf(n, sizeof n, "blk.%d.%s", l, name);
@@ -546,7 +546,7 @@ static void safe_slab(void* ctx, int t, int l, real* dst) {
     const SafeSet* set = s->set;
     const ModelConfig* c = &s->cfg;
     const ParamSpec* p = &model_params[t];
-    const int gpt2 = c->arch == ARCH_GPT2, parts = gpt2 ? 1 : model_param_parts(c, t);
+    const int gpt2 = c->arch == ARCH_GPT2, parts = gpt2 ? 1 : model_param_parts(t);
     if (gpt2 ? !p->hf_gpt2 : !p->hf_part[0])
         fatal("%s: internal: %s has no tensor %s", set->name, gpt2 ? "GPT-2" : "LLaMA", p->name);
     real* d = dst;
@@ -852,7 +852,7 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
             snprintf(name, sizeof name, "%s",
                      c->tied || i > L * NATIVE_PER_LAYER ? "token_embd.weight" : "output.weight");
         else
-            snprintf(name, sizeof name, "blk.%d.%s", l, model_params[np.t].gguf_part[np.part]);
+            snprintf(name, sizeof name, "blk.%d.%s", l, model_param_gguf(np.t, np.part, 1));
         const GGUFTensor* t = gguf_tensor(&f, name);
         const char* bad =
             !t                                                                ? "is missing"

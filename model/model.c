@@ -96,12 +96,12 @@ int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
 #define PARTS(...) \
     { __VA_ARGS__ }
 const ParamSpec model_params[NUM_PARAM_TENSORS] = {
-    [P_WTE] = {"wte", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "token_embd.weight",
-               PARTS("token_embd.weight"), PARTS("model.embed_tokens.weight"), "wte.weight"},
+    [P_WTE] = {"wte", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "token_embd.weight", PARTS(NULL),
+               PARTS("model.embed_tokens.weight"), "wte.weight"},
     [P_WPE] = {"wpe", 0, CUT_WHOLE, -1, 0, INIT_RANDOM, "position_embd.weight", PARTS(NULL),
                PARTS(NULL), "wpe.weight"},
-    [P_LN1W] = {"ln1w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_norm.weight",
-                PARTS("attn_norm.weight"), PARTS("input_layernorm.weight"), "ln_1.weight"},
+    [P_LN1W] = {"ln1w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_norm.weight", PARTS(NULL),
+                PARTS("input_layernorm.weight"), "ln_1.weight"},
     [P_LN1B] = {"ln1b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_norm.bias", PARTS(NULL), PARTS(NULL),
                 "ln_1.bias"},
     [P_QKVW] = {"qkvw", 1, CUT_HEAD_ROWS, 0, 1, INIT_RANDOM, "attn_qkv.weight",
@@ -114,11 +114,10 @@ const ParamSpec model_params[NUM_PARAM_TENSORS] = {
                 PARTS("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
                 "attn.c_attn.bias"},
     [P_ATTPROJW] = {"attprojw", 1, CUT_HEAD_COLS, 1, 1, INIT_RANDOM, "attn_output.weight",
-                    PARTS("attn_output.weight"), PARTS("self_attn.o_proj.weight"),
-                    "attn.c_proj.weight"},
+                    PARTS(NULL), PARTS("self_attn.o_proj.weight"), "attn.c_proj.weight"},
     [P_ATTPROJB] = {"attprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "attn_output.bias", PARTS(NULL),
                     PARTS(NULL), "attn.c_proj.bias"},
-    [P_LN2W] = {"ln2w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "ffn_norm.weight", PARTS("ffn_norm.weight"),
+    [P_LN2W] = {"ln2w", 1, CUT_WHOLE, -1, 0, INIT_ONE, "ffn_norm.weight", PARTS(NULL),
                 PARTS("post_attention_layernorm.weight"), "ln_2.weight"},
     [P_LN2B] = {"ln2b", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_norm.bias", PARTS(NULL), PARTS(NULL),
                 "ln_2.bias"},
@@ -127,25 +126,25 @@ const ParamSpec model_params[NUM_PARAM_TENSORS] = {
                PARTS("mlp.gate_proj.weight", "mlp.up_proj.weight"), "mlp.c_fc.weight"},
     [P_FCB] = {"fcb", 1, CUT_FFN_ROWS, -1, 0, INIT_ZERO, "ffn_up.bias", PARTS(NULL), PARTS(NULL),
                "mlp.c_fc.bias"},
-    [P_FCPROJW] = {"fcprojw", 1, CUT_FFN_COLS, 3, 1, INIT_RANDOM, "ffn_down.weight",
-                   PARTS("ffn_down.weight"), PARTS("mlp.down_proj.weight"), "mlp.c_proj.weight"},
+    [P_FCPROJW] = {"fcprojw", 1, CUT_FFN_COLS, 3, 1, INIT_RANDOM, "ffn_down.weight", PARTS(NULL),
+                   PARTS("mlp.down_proj.weight"), "mlp.c_proj.weight"},
     [P_FCPROJB] = {"fcprojb", 1, CUT_WHOLE, -1, 0, INIT_ZERO, "ffn_down.bias", PARTS(NULL),
                    PARTS(NULL), "mlp.c_proj.bias"},
-    [P_LNFW] = {"lnfw", 0, CUT_WHOLE, -1, 0, INIT_ONE, "output_norm.weight",
-                PARTS("output_norm.weight"), PARTS("model.norm.weight"), "ln_f.weight"},
+    [P_LNFW] = {"lnfw", 0, CUT_WHOLE, -1, 0, INIT_ONE, "output_norm.weight", PARTS(NULL),
+                PARTS("model.norm.weight"), "ln_f.weight"},
     [P_LNFB] = {"lnfb", 0, CUT_WHOLE, -1, 0, INIT_ZERO, "output_norm.bias", PARTS(NULL),
                 PARTS(NULL), "ln_f.bias"},
-    [P_LMHEAD] = {"lmhead", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "output.weight",
-                  PARTS("output.weight"), PARTS("lm_head.weight"), NULL},
+    [P_LMHEAD] = {"lmhead", 0, CUT_WHOLE, -1, 1, INIT_RANDOM, "output.weight", PARTS(NULL),
+                  PARTS("lm_head.weight"), NULL},
     /* gemma3: the norms of QK-norm and the sandwich (GGUF holds them with Gemma's +1) */
-    [P_QNORMW] = {"qnormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_q_norm.weight",
-                  PARTS("attn_q_norm.weight"), PARTS(NULL), NULL},
-    [P_KNORMW] = {"knormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_k_norm.weight",
-                  PARTS("attn_k_norm.weight"), PARTS(NULL), NULL},
-    [P_PAN] = {"pan", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_attention_norm.weight",
-               PARTS("post_attention_norm.weight"), PARTS(NULL), NULL},
-    [P_PFN] = {"pfn", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_ffw_norm.weight",
-               PARTS("post_ffw_norm.weight"), PARTS(NULL), NULL},
+    [P_QNORMW] = {"qnormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_q_norm.weight", PARTS(NULL),
+                  PARTS(NULL), NULL},
+    [P_KNORMW] = {"knormw", 1, CUT_WHOLE, -1, 0, INIT_ONE, "attn_k_norm.weight", PARTS(NULL),
+                  PARTS(NULL), NULL},
+    [P_PAN] = {"pan", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_attention_norm.weight", PARTS(NULL),
+               PARTS(NULL), NULL},
+    [P_PFN] = {"pfn", 1, CUT_WHOLE, -1, 0, INIT_ONE, "post_ffw_norm.weight", PARTS(NULL),
+               PARTS(NULL), NULL},
 };
 #undef PARTS
 
@@ -154,11 +153,15 @@ const NativePart model_native[NATIVE_PER_LAYER] = {
     [NATIVE_O] = {P_ATTPROJW, 0},  [NATIVE_GATE] = {P_FCW, 0}, [NATIVE_UP] = {P_FCW, 1},
     [NATIVE_DOWN] = {P_FCPROJW, 0}};
 
-int model_param_parts(const ModelConfig* c, int t) {
-    (void)c;
+int model_param_parts(int t) {
     int n = 0;
     while (n < 3 && model_params[t].gguf_part[n]) n++;
-    return n;
+    return n ? n : 1;
+}
+
+const char* model_param_gguf(int t, int i, int split) {
+    const ParamSpec* p = &model_params[t];
+    return split && p->gguf_part[0] ? p->gguf_part[i] : p->gguf;
 }
 
 void model_param_part(const ModelConfig* c, int t, int i, size_t* rows, size_t* cols) {

@@ -201,18 +201,20 @@ typedef struct {
     /* Its tensors in the files (per layer: the names after "blk.N.", "model.layers.N.",
      * "h.N."; NULL: not in that format). A tensor that llama-family files hold in parts (q, k,
      * v; gate, up) lists them, each part's shape from model_param_part. */
-    const char* gguf;         /* GGUF, one tensor (GPT-2 family files) */
-    const char* gguf_part[3]; /* GGUF, llama and gemma3 files */
-    const char* hf_part[3];   /* Hugging Face LLaMA safetensors */
+    const char* gguf;         /* GGUF, one tensor */
+    const char* gguf_part[3]; /* GGUF llama and gemma3 files, where they hold it in parts */
+    const char* hf_part[3];   /* Hugging Face LLaMA safetensors (one name, or the parts) */
     const char* hf_gpt2;      /* Hugging Face GPT-2 safetensors (Conv1D projections transposed) */
 } ParamSpec;
 extern const ParamSpec model_params[NUM_PARAM_TENSORS];
 /* The parameter tensor of a layer's projection k (0 q k v, 1 attention output, 2 fc or gate +
  * up, 3 fc projection or down: model_params' proj). */
 ParamId model_proj_tensor(int k);
-/* The parts of tensor t in a llama-family file (model_params' gguf_part, hf_part): their
- * number, and part i's shape (rows 1: a vector). */
-int model_param_parts(const ModelConfig* c, int t);
+/* The parts of tensor t in a llama-family file (1, or those of model_params' gguf_part and
+ * hf_part), part i's GGUF name (split: a llama-family file, else the one tensor's name) and its
+ * shape (rows 1: a vector). */
+int model_param_parts(int t);
+const char* model_param_gguf(int t, int i, int split);
 void model_param_part(const ModelConfig* c, int t, int i, size_t* rows, size_t* cols);
 typedef struct {
     real* wte;      /* (V, C) */
@@ -321,7 +323,7 @@ enum {
     NATIVE_PER_LAYER
 };
 /* Native matrix k of a layer: part `part` of parameter tensor t (model_param_part; its GGUF
- * name model_params[t].gguf_part[part]). */
+ * name model_param_gguf(t, part, 1)). */
 typedef struct {
     ParamId t;
     int part;
