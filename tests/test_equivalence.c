@@ -112,14 +112,23 @@ static void check_gemma3(void) {
     model_set_head_limit((size_t)cfg.V * 16); /* chunks of 4 rows */
     CHECK(model_head_rows(&cfg, bt, 0) == 4, "head rows %zu", model_head_rows(&cfg, bt, 0));
     model_forward(&m, tok, tgt, B, T, 0);
-    int same =
-        !memcmp(loss, m.losses, sizeof(real) * bt) && !memcmp(mx, m.row_max, sizeof(real) * bt);
-    for (size_t i = 0; i < bt; i++) same &= tgt[i] < 0 || ty[i] == m.row_target[i];
+    /* The same rows, the same arithmetic, but the BLAS library may take another kernel for a
+     * 4-row product than for an 80-row one (OpenBLAS does on AMD Zen; on Intel Sapphire Rapids
+     * the results were bit for bit), so rounding in the last bits is allowed. */
+    double dloss = 0, dstat = 0;
+    for (size_t i = 0; i < bt; i++) {
+        dloss = fmax(dloss, fabs(loss[i] - m.losses[i]));
+        dstat = fmax(dstat, fabs(mx[i] - m.row_max[i]));
+        if (tgt[i] >= 0) dstat = fmax(dstat, fabs(ty[i] - m.row_target[i]));
+    }
     model_set_head_limit(0);
-    printf("tiny-gemma3: local layers' band vs gated kernel %.2e; head in chunks of 4 rows %s\n",
-           kernels, same ? "identical" : "DIFFERS");
+    printf(
+        "tiny-gemma3: local layers' band vs gated kernel %.2e; head in chunks of 4 rows: loss "
+        "%.2e, greedy statistics %.2e\n",
+        kernels, dloss, dstat);
     CHECK(kernels < 1e-5, "gemma3: band and gated local attention differ by %g", kernels);
-    CHECK(same, "gemma3: the chunked head changed a loss or a greedy statistic");
+    CHECK(dloss < 1e-5 && dstat < 1e-5,
+          "gemma3: the chunked head changed a loss (%g) or a greedy statistic (%g)", dloss, dstat);
     free(ref), free(loss);
     model_free(&m);
 }
