@@ -3,7 +3,7 @@
 # fuzz seed router.h5 with 1 to 8 random bytes changed after the user block and the seal
 # recomputed, N of them (default 1500, seeded), each read once by build-fuzz/fuzz_router
 # (libFuzzer + ASan + UBSan, leak detection). Prints how many are read cleanly or end in a leak,
-# an out-of-memory, or another sanitizer error, and the top frame of each of the last.
+# an out-of-memory, or another sanitizer error, and the kinds of the last.
 #   bash scripts/forged_h5.sh [N]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -115,12 +115,9 @@ static void check_gemma3(void) {
     /* The same rows, the same arithmetic, but the BLAS library may take another kernel for a
      * 4-row product than for an 80-row one (OpenBLAS does on AMD Zen; on Intel Sapphire Rapids
      * the results were bit for bit), so rounding in the last bits is allowed. */
-    double dloss = 0, dstat = 0;
-    for (size_t i = 0; i < bt; i++) {
-        dloss = fmax(dloss, fabs(loss[i] - m.losses[i]));
-        dstat = fmax(dstat, fabs(mx[i] - m.row_max[i]));
-        if (tgt[i] >= 0) dstat = fmax(dstat, fabs(ty[i] - m.row_target[i]));
-    }
+    const double dloss = tu_max_abs_diff(loss, m.losses, bt); /* masked rows hold 0 in both */
+    const double dstat =
+        fmax(tu_max_abs_diff(mx, m.row_max, bt), tu_max_abs_diff(ty, m.row_target, bt));
     model_set_head_limit(0);
     printf(
         "tiny-gemma3: local layers' band vs gated kernel %.2e; head in chunks of 4 rows: loss "
