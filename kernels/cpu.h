@@ -20,6 +20,29 @@
  * when it loads. Call first in main, before any thread or file exists. Returns otherwise. */
 void blas_check_core(char** argv);
 
+/* exp for floats, vectorisable: 2^n * p(r) with r = x - n ln2 in [-ln2/2, ln2/2] and a degree-6
+ * polynomial (Cephes coefficients); about 1 ulp. Returns 0 below -87.3 (and for -inf), NaN for
+ * NaN. */
+static inline float exp_f(float x) {
+    if (x != x) return x; /* NaN stays NaN (and is never converted to an integer below) */
+    if (x < -87.3f) return 0.0f;
+    if (x > 88.7f) x = 88.7f;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union {
+        uint32_t u;
+        float f;
+    } s = {(uint32_t)((int32_t)n + 127) << 23};
+    return p * s.f;
+}
+
 /* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */
 void gemm(int ta, int tb, int M, int N, int K, real alpha, const real* A, int lda, const real* B,
           int ldb, real beta, real* C, int ldc);

@@ -256,3 +256,30 @@ void routing_random_mask(uint32_t* mask, int B, int T, int K, int topk, int sink
         for (int b = 0; b < B; b++) mask[(size_t)b * T + t] = m;
     }
 }
+
+void routing_shares(double* col, const real* S, size_t first, size_t N, size_t step, int K,
+                    real tau, const double* beta) {
+    for (int k = 0; k <= K; k++) col[k] = 0;
+    for (size_t t = first; t < N; t += step) {
+        const real* s = S + t * K;
+        double x[32], mx = -INFINITY, z = 0;
+        for (int k = 0; k < K; k++) {
+            x[k] = s[k] / tau + beta[k];
+            mx = x[k] > mx ? x[k] : mx;
+        }
+        for (int k = 0; k < K; k++) z += x[k] = exp(x[k] - mx);
+        for (int k = 0; k < K; k++) col[k] += x[k] / z;
+        col[K] += 1;
+    }
+}
+
+void routing_beta_step(double* beta, const double* col, int K) {
+    if (col[K] <= 0) return;
+    double mean = 0;
+    for (int k = 0; k < K; k++) {
+        double share = col[k] / col[K] * K;
+        beta[k] -= log(share > 1.0 / K ? share : 1.0 / K);
+        mean += beta[k] / K;
+    }
+    for (int k = 0; k < K; k++) beta[k] -= mean;
+}

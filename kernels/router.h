@@ -30,6 +30,15 @@ void routing_forward(real* G, real* colofs, const real* S, const real* beta, Rou
 void routing_backward(real* dS, const real* dG, const real* S, const real* G, const real* beta,
                       Routing mode, int B, int T, int K, real tau, int iters);
 
+/* The causal bias that balances the groups (beta_balance, METHOD.md section 9), in two parts so
+ * that callers can add the sums up across processes between them: col (K + 1) receives, over
+ * every step-th of the N score rows S (N, K) from row first, the sums of softmax(S / tau + beta)
+ * and (col[K]) their count; routing_beta_step then moves beta (K) by one fixed-point step
+ * beta_k -= log(K share_k) (an empty group by at most log(K)), centred. */
+void routing_shares(double* col, const real* S, size_t first, size_t N, size_t step, int K,
+                    real tau, const double* beta);
+void routing_beta_step(double* beta, const double* col, int K);
+
 /* mask (B, T): bitmask of the groups each token keeps in hard mode, from G (B, T, K): its topk
  * largest entries (ties to the lower index), or with topp > 0 the largest entries until their sum
  * reaches topp (adaptive budget; at most topk groups, topk = 0: up to K). A token at position

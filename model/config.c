@@ -232,7 +232,7 @@ static const char* const arch_names[] = {"gpt2", "llama", "gemma3"};
 static const char* const attn_names[] = {"dense",       "soft",   "hard",
                                          "window",      "random", "blocks",
                                          "blocks_mean", "oracle", "blocks_learned"};
-static const char* const objective_names[] = {"lm", "kl", "attn", "kl+attn"};
+static const char* const objective_names[] = {"lm", "kl", "attn", "kl+attn", "mass"};
 static const char* const local_names[] = {"window", "route", "dense"};
 
 int setting_parse(const Setting* s, void* base, const char* v) {
@@ -255,7 +255,7 @@ int setting_parse(const Setting* s, void* base, const char* v) {
         case SETTING_OBJECTIVE:
             if (strlen(v) >= s->size || strlen(v) > SETTING_TEXT_MAX || !text_value_ok(v))
                 return -2;
-            if (s->type == SETTING_OBJECTIVE && word_index(v, objective_names, 4) < 0) return -2;
+            if (s->type == SETTING_OBJECTIVE && word_index(v, objective_names, 5) < 0) return -2;
             strcpy(field, v);
             return 0;
         case SETTING_ARCH:
@@ -344,7 +344,7 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
                      s->size - 1 < SETTING_TEXT_MAX ? s->size - 1 : (size_t)SETTING_TEXT_MAX);
             break;
         case SETTING_OBJECTIVE:
-            snprintf(buf, n, "one of lm, kl, attn, kl+attn");
+            snprintf(buf, n, "one of lm, kl, attn, kl+attn, mass");
             break;
         case SETTING_ARCH:
             snprintf(buf, n, "one of gpt2, llama, gemma3");

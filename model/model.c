@@ -904,36 +904,11 @@ static void balanced_beta(Model* m, real* targets) {
     for (int i = 0; i < L * K; i++) b[i] = m->beta[i];
     for (int it = 0; it < 8; it++) {
 #pragma omp parallel for schedule(static)
-        for (int l = 0; l < L; l++) {
-            const real* S = m->acts.rS + (size_t)l * BT * K;
-            double* cl = col + (size_t)l * (K + 1);
-            const double* bl = b + (size_t)l * K;
-            for (int k = 0; k <= K; k++) cl[k] = 0;
-            for (size_t t = first; t < BT; t += step) {
-                const real* s = S + t * K;
-                double x[32], mx = -INFINITY, z = 0;
-                for (int k = 0; k < K; k++) {
-                    x[k] = s[k] / f->tau + bl[k];
-                    mx = x[k] > mx ? x[k] : mx;
-                }
-                for (int k = 0; k < K; k++) z += x[k] = exp(x[k] - mx);
-                for (int k = 0; k < K; k++) cl[k] += x[k] / z;
-                cl[K] += 1;
-            }
-        }
+        for (int l = 0; l < L; l++)
+            routing_shares(col + (size_t)l * (K + 1), m->acts.rS + (size_t)l * BT * K, first, BT,
+                           step, K, f->tau, b + (size_t)l * K);
         if (ranks > 1) comm_allreduce_sum(m->dp, col, (size_t)L * (K + 1), COMM_F64);
-        for (int l = 0; l < L; l++) {
-            const double* cl = col + (size_t)l * (K + 1);
-            double* bl = b + (size_t)l * K;
-            double mean = 0;
-            for (int k = 0; k < K; k++) {
-                /* an empty group moves by at most log(K) a step */
-                double share = cl[k] / cl[K] * K;
-                bl[k] -= log(share > 1.0 / K ? share : 1.0 / K);
-                mean += bl[k] / K;
-            }
-            for (int k = 0; k < K; k++) bl[k] -= mean;
-        }
+        for (int l = 0; l < L; l++) routing_beta_step(b + (size_t)l * K, col + (size_t)l * (K + 1), K);
     }
     for (int i = 0; i < L * K; i++) targets[i] = (real)b[i];
     free(b);
@@ -1079,6 +1054,21 @@ MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, 
                   3 * BT * sizeof(int);
     if (objective_kl) p.teacher += BT * (size_t)c->V * R + 2 * BT * R;
     if (objective_attn) p.teacher += (size_t)c->L * BT * f->K * R;
+    p.total = p.weights + p.activations + p.logits + p.router + p.workspace + p.teacher;
+    return p;
+}
+
+MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, int T, int layers,
+                                  int queries, int keys, int threads, WeightStore w) {
+    MemoryPlan p = model_memory_plan(c, f, 1, T, 0, 0, w);
+    const size_t R = sizeof(real), Ts = (size_t)T, C = (size_t)c->C, K = (size_t)f->K;
+    ActSizes a = model_act_sizes(c, f, 1, T, 0);
+    p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.n[20] * R;
+    p.logits = 0; /* allocated, never touched: the teacher's pass has no head */
+    const size_t chunk = Ts * C * 2 + (size_t)queries * 8 + (size_t)queries * keys * 8;
+    p.teacher = (size_t)layers * chunk + (size_t)threads * 3 * 64 * Ts * R;
+    p.workspace = Ts * C * (R + 2) + Ts * (4 * K + 2 * (size_t)f->dg) * R +
+                  (size_t)queries * keys * 8 + (size_t)layers * 2048 * K * R;
     p.total = p.weights + p.activations + p.logits + p.router + p.workspace + p.teacher;
     return p;
 }

@@ -358,10 +358,14 @@ typedef struct {
      * scaled to other budgets (model_layer_blocks); NULL: blocks in every layer */
     int* blockgate_blocks;
     int blockgate_n0;
-    /* called by the CPU forward pass after each layer's q, k, v (RoPE applied) with that layer's
-     * (B, T, QKV) rows, when set: how `focus fit-blocks` sees a frozen model's attention */
-    void (*qkv_observer)(void* ctx, int layer, const real* qkv, int B, int T);
-    void* qkv_observer_ctx;
+    /* called by the CPU forward pass over whole sequences after each layer's attention, when set,
+     * with that layer's normalised input h (B, T, C: the router's input), its q, k, v (B, T, QKV;
+     * RoPE applied) and the attention's log-sum-exps lse (B, NH, T): how `focus fit-blocks` and
+     * the mass objective's teacher (train/mass.c) see a frozen model's attention */
+    void (*layer_observer)(void* ctx, int layer, const real* h, const real* qkv, const real* lse,
+                           int B, int T);
+    void* layer_observer_ctx;
+    int no_head; /* forward passes stop after the last layer (no norm, head or loss) */
     /* activations for the current (B, T); with keep == 0 every layer shares one slot */
     Acts acts;
     real* acts_mem;
@@ -552,6 +556,12 @@ typedef struct {
 } MemoryPlan;
 MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, int T,
                              int objective_kl, int objective_attn, WeightStore w);
+/* The same for the mass objective (train/mass.c): the teacher's dense forward pass at B = 1 with
+ * one layer's activations and no head, one window's teacher (h in bf16 and `queries` rows of
+ * `keys` entries for each of `layers` routed layers, the scratch of `threads` threads), and the
+ * router step's buffers. */
+MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, int T, int layers,
+                                  int queries, int keys, int threads, WeightStore w);
 /* Replace the router settings (K, dg, ...): router buffers are reallocated and re-initialised. */
 void model_set_router_config(Model* m, const FocusConfig* fc);
 /* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */

@@ -264,9 +264,9 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
         kvcache_attend_rows(m, l, r, la->ln1, la->qkv, la->att);
     } else {
         layer_rope(&S, la->qkv, r->B, r->T, NH, NKV, 1);
-        if (m->qkv_observer && r->kind == ROWS_SEQUENCES)
-            m->qkv_observer(m->qkv_observer_ctx, l, la->qkv, r->B, r->T);
         layer_attention(m, l, la, r);
+        if (m->layer_observer && r->kind == ROWS_SEQUENCES)
+            m->layer_observer(m->layer_observer_ctx, l, la->ln1, la->qkv, la->lse, r->B, r->T);
     }
     profile_tick(r->prof, r->mark, 1);
     /* the attention output (gemma3: normed before the residual add) */
@@ -309,10 +309,11 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         cpu_layer(m, l, x, &la, &rows);
         x = la.res3;
     }
-    const LayerSpec S0 = model_layer_spec(c, 0);
-    cpu_norm(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
     m->have_dlogits = 0;
     m->mean_loss = -1;
+    if (m->no_head) return;
+    const LayerSpec S0 = model_layer_spec(c, 0);
+    cpu_norm(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
     const size_t hr = model_head_rows(c, BT, keep); /* rows of logits held at once */
     if (hr < BT && m->kl_active)
         fatal("internal: the kl objective needs every row's logits (%zu rows)", BT);

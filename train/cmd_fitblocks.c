@@ -49,7 +49,9 @@ typedef struct {
 
 /* Samples of the layers the selector acts on: a sliding-window layer under local = window keeps
  * its own band, so its samples (and its fit) would be spent on weights nothing reads. */
-static void observe(void* ctx, int layer, const real* qkv, int B, int T) {
+static void observe(void* ctx, int layer, const real* h, const real* qkv, const real* lse, int B,
+                    int T) {
+    (void)h, (void)lse;
     Observer* o = ctx;
     if (!model_layer_routed(o->m, layer)) return;
     for (int b = 0; b < B; b++)
@@ -62,8 +64,8 @@ static void observe(void* ctx, int layer, const real* qkv, int B, int T) {
 static void collect(Model* m, BlockFit* fit, const int* ids, const size_t* offs, int n, int ctx,
                     int nq, uint64_t seed, const char* what) {
     Observer o = {fit, m, nq, seed};
-    m->qkv_observer = observe;
-    m->qkv_observer_ctx = &o;
+    m->layer_observer = observe;
+    m->layer_observer_ctx = &o;
     for (int k = 0; k < n; k++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -74,8 +76,8 @@ static void collect(Model* m, BlockFit* fit, const int* ids, const size_t* offs,
                offs[k] + ctx, (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
         fflush(stdout);
     }
-    m->qkv_observer = NULL;
-    m->qkv_observer_ctx = NULL;
+    m->layer_observer = NULL;
+    m->layer_observer_ctx = NULL;
 }
 
 /* The mean over layers of the attention mass each selection keeps on the held-out samples. */

@@ -152,6 +152,13 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             "retrofit: data-parallel training over MPI ranks runs on the CPU (%d ranks asked "
             "for --device %s)",
             ranks, device);
+    if (!strcmp(rc->objective, "mass")) {
+        if (ranks > 1 || strcmp(device, "cpu"))
+            fatal("retrofit: objective = mass runs on the CPU in one process (%d ranks, --device %s)",
+                  ranks, device);
+        train_router_mass(m, rc, d, out, conf_text, resume, stop_after);
+        return;
+    }
     if (rc->B % ranks)
         fatal("retrofit: B=%d is not a multiple of the %d data-parallel ranks", rc->B, ranks);
     char ckpt[4096], metrics_path[4096];

@@ -50,6 +50,11 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device, Comm* dp);
 
+/* train_router for objective = mass (train/mass.c): the teacher's windows, then the router trained
+ * on them layer by layer; the same files, checkpoints, resume and evaluation. */
+void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
+                       const char* conf_text, int resume, long stop_after);
+
 /* The baselines a retrofit is compared with, on the same data, budget and data order: LoRA
  * adapters (rc->method "lora": only the adapters train; OUT/lora.h5) or full fine-tuning ("full":
  * every weight; OUT/model.gguf, llama models), with dense attention; or every weight and the

@@ -23,6 +23,8 @@ typedef struct {
      * token's groups follow its dense attention mass beyond the window), or kl+attn */
     char objective[16];
     float attn_weight; /* weight of the attn term in kl+attn */
+    /* the mass objective (train/mass.c): windows collected, query sampling, keys per query */
+    int mass_windows, mass_every, mass_keys;
     /* focus finetune (the baselines): lora or full, and the adapters' shape */
     char method[16];
     int lora_rank;

@@ -1,0 +1,191 @@
+/* mass.c: the teacher and the loss of the `mass` objective (see mass.h, docs/OBJECTIVE.md). */
+#include "mass.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "cpu.h"
+
+#define MQ 64 /* query rows per teacher task */
+
+int mass_sample_rows(int* rows, int T, int w, int sinks, int every, uint64_t seed) {
+    if (every < 1) every = 1;
+    /* whole tiles whose every row has far keys: the count depends on T, w, sinks and every only,
+     * so each window of a run holds as many rows */
+    int first = 0;
+    while (first * MQ - w <= sinks) first++;
+    const int tiles = T / MQ - first;
+    if (tiles <= 0) return 0;
+    const int n = tiles / every > 0 ? tiles / every : 1, span = every < tiles ? every : tiles;
+    Rng r;
+    rng_seed(&r, seed);
+    const int phase = (int)(rng_u64(&r) % (uint64_t)span);
+    int nr = 0;
+    for (int k = 0; k < n; k++) {
+        const int i0 = (first + k * span + phase) * MQ;
+        for (int i = i0; i < i0 + MQ; i++) rows[nr++] = i;
+    }
+    return nr;
+}
+
+/* Keep the m largest of the far masses a[sinks .. far) (indices into a) in idx / p, largest
+ * first: a min-heap of the m best so far, then sorted. */
+static void top_entries(int* idx, float* p, const real* a, int sinks, int far, int m) {
+    int n = 0;
+    for (int j = sinks; j < far; j++) {
+        const float v = (float)a[j];
+        if (n < m) { /* sift up */
+            int c = n++;
+            while (c > 0 && p[(c - 1) / 2] > v) {
+                p[c] = p[(c - 1) / 2], idx[c] = idx[(c - 1) / 2];
+                c = (c - 1) / 2;
+            }
+            p[c] = v, idx[c] = j;
+        } else if (v > p[0]) { /* replace the smallest, sift down */
+            int c = 0;
+            for (;;) {
+                int s = 2 * c + 1;
+                if (s >= n) break;
+                if (s + 1 < n && p[s + 1] < p[s]) s++;
+                if (p[s] >= v) break;
+                p[c] = p[s], idx[c] = idx[s];
+                c = s;
+            }
+            p[c] = v, idx[c] = j;
+        }
+    }
+    /* heap order to largest first: repeatedly move the smallest to the end */
+    for (int e = n - 1; e > 0; e--) {
+        float tv = p[0];
+        int ti = idx[0];
+        const float v = p[e];
+        const int vi = idx[e];
+        int c = 0;
+        for (;;) {
+            int s = 2 * c + 1;
+            if (s >= e) break;
+            if (s + 1 < e && p[s + 1] < p[s]) s++;
+            if (p[s] >= v) break;
+            p[c] = p[s], idx[c] = idx[s];
+            c = s;
+        }
+        p[c] = v, idx[c] = vi;
+        p[e] = tv, idx[e] = ti;
+    }
+    for (int e = n; e < m; e++) p[e] = 0, idx[e] = -1;
+}
+
+void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
+                  int w, int sinks) {
+    const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, m = t->m;
+    const int ntask = (t->nq + MQ - 1) / MQ;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+#pragma omp parallel
+    {
+        real* q = mallocCheck(sizeof(real) * MQ * hs);
+        real* S = mallocCheck(sizeof(real) * MQ * (size_t)T);
+        real* A = mallocCheck(sizeof(real) * MQ * (size_t)T);
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < ntask; task++) {
+            const int r0 = task * MQ, nr = t->nq - r0 < MQ ? t->nq - r0 : MQ;
+            const int* rows = t->rows + r0;
+            /* keys that are far for some row of the task (rows ascending) */
+            const int n = rows[nr - 1] - w;
+            memset(A, 0, sizeof(real) * nr * (size_t)n);
+            for (int h = 0; h < NH; h++) {
+                for (int r = 0; r < nr; r++)
+                    memcpy(q + (size_t)r * hs, qkv + (size_t)rows[r] * QKV + h * hs,
+                           sizeof(real) * hs);
+                gemm(0, 1, nr, n, hs, scale, q, hs, qkv + C + (h / rep) * hs, QKV, 0, S, n);
+                const real* l = lse + (size_t)h * T;
+                for (int r = 0; r < nr; r++) {
+                    const int far = rows[r] - w;
+                    const float li = (float)l[rows[r]];
+                    real* s = S + (size_t)r * n;
+                    real* a = A + (size_t)r * n;
+                    for (int j = sinks; j < far; j++) a[j] += exp_f((float)s[j] - li) / NH;
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const int far = rows[r] - w;
+                const real* a = A + (size_t)r * n;
+                double M = 0;
+                for (int j = sinks; j < far; j++) M += a[j];
+                t->far[r0 + r] = (float)M;
+                top_entries(t->idx + (size_t)(r0 + r) * m, t->p + (size_t)(r0 + r) * m, a, sinks,
+                            far, m);
+            }
+        }
+        free(q);
+        free(S);
+        free(A);
+    }
+}
+
+/* The gate of METHOD.md section 3 as a probability, and its derivative by the affinity. */
+static inline double gate_of(double a, double lambda, double b, double* dg_da) {
+    const double g = 1 / (1 + exp(-lambda * (a - b)));
+    *dg_da = lambda * g * (1 - g);
+    return g;
+}
+
+static int argmax_row(const real* g, int K) {
+    int best = 0;
+    for (int k = 1; k < K; k++)
+        if (g[k] > g[best]) best = k;
+    return best;
+}
+
+double mass_loss(real* dG, const real* G, int K, const MassRows* t, real lambda, real b,
+                 real scale, double* kept_soft, double* kept_hard) {
+    /* eps: a query whose stored keys all sit in other groups costs at most -log(eps), so a few
+     * queries the groups cannot serve do not outweigh the rest */
+    const double eps = 0.01;
+    double total = 0, loss = 0, soft = 0, hard = 0;
+    for (int r = 0; r < t->nq; r++) total += t->far[r];
+    if (total <= 0) {
+        if (kept_soft) *kept_soft = 0;
+        if (kept_hard) *kept_hard = 0;
+        return 0;
+    }
+    for (int r = 0; r < t->nq; r++) {
+        const double M = t->far[r];
+        if (M <= 0) continue;
+        const int i = t->rows[r];
+        const real* gi = G + (size_t)i * K;
+        const int* idx = t->idx + (size_t)r * t->m;
+        const float* p = t->p + (size_t)r * t->m;
+        const int top_i = argmax_row(gi, K);
+        double kept = 0;
+        for (int e = 0; e < t->m && idx[e] >= 0; e++) {
+            const real* gj = G + (size_t)idx[e] * K;
+            double a = 0, dg;
+            for (int k = 0; k < K; k++) a += (double)gi[k] * gj[k];
+            kept += p[e] * gate_of(a, lambda, b, &dg);
+            if (argmax_row(gj, K) == top_i) hard += p[e];
+        }
+        soft += kept;
+        loss -= M * log((kept + eps * M) / M);
+        if (!dG) continue;
+        /* d loss / d kept = -M / (kept + eps M), over the total */
+        const double dk = -M / (kept + eps * M) / total * scale;
+        real* dgi = dG + (size_t)i * K;
+        for (int e = 0; e < t->m && idx[e] >= 0; e++) {
+            const real* gj = G + (size_t)idx[e] * K;
+            real* dgj = dG + (size_t)idx[e] * K;
+            double a = 0, dg;
+            for (int k = 0; k < K; k++) a += (double)gi[k] * gj[k];
+            gate_of(a, lambda, b, &dg);
+            const double c = dk * p[e] * dg; /* d loss / d a_ij */
+            for (int k = 0; k < K; k++) {
+                dgi[k] += (real)(c * gj[k]);
+                dgj[k] += (real)(c * gi[k]);
+            }
+        }
+    }
+    if (kept_soft) *kept_soft = soft / total;
+    if (kept_hard) *kept_hard = hard / total;
+    return loss / total;
+}

@@ -1,0 +1,48 @@
+/* mass.h: the `mass` objective of router training (docs/OBJECTIVE.md): the router's groups should
+ * hold the frozen model's own dense attention mass beyond the window.
+ *
+ * Two halves. The teacher (mass_teacher) runs once per sequence and layer on the dense forward
+ * pass's queries, keys and log-sum-exps and keeps, for a sample of query rows, the far mass
+ *   M_i = 1/NH sum_h sum_{j far} P^h_ij            far: sinks <= j < i - w
+ * (the dense attention of the layer's heads, averaged: the groups are shared by every head of the
+ * layer) and its m largest entries p_ij (key j, mass). The objective (mass_loss) then scores a
+ * routing G (T, K) against it with the soft gate of METHOD.md section 3:
+ *   kept_i = sum_{stored j} p_ij sigmoid(lambda (G_i . G_j - b))
+ *   loss   = -sum_i M_i log((kept_i + eps M_i) / M_i) / sum_i M_i
+ * the far mass the gate keeps, as a share of the query's far mass, in log, weighted by how much
+ * of the query's attention is far. Its gradient reaches both the query's and the key's groups.
+ * Tested by tests/test_mass.c (teacher against a direct computation, gradients by finite
+ * differences in the double build). */
+#ifndef FOCUS_MASS_H
+#define FOCUS_MASS_H
+
+#include "common.h"
+
+/* The query rows a teacher keeps, nq of them, each with m entries. */
+typedef struct {
+    int nq, m;
+    int* rows;   /* (nq) query positions */
+    float* far;  /* (nq) M_i: the query's far mass, heads averaged */
+    int* idx;    /* (nq, m) key positions, -1 where the row has fewer far keys */
+    float* p;    /* (nq, m) their mass, heads averaged, largest first */
+} MassRows;
+
+/* The query rows of a T-token sequence that the teacher samples: of the whole tiles of 64 rows
+ * whose rows all have far keys (beyond w + sinks), one in `every` (at least one), from a phase
+ * chosen by seed. How many depends on T, w, sinks and every, not on the seed. Writes at most T
+ * rows to rows, returns their number. */
+int mass_sample_rows(int* rows, int T, int w, int sinks, int every, uint64_t seed);
+
+/* The teacher of one sequence: for the rows of t (t->rows, t->nq set, ascending), far, idx and p
+ * from qkv (T, (NH + 2 NKV) hs) after RoPE and lse (NH, T), the dense forward pass's. */
+void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
+                  int w, int sinks);
+
+/* The objective of one sequence's routing G (T, K) against t (see the file header), scaled by
+ * `scale`; dG (T, K) += scale * dloss / dG unless NULL. kept_soft and kept_hard (unless NULL)
+ * receive the far mass kept, as a share of sum_i M_i: by the soft gate, and by top-1 groups
+ * (argmax G_i == argmax G_j). Returns the loss (before scaling). */
+double mass_loss(real* dG, const real* G, int K, const MassRows* t, real lambda, real b,
+                 real scale, double* kept_soft, double* kept_hard);
+
+#endif

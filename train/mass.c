@@ -1,0 +1,490 @@
+/* mass.c: router training with the `mass` objective (objective = mass; docs/OBJECTIVE.md), the
+ * loop train_router hands such a run to.
+ *
+ * Every routed layer's router learns from the frozen model's own dense attention: where each
+ * query's attention mass beyond the window goes (kernels/mass.h). Nothing the router does changes
+ * a layer's input or the teacher, so the run has two phases:
+ *
+ * 1. The teacher. mass_windows windows of T tokens (offsets drawn from the run's seed), each one
+ *    dense forward pass with no head, seen layer by layer through Model.layer_observer: the
+ *    layer's normalised input h (the router's input, kept in bf16) and, for a sample of query
+ *    rows, the far mass and its mass_keys largest entries. Each window goes to its own file,
+ *    OUT/teacher/window_NNNN.bin, written atomically: a stopped run collects only what is
+ *    missing. One layer's activations are held at a time, never T x T.
+ * 2. The router. Each step draws B windows; per routed layer: scores, the training routing
+ *    (Sinkhorn by default), the loss, and the router's own backward (routing_backward,
+ *    router_scores_backward). No backward through the backbone, no LM head. beta, the causal
+ *    bias, is balanced on the step's scores as in the other objectives; then clipping and AdamW.
+ *    OUT/router.h5 every ckpt_every steps: --resume continues bit for bit.
+ *
+ * Perplexity (dense, hard top-k with causal routing) on eval_tokens validation tokens before and
+ * after; the memory the plan predicts beside the measured peak at the end. CPU only: the teacher
+ * reads the CPU forward pass's activations. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include "../checkpoints/router_h5.h"
+#include "../io/io.h"
+#include "../kernels/adamw.h"
+#include "../kernels/mass.h"
+#include "../kernels/router.h"
+#include "cli.h"
+#include "evaluate.h"
+#include "loop.h"
+
+#define MASS_MAGIC "FOCUSMT1"
+#define MASS_VERSION 1u
+
+/* The fixed header of a teacher file, then `layers` int32 layer indices, then one chunk per
+ * routed layer: h (T, C) bf16, rows (nq) int32, far (nq) f32, idx (nq, keys) int32, p (nq, keys)
+ * f32. Little-endian, as written. */
+typedef struct {
+    char magic[8];
+    uint32_t version, T, C, layers, nq, keys, w, sinks;
+    uint64_t fingerprint, offset;
+} MassHeader;
+
+/* What one window holds: the sampled query rows are the same in every layer. */
+typedef struct {
+    int nl, T, C, nq, keys;
+    const int* layers; /* (nl) the routed layers */
+    uint16_t* h;       /* (nl, T, C) */
+    MassRows* t;       /* (nl) */
+    int* slot;         /* (L) index of each layer among the routed ones, -1 */
+} Window;
+
+static size_t chunk_bytes(const Window* w) {
+    return (size_t)w->T * w->C * 2 + (size_t)w->nq * 8 + (size_t)w->nq * w->keys * 8;
+}
+
+static void window_alloc(Window* w, int nl, const int* layers, int* slot, int T, int C, int nq,
+                         int keys) {
+    *w = (Window){nl, T, C, nq, keys, layers, NULL, NULL, slot};
+    w->h = mallocCheck(sizeof(uint16_t) * (size_t)nl * T * C);
+    w->t = mallocCheck(sizeof(MassRows) * nl);
+    for (int s = 0; s < nl; s++) {
+        MassRows* t = &w->t[s];
+        t->nq = nq, t->m = keys;
+        t->rows = mallocCheck(sizeof(int) * (nq ? nq : 1));
+        t->far = mallocCheck(sizeof(float) * (nq ? nq : 1));
+        t->idx = mallocCheck(sizeof(int) * ((size_t)nq * keys + 1));
+        t->p = mallocCheck(sizeof(float) * ((size_t)nq * keys + 1));
+    }
+}
+
+static void window_free(Window* w) {
+    for (int s = 0; s < w->nl; s++) {
+        free(w->t[s].rows);
+        free(w->t[s].far);
+        free(w->t[s].idx);
+        free(w->t[s].p);
+    }
+    free(w->t);
+    free(w->h);
+}
+
+typedef struct {
+    const Model* m;
+    Window* win;
+} Teacher;
+
+static void observe(void* ctx, int layer, const real* h, const real* qkv, const real* lse, int B,
+                    int T) {
+    Teacher* o = ctx;
+    const Window* w = o->win;
+    const int s = w->slot[layer];
+    if (s < 0 || B != 1) return;
+    const ModelConfig* c = &o->m->cfg;
+    real_to_bf16_rows(w->h + (size_t)s * T * c->C, h, (size_t)T * c->C);
+    mass_teacher(&w->t[s], qkv, lse, T, model_heads(c), model_kv_heads(c), model_head_size(c),
+                 o->m->fc.w, o->m->fc.sinks);
+}
+
+static void window_path(char* path, size_t n, const char* out, int k) {
+    char name[64];
+    snprintf(name, sizeof name, "teacher/window_%04d.bin", k);
+    path_join(path, n, out, name);
+}
+
+static void window_write(const char* path, const Window* w, uint64_t fingerprint, uint64_t offset,
+                         const FocusConfig* f) {
+    MassHeader hd = {MASS_MAGIC,  MASS_VERSION,    (uint32_t)w->T,    (uint32_t)w->C,
+                     (uint32_t)w->nl, (uint32_t)w->nq, (uint32_t)w->keys, (uint32_t)f->w,
+                     (uint32_t)f->sinks, fingerprint,  offset};
+    const int np = 2 + 5 * w->nl;
+    const void** parts = mallocCheck(sizeof(void*) * np);
+    size_t* sizes = mallocCheck(sizeof(size_t) * np);
+    parts[0] = &hd, sizes[0] = sizeof hd;
+    parts[1] = w->layers, sizes[1] = sizeof(int) * w->nl;
+    for (int s = 0; s < w->nl; s++) {
+        const MassRows* t = &w->t[s];
+        const size_t nk = (size_t)w->nq * w->keys;
+        const void* ps[5] = {w->h + (size_t)s * w->T * w->C, t->rows, t->far, t->idx, t->p};
+        const size_t sz[5] = {(size_t)w->T * w->C * 2, sizeof(int) * w->nq,
+                              sizeof(float) * w->nq, sizeof(int) * nk, sizeof(float) * nk};
+        for (int i = 0; i < 5; i++) parts[2 + 5 * s + i] = ps[i], sizes[2 + 5 * s + i] = sz[i];
+    }
+    write_file_atomic(path, parts, sizes, np);
+    free(parts);
+    free(sizes);
+}
+
+/* 1 when path holds a teacher window of this run (header, layers and size as expected); 0 when
+ * it does not exist; fatal, naming the file, when it exists but does not match. */
+static int window_check(const char* path, const Window* w, uint64_t fingerprint,
+                        const FocusConfig* f) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return 0;
+        fatal("%s: cannot open: %s", path, strerror(errno));
+    }
+    MassHeader hd;
+    struct stat st;
+    const size_t want = sizeof hd + sizeof(int) * w->nl + chunk_bytes(w) * w->nl;
+    if (fstat(fd, &st) || pread(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+        fatal("%s: truncated teacher file (%lld bytes); delete it and resume to collect it again",
+              path, (long long)st.st_size);
+    close(fd);
+    if (memcmp(hd.magic, MASS_MAGIC, 8) || hd.version != MASS_VERSION)
+        fatal("%s: not a focus teacher file of version %u", path, MASS_VERSION);
+    if (hd.fingerprint != fingerprint)
+        fatal("%s: collected from another base model (fingerprint differs)", path);
+    if (hd.T != (uint32_t)w->T || hd.C != (uint32_t)w->C || hd.layers != (uint32_t)w->nl ||
+        hd.nq != (uint32_t)w->nq || hd.keys != (uint32_t)w->keys || hd.w != (uint32_t)f->w ||
+        hd.sinks != (uint32_t)f->sinks)
+        fatal(
+            "%s: collected with other settings (T %u, layers %u, queries %u, keys %u, w %u, sinks "
+            "%u; this run: %d, %d, %d, %d, %d, %d)",
+            path, hd.T, hd.layers, hd.nq, hd.keys, hd.w, hd.sinks, w->T, w->nl, w->nq, w->keys,
+            f->w, f->sinks);
+    if ((size_t)st.st_size != want)
+        fatal("%s: %lld bytes, expected %zu; delete it and resume to collect it again", path,
+              (long long)st.st_size, want);
+    return 1;
+}
+
+/* Layer s of window file fd into h (T, C) and t. */
+static void window_read_layer(int fd, const char* path, const Window* w, int s, real* h,
+                              uint16_t* hb, MassRows* t) {
+    const size_t nk = (size_t)w->nq * w->keys;
+    off_t off = (off_t)(sizeof(MassHeader) + sizeof(int) * w->nl + chunk_bytes(w) * s);
+    void* dst[5] = {hb, t->rows, t->far, t->idx, t->p};
+    const size_t sz[5] = {(size_t)w->T * w->C * 2, sizeof(int) * w->nq, sizeof(float) * w->nq,
+                          sizeof(int) * nk, sizeof(float) * nk};
+    for (int i = 0; i < 5; i++) {
+        size_t done = 0;
+        while (done < sz[i]) {
+            ssize_t r = pread(fd, (char*)dst[i] + done, sz[i] - done, off + (off_t)done);
+            if (r <= 0) fatal("%s: read failed: %s", path, r < 0 ? strerror(errno) : "truncated");
+            done += (size_t)r;
+        }
+        off += (off_t)sz[i];
+    }
+    bf16_to_real_rows(h, hb, (size_t)w->T * w->C);
+    for (int r = 0; r < w->nq; r++) /* a corrupt index must not reach an array */
+        for (size_t e = 0; e < (size_t)w->keys; e++) {
+            const int j = t->idx[(size_t)r * w->keys + e];
+            if (j < -1 || j >= w->T || t->rows[r] < 0 || t->rows[r] >= w->T)
+                fatal("%s: layer %d holds a position outside the window", path, w->layers[s]);
+        }
+}
+
+static void eta_text(char* buf, size_t n, double seconds) {
+    if (!(seconds >= 0)) seconds = 0;
+    snprintf(buf, n, "%dm%02ds", (int)(seconds / 60), (int)fmod(seconds, 60));
+}
+
+/* Phase 1: every teacher window not on disk yet. */
+static void collect(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
+                    Window* w, const uint64_t* offs, uint64_t fp) {
+    const int T = rc->T, nwin = rc->mass_windows;
+    char path[4096];
+    int missing = 0;
+    for (int k = 0; k < nwin; k++) {
+        window_path(path, sizeof path, out, k);
+        missing += !window_check(path, w, fp, &m->fc);
+    }
+    printf(
+        "teacher: %d windows of %d tokens, %d query rows each (one tile in %d), %d keys per "
+        "query, %d routed layers; %d on disk, %d to collect (one dense forward each)\n",
+        nwin, T, w->nq, rc->mass_every, w->keys, w->nl, nwin - missing, missing);
+    if (!missing) return;
+    int* ids = mallocCheck(sizeof(int) * T);
+    Teacher o = {m, w};
+    const FocusConfig keep = m->fc;
+    m->fc.attn = ATTN_DENSE;
+    m->no_head = 1;
+    m->layer_observer = observe;
+    m->layer_observer_ctx = &o;
+    double t0 = now_seconds();
+    int done = 0;
+    for (int k = 0; k < nwin; k++) {
+        window_path(path, sizeof path, out, k);
+        if (window_check(path, w, fp, &keep)) continue;
+        memcpy(ids, d->train + offs[k], sizeof(int) * T);
+        if (m->bos >= 0) ids[0] = m->bos;
+        mass_sample_rows(w->t[0].rows, T, keep.w, keep.sinks, rc->mass_every,
+                         keep.seed ^ (0x3a55ull + (uint64_t)k));
+        for (int s = 1; s < w->nl; s++) memcpy(w->t[s].rows, w->t[0].rows, sizeof(int) * w->nq);
+        double t1 = now_seconds();
+        model_forward(m, ids, NULL, 1, T, 0);
+        window_write(path, w, fp, offs[k], &keep);
+        done++;
+        const double el = now_seconds() - t0;
+        char eta[32];
+        eta_text(eta, sizeof eta, el / done * (missing - done));
+        double far = 0;
+        for (int s = 0; s < w->nl; s++)
+            for (int r = 0; r < w->nq; r++) far += w->t[s].far[r];
+        printf(
+            "teacher window %d/%d (tokens %llu..%llu): %.1f s | far mass %.3f of the attention | "
+            "ETA %s\n",
+            k + 1, nwin, (unsigned long long)offs[k], (unsigned long long)(offs[k] + T),
+            now_seconds() - t1, w->nq && w->nl ? far / ((double)w->nq * w->nl) : 0.0, eta);
+        fflush(stdout);
+    }
+    m->layer_observer = NULL;
+    m->layer_observer_ctx = NULL;
+    m->no_head = 0;
+    m->fc = keep;
+    free(ids);
+}
+
+void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
+                       const char* conf_text, int resume, long stop_after) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &rc->fc;
+    const int T = rc->T, B = rc->B, K = f->K, dg = f->dg, L = c->L;
+    if (m->tp || m->dp)
+        fatal("retrofit: objective = mass runs in one process (no MPI ranks, no --tp)");
+    if (T > c->maxT) fatal("retrofit: T = %d is longer than the model's context (%d)", T, c->maxT);
+    if ((size_t)T + 1 >= d->ntrain)
+        fatal("retrofit: the training data has %zu tokens, fewer than one window of T = %d",
+              d->ntrain, T);
+    char ckpt[4096], metrics_path[4096], dir[4096];
+    path_join(ckpt, sizeof ckpt, out, "router.h5");
+    path_join(metrics_path, sizeof metrics_path, out, "metrics.jsonl");
+    path_join(dir, sizeof dir, out, "teacher");
+    if (make_dirs(dir)) fatal("%s: cannot create: %s", dir, strerror(errno));
+    m->fc = *f;
+    m->fc.attn = ATTN_SOFT;
+    int* slot = mallocCheck(sizeof(int) * L);
+    int* layers = mallocCheck(sizeof(int) * L);
+    int nl = 0;
+    for (int l = 0; l < L; l++) slot[l] = model_layer_routed(m, l) ? (layers[nl] = l, nl++) : -1;
+    if (!nl) fatal("retrofit: objective = mass: no layer is routed (dense_layers holds them all)");
+    int* probe = mallocCheck(sizeof(int) * T);
+    const int nq = mass_sample_rows(probe, T, f->w, f->sinks, rc->mass_every, 0);
+    free(probe);
+    if (!nq)
+        fatal("retrofit: objective = mass: T = %d leaves no key beyond w = %d and %d sinks", T,
+              f->w, f->sinks);
+    Window w;
+    window_alloc(&w, nl, layers, slot, T, c->C, nq, rc->mass_keys);
+    /* the windows' offsets: from the seed alone, so a resumed run collects the same ones */
+    uint64_t* offs = mallocCheck(sizeof(uint64_t) * rc->mass_windows);
+    Rng wr;
+    rng_seed(&wr, f->seed ^ 0x7eac4e5ull);
+    for (int k = 0; k < rc->mass_windows; k++)
+        offs[k] = rng_u64(&wr) % (uint64_t)(d->ntrain - (size_t)T);
+    const uint64_t fp = model_fingerprint(m);
+
+    /* optimizer and state, as train_router's */
+    const size_t nopt =
+        m->router_sizes[0] + m->router_sizes[1] + (f->learn_gate ? m->router_sizes[2] : 0);
+    AdamW opt;
+    adamw_init(&opt, nopt, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
+    RouterState st = {0, 0, 0, 0, 0, fp};
+    Rng rng;
+    rng_seed(&rng, f->seed ^ 0x3a55eedull);
+    if (resume && !access(ckpt, F_OK)) {
+        router_load(ckpt, m, &opt, &st, fp);
+        rng.state = st.rng_state;
+        m->beta_updates = st.beta_updates;
+        printf("resumed from %s at step %ld\n", ckpt, st.step);
+    } else {
+        remove(metrics_path);
+    }
+    FILE* mf = fopen(metrics_path, "a");
+    if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
+    const double t_start = now_seconds();
+
+    /* perplexity before (dense and hard top-k, causal routing) */
+    char tk[32];
+    focus_topk_str(f, tk);
+    double ppl_dense = 0, ppl_hard0 = 0, kept0 = 0;
+    const int evaluate = d->neval > 1;
+    if (evaluate && !st.step) {
+        PplResult dn = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, f->topk, ROUTE_CAUSAL);
+        PplResult h0 = eval_mode(m, d->val, d->neval, T, ATTN_HARD, f->topk, ROUTE_CAUSAL);
+        ppl_dense = exp(dn.nll / dn.count), ppl_hard0 = exp(h0.nll / h0.count), kept0 = h0.kept;
+        printf("before training (causal routing, %zu tokens): dense %.3f | hard k=%s %.3f (%.3f of "
+               "the pairs)\n",
+               dn.count, ppl_dense, tk, ppl_hard0, kept0);
+        fprintf(mf,
+                "{\"type\": \"eval\", \"step\": 0, \"ppl_dense\": %.6f, \"ppl_hard\": %.6f, "
+                "\"pairs_kept\": %.6f}\n",
+                ppl_dense, ppl_hard0, kept0);
+        fflush(mf);
+    }
+
+    collect(m, rc, d, out, &w, offs, fp);
+
+    /* phase 2 */
+    m->fc = *f;
+    m->fc.attn = ATTN_SOFT;
+    real* h = mallocCheck(sizeof(real) * (size_t)T * c->C);
+    uint16_t* hb = mallocCheck(sizeof(uint16_t) * (size_t)T * c->C);
+    real* proj = mallocCheck(sizeof(real) * (size_t)T * dg);
+    real* dproj = mallocCheck(sizeof(real) * (size_t)T * dg);
+    real* S = mallocCheck(sizeof(real) * (size_t)T * K);
+    real* G = mallocCheck(sizeof(real) * (size_t)T * K);
+    real* dG = mallocCheck(sizeof(real) * (size_t)T * K);
+    real* dS = mallocCheck(sizeof(real) * (size_t)T * K);
+    /* beta's score rows: 2048 a layer over the step's windows */
+    const size_t every = (size_t)T * B > 2048 ? (size_t)T * B / 2048 : 1;
+    const size_t nb = ((size_t)T + every - 1) / every;
+    real* Sb = mallocCheck(sizeof(real) * (size_t)nl * B * nb * K);
+    double* bb = mallocCheck(sizeof(double) * (K + 1) * 2);
+    int* fds = mallocCheck(sizeof(int) * rc->mass_windows);
+    char path[4096];
+    for (int k = 0; k < rc->mass_windows; k++) {
+        window_path(path, sizeof path, out, k);
+        fds[k] = open(path, O_RDONLY | O_CLOEXEC);
+        if (fds[k] < 0) fatal("%s: cannot open: %s", path, strerror(errno));
+    }
+    MassRows t = w.t[0];
+    long ckpt_step = resume ? st.step : -1;
+    const double t_train = now_seconds();
+    const long first_step = st.step;
+    for (long step = st.step; step < rc->steps; step++) {
+        const double t0 = now_seconds();
+        const float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
+        model_zero_grad(m, GRAD_ROUTER);
+        double loss = 0, ksoft = 0, khard = 0;
+        for (int b = 0; b < B; b++) {
+            const int k = (int)(rng_u64(&rng) % (uint64_t)rc->mass_windows);
+            window_path(path, sizeof path, out, k);
+            for (int s = 0; s < nl; s++) {
+                const int l = layers[s];
+                const size_t lC = (size_t)l * c->C;
+                const real *wg = m->router.wg + lC * dg, *cent = m->router.cent + (size_t)l * K * dg;
+                const real* beta = m->beta + (size_t)l * K;
+                window_read_layer(fds[k], path, &w, s, h, hb, &t);
+                router_scores_forward(proj, S, h, wg, cent, T, c->C, dg, K);
+                routing_forward(G, NULL, S, beta, f->routing, 1, T, K, f->tau, f->iters);
+                memset(dG, 0, sizeof(real) * (size_t)T * K);
+                double ks, kh;
+                loss += mass_loss(dG, G, K, &t, f->lambda, f->bias, (real)(1.0 / (B * nl)), &ks,
+                                  &kh) /
+                        (B * nl);
+                ksoft += ks / (B * nl), khard += kh / (B * nl);
+                memset(dS, 0, sizeof(real) * (size_t)T * K);
+                routing_backward(dS, dG, S, G, beta, f->routing, 1, T, K, f->tau, f->iters);
+                router_scores_backward(NULL, m->rgrads.wg + lC * dg,
+                                       m->rgrads.cent + (size_t)l * K * dg, dproj, dS, h, proj, wg,
+                                       cent, T, c->C, dg, K);
+                real* sb = Sb + ((size_t)s * B + b) * nb * K;
+                for (size_t i = 0, r = 0; i < (size_t)T; i += every, r++)
+                    memcpy(sb + r * K, S + i * K, sizeof(real) * K);
+            }
+        }
+        if (!isfinite(loss))
+            fatal("retrofit: the loss became %g at step %ld; try a lower lr", loss, step + 1);
+        /* beta: balanced on this step's scores (as model_update_beta), as an EMA */
+        if (f->beta_balance) {
+            const real mom = m->beta_updates ? f->beta_momentum : 0;
+            for (int s = 0; s < nl; s++) {
+                real* beta = m->beta + (size_t)layers[s] * K;
+                double* bl = bb + K + 1;
+                for (int k = 0; k < K; k++) bl[k] = beta[k];
+                for (int it = 0; it < 8; it++) {
+                    routing_shares(bb, Sb + (size_t)s * B * nb * K, 0, (size_t)B * nb, 1, K,
+                                   f->tau, bl);
+                    routing_beta_step(bl, bb, K);
+                }
+                for (int k = 0; k < K; k++) beta[k] = mom * beta[k] + (1 - mom) * (real)bl[k];
+            }
+            m->beta_updates++;
+        }
+        const double gnorm = model_router_grad_norm(m, nopt, 1);
+        if (!isfinite(gnorm))
+            fatal("retrofit: gradient norm is %g at step %ld; try a lower lr", gnorm, step + 1);
+        model_router_adamw(m, &opt, lr, gnorm, rc->clip, 1);
+        const double dt = now_seconds() - t0;
+        st.step = step + 1;
+        char eta[32];
+        eta_text(eta, sizeof eta,
+                 (now_seconds() - t_train) / (double)(st.step - first_step) * (rc->steps - st.step));
+        printf(
+            "step %5ld/%d | mass %.4f | far mass kept: gate %.3f, top-1 %.3f | lr %.2e | %7.0f ms "
+            "| |g| %.3f | ETA %s\n",
+            st.step, rc->steps, loss, ksoft, khard, (double)lr, dt * 1e3, gnorm, eta);
+        fflush(stdout);
+        fprintf(mf,
+                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"kept_gate\": %.6f, "
+                "\"kept_top1\": %.6f, \"lr\": %.9g, \"ms\": %.1f, \"grad_norm\": %.6g}\n",
+                st.step, loss, ksoft, khard, (double)lr, dt * 1e3, gnorm);
+        if (fflush(mf) || ferror(mf)) fatal("%s: write failed", metrics_path);
+        const int last = st.step == rc->steps || st.step == stop_after;
+        if (st.step % rc->ckpt_every == 0 || last) {
+            model_router_adamw_sync(m, &opt);
+            st.adam_t = opt.t;
+            st.beta_updates = m->beta_updates;
+            st.rng_state = rng.state;
+            if (!router_state_finite(m, &opt))
+                fatal("retrofit: the router holds NaN or inf after step %ld; the checkpoint of "
+                      "step %ld is intact; try a lower lr",
+                      st.step, ckpt_step);
+            router_save(ckpt, m, &opt, &st, conf_text);
+            ckpt_step = st.step;
+        }
+        if (st.step == stop_after) {
+            printf("stopped after step %ld as asked; continue with: focus retrofit --resume %s\n",
+                   st.step, out);
+            break;
+        }
+    }
+    for (int k = 0; k < rc->mass_windows; k++) close(fds[k]);
+    if (st.step == rc->steps && evaluate) {
+        PplResult dn = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, f->topk, ROUTE_CAUSAL);
+        PplResult h1 = eval_mode(m, d->val, d->neval, T, ATTN_HARD, f->topk, ROUTE_CAUSAL);
+        printf("\nperplexity on %zu validation tokens (causal routing, T=%d):\n", h1.count, T);
+        if (ppl_hard0 > 0)
+            printf("  before: dense %.3f | hard k=%s %.3f (%.3f of the pairs)\n", ppl_dense, tk,
+                   ppl_hard0, kept0);
+        printf("  after:  dense %.3f | hard k=%s %.3f (%.3f of the pairs)\n",
+               exp(dn.nll / dn.count), tk, exp(h1.nll / h1.count), h1.kept);
+        fprintf(mf,
+                "{\"type\": \"eval\", \"step\": %ld, \"ppl_dense\": %.6f, \"ppl_hard\": %.6f, "
+                "\"pairs_kept\": %.6f}\n",
+                st.step, exp(dn.nll / dn.count), exp(h1.nll / h1.count), h1.kept);
+    }
+    if (st.step == rc->steps) {
+        printf("router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
+               "config.conf, teacher/)\n",
+               now_seconds() - t_start, out);
+        const double data = (double)(d->ntrain + d->neval) * sizeof(int);
+        printf("memory: peak %.0f MiB above the program's own; the plan %.0f MiB and the tokens "
+               "%.0f MiB\n",
+               peak_rss_growth_mib(),
+               model_memory_plan_mass(c, f, T, nl, nq, rc->mass_keys, omp_get_max_threads(),
+                                      m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32)
+                       .total /
+                   1048576.0,
+               data / 1048576.0);
+    }
+    fclose(mf);
+    free(fds), free(bb), free(Sb), free(dS), free(dG), free(G), free(S), free(dproj), free(proj);
+    free(hb), free(h), free(offs);
+    window_free(&w);
+    free(layers), free(slot);
+    adamw_free(&opt);
+}
