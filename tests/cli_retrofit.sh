@@ -3,7 +3,7 @@
 # an interrupted run resumed with --resume reproduces the uninterrupted run's losses bit for
 # bit; eval with the router works; a truncated router.h5 and a router on another base model are
 # refused, and so is a resume with other attention sinks; eval with several budgets and eval
-# layers work; the kl, attn and kl+attn objectives run; eval tasks writes its results and refuses
+# layers work; the kl, attn, kl+attn and mass objectives run (mass resumes bit for bit); eval tasks writes its results and refuses
 # a malformed task file; eval passkey and eval curve run every mode; finetune (LoRA, full) writes
 # what eval loads back; pretrain trains dense and Focus models from scratch; runs killed at
 # several points resume to the same router.h5 byte for byte; a folder in use is refused; the
@@ -99,6 +99,23 @@ for obj in kl attn kl+attn; do
     grep -q "^step     2/2 | $obj " "$work/obj.log" && grep -q "after:" "$work/obj.log" && ok "objective $obj" || { bad "objective $obj"; tail -3 "$work/obj.log"; }
     rm -rf "$work/obj"
 done
+# the mass objective (train/mass.c): teacher windows, then router steps; a run stopped after step
+# 2 and resumed gives the uninterrupted run's losses and router.h5 bit for bit, collecting no
+# teacher window again; a truncated teacher file is refused in one line naming it
+mass=("${small[@]}" --set objective=mass --set T=128 --set w=8 --set mass_windows=2 --set mass_every=1 --set mass_keys=8 --set steps=4)
+"$focus" retrofit --config configs/tiny.conf "${mass[@]}" --out "$work/mass" > "$work/mass.log" 2>&1
+"$focus" retrofit --config configs/tiny.conf "${mass[@]}" --out "$work/mass2" --stop-after 2 > "$work/mass2.log" 2>&1
+"$focus" retrofit --resume "$work/mass2" > "$work/mass3.log" 2>&1
+strip() { grep '"type": "train"' "$1" | sed 's/"ms": [0-9.]*, //'; }
+grep -q "^step     4/4 | mass " "$work/mass.log" && grep -q "after:" "$work/mass.log" && grep -q "memory: peak .* the plan" "$work/mass.log" &&
+  [ "$(strip "$work/mass/metrics.jsonl" | wc -l)" -eq 4 ] && cmp -s <(strip "$work/mass/metrics.jsonl") <(strip "$work/mass2/metrics.jsonl") &&
+  cmp -s "$work/mass/router.h5" "$work/mass2/router.h5" && grep -q "2 on disk, 0 to collect" "$work/mass3.log" &&
+  ok "objective mass: 4 steps, resumed bit for bit without collecting again" || { bad "objective mass"; tail -3 "$work/mass.log" "$work/mass3.log"; }
+t0=$work/mass2/teacher/window_0000.bin
+head -c 1000 "$t0" > "$work/cut" && mv "$work/cut" "$t0"
+err=$("$focus" retrofit --resume "$work/mass2" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "window_0000.bin: 1000 bytes, expected" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "truncated teacher file refused: $err" || bad "truncated teacher: rc=$rc $err"
+rm -rf "$work/mass" "$work/mass2"
 # zero-shot tasks through the router: the JSON result; a malformed task file refused in one line,
 # before any result file is written
 tm=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --attn hard)

@@ -340,19 +340,13 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     /* phase 2 */
     m->fc = *f;
     m->fc.attn = ATTN_SOFT;
-    real* h = mallocCheck(sizeof(real) * (size_t)T * c->C);
-    uint16_t* hb = mallocCheck(sizeof(uint16_t) * (size_t)T * c->C);
-    real* proj = mallocCheck(sizeof(real) * (size_t)T * dg);
-    real* dproj = mallocCheck(sizeof(real) * (size_t)T * dg);
-    real* S = mallocCheck(sizeof(real) * (size_t)T * K);
-    real* G = mallocCheck(sizeof(real) * (size_t)T * K);
-    real* dG = mallocCheck(sizeof(real) * (size_t)T * K);
-    real* dS = mallocCheck(sizeof(real) * (size_t)T * K);
     /* beta's score rows: 2048 a layer over the step's windows */
     const size_t every = (size_t)T * B > 2048 ? (size_t)T * B / 2048 : 1;
     const size_t nb = ((size_t)T + every - 1) / every;
     real* Sb = mallocCheck(sizeof(real) * (size_t)nl * B * nb * K);
     double* bb = mallocCheck(sizeof(double) * (K + 1) * 2);
+    double* part = mallocCheck(sizeof(double) * 3 * nl); /* each layer's loss and kept shares */
+    int* wins = mallocCheck(sizeof(int) * B);
     int* fds = mallocCheck(sizeof(int) * rc->mass_windows);
     char path[4096];
     for (int k = 0; k < rc->mass_windows; k++) {
@@ -360,7 +354,6 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         fds[k] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[k] < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     }
-    MassRows t = w.t[0];
     long ckpt_step = resume ? st.step : -1;
     const double t_train = now_seconds();
     const long first_step = st.step;
@@ -368,33 +361,56 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         const double t0 = now_seconds();
         const float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
         model_zero_grad(m, GRAD_ROUTER);
-        double loss = 0, ksoft = 0, khard = 0;
-        for (int b = 0; b < B; b++) {
-            const int k = (int)(rng_u64(&rng) % (uint64_t)rc->mass_windows);
-            window_path(path, sizeof path, out, k);
+        for (int b = 0; b < B; b++) wins[b] = (int)(rng_u64(&rng) % (uint64_t)rc->mass_windows);
+        /* the layers in parallel: each one's router, gradients and scores are its own */
+#pragma omp parallel
+        {
+            real* h = mallocCheck(sizeof(real) * (size_t)T * c->C);
+            uint16_t* hb = mallocCheck(sizeof(uint16_t) * (size_t)T * c->C);
+            real* proj = mallocCheck(sizeof(real) * (size_t)T * dg);
+            real* dproj = mallocCheck(sizeof(real) * (size_t)T * dg);
+            real* buf = mallocCheck(sizeof(real) * (size_t)T * K * 4);
+            real *S = buf, *G = buf + (size_t)T * K, *dG = G + (size_t)T * K, *dS = dG + (size_t)T * K;
+            MassRows t = {nq, rc->mass_keys, mallocCheck(sizeof(int) * nq),
+                          mallocCheck(sizeof(float) * nq),
+                          mallocCheck(sizeof(int) * (size_t)nq * rc->mass_keys),
+                          mallocCheck(sizeof(float) * (size_t)nq * rc->mass_keys)};
+            char wpath[4096];
+#pragma omp for schedule(dynamic, 1)
             for (int s = 0; s < nl; s++) {
                 const int l = layers[s];
                 const size_t lC = (size_t)l * c->C;
-                const real *wg = m->router.wg + lC * dg, *cent = m->router.cent + (size_t)l * K * dg;
+                const real *wg = m->router.wg + lC * dg,
+                           *cent = m->router.cent + (size_t)l * K * dg;
                 const real* beta = m->beta + (size_t)l * K;
-                window_read_layer(fds[k], path, &w, s, h, hb, &t);
-                router_scores_forward(proj, S, h, wg, cent, T, c->C, dg, K);
-                routing_forward(G, NULL, S, beta, f->routing, 1, T, K, f->tau, f->iters);
-                memset(dG, 0, sizeof(real) * (size_t)T * K);
-                double ks, kh;
-                loss += mass_loss(dG, G, K, &t, f->lambda, f->bias, (real)(1.0 / (B * nl)), &ks,
-                                  &kh) /
-                        (B * nl);
-                ksoft += ks / (B * nl), khard += kh / (B * nl);
-                memset(dS, 0, sizeof(real) * (size_t)T * K);
-                routing_backward(dS, dG, S, G, beta, f->routing, 1, T, K, f->tau, f->iters);
-                router_scores_backward(NULL, m->rgrads.wg + lC * dg,
-                                       m->rgrads.cent + (size_t)l * K * dg, dproj, dS, h, proj, wg,
-                                       cent, T, c->C, dg, K);
-                real* sb = Sb + ((size_t)s * B + b) * nb * K;
-                for (size_t i = 0, r = 0; i < (size_t)T; i += every, r++)
-                    memcpy(sb + r * K, S + i * K, sizeof(real) * K);
+                part[3 * s] = part[3 * s + 1] = part[3 * s + 2] = 0;
+                for (int b = 0; b < B; b++) {
+                    window_path(wpath, sizeof wpath, out, wins[b]);
+                    window_read_layer(fds[wins[b]], wpath, &w, s, h, hb, &t);
+                    router_scores_forward(proj, S, h, wg, cent, T, c->C, dg, K);
+                    routing_forward(G, NULL, S, beta, f->routing, 1, T, K, f->tau, f->iters);
+                    memset(dG, 0, sizeof(real) * (size_t)T * K);
+                    double ks, kh;
+                    part[3 * s] += mass_loss(dG, G, K, &t, f->lambda, f->bias,
+                                             (real)(1.0 / (B * nl)), &ks, &kh);
+                    part[3 * s + 1] += ks, part[3 * s + 2] += kh;
+                    memset(dS, 0, sizeof(real) * (size_t)T * K);
+                    routing_backward(dS, dG, S, G, beta, f->routing, 1, T, K, f->tau, f->iters);
+                    router_scores_backward(NULL, m->rgrads.wg + lC * dg,
+                                           m->rgrads.cent + (size_t)l * K * dg, dproj, dS, h, proj,
+                                           wg, cent, T, c->C, dg, K);
+                    real* sb = Sb + ((size_t)s * B + b) * nb * K;
+                    for (size_t i = 0, r = 0; i < (size_t)T; i += every, r++)
+                        memcpy(sb + r * K, S + i * K, sizeof(real) * K);
+                }
             }
+            free(t.rows), free(t.far), free(t.idx), free(t.p);
+            free(buf), free(dproj), free(proj), free(hb), free(h);
+        }
+        double loss = 0, ksoft = 0, khard = 0;
+        for (int s = 0; s < nl; s++) {
+            loss += part[3 * s] / (B * nl);
+            ksoft += part[3 * s + 1] / (B * nl), khard += part[3 * s + 2] / (B * nl);
         }
         if (!isfinite(loss))
             fatal("retrofit: the loss became %g at step %ld; try a lower lr", loss, step + 1);
@@ -482,8 +498,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
                data / 1048576.0);
     }
     fclose(mf);
-    free(fds), free(bb), free(Sb), free(dS), free(dG), free(G), free(S), free(dproj), free(proj);
-    free(hb), free(h), free(offs);
+    free(fds), free(bb), free(Sb), free(part), free(wins), free(offs);
     window_free(&w);
     free(layers), free(slot);
     adamw_free(&opt);

@@ -1,0 +1,162 @@
+/* test_mass.c: the mass objective (kernels/mass.h), in double precision: the teacher's far mass
+ * and its largest entries against the dense attention written out; the row sample's size
+ * independent of the seed; the loss's gradient through Sinkhorn routing against central
+ * differences; and a plain descent on the scores that raises the far mass top-1 groups keep. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../kernels/mass.h"
+#include "../kernels/router.h"
+#include "testutil.h"
+
+enum { NH = 4, NKV = 2, HS = 8, T = 320, WIN = 20, SINKS = 2, KEYS = 12, K = 4 };
+
+/* Dense causal attention's log-sum-exps (NH, T) and, for query i, each key's mass averaged over
+ * the heads (a, T) restricted to the far keys. */
+static void direct(const real* qkv, real* lse, double* a, int i) {
+    const int QKV = (NH + 2 * NKV) * HS, C = NH * HS, rep = NH / NKV;
+    for (int j = 0; j < T; j++) a[j] = 0;
+    for (int h = 0; h < NH; h++)
+        for (int r = 0; r < T; r++) {
+            if (i >= 0 && r != i) continue;
+            double s[T], mx = -INFINITY, z = 0;
+            for (int j = 0; j <= r; j++) {
+                double d = 0;
+                for (int e = 0; e < HS; e++)
+                    d += qkv[(size_t)r * QKV + h * HS + e] *
+                         qkv[(size_t)j * QKV + C + (h / rep) * HS + e];
+                s[j] = d / sqrt((double)HS);
+                mx = fmax(mx, s[j]);
+            }
+            for (int j = 0; j <= r; j++) z += exp(s[j] - mx);
+            const double l = mx + log(z);
+            if (lse) lse[(size_t)h * T + r] = (real)l;
+            if (i >= 0)
+                for (int j = SINKS; j < r - WIN; j++) a[j] += exp(s[j] - l) / NH;
+        }
+}
+
+static void check_teacher(Rng* rng) {
+    const int QKV = (NH + 2 * NKV) * HS;
+    real* qkv = mallocCheck(sizeof(real) * T * QKV);
+    tu_randn(qkv, (size_t)T * QKV, 1.0, rng);
+    real* lse = mallocCheck(sizeof(real) * NH * T);
+    double a[T];
+    direct(qkv, lse, a, -1);
+    int rows[T];
+    const int nq = mass_sample_rows(rows, T, WIN, SINKS, 2, 7);
+    CHECK(nq > 0 && nq % 64 == 0, "sampled %d rows", nq);
+    for (uint64_t seed = 1; seed < 6; seed++) {
+        int other[T];
+        CHECK(mass_sample_rows(other, T, WIN, SINKS, 2, seed) == nq, "row count depends on seed");
+    }
+    MassRows t = {nq, KEYS, rows, mallocCheck(sizeof(float) * nq),
+                  mallocCheck(sizeof(int) * nq * KEYS), mallocCheck(sizeof(float) * nq * KEYS)};
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS);
+    double worst_far = 0, worst_p = 0;
+    int order_ok = 1;
+    for (int r = 0; r < nq; r++) {
+        const int i = rows[r];
+        CHECK(i - WIN > SINKS, "row %d has no far key", i);
+        direct(qkv, NULL, a, i);
+        double M = 0;
+        for (int j = SINKS; j < i - WIN; j++) M += a[j];
+        worst_far = fmax(worst_far, fabs(M - t.far[r]));
+        /* the stored entries are the largest: each equals a[j], and none left out is larger */
+        double smallest = INFINITY;
+        for (int e = 0; e < KEYS; e++) {
+            const int j = t.idx[(size_t)r * KEYS + e];
+            if (j < 0) continue;
+            CHECK(j >= SINKS && j < i - WIN, "row %d: key %d is not far", i, j);
+            worst_p = fmax(worst_p, fabs(a[j] - t.p[(size_t)r * KEYS + e]));
+            if (e && t.p[(size_t)r * KEYS + e] > t.p[(size_t)r * KEYS + e - 1]) order_ok = 0;
+            smallest = fmin(smallest, a[j]);
+            a[j] = -1; /* taken */
+        }
+        for (int j = SINKS; j < i - WIN; j++)
+            if (a[j] > smallest + 1e-6) order_ok = 0;
+    }
+    CHECK(worst_far < 1e-5, "far mass off by %g", worst_far);
+    CHECK(worst_p < 1e-5, "entries off by %g", worst_p);
+    CHECK(order_ok, "entries not the largest, largest first");
+    free(qkv), free(lse), free(t.far), free(t.idx), free(t.p);
+}
+
+/* A synthetic teacher: rows with random far keys and masses. */
+static MassRows synthetic(Rng* rng, int nq) {
+    MassRows t = {nq, KEYS, mallocCheck(sizeof(int) * nq), mallocCheck(sizeof(float) * nq),
+                  mallocCheck(sizeof(int) * nq * KEYS), mallocCheck(sizeof(float) * nq * KEYS)};
+    for (int r = 0; r < nq; r++) {
+        t.rows[r] = T - 1 - r * 2;
+        t.far[r] = (float)(0.2 + 0.7 * rng_uniform(rng));
+        double left = t.far[r];
+        for (int e = 0; e < KEYS; e++) {
+            const int keep = e < KEYS - 2;
+            t.idx[(size_t)r * KEYS + e] = keep ? (int)(rng_u64(rng) % (uint64_t)(T / 2)) : -1;
+            t.p[(size_t)r * KEYS + e] = keep ? (float)(left * 0.4) : 0;
+            left *= keep ? 0.6 : 1;
+        }
+    }
+    return t;
+}
+
+static double loss_of(const real* S, const MassRows* t, real* G) {
+    routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+    return mass_loss(NULL, G, K, t, 10, 0.5, 1, NULL, NULL);
+}
+
+static void check_gradient(Rng* rng) {
+    MassRows t = synthetic(rng, 40);
+    real* S = mallocCheck(sizeof(real) * T * K);
+    real* G = mallocCheck(sizeof(real) * T * K);
+    real* dG = callocCheck((size_t)T * K, sizeof(real));
+    real* dS = callocCheck((size_t)T * K, sizeof(real));
+    tu_randn(S, (size_t)T * K, 0.5, rng);
+    routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+    mass_loss(dG, G, K, &t, 10, 0.5, 1, NULL, NULL);
+    routing_backward(dS, dG, S, G, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+    double worst = 0, scale = 0;
+    for (int n = 0; n < 60; n++) {
+        const size_t i = rng_u64(rng) % ((size_t)T * K);
+        const real keep = S[i], eps = 1e-5;
+        S[i] = keep + eps;
+        const double up = loss_of(S, &t, G);
+        S[i] = keep - eps;
+        const double down = loss_of(S, &t, G);
+        S[i] = keep;
+        const double fd = (up - down) / (2 * eps);
+        worst = fmax(worst, fabs(fd - dS[i]));
+        scale = fmax(scale, fabs(fd));
+    }
+    CHECK(scale > 1e-6, "the sampled gradient is zero (%g): the check would prove nothing", scale);
+    CHECK(worst < 1e-6 + 1e-5 * scale, "gradient through Sinkhorn off by %g (largest %g)", worst,
+          scale);
+    /* descent on the scores keeps more of the far mass in top-1 groups */
+    double before, after, lb, la;
+    routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+    lb = mass_loss(NULL, G, K, &t, 10, 0.5, 1, NULL, &before);
+    for (int it = 0; it < 200; it++) {
+        memset(dG, 0, sizeof(real) * T * K);
+        memset(dS, 0, sizeof(real) * T * K);
+        routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+        mass_loss(dG, G, K, &t, 10, 0.5, 1, NULL, NULL);
+        routing_backward(dS, dG, S, G, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+        for (size_t i = 0; i < (size_t)T * K; i++) S[i] -= 20 * dS[i];
+    }
+    routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
+    la = mass_loss(NULL, G, K, &t, 10, 0.5, 1, NULL, &after);
+    CHECK(la < lb, "descent did not lower the loss (%g -> %g)", lb, la);
+    CHECK(after > before + 0.1, "top-1 groups keep %.3f of the far mass, %.3f before", after,
+          before);
+    free(S), free(G), free(dG), free(dS);
+    free(t.rows), free(t.far), free(t.idx), free(t.p);
+}
+
+int main(void) {
+    Rng rng;
+    rng_seed(&rng, 42);
+    check_teacher(&rng);
+    check_gradient(&rng);
+    return tu_finish("test_mass");
+}
