@@ -1067,8 +1067,9 @@ MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, in
     p.logits = 0; /* allocated, never touched: the teacher's pass has no head */
     const size_t chunk = Ts * C * 2 + (size_t)queries * 8 + (size_t)queries * keys * 8;
     p.teacher = (size_t)layers * chunk + (size_t)threads * 3 * 64 * Ts * R;
-    p.workspace = Ts * C * (R + 2) + Ts * (4 * K + 2 * (size_t)f->dg) * R +
-                  (size_t)queries * keys * 8 + (size_t)layers * 2048 * K * R;
+    p.workspace = (size_t)threads * (Ts * C * (R + 2) + Ts * (4 * K + 2 * (size_t)f->dg) * R +
+                                     (size_t)queries * keys * 8) +
+                  (size_t)layers * 2048 * K * R;
     p.total = p.weights + p.activations + p.logits + p.router + p.workspace + p.teacher;
     return p;
 }

@@ -8,8 +8,8 @@
 # Methods: window (sinks + sliding window, StreamingLLM), random (random groups, the router's K
 # and k), blocks (Quest's query-aware bounds) and blocks_mean (MoBA's mean-pooled keys) with the
 # window W_BLOCKS, oracle (the blocks holding the most dense mass: the ceiling of block
-# selection), and the router (hard:1, hard:2 with the window W_ROUTER_*, and hard:1 with
-# w = 1024 at the long context: ROUTER_MODES_*) when ROUTER is given; the learned block
+# selection), and the router along its budgets (ROUTER_MODES_*: fixed k, mass coverage pP:k,
+# narrower windows; the window W_ROUTER_*) when ROUTER is given; the learned block
 # selector (blocks_learned at the BLOCKS_* budgets with the window W_BLOCKS*) when SELECTOR names
 # one (routers/smollm2-135m-pg19-blocks.h5, or a file of focus fit-blocks).
 # Knobs (environment): TOKENS (16385: the first 16,384 scored tokens of each set), CTX_LONG
@@ -26,10 +26,12 @@ ctx_long=${CTX_LONG:-8192}
 ctx_short=${CTX_SHORT:-1024}
 # budgets at ctx 8192 (window widths, key blocks of 64 beyond a window of W_BLOCKS, router k)
 WINDOWS_LONG=${WINDOWS_LONG:-512,1050,1500,2560}
-BLOCKS_LONG=${BLOCKS_LONG:-8,24}
+BLOCKS_LONG=${BLOCKS_LONG:-4,8,16,24,40}
 W_BLOCKS=${W_BLOCKS:-512}
 W_ROUTER_LONG=${W_ROUTER_LONG:-512}
-ROUTER_MODES_LONG=${ROUTER_MODES_LONG:-hard:1,hard:2,hard:1@w=1024}
+# the router along the curve: top-1 with narrower windows, mass coverage (hard:pP:k keeps a
+# token's groups until a share P of its routing mass, at most k), top-2 and top-3
+ROUTER_MODES_LONG=${ROUTER_MODES_LONG:-hard:1@w=128,hard:1@w=256,hard:1,hard:p0.6:2,hard:2,hard:p0.8:3,hard:3}
 # budgets at ctx 1024
 WINDOWS_SHORT=${WINDOWS_SHORT:-200,370}
 BLOCKS_SHORT=${BLOCKS_SHORT:-2,5}

@@ -21,8 +21,11 @@ LABELS = {"window": "sinks + window", "random": "random groups", "blocks": "Ques
 
 
 def method(mode):
-    """window:1050 -> window; hard:1@w=1024 -> hard@w=1024 (a curve of its own)"""
+    """window:1050 -> window; blocks:8@w=256 -> blocks@w=256 (a curve of its own); the router's
+    budgets (hard:1, hard:p0.5:2, hard:1@w=256: groups, mass coverage, window) are one curve"""
     base = mode.split("@")[0].split(":")[0]
+    if base == "hard":
+        return base
     return base + ("@" + mode.split("@", 1)[1] if "@" in mode else "")
 
 

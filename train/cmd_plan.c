@@ -4,13 +4,16 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <omp.h>
+
+#include "../kernels/mass.h"
 #include "cli.h"
 #include "commands.h"
 
 static const char plan_usage[] =
     "usage: focus plan [--preset NAME] [--set key=value]... [--B 1] [--T 1024]\n"
     "                  [--ranks N | --gpus N] [--tp T] [--weights fp32|bf16|bf16-proj]\n"
-    "                  [--objective lm|kl|attn|kl+attn] [--mem GB]\n"
+    "                  [--objective lm|kl|attn|kl+attn|mass] [--mem GB]\n"
     "The memory of a router training step (focus retrofit) from the model's shape alone, per\n"
     "rank: frozen weights, activations kept for the input-gradient backward, logits, the router\n"
     "with its gradients and AdamW state, scratch, the teacher of the kl / attn objectives.\n"
@@ -21,7 +24,9 @@ static const char plan_usage[] =
     "every frozen weight in 2 bytes (the GPU layout; focus's GPU path holds fp32 today);\n"
     "bf16-proj: the CPU's bf16 store (retrofit --set weights=bf16: the projections in bf16).\n"
     "--mem GB: does it fit, the longest T that does, and the smallest T (tensor parallelism)\n"
-    "that fits. focus retrofit prints its measured peak next to this plan.\n";
+    "that fits. focus retrofit prints its measured peak next to this plan.\n"
+    "--objective mass (docs/OBJECTIVE.md): no backward pass, one layer's activations, one teacher\n"
+    "window (mass_every 4, mass_keys 64) and the router step, on the CPU in one process.\n";
 
 static double gb(size_t b) { return b / 1e9; }
 
@@ -35,6 +40,29 @@ static double tp_reals(const ModelConfig* c, const FocusConfig* f, double BT, in
     if (kl || attn) r += fwd;
     if (attn) r += (double)c->L * BT * f->K;
     return r;
+}
+
+/* The mass objective's plan (model_memory_plan_mass): its routed layers (a model's own
+ * sliding-window layers keep their window under the default local = window), the teacher's query
+ * rows at the defaults mass_every = 4, mass_keys = 64, this machine's threads. */
+static void plan_mass(const char* preset, const ModelConfig* cfg, const FocusConfig* fc, int T,
+                      WeightStore wbytes, const char* weights) {
+    int layers = 0;
+    for (int l = 0; l < cfg->L; l++)
+        layers += fc->local != LOCAL_WINDOW || model_layer_spec(cfg, l).window < 0;
+    int* rows = mallocCheck(sizeof(int) * T);
+    const int nq = mass_sample_rows(rows, T, fc->w, fc->sinks, 4, 0);
+    free(rows);
+    MemoryPlan p = model_memory_plan_mass(cfg, fc, T, layers, nq, 64, omp_get_max_threads(), wbytes);
+    printf("memory plan: %s, router training with the mass objective, T=%d, %d routed layers, %d "
+           "teacher queries, %s weights, %d threads\n",
+           preset, T, layers, nq, weights, omp_get_max_threads());
+    printf("  %-42s %10.3f GB\n", "frozen weights", gb(p.weights));
+    printf("  %-42s %10.3f GB\n", "one layer's activations (no head)", gb(p.activations));
+    printf("  %-42s %10.3f GB\n", "router, gradients, AdamW moments", gb(p.router));
+    printf("  %-42s %10.3f GB\n", "one teacher window and its scratch", gb(p.teacher));
+    printf("  %-42s %10.3f GB\n", "router step buffers", gb(p.workspace));
+    printf("  %-42s %10.3f GB\n", "total", gb(p.total));
 }
 
 int cmd_plan(int argc, char** argv) {
@@ -63,13 +91,20 @@ int cmd_plan(int argc, char** argv) {
     char err[256];
     if (model_config_check(&cfg, err, sizeof err)) fatal("plan: %s", err);
     const int kl = strstr(objective, "kl") != NULL, attn = strstr(objective, "attn") != NULL;
-    if (!kl && !attn && strcmp(objective, "lm"))
-        fatal("plan: --objective must be lm, kl, attn or kl+attn, got '%s'", objective);
+    const int mass = !strcmp(objective, "mass");
+    if (!kl && !attn && !mass && strcmp(objective, "lm"))
+        fatal("plan: --objective must be lm, kl, attn, kl+attn or mass, got '%s'", objective);
     const WeightStore wbytes = !strcmp(weights, "bf16")        ? WEIGHTS_BF16
                                : !strcmp(weights, "bf16-proj") ? WEIGHTS_BF16_PROJ
                                                                : WEIGHTS_FP32;
     if (strcmp(weights, "fp32") && wbytes == WEIGHTS_FP32)
         fatal("plan: --weights must be fp32, bf16 or bf16-proj, got '%s'", weights);
+    if (mass) {
+        if (ranks || gpus || tp > 1 || B != 1 || mem > 0)
+            fatal("plan: --objective mass runs in one process: no --ranks, --gpus, --tp, --B, --mem");
+        plan_mass(preset, &cfg, &fc, T, wbytes, weights);
+        return 0;
+    }
     if (ranks && gpus) fatal("plan: give --ranks or --gpus, not both");
     const char* unit = gpus ? "GPU" : "rank";
     const int N = gpus ? gpus : ranks ? ranks : tp;
