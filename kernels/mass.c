@@ -124,8 +124,13 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
     }
 }
 
-/* The gate of METHOD.md section 3 as a probability, and its derivative by the affinity. */
+/* The gate of METHOD.md section 3 as a probability, and its derivative by the affinity; lambda
+ * = 0: the affinity itself (the chance that two tokens drawn into groups by G_i and G_j meet). */
 static inline double gate_of(double a, double lambda, double b, double* dg_da) {
+    if (lambda == 0) {
+        *dg_da = 1;
+        return a;
+    }
     const double g = 1 / (1 + exp(-lambda * (a - b)));
     *dg_da = lambda * g * (1 - g);
     return g;
@@ -138,18 +143,42 @@ static int argmax_row(const real* g, int K) {
     return best;
 }
 
-double mass_loss(real* dG, const real* G, int K, const MassRows* t, real lambda, real b,
-                 real scale, double* kept_soft, double* kept_hard) {
-    /* eps: a query whose stored keys all sit in other groups costs at most -log(eps), so a few
-     * queries the groups cannot serve do not outweigh the rest */
-    const double eps = 0.01;
-    double total = 0, loss = 0, soft = 0, hard = 0;
-    for (int r = 0; r < t->nq; r++) total += t->far[r];
-    if (total <= 0) {
-        if (kept_soft) *kept_soft = 0;
-        if (kept_hard) *kept_hard = 0;
-        return 0;
+/* The u-th random far key of query i (sinks <= j < i - w): a hash of (i, u), the same at every
+ * step, so the pairs' share is estimated on a fixed sample. */
+static int random_far(int i, int u, int w, int sinks) {
+    uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull + (uint64_t)u * 0xbf58476d1ce4e5b9ull + 1;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return sinks + (int)(z % (uint64_t)(i - w - sinks));
+}
+
+/* a_ij = G_i . G_j; with dG, dG_i += c G_j and dG_j += c G_i. */
+static double affinity(const real* gi, const real* gj, int K) {
+    double a = 0;
+    for (int k = 0; k < K; k++) a += (double)gi[k] * gj[k];
+    return a;
+}
+static void affinity_backward(real* dgi, real* dgj, const real* gi, const real* gj, double c,
+                              int K) {
+    for (int k = 0; k < K; k++) {
+        dgi[k] += (real)(c * gj[k]);
+        dgj[k] += (real)(c * gi[k]);
     }
+}
+
+double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg,
+                 real scale, MassKept* kept_out) {
+    /* eps: a query whose stored keys all sit in other groups costs at most -log(eps), so a few
+     * queries the groups cannot serve do not outweigh the rest; and a query alone in its group
+     * gains at most log(1 / eps) from the pairs term */
+    const double eps = 0.01, lambda = mg->lambda, b = mg->b;
+    const int R = mg->nrand;
+    double total = 0, loss = 0, soft = 0, hard = 0, pairs = 0, pairs_hard = 0;
+    int prow = 0;
+    for (int r = 0; r < t->nq; r++) total += t->far[r];
+    if (kept_out) memset(kept_out, 0, sizeof *kept_out);
+    if (total <= 0) return 0;
     for (int r = 0; r < t->nq; r++) {
         const double M = t->far[r];
         if (M <= 0) continue;
@@ -158,34 +187,47 @@ double mass_loss(real* dG, const real* G, int K, const MassRows* t, real lambda,
         const int* idx = t->idx + (size_t)r * t->m;
         const float* p = t->p + (size_t)r * t->m;
         const int top_i = argmax_row(gi, K);
-        double kept = 0;
+        double kept = 0, dg;
         for (int e = 0; e < t->m && idx[e] >= 0; e++) {
             const real* gj = G + (size_t)idx[e] * K;
-            double a = 0, dg;
-            for (int k = 0; k < K; k++) a += (double)gi[k] * gj[k];
-            kept += p[e] * gate_of(a, lambda, b, &dg);
+            kept += p[e] * gate_of(affinity(gi, gj, K), lambda, b, &dg);
             if (argmax_row(gj, K) == top_i) hard += p[e];
         }
+        /* the share of the query's far pairs the gate keeps, on R random far keys */
+        double cost = 0;
+        for (int u = 0; u < R; u++) {
+            const real* gj = G + (size_t)random_far(i, u, mg->w, mg->sinks) * K;
+            cost += gate_of(affinity(gi, gj, K), lambda, b, &dg) / R;
+            pairs_hard += argmax_row(gj, K) == top_i;
+        }
         soft += kept;
+        pairs += cost;
+        prow++;
         loss -= M * log((kept + eps * M) / M);
+        if (R) loss += M * log(cost + eps);
         if (!dG) continue;
-        /* d loss / d kept = -M / (kept + eps M), over the total */
+        /* d loss / d kept = -M / (kept + eps M); d loss / d cost = M / (cost + eps); over the
+         * total */
         const double dk = -M / (kept + eps * M) / total * scale;
         real* dgi = dG + (size_t)i * K;
         for (int e = 0; e < t->m && idx[e] >= 0; e++) {
             const real* gj = G + (size_t)idx[e] * K;
-            real* dgj = dG + (size_t)idx[e] * K;
-            double a = 0, dg;
-            for (int k = 0; k < K; k++) a += (double)gi[k] * gj[k];
-            gate_of(a, lambda, b, &dg);
-            const double c = dk * p[e] * dg; /* d loss / d a_ij */
-            for (int k = 0; k < K; k++) {
-                dgi[k] += (real)(c * gj[k]);
-                dgj[k] += (real)(c * gi[k]);
-            }
+            gate_of(affinity(gi, gj, K), lambda, b, &dg);
+            affinity_backward(dgi, dG + (size_t)idx[e] * K, gi, gj, dk * p[e] * dg, K);
+        }
+        const double dc = R ? M / (cost + eps) / total * scale / R : 0;
+        for (int u = 0; u < R; u++) {
+            const int j = random_far(i, u, mg->w, mg->sinks);
+            const real* gj = G + (size_t)j * K;
+            gate_of(affinity(gi, gj, K), lambda, b, &dg);
+            affinity_backward(dgi, dG + (size_t)j * K, gi, gj, dc * dg, K);
         }
     }
-    if (kept_soft) *kept_soft = soft / total;
-    if (kept_hard) *kept_hard = hard / total;
+    if (kept_out) {
+        kept_out->mass_gate = soft / total;
+        kept_out->mass_top1 = hard / total;
+        kept_out->pairs_gate = prow ? pairs / prow : 0;
+        kept_out->pairs_top1 = prow && R ? pairs_hard / ((double)prow * R) : 0;
+    }
     return loss / total;
 }

@@ -6,11 +6,14 @@
  *   M_i = 1/NH sum_h sum_{j far} P^h_ij            far: sinks <= j < i - w
  * (the dense attention of the layer's heads, averaged: the groups are shared by every head of the
  * layer) and its m largest entries p_ij (key j, mass). The objective (mass_loss) then scores a
- * routing G (T, K) against it with the soft gate of METHOD.md section 3:
- *   kept_i = sum_{stored j} p_ij sigmoid(lambda (G_i . G_j - b))
- *   loss   = -sum_i M_i log((kept_i + eps M_i) / M_i) / sum_i M_i
- * the far mass the gate keeps, as a share of the query's far mass, in log, weighted by how much
- * of the query's attention is far. Its gradient reaches both the query's and the key's groups.
+ * routing G (T, K) against it with the soft gate of METHOD.md section 3, g_ij =
+ * sigmoid(lambda (G_i . G_j - b)):
+ *   kept_i = sum_{stored j} p_ij g_ij / M_i          the share of the far mass the gate keeps
+ *   cost_i = 1/R sum_{u} g_iu                      the share of far pairs it keeps (R random)
+ *   loss   = sum_i M_i (log(cost_i + eps) - log(kept_i + eps)) / sum_i M_i      eps = 0.01
+ * the log of the far mass kept per far pair kept (its lift over random groups, which keep as
+ * much mass as pairs), weighted by how much of the query's attention is far. Its gradient
+ * reaches both the query's and each key's groups.
  * Tested by tests/test_mass.c (teacher against a direct computation, gradients by finite
  * differences in the double build). */
 #ifndef FOCUS_MASS_H
@@ -38,11 +41,24 @@ int mass_sample_rows(int* rows, int T, int w, int sinks, int every, uint64_t see
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
                   int w, int sinks);
 
+/* The gate and the pairs' sample of the objective: lambda, b (METHOD.md section 3; lambda = 0:
+ * the affinity G_i . G_j itself, top-1 routing's soft twin), nrand
+ * random far keys per query (0: no pairs term), w and sinks (what is far). */
+typedef struct {
+    real lambda, b;
+    int nrand, w, sinks;
+} MassGate;
+
+/* What a routing keeps: shares of the far mass (of sum_i M_i) by the soft gate and by top-1
+ * groups (argmax G_i == argmax G_j), and of the far pairs (on the random sample). */
+typedef struct {
+    double mass_gate, mass_top1, pairs_gate, pairs_top1;
+} MassKept;
+
 /* The objective of one sequence's routing G (T, K) against t (see the file header), scaled by
- * `scale`; dG (T, K) += scale * dloss / dG unless NULL. kept_soft and kept_hard (unless NULL)
- * receive the far mass kept, as a share of sum_i M_i: by the soft gate, and by top-1 groups
- * (argmax G_i == argmax G_j). Returns the loss (before scaling). */
-double mass_loss(real* dG, const real* G, int K, const MassRows* t, real lambda, real b,
-                 real scale, double* kept_soft, double* kept_hard);
+ * `scale`; dG (T, K) += scale * dloss / dG unless NULL; kept (unless NULL) what it keeps.
+ * Returns the loss (before scaling). */
+double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg,
+                 real scale, MassKept* kept);
 
 #endif

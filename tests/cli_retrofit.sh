@@ -115,7 +115,12 @@ t0=$work/mass2/teacher/window_0000.bin
 head -c 1000 "$t0" > "$work/cut" && mv "$work/cut" "$t0"
 err=$("$focus" retrofit --resume "$work/mass2" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "window_0000.bin: 1000 bytes, expected" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "truncated teacher file refused: $err" || bad "truncated teacher: rc=$rc $err"
-rm -rf "$work/mass" "$work/mass2"
+# domain adaptation: a run that starts from a trained router (init_router) loads it, not the seed's
+"$focus" retrofit --config configs/tiny.conf "${mass[@]}" --set steps=2 --set init_router="$work/mass/router.h5" --out "$work/mass4" > "$work/mass4.log" 2>&1
+a=$(sed -n 's/^before training.*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass4.log"); b=$(sed -n 's/^  after: .*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass.log")
+grep -q "router initialised from $work/mass/router.h5" "$work/mass4.log" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+  ok "init_router: the run starts from the trained router (hard k=1 $a, as it ended)" || { bad "init_router: '$a' '$b'"; tail -3 "$work/mass4.log"; }
+rm -rf "$work/mass" "$work/mass2" "$work/mass4"
 # zero-shot tasks through the router: the JSON result; a malformed task file refused in one line,
 # before any result file is written
 tm=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --attn hard)

@@ -1,7 +1,8 @@
 /* test_mass.c: the mass objective (kernels/mass.h), in double precision: the teacher's far mass
  * and its largest entries against the dense attention written out; the row sample's size
- * independent of the seed; the loss's gradient through Sinkhorn routing against central
- * differences; and a plain descent on the scores that raises the far mass top-1 groups keep. */
+ * independent of the seed; the loss's gradient (mass and pairs terms) through Sinkhorn routing
+ * against central differences; and a plain descent on the scores that raises the far mass
+ * top-1 groups keep per far pair they keep. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -101,9 +102,11 @@ static MassRows synthetic(Rng* rng, int nq) {
     return t;
 }
 
+static const MassGate GATE = {10, 0.5, 6, 3, 2}; /* lambda, b, random keys, w, sinks */
+
 static double loss_of(const real* S, const MassRows* t, real* G) {
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    return mass_loss(NULL, G, K, t, 10, 0.5, 1, NULL, NULL);
+    return mass_loss(NULL, G, K, t, &GATE, 1, NULL);
 }
 
 static void check_gradient(Rng* rng) {
@@ -114,7 +117,7 @@ static void check_gradient(Rng* rng) {
     real* dS = callocCheck((size_t)T * K, sizeof(real));
     tu_randn(S, (size_t)T * K, 0.5, rng);
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    mass_loss(dG, G, K, &t, 10, 0.5, 1, NULL, NULL);
+    mass_loss(dG, G, K, &t, &GATE, 1, NULL);
     routing_backward(dS, dG, S, G, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
     double worst = 0, scale = 0;
     for (int n = 0; n < 60; n++) {
@@ -132,23 +135,27 @@ static void check_gradient(Rng* rng) {
     CHECK(scale > 1e-6, "the sampled gradient is zero (%g): the check would prove nothing", scale);
     CHECK(worst < 1e-6 + 1e-5 * scale, "gradient through Sinkhorn off by %g (largest %g)", worst,
           scale);
-    /* descent on the scores keeps more of the far mass in top-1 groups */
-    double before, after, lb, la;
+    /* descent on the scores: more far mass per far pair in top-1 groups */
+    MassKept before, after;
+    double lb, la;
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    lb = mass_loss(NULL, G, K, &t, 10, 0.5, 1, NULL, &before);
+    lb = mass_loss(NULL, G, K, &t, &GATE, 1, &before);
     for (int it = 0; it < 200; it++) {
         memset(dG, 0, sizeof(real) * T * K);
         memset(dS, 0, sizeof(real) * T * K);
         routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-        mass_loss(dG, G, K, &t, 10, 0.5, 1, NULL, NULL);
+        mass_loss(dG, G, K, &t, &GATE, 1, NULL);
         routing_backward(dS, dG, S, G, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
         for (size_t i = 0; i < (size_t)T * K; i++) S[i] -= 20 * dS[i];
     }
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    la = mass_loss(NULL, G, K, &t, 10, 0.5, 1, NULL, &after);
+    la = mass_loss(NULL, G, K, &t, &GATE, 1, &after);
     CHECK(la < lb, "descent did not lower the loss (%g -> %g)", lb, la);
-    CHECK(after > before + 0.1, "top-1 groups keep %.3f of the far mass, %.3f before", after,
-          before);
+    const double lift0 = before.mass_top1 / fmax(before.pairs_top1, 1e-9),
+                 lift1 = after.mass_top1 / fmax(after.pairs_top1, 1e-9);
+    CHECK(lift1 > lift0 + 0.5 && after.mass_top1 > before.mass_top1,
+          "top-1 groups keep %.3f of the far mass at %.3f of the pairs, %.3f at %.3f before",
+          after.mass_top1, after.pairs_top1, before.mass_top1, before.pairs_top1);
     free(S), free(G), free(dG), free(dS);
     free(t.rows), free(t.far), free(t.idx), free(t.p);
 }

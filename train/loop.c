@@ -141,6 +141,13 @@ static double comm_seconds(const Model* m, const Comm* dp) {
     return dp->seconds + (m->tp ? m->tp->seconds : 0);
 }
 
+void train_init_router(Model* m, const RunConfig* rc) {
+    if (!rc->init_router[0]) return;
+    router_load(rc->init_router, m, NULL, NULL, model_fingerprint(m));
+    m->beta_updates = 0; /* the first update of beta takes this batch's balance as it is */
+    printf("router initialised from %s (W_g, C, beta; new AdamW moments)\n", rc->init_router);
+}
+
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device,
                   Comm* dp) {
@@ -188,8 +195,9 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         sampler.state = st.data_pos;
         if (root) truncate_metrics(metrics_path, st.step);
         printf("resumed from %s at step %ld\n", ckpt, st.step);
-    } else if (root) {
-        remove(metrics_path);
+    } else {
+        if (root) remove(metrics_path);
+        train_init_router(m, rc);
     }
     model_place(m, device);
     m->lean_acts = 1; /* only the router trains: its backward's activations are enough */

@@ -50,6 +50,10 @@ void train_pretrain(Model* m, const RunConfig* rc, const int* data, size_t n, co
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device, Comm* dp);
 
+/* A run that does not resume starts from rc->init_router when set (router_load: the same base
+ * model, shape and sinks), else from the seed's initialisation. */
+void train_init_router(Model* m, const RunConfig* rc);
+
 /* train_router for objective = mass (train/mass.c): the teacher's windows, then the router trained
  * on them layer by layer; the same files, checkpoints, resume and evaluation. */
 void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const char* out,

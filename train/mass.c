@@ -257,11 +257,104 @@ static void collect(Model* m, const RunConfig* rc, const TrainData* d, const cha
     free(ids);
 }
 
+/* What a pass over saved windows reads and writes. */
+typedef struct {
+    Model* m;
+    const Window* w;
+    const int* fds;
+    const char* out;
+    double* part; /* (nl, 3): each layer's loss, far mass and far pairs top-1 groups keep, summed
+                   * over windows */
+    MassGate gate;
+} Pass;
+
+/* Every routed layer (in parallel: each one's router, gradients and scores are its own) over the
+ * nw windows wins: scores, routing r, the loss; with backward, the router's gradients scaled by
+ * 1 / (nw layers) and every `every`-th score row into Sb (nl, nw, nb, K). */
+static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int backward, real* Sb,
+                      size_t every, size_t nb) {
+    Model* m = P->m;
+    const Window* w = P->w;
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int T = w->T, K = f->K, dg = f->dg, nl = w->nl, nq = w->nq;
+#pragma omp parallel
+    {
+        real* h = mallocCheck(sizeof(real) * (size_t)T * c->C);
+        uint16_t* hb = mallocCheck(sizeof(uint16_t) * (size_t)T * c->C);
+        real* proj = mallocCheck(sizeof(real) * (size_t)T * dg);
+        real* dproj = mallocCheck(sizeof(real) * (size_t)T * dg);
+        real* buf = mallocCheck(sizeof(real) * (size_t)T * K * 4);
+        real *S = buf, *G = buf + (size_t)T * K, *dG = G + (size_t)T * K, *dS = dG + (size_t)T * K;
+        MassRows t = {nq, w->keys, mallocCheck(sizeof(int) * nq), mallocCheck(sizeof(float) * nq),
+                      mallocCheck(sizeof(int) * (size_t)nq * w->keys),
+                      mallocCheck(sizeof(float) * (size_t)nq * w->keys)};
+        char wpath[4096];
+#pragma omp for schedule(dynamic, 1)
+        for (int s = 0; s < nl; s++) {
+            const int l = w->layers[s];
+            const size_t lC = (size_t)l * c->C;
+            const real *wg = m->router.wg + lC * dg, *cent = m->router.cent + (size_t)l * K * dg;
+            const real* beta = m->beta + (size_t)l * K;
+            double* part = P->part + 3 * s;
+            part[0] = part[1] = part[2] = 0;
+            for (int b = 0; b < nw; b++) {
+                window_path(wpath, sizeof wpath, P->out, wins[b]);
+                window_read_layer(P->fds[wins[b]], wpath, w, s, h, hb, &t);
+                router_scores_forward(proj, S, h, wg, cent, T, c->C, dg, K);
+                routing_forward(G, NULL, S, beta, r, 1, T, K, f->tau, f->iters);
+                memset(dG, 0, sizeof(real) * (size_t)T * K);
+                MassKept kp;
+                part[0] += mass_loss(backward ? dG : NULL, G, K, &t, &P->gate,
+                                     (real)(1.0 / (nw * nl)), &kp);
+                part[1] += kp.mass_top1, part[2] += kp.pairs_top1;
+                if (!backward) continue;
+                memset(dS, 0, sizeof(real) * (size_t)T * K);
+                routing_backward(dS, dG, S, G, beta, r, 1, T, K, f->tau, f->iters);
+                router_scores_backward(NULL, m->rgrads.wg + lC * dg,
+                                       m->rgrads.cent + (size_t)l * K * dg, dproj, dS, h, proj, wg,
+                                       cent, T, c->C, dg, K);
+                real* sb = Sb + ((size_t)s * nw + b) * nb * K;
+                for (size_t i = 0, q = 0; i < (size_t)T; i += every, q++)
+                    memcpy(sb + q * K, S + i * K, sizeof(real) * K);
+            }
+        }
+        free(t.rows), free(t.far), free(t.idx), free(t.p);
+        free(buf), free(dproj), free(proj), free(hb), free(h);
+    }
+}
+
+/* The far mass top-1 groups keep over every saved window and routed layer, under the training
+ * routing and under causal routing with the current beta (what evaluation and decoding use). */
+static void report_kept(const Pass* P, int nwin, const char* when) {
+    int* all = mallocCheck(sizeof(int) * nwin);
+    for (int k = 0; k < nwin; k++) all[k] = k;
+    const Routing train = P->m->fc.routing;
+    double mass[2], pairs[2];
+    for (int i = 0; i < 2; i++) {
+        mass_pass(P, all, nwin, i ? ROUTE_CAUSAL : train, 0, NULL, 1, 0);
+        mass[i] = pairs[i] = 0;
+        for (int s = 0; s < P->w->nl; s++) {
+            mass[i] += P->part[3 * s + 1] / (nwin * P->w->nl);
+            pairs[i] += P->part[3 * s + 2] / (nwin * P->w->nl);
+        }
+        if (train == ROUTE_CAUSAL) {
+            mass[1] = mass[0], pairs[1] = pairs[0];
+            break;
+        }
+    }
+    printf("%s, over the %d teacher windows: top-1 groups keep %.3f of the far mass (stored keys) "
+           "and %.3f of the far pairs in %s routing, %.3f and %.3f in causal routing\n",
+           when, nwin, mass[0], pairs[0], routing_name(train), mass[1], pairs[1]);
+    fflush(stdout);
+    free(all);
+}
+
 void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                        const char* conf_text, int resume, long stop_after) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &rc->fc;
-    const int T = rc->T, B = rc->B, K = f->K, dg = f->dg, L = c->L;
+    const int T = rc->T, B = rc->B, K = f->K, L = c->L;
     if (m->tp || m->dp)
         fatal("retrofit: objective = mass runs in one process (no MPI ranks, no --tp)");
     if (T > c->maxT) fatal("retrofit: T = %d is longer than the model's context (%d)", T, c->maxT);
@@ -311,6 +404,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         printf("resumed from %s at step %ld\n", ckpt, st.step);
     } else {
         remove(metrics_path);
+        train_init_router(m, rc);
     }
     FILE* mf = fopen(metrics_path, "a");
     if (!mf) fatal("%s: cannot open: %s", metrics_path, strerror(errno));
@@ -354,6 +448,8 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         fds[k] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[k] < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     }
+    Pass P = {m, &w, fds, out, part, {rc->mass_gate ? f->lambda : 0, f->bias, rc->mass_pairs, f->w, f->sinks}};
+    if (!st.step) report_kept(&P, rc->mass_windows, "before training");
     long ckpt_step = resume ? st.step : -1;
     const double t_train = now_seconds();
     const long first_step = st.step;
@@ -362,55 +458,11 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         const float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
         model_zero_grad(m, GRAD_ROUTER);
         for (int b = 0; b < B; b++) wins[b] = (int)(rng_u64(&rng) % (uint64_t)rc->mass_windows);
-        /* the layers in parallel: each one's router, gradients and scores are its own */
-#pragma omp parallel
-        {
-            real* h = mallocCheck(sizeof(real) * (size_t)T * c->C);
-            uint16_t* hb = mallocCheck(sizeof(uint16_t) * (size_t)T * c->C);
-            real* proj = mallocCheck(sizeof(real) * (size_t)T * dg);
-            real* dproj = mallocCheck(sizeof(real) * (size_t)T * dg);
-            real* buf = mallocCheck(sizeof(real) * (size_t)T * K * 4);
-            real *S = buf, *G = buf + (size_t)T * K, *dG = G + (size_t)T * K, *dS = dG + (size_t)T * K;
-            MassRows t = {nq, rc->mass_keys, mallocCheck(sizeof(int) * nq),
-                          mallocCheck(sizeof(float) * nq),
-                          mallocCheck(sizeof(int) * (size_t)nq * rc->mass_keys),
-                          mallocCheck(sizeof(float) * (size_t)nq * rc->mass_keys)};
-            char wpath[4096];
-#pragma omp for schedule(dynamic, 1)
-            for (int s = 0; s < nl; s++) {
-                const int l = layers[s];
-                const size_t lC = (size_t)l * c->C;
-                const real *wg = m->router.wg + lC * dg,
-                           *cent = m->router.cent + (size_t)l * K * dg;
-                const real* beta = m->beta + (size_t)l * K;
-                part[3 * s] = part[3 * s + 1] = part[3 * s + 2] = 0;
-                for (int b = 0; b < B; b++) {
-                    window_path(wpath, sizeof wpath, out, wins[b]);
-                    window_read_layer(fds[wins[b]], wpath, &w, s, h, hb, &t);
-                    router_scores_forward(proj, S, h, wg, cent, T, c->C, dg, K);
-                    routing_forward(G, NULL, S, beta, f->routing, 1, T, K, f->tau, f->iters);
-                    memset(dG, 0, sizeof(real) * (size_t)T * K);
-                    double ks, kh;
-                    part[3 * s] += mass_loss(dG, G, K, &t, f->lambda, f->bias,
-                                             (real)(1.0 / (B * nl)), &ks, &kh);
-                    part[3 * s + 1] += ks, part[3 * s + 2] += kh;
-                    memset(dS, 0, sizeof(real) * (size_t)T * K);
-                    routing_backward(dS, dG, S, G, beta, f->routing, 1, T, K, f->tau, f->iters);
-                    router_scores_backward(NULL, m->rgrads.wg + lC * dg,
-                                           m->rgrads.cent + (size_t)l * K * dg, dproj, dS, h, proj,
-                                           wg, cent, T, c->C, dg, K);
-                    real* sb = Sb + ((size_t)s * B + b) * nb * K;
-                    for (size_t i = 0, r = 0; i < (size_t)T; i += every, r++)
-                        memcpy(sb + r * K, S + i * K, sizeof(real) * K);
-                }
-            }
-            free(t.rows), free(t.far), free(t.idx), free(t.p);
-            free(buf), free(dproj), free(proj), free(hb), free(h);
-        }
-        double loss = 0, ksoft = 0, khard = 0;
+        mass_pass(&P, wins, B, f->routing, 1, Sb, every, nb);
+        double loss = 0, kmass = 0, kpairs = 0;
         for (int s = 0; s < nl; s++) {
             loss += part[3 * s] / (B * nl);
-            ksoft += part[3 * s + 1] / (B * nl), khard += part[3 * s + 2] / (B * nl);
+            kmass += part[3 * s + 1] / (B * nl), kpairs += part[3 * s + 2] / (B * nl);
         }
         if (!isfinite(loss))
             fatal("retrofit: the loss became %g at step %ld; try a lower lr", loss, step + 1);
@@ -440,14 +492,14 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         eta_text(eta, sizeof eta,
                  (now_seconds() - t_train) / (double)(st.step - first_step) * (rc->steps - st.step));
         printf(
-            "step %5ld/%d | mass %.4f | far mass kept: gate %.3f, top-1 %.3f | lr %.2e | %7.0f ms "
-            "| |g| %.3f | ETA %s\n",
-            st.step, rc->steps, loss, ksoft, khard, (double)lr, dt * 1e3, gnorm, eta);
+            "step %5ld/%d | mass %.4f | top-1 keeps %.3f of the far mass, %.3f of the far pairs | lr "
+            "%.2e | %6.0f ms | |g| %.3f | ETA %s\n",
+            st.step, rc->steps, loss, kmass, kpairs, (double)lr, dt * 1e3, gnorm, eta);
         fflush(stdout);
         fprintf(mf,
-                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"kept_gate\": %.6f, "
-                "\"kept_top1\": %.6f, \"lr\": %.9g, \"ms\": %.1f, \"grad_norm\": %.6g}\n",
-                st.step, loss, ksoft, khard, (double)lr, dt * 1e3, gnorm);
+                "{\"type\": \"train\", \"step\": %ld, \"loss\": %.9g, \"mass_top1\": %.6f, "
+                "\"pairs_top1\": %.6f, \"lr\": %.9g, \"ms\": %.1f, \"grad_norm\": %.6g}\n",
+                st.step, loss, kmass, kpairs, (double)lr, dt * 1e3, gnorm);
         if (fflush(mf) || ferror(mf)) fatal("%s: write failed", metrics_path);
         const int last = st.step == rc->steps || st.step == stop_after;
         if (st.step % rc->ckpt_every == 0 || last) {
@@ -468,6 +520,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             break;
         }
     }
+    if (st.step == rc->steps) report_kept(&P, rc->mass_windows, "after training");
     for (int k = 0; k < rc->mass_windows; k++) close(fds[k]);
     if (st.step == rc->steps && evaluate) {
         PplResult dn = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, f->topk, ROUTE_CAUSAL);

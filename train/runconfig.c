@@ -49,12 +49,18 @@
     X(train, objective, OBJECTIVE, objective, "lm", 0, 0, 0,                                     \
       "lm | kl | attn | kl+attn (METHOD.md 9) | mass (docs/OBJECTIVE.md)")                       \
     X(train, attn_weight, FLOAT, attn_weight, "1", 0, 1e6, 0, "weight of the attn term")         \
+    X(train, init_router, STR, init_router, "", 0, 0, 0,                                         \
+      "start from this router.h5 (its W_g, C, beta; same shape): domain adaptation")             \
     X(train, mass_windows, INT, mass_windows, "16", 1, 1e6, 0,                                   \
       "mass: windows of T tokens whose dense attention is the teacher")                          \
     X(train, mass_every, INT, mass_every, "4", 1, 1e6, 0,                                        \
       "mass: one query tile of 64 rows in this many is a teacher query")                         \
     X(train, mass_keys, INT, mass_keys, "64", 1, 65536, 0,                                       \
       "mass: the far keys of most dense mass kept per teacher query")                            \
+    X(train, mass_gate, INT, mass_gate, "1", 0, 1, 0,                                            \
+      "mass: 1 scores pairs by the soft gate (lambda, b), 0 by the affinity G_i . G_j itself")   \
+    X(train, mass_pairs, INT, mass_pairs, "32", 0, 65536, 0,                                     \
+      "mass: random far keys per query that measure the pairs kept (0: mass term only)")         \
     X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")     \
     X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                        \
     X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0,                               \

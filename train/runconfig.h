@@ -24,7 +24,8 @@ typedef struct {
     char objective[16];
     float attn_weight; /* weight of the attn term in kl+attn */
     /* the mass objective (train/mass.c): windows collected, query sampling, keys per query */
-    int mass_windows, mass_every, mass_keys;
+    int mass_windows, mass_every, mass_keys, mass_pairs, mass_gate;
+    char init_router[1024]; /* a router.h5 to start from (empty: the seed's initialisation) */
     /* focus finetune (the baselines): lora or full, and the adapters' shape */
     char method[16];
     int lora_rank;
