@@ -344,8 +344,10 @@ static void report_kept(const Pass* P, int nwin, const char* when) {
         }
     }
     printf("%s, over the %d teacher windows: top-1 groups keep %.3f of the far mass (stored keys) "
-           "and %.3f of the far pairs in %s routing, %.3f and %.3f in causal routing\n",
-           when, nwin, mass[0], pairs[0], routing_name(train), mass[1], pairs[1]);
+           "and %.3f of the far pairs in %s routing",
+           when, nwin, mass[0], pairs[0], routing_name(train));
+    if (train != ROUTE_CAUSAL) printf(", %.3f and %.3f in causal routing", mass[1], pairs[1]);
+    printf("\n");
     fflush(stdout);
     free(all);
 }
@@ -541,13 +543,16 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
                "config.conf, teacher/)\n",
                now_seconds() - t_start, out);
         const double data = (double)(d->ntrain + d->neval) * sizeof(int);
-        printf("memory: peak %.0f MiB above the program's own; the plan %.0f MiB and the tokens "
-               "%.0f MiB\n",
-               peak_rss_growth_mib(),
-               model_memory_plan_mass(c, f, T, nl, nq, rc->mass_keys, omp_get_max_threads(),
-                                      m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32)
-                       .total /
-                   1048576.0,
+        const WeightStore ws = m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32;
+        const double plan =
+            model_memory_plan_mass(c, f, T, nl, nq, rc->mass_keys, omp_get_max_threads(), ws)
+                .total;
+        /* the perplexities before and after run the head: their logits, a window at a time */
+        const double logits =
+            evaluate ? (double)model_memory_plan(c, f, 1, T, 0, 0, ws).logits : 0.0;
+        printf("memory: peak %.0f MiB above the program's own; the plan %.0f MiB (%.0f MiB of it "
+               "the evaluation's logits) and the tokens %.0f MiB\n",
+               peak_rss_growth_mib(), (plan + logits) / 1048576.0, logits / 1048576.0,
                data / 1048576.0);
     }
     fclose(mf);
