@@ -47,16 +47,16 @@ p0=$(echo "$r0" | field perplexity); k0=$(echo "$r0" | field "pairs kept")
 p1=$(echo "$r1" | field perplexity); k1=$(echo "$r1" | field "pairs kept")
 w=$(match_w "$k1" $ctx 4)
 n=$(match_blocks "$k1" $ctx 256 4)
-wp=$("${ev[@]}" --attn window --set w="$w" --set sinks=4 2>/dev/null | field perplexity)
-qp=$("${ev[@]}" --attn blocks --set w=256 --set blocks="$n" --set sinks=4 2>/dev/null | field perplexity)
-xp=$("${ev[@]}" --attn random --topk 1 --set w=256 --set sinks=4 2>/dev/null | field perplexity)
+rw=$("${ev[@]}" --attn window --set w="$w" --set sinks=4 2>/dev/null)
+rq=$("${ev[@]}" --attn blocks --set w=256 --set blocks="$n" --set sinks=4 2>/dev/null)
+rx=$("${ev[@]}" --attn random --topk 1 --set w=256 --set sinks=4 2>/dev/null)
 echo "dense attention: $dense"
 printf '| method (4 sinks) | pairs kept | perplexity |\n|---|---|---|\n'
 printf '| router adapted to this text (k = 1, w = 256) | %s | %s |\n' "$k1" "$p1"
 printf '| the shipped router before adapting (k = 1, w = 256) | %s | %s |\n' "$k0" "$p0"
-printf '| random groups (k = 1, w = 256, no training) | about %s | %s |\n' "$k1" "$xp"
-printf '| sliding window (w = %s, no training) | about %s | %s |\n' "$w" "$k1" "$wp"
-printf '| Quest blocks (%s blocks of 64 beyond w = 256, no training) | about %s | %s |\n' "$n" "$k1" "$qp"
+printf '| random groups (k = 1, w = 256, no training) | %s | %s |\n' "$(echo "$rx" | field "pairs kept")" "$(echo "$rx" | field perplexity)"
+printf '| sliding window (w = %s, no training) | %s | %s |\n' "$w" "$(echo "$rw" | field "pairs kept")" "$(echo "$rw" | field perplexity)"
+printf '| Quest blocks (%s blocks of 64 beyond w = 256, no training) | %s | %s |\n' "$n" "$(echo "$rq" | field "pairs kept")" "$(echo "$rq" | field perplexity)"
 step "5/6 passkey at $ctx tokens: a 5-digit number hidden at three depths, beyond the window but at the last"
 ./build/focus eval passkey --model "$model" --router "$run/router.h5" --modes dense,window:"$w",hard:1 \
     --set sinks=4 --lengths $ctx --depths 0.25,0.5,0.75 --trials 1 2>/dev/null | grep "retrieved ("
