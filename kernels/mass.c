@@ -30,6 +30,20 @@ int mass_sample_rows(int* rows, int T, int w, int sinks, int every, uint64_t see
     return nr;
 }
 
+/* Put (v, vi) at the root of the min-heap p / idx of n entries and sift it down. */
+static void sift_down(float* p, int* idx, int n, float v, int vi) {
+    int c = 0;
+    for (;;) {
+        int s = 2 * c + 1;
+        if (s >= n) break;
+        if (s + 1 < n && p[s + 1] < p[s]) s++;
+        if (p[s] >= v) break;
+        p[c] = p[s], idx[c] = idx[s];
+        c = s;
+    }
+    p[c] = v, idx[c] = vi;
+}
+
 /* Keep the m largest of the far masses a[sinks .. far) (indices into a) in idx / p, largest
  * first: a min-heap of the m best so far, then sorted. */
 static void top_entries(int* idx, float* p, const real* a, int sinks, int far, int m) {
@@ -43,35 +57,15 @@ static void top_entries(int* idx, float* p, const real* a, int sinks, int far, i
                 c = (c - 1) / 2;
             }
             p[c] = v, idx[c] = j;
-        } else if (v > p[0]) { /* replace the smallest, sift down */
-            int c = 0;
-            for (;;) {
-                int s = 2 * c + 1;
-                if (s >= n) break;
-                if (s + 1 < n && p[s + 1] < p[s]) s++;
-                if (p[s] >= v) break;
-                p[c] = p[s], idx[c] = idx[s];
-                c = s;
-            }
-            p[c] = v, idx[c] = j;
+        } else if (v > p[0]) {
+            sift_down(p, idx, n, v, j); /* in place of the smallest */
         }
     }
-    /* heap order to largest first: repeatedly move the smallest to the end */
+    /* heap order to largest first: the smallest moves to the end, the last entry to the root */
     for (int e = n - 1; e > 0; e--) {
-        float tv = p[0];
-        int ti = idx[0];
-        const float v = p[e];
-        const int vi = idx[e];
-        int c = 0;
-        for (;;) {
-            int s = 2 * c + 1;
-            if (s >= e) break;
-            if (s + 1 < e && p[s + 1] < p[s]) s++;
-            if (p[s] >= v) break;
-            p[c] = p[s], idx[c] = idx[s];
-            c = s;
-        }
-        p[c] = v, idx[c] = vi;
+        const float tv = p[0];
+        const int ti = idx[0];
+        sift_down(p, idx, e, p[e], idx[e]);
         p[e] = tv, idx[e] = ti;
     }
     for (int e = n; e < m; e++) p[e] = 0, idx[e] = -1;
