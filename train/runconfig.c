@@ -57,7 +57,7 @@
       "mass: one query tile of 64 rows in this many is a teacher query")                         \
     X(train, mass_keys, INT, mass_keys, "64", 1, 65536, 0,                                       \
       "mass: the far keys of most dense mass kept per teacher query")                            \
-    X(train, mass_gate, INT, mass_gate, "1", 0, 1, 0,                                            \
+    X(train, mass_gate, INT, mass_gate, "0", 0, 1, 0,                                            \
       "mass: 1 scores pairs by the soft gate (lambda, b), 0 by the affinity G_i . G_j itself")   \
     X(train, mass_pairs, INT, mass_pairs, "32", 0, 65536, 0,                                     \
       "mass: random far keys per query that measure the pairs kept (0: mass term only)")         \
