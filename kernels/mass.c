@@ -161,8 +161,8 @@ static void affinity_backward(real* dgi, real* dgj, const real* gi, const real* 
     }
 }
 
-double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg,
-                 real scale, MassKept* kept_out) {
+double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg, real scale,
+                 MassKept* kept_out) {
     /* eps: a query whose stored keys all sit in other groups costs at most -log(eps), so a few
      * queries the groups cannot serve do not outweigh the rest; and a query alone in its group
      * gains at most log(1 / eps) from the pairs term */

@@ -24,10 +24,10 @@
 /* The query rows a teacher keeps, nq of them, each with m entries. */
 typedef struct {
     int nq, m;
-    int* rows;   /* (nq) query positions */
-    float* far;  /* (nq) M_i: the query's far mass, heads averaged */
-    int* idx;    /* (nq, m) key positions, -1 where the row has fewer far keys */
-    float* p;    /* (nq, m) their mass, heads averaged, largest first */
+    int* rows;  /* (nq) query positions */
+    float* far; /* (nq) M_i: the query's far mass, heads averaged */
+    int* idx;   /* (nq, m) key positions, -1 where the row has fewer far keys */
+    float* p;   /* (nq, m) their mass, heads averaged, largest first */
 } MassRows;
 
 /* The query rows of a T-token sequence that the teacher samples: of the whole tiles of 64 rows
@@ -58,7 +58,7 @@ typedef struct {
 /* The objective of one sequence's routing G (T, K) against t (see the file header), scaled by
  * `scale`; dG (T, K) += scale * dloss / dG unless NULL; kept (unless NULL) what it keeps.
  * Returns the loss (before scaling). */
-double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg,
-                 real scale, MassKept* kept);
+double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg, real scale,
+                 MassKept* kept);
 
 #endif

@@ -255,7 +255,10 @@ int setting_parse(const Setting* s, void* base, const char* v) {
         case SETTING_OBJECTIVE:
             if (strlen(v) >= s->size || strlen(v) > SETTING_TEXT_MAX || !text_value_ok(v))
                 return -2;
-            if (s->type == SETTING_OBJECTIVE && word_index(v, objective_names, 5) < 0) return -2;
+            if (s->type == SETTING_OBJECTIVE &&
+                word_index(v, objective_names,
+                           (int)(sizeof objective_names / sizeof *objective_names)) < 0)
+                return -2;
             strcpy(field, v);
             return 0;
         case SETTING_ARCH:

@@ -908,7 +908,8 @@ static void balanced_beta(Model* m, real* targets) {
             routing_shares(col + (size_t)l * (K + 1), m->acts.rS + (size_t)l * BT * K, first, BT,
                            step, K, f->tau, b + (size_t)l * K);
         if (ranks > 1) comm_allreduce_sum(m->dp, col, (size_t)L * (K + 1), COMM_F64);
-        for (int l = 0; l < L; l++) routing_beta_step(b + (size_t)l * K, col + (size_t)l * (K + 1), K);
+        for (int l = 0; l < L; l++)
+            routing_beta_step(b + (size_t)l * K, col + (size_t)l * (K + 1), K);
     }
     for (int i = 0; i < L * K; i++) targets[i] = (real)b[i];
     free(b);

@@ -52,8 +52,12 @@ static void check_teacher(Rng* rng) {
         int other[T];
         CHECK(mass_sample_rows(other, T, WIN, SINKS, 2, seed) == nq, "row count depends on seed");
     }
-    MassRows t = {nq, KEYS, rows, mallocCheck(sizeof(float) * nq),
-                  mallocCheck(sizeof(int) * nq * KEYS), mallocCheck(sizeof(float) * nq * KEYS)};
+    MassRows t = {nq,
+                  KEYS,
+                  rows,
+                  mallocCheck(sizeof(float) * nq),
+                  mallocCheck(sizeof(int) * nq * KEYS),
+                  mallocCheck(sizeof(float) * nq * KEYS)};
     mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS);
     double worst_far = 0, worst_p = 0;
     int order_ok = 1;
@@ -86,8 +90,12 @@ static void check_teacher(Rng* rng) {
 
 /* A synthetic teacher: rows with random far keys and masses. */
 static MassRows synthetic(Rng* rng, int nq) {
-    MassRows t = {nq, KEYS, mallocCheck(sizeof(int) * nq), mallocCheck(sizeof(float) * nq),
-                  mallocCheck(sizeof(int) * nq * KEYS), mallocCheck(sizeof(float) * nq * KEYS)};
+    MassRows t = {nq,
+                  KEYS,
+                  mallocCheck(sizeof(int) * nq),
+                  mallocCheck(sizeof(float) * nq),
+                  mallocCheck(sizeof(int) * nq * KEYS),
+                  mallocCheck(sizeof(float) * nq * KEYS)};
     for (int r = 0; r < nq; r++) {
         t.rows[r] = T - 1 - r * 2;
         t.far[r] = (float)(0.2 + 0.7 * rng_uniform(rng));

@@ -53,10 +53,12 @@ static void plan_mass(const char* preset, const ModelConfig* cfg, const FocusCon
     int* rows = mallocCheck(sizeof(int) * T);
     const int nq = mass_sample_rows(rows, T, fc->w, fc->sinks, 4, 0);
     free(rows);
-    MemoryPlan p = model_memory_plan_mass(cfg, fc, T, layers, nq, 64, omp_get_max_threads(), wbytes);
-    printf("memory plan: %s, router training with the mass objective, T=%d, %d routed layers, %d "
-           "teacher queries, %s weights, %d threads\n",
-           preset, T, layers, nq, weights, omp_get_max_threads());
+    MemoryPlan p =
+        model_memory_plan_mass(cfg, fc, T, layers, nq, 64, omp_get_max_threads(), wbytes);
+    printf(
+        "memory plan: %s, router training with the mass objective, T=%d, %d routed layers, %d "
+        "teacher queries, %s weights, %d threads\n",
+        preset, T, layers, nq, weights, omp_get_max_threads());
     printf("  %-42s %10.3f GB\n", "frozen weights", gb(p.weights));
     printf("  %-42s %10.3f GB\n", "one layer's activations (no head)", gb(p.activations));
     printf("  %-42s %10.3f GB\n", "router, gradients, AdamW moments", gb(p.router));
@@ -101,7 +103,8 @@ int cmd_plan(int argc, char** argv) {
         fatal("plan: --weights must be fp32, bf16 or bf16-proj, got '%s'", weights);
     if (mass) {
         if (ranks || gpus || tp > 1 || B != 1 || mem > 0)
-            fatal("plan: --objective mass runs in one process: no --ranks, --gpus, --tp, --B, --mem");
+            fatal(
+                "plan: --objective mass runs in one process: no --ranks, --gpus, --tp, --B, --mem");
         plan_mass(preset, &cfg, &fc, T, wbytes, weights);
         return 0;
     }

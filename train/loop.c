@@ -161,8 +161,9 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             ranks, device);
     if (!strcmp(rc->objective, "mass")) {
         if (ranks > 1 || strcmp(device, "cpu"))
-            fatal("retrofit: objective = mass runs on the CPU in one process (%d ranks, --device %s)",
-                  ranks, device);
+            fatal(
+                "retrofit: objective = mass runs on the CPU in one process (%d ranks, --device %s)",
+                ranks, device);
         train_router_mass(m, rc, d, out, conf_text, resume, stop_after);
         return;
     }

@@ -115,9 +115,10 @@ static void window_path(char* path, size_t n, const char* out, int k) {
 
 static void window_write(const char* path, const Window* w, uint64_t fingerprint, uint64_t offset,
                          const FocusConfig* f) {
-    MassHeader hd = {MASS_MAGIC,  MASS_VERSION,    (uint32_t)w->T,    (uint32_t)w->C,
-                     (uint32_t)w->nl, (uint32_t)w->nq, (uint32_t)w->keys, (uint32_t)f->w,
-                     (uint32_t)f->sinks, fingerprint,  offset};
+    MassHeader hd = {MASS_MAGIC,        MASS_VERSION,    (uint32_t)w->T,
+                     (uint32_t)w->C,    (uint32_t)w->nl, (uint32_t)w->nq,
+                     (uint32_t)w->keys, (uint32_t)f->w,  (uint32_t)f->sinks,
+                     fingerprint,       offset};
     const int np = 2 + 5 * w->nl;
     const void** parts = mallocCheck(sizeof(void*) * np);
     size_t* sizes = mallocCheck(sizeof(size_t) * np);
@@ -127,8 +128,8 @@ static void window_write(const char* path, const Window* w, uint64_t fingerprint
         const MassRows* t = &w->t[s];
         const size_t nk = (size_t)w->nq * w->keys;
         const void* ps[5] = {w->h + (size_t)s * w->T * w->C, t->rows, t->far, t->idx, t->p};
-        const size_t sz[5] = {(size_t)w->T * w->C * 2, sizeof(int) * w->nq,
-                              sizeof(float) * w->nq, sizeof(int) * nk, sizeof(float) * nk};
+        const size_t sz[5] = {(size_t)w->T * w->C * 2, sizeof(int) * w->nq, sizeof(float) * w->nq,
+                              sizeof(int) * nk, sizeof(float) * nk};
         for (int i = 0; i < 5; i++) parts[2 + 5 * s + i] = ps[i], sizes[2 + 5 * s + i] = sz[i];
     }
     write_file_atomic(path, parts, sizes, np);
@@ -202,8 +203,8 @@ static void eta_text(char* buf, size_t n, double seconds) {
 }
 
 /* Phase 1: every teacher window not on disk yet. */
-static void collect(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
-                    Window* w, const uint64_t* offs, uint64_t fp) {
+static void collect(Model* m, const RunConfig* rc, const TrainData* d, const char* out, Window* w,
+                    const uint64_t* offs, uint64_t fp) {
     const int T = rc->T, nwin = rc->mass_windows;
     char path[4096];
     int missing = 0;
@@ -266,7 +267,46 @@ typedef struct {
     double* part; /* (nl, 3): each layer's loss, far mass and far pairs top-1 groups keep, summed
                    * over windows */
     MassGate gate;
+    struct Scratch* scratch; /* one per OpenMP thread, allocated once for the run */
 } Pass;
+
+/* A thread's buffers for one layer of one window: h in fp32 and bf16, the router's projection
+ * and its gradient, S, G, dG, dS (T, K) each, the teacher's rows. */
+typedef struct Scratch {
+    real *h, *proj, *dproj, *S, *G, *dG, *dS;
+    uint16_t* hb;
+    MassRows t;
+} Scratch;
+
+static Scratch* scratch_alloc(const Window* w, int K, int dg, int n) {
+    Scratch* all = mallocCheck(sizeof(Scratch) * n);
+    const size_t T = (size_t)w->T, nk = (size_t)w->nq * w->keys;
+    for (int i = 0; i < n; i++) {
+        Scratch* x = &all[i];
+        x->h = mallocCheck(sizeof(real) * T * w->C);
+        x->hb = mallocCheck(sizeof(uint16_t) * T * w->C);
+        x->proj = mallocCheck(sizeof(real) * T * dg);
+        x->dproj = mallocCheck(sizeof(real) * T * dg);
+        x->S = mallocCheck(sizeof(real) * T * K * 4);
+        x->G = x->S + T * K, x->dG = x->G + T * K, x->dS = x->dG + T * K;
+        x->t = (MassRows){w->nq,
+                          w->keys,
+                          mallocCheck(sizeof(int) * w->nq),
+                          mallocCheck(sizeof(float) * w->nq),
+                          mallocCheck(sizeof(int) * nk),
+                          mallocCheck(sizeof(float) * nk)};
+    }
+    return all;
+}
+
+static void scratch_free(Scratch* all, int n) {
+    for (int i = 0; i < n; i++) {
+        Scratch* x = &all[i];
+        free(x->t.rows), free(x->t.far), free(x->t.idx), free(x->t.p);
+        free(x->S), free(x->dproj), free(x->proj), free(x->hb), free(x->h);
+    }
+    free(all);
+}
 
 /* Every routed layer (in parallel: each one's router, gradients and scores are its own) over the
  * nw windows wins: scores, routing r, the loss; with backward, the router's gradients scaled by
@@ -277,18 +317,11 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
     const Window* w = P->w;
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
-    const int T = w->T, K = f->K, dg = f->dg, nl = w->nl, nq = w->nq;
+    const int T = w->T, K = f->K, dg = f->dg, nl = w->nl;
 #pragma omp parallel
     {
-        real* h = mallocCheck(sizeof(real) * (size_t)T * c->C);
-        uint16_t* hb = mallocCheck(sizeof(uint16_t) * (size_t)T * c->C);
-        real* proj = mallocCheck(sizeof(real) * (size_t)T * dg);
-        real* dproj = mallocCheck(sizeof(real) * (size_t)T * dg);
-        real* buf = mallocCheck(sizeof(real) * (size_t)T * K * 4);
-        real *S = buf, *G = buf + (size_t)T * K, *dG = G + (size_t)T * K, *dS = dG + (size_t)T * K;
-        MassRows t = {nq, w->keys, mallocCheck(sizeof(int) * nq), mallocCheck(sizeof(float) * nq),
-                      mallocCheck(sizeof(int) * (size_t)nq * w->keys),
-                      mallocCheck(sizeof(float) * (size_t)nq * w->keys)};
+        Scratch* x = &P->scratch[omp_get_thread_num()];
+        real *h = x->h, *S = x->S, *G = x->G, *dG = x->dG, *dS = x->dS;
         char wpath[4096];
 #pragma omp for schedule(dynamic, 1)
         for (int s = 0; s < nl; s++) {
@@ -300,27 +333,25 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
             part[0] = part[1] = part[2] = 0;
             for (int b = 0; b < nw; b++) {
                 window_path(wpath, sizeof wpath, P->out, wins[b]);
-                window_read_layer(P->fds[wins[b]], wpath, w, s, h, hb, &t);
-                router_scores_forward(proj, S, h, wg, cent, T, c->C, dg, K);
+                window_read_layer(P->fds[wins[b]], wpath, w, s, h, x->hb, &x->t);
+                router_scores_forward(x->proj, S, h, wg, cent, T, c->C, dg, K);
                 routing_forward(G, NULL, S, beta, r, 1, T, K, f->tau, f->iters);
                 memset(dG, 0, sizeof(real) * (size_t)T * K);
                 MassKept kp;
-                part[0] += mass_loss(backward ? dG : NULL, G, K, &t, &P->gate,
+                part[0] += mass_loss(backward ? dG : NULL, G, K, &x->t, &P->gate,
                                      (real)(1.0 / (nw * nl)), &kp);
                 part[1] += kp.mass_top1, part[2] += kp.pairs_top1;
                 if (!backward) continue;
                 memset(dS, 0, sizeof(real) * (size_t)T * K);
                 routing_backward(dS, dG, S, G, beta, r, 1, T, K, f->tau, f->iters);
                 router_scores_backward(NULL, m->rgrads.wg + lC * dg,
-                                       m->rgrads.cent + (size_t)l * K * dg, dproj, dS, h, proj, wg,
-                                       cent, T, c->C, dg, K);
+                                       m->rgrads.cent + (size_t)l * K * dg, x->dproj, dS, h,
+                                       x->proj, wg, cent, T, c->C, dg, K);
                 real* sb = Sb + ((size_t)s * nw + b) * nb * K;
                 for (size_t i = 0, q = 0; i < (size_t)T; i += every, q++)
                     memcpy(sb + q * K, S + i * K, sizeof(real) * K);
             }
         }
-        free(t.rows), free(t.far), free(t.idx), free(t.p);
-        free(buf), free(dproj), free(proj), free(hb), free(h);
     }
 }
 
@@ -343,9 +374,10 @@ static void report_kept(const Pass* P, int nwin, const char* when) {
             break;
         }
     }
-    printf("%s, over the %d teacher windows: top-1 groups keep %.3f of the far mass (stored keys) "
-           "and %.3f of the far pairs in %s routing",
-           when, nwin, mass[0], pairs[0], routing_name(train));
+    printf(
+        "%s, over the %d teacher windows: top-1 groups keep %.3f of the far mass (stored keys) "
+        "and %.3f of the far pairs in %s routing",
+        when, nwin, mass[0], pairs[0], routing_name(train));
     if (train != ROUTE_CAUSAL) printf(", %.3f and %.3f in causal routing", mass[1], pairs[1]);
     printf("\n");
     fflush(stdout);
@@ -421,9 +453,10 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         PplResult dn = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, f->topk, ROUTE_CAUSAL);
         PplResult h0 = eval_mode(m, d->val, d->neval, T, ATTN_HARD, f->topk, ROUTE_CAUSAL);
         ppl_dense = exp(dn.nll / dn.count), ppl_hard0 = exp(h0.nll / h0.count), kept0 = h0.kept;
-        printf("before training (causal routing, %zu tokens): dense %.3f | hard k=%s %.3f (%.3f of "
-               "the pairs)\n",
-               dn.count, ppl_dense, tk, ppl_hard0, kept0);
+        printf(
+            "before training (causal routing, %zu tokens): dense %.3f | hard k=%s %.3f (%.3f of "
+            "the pairs)\n",
+            dn.count, ppl_dense, tk, ppl_hard0, kept0);
         fprintf(mf,
                 "{\"type\": \"eval\", \"step\": 0, \"ppl_dense\": %.6f, \"ppl_hard\": %.6f, "
                 "\"pairs_kept\": %.6f}\n",
@@ -450,7 +483,14 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         fds[k] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[k] < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     }
-    Pass P = {m, &w, fds, out, part, {rc->mass_gate ? f->lambda : 0, f->bias, rc->mass_pairs, f->w, f->sinks}};
+    const int nthreads = omp_get_max_threads();
+    Pass P = {m,
+              &w,
+              fds,
+              out,
+              part,
+              {rc->mass_gate ? f->lambda : 0, f->bias, rc->mass_pairs, f->w, f->sinks},
+              scratch_alloc(&w, K, f->dg, nthreads)};
     if (!st.step) report_kept(&P, rc->mass_windows, "before training");
     long ckpt_step = resume ? st.step : -1;
     const double t_train = now_seconds();
@@ -476,8 +516,8 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
                 double* bl = bb + K + 1;
                 for (int k = 0; k < K; k++) bl[k] = beta[k];
                 for (int it = 0; it < 8; it++) {
-                    routing_shares(bb, Sb + (size_t)s * B * nb * K, 0, (size_t)B * nb, 1, K,
-                                   f->tau, bl);
+                    routing_shares(bb, Sb + (size_t)s * B * nb * K, 0, (size_t)B * nb, 1, K, f->tau,
+                                   bl);
                     routing_beta_step(bl, bb, K);
                 }
                 for (int k = 0; k < K; k++) beta[k] = mom * beta[k] + (1 - mom) * (real)bl[k];
@@ -491,10 +531,12 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         const double dt = now_seconds() - t0;
         st.step = step + 1;
         char eta[32];
-        eta_text(eta, sizeof eta,
-                 (now_seconds() - t_train) / (double)(st.step - first_step) * (rc->steps - st.step));
+        eta_text(
+            eta, sizeof eta,
+            (now_seconds() - t_train) / (double)(st.step - first_step) * (rc->steps - st.step));
         printf(
-            "step %5ld/%d | mass %.4f | top-1 keeps %.3f of the far mass, %.3f of the far pairs | lr "
+            "step %5ld/%d | mass %.4f | top-1 keeps %.3f of the far mass, %.3f of the far pairs | "
+            "lr "
             "%.2e | %6.0f ms | |g| %.3f | ETA %s\n",
             st.step, rc->steps, loss, kmass, kpairs, (double)lr, dt * 1e3, gnorm, eta);
         fflush(stdout);
@@ -510,9 +552,10 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             st.beta_updates = m->beta_updates;
             st.rng_state = rng.state;
             if (!router_state_finite(m, &opt))
-                fatal("retrofit: the router holds NaN or inf after step %ld; the checkpoint of "
-                      "step %ld is intact; try a lower lr",
-                      st.step, ckpt_step);
+                fatal(
+                    "retrofit: the router holds NaN or inf after step %ld; the checkpoint of "
+                    "step %ld is intact; try a lower lr",
+                    st.step, ckpt_step);
             router_save(ckpt, m, &opt, &st, conf_text);
             ckpt_step = st.step;
         }
@@ -539,23 +582,25 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
                 st.step, exp(dn.nll / dn.count), exp(h1.nll / h1.count), h1.kept);
     }
     if (st.step == rc->steps) {
-        printf("router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
-               "config.conf, teacher/)\n",
-               now_seconds() - t_start, out);
+        printf(
+            "router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
+            "config.conf, teacher/)\n",
+            now_seconds() - t_start, out);
         const double data = (double)(d->ntrain + d->neval) * sizeof(int);
         const WeightStore ws = m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32;
         const double plan =
-            model_memory_plan_mass(c, f, T, nl, nq, rc->mass_keys, omp_get_max_threads(), ws)
-                .total;
+            model_memory_plan_mass(c, f, T, nl, nq, rc->mass_keys, omp_get_max_threads(), ws).total;
         /* the perplexities before and after run the head: their logits, a window at a time */
         const double logits =
             evaluate ? (double)model_memory_plan(c, f, 1, T, 0, 0, ws).logits : 0.0;
-        printf("memory: peak %.0f MiB above the program's own; the plan %.0f MiB (%.0f MiB of it "
-               "the evaluation's logits) and the tokens %.0f MiB\n",
-               peak_rss_growth_mib(), (plan + logits) / 1048576.0, logits / 1048576.0,
-               data / 1048576.0);
+        printf(
+            "memory: peak %.0f MiB above the program's own; the plan %.0f MiB (%.0f MiB of it "
+            "the evaluation's logits) and the tokens %.0f MiB\n",
+            peak_rss_growth_mib(), (plan + logits) / 1048576.0, logits / 1048576.0,
+            data / 1048576.0);
     }
     fclose(mf);
+    scratch_free(P.scratch, nthreads);
     free(fds), free(bb), free(Sb), free(part), free(wins), free(offs);
     window_free(&w);
     free(layers), free(slot);
