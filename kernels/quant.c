@@ -937,6 +937,14 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_put_avx2(uint16_t* dst,
     for (; i < n; i++) dst[i] = f32_to_f16(src[i], 1);
 }
 
+__attribute__((target("avx2,fma,f16c"))) static void f16_get_avx2(float* dst, const uint16_t* src,
+                                                                  int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(src + i))));
+    for (; i < n; i++) dst[i] = f16_to_f32(src[i]);
+}
+
 __attribute__((target("avx2,fma,f16c"))) static float f16_dot_avx2(const float* q,
                                                                    const uint16_t* k, int n) {
     __m256 acc = _mm256_setzero_ps();
@@ -969,6 +977,16 @@ void f16_row_put(uint16_t* dst, const float* src, int n) {
     }
 #endif
     for (int i = 0; i < n; i++) dst[i] = f32_to_f16(src[i], 1);
+}
+
+void f16_row_get(float* dst, const uint16_t* src, int n) {
+#if defined(__x86_64__)
+    if (has_avx2()) {
+        f16_get_avx2(dst, src, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) dst[i] = f16_to_f32(src[i]);
 }
 
 float f16_row_dot(const float* q, const uint16_t* k, int n) {
@@ -1275,6 +1293,10 @@ static PanelTile panel_tile_at(int level) {
 
 int qmatmul_int8_available(void) { return panel_tile_at(quant_isa()) != NULL; }
 
+int qmatmul_rows_alike(const QMatrix* w, int exact) {
+    return int8_panel_format(w->type) && qmatmul_int8_available() && !exact;
+}
+
 static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int n,
                         const float* bias, int vector) {
     const int nb = w->cols / 32;
@@ -1322,10 +1344,8 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
 
 void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
              int exact) {
-    if (n < 8 && !exact) { /* a few rows: the integer products of single rows */
-        qmatvec_rows(y, ldy, w, x, n, bias);
-        return;
-    }
+    /* (the same path for any n, a single row included: a row's products do not depend on the
+     * rows beside it, so a prompt fed in any chunks gives the same bits) */
     if (int8_panel_format(w->type) && qmatmul_int8_available() && !exact) {
         matmul_int8(y, ldy, w, x, n, bias, 1);
         return;

@@ -78,13 +78,15 @@ void qmatvec_ref(float* y, const QMatrix* w, const float* x, const float* bias);
 void qmatvec_rows(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias);
 
 /* y (n, ldy: columns 0 .. rows - 1 written) = X W^T + bias for the n rows of x (n, cols): the
- * batched product of a prompt. Fewer than 8 rows take qmatvec_rows; more take int8 products
+ * batched product of a prompt: int8 products
  * (activations quantised per block as in qmatvec) at the levels avx2 and above for the formats
  * with one scale per 32 weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K), and otherwise, or when
  * `exact`, the BLAS on panels of W expanded to fp32 (a few MB, never the whole matrix): the
  * product to fp32 round-off, at about 0.7 times the int8 path's speed (docs/RESULTS.md). */
 void qmatmul(float* y, int ldy, const QMatrix* w, const float* x, int n, const float* bias,
              int exact);
+/* 1 when qmatmul of w runs the integer path, whose rows do not depend on n (the BLAS's can). */
+int qmatmul_rows_alike(const QMatrix* w, int exact);
 /* 1 when qmatmul's integer path runs at the level in use (avx2 and above). */
 int qmatmul_int8_available(void);
 /* qmatmul's integer path in portable scalar code (its reference, on any CPU). */
@@ -92,9 +94,10 @@ void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n
                       const float* bias);
 
 /* Rows of IEEE half-precision values (the KV cache): dst := src rounded to nearest, saturating
- * at +-65504; the dot product of q with n halves; o += p times n halves. F16C where the CPU has
+ * at +-65504; dst := n halves as floats; the dot product of q with n halves; o += p times n halves. F16C where the CPU has
  * AVX2, portable conversions elsewhere. */
 void f16_row_put(uint16_t* dst, const float* src, int n);
+void f16_row_get(float* dst, const uint16_t* src, int n); /* exact: every half is a float */
 float f16_row_dot(const float* q, const uint16_t* k, int n);
 void f16_row_axpy(float* o, float p, const uint16_t* v, int n);
 /* The nq query heads that share one KV head, over the half rows keys[t0 .. t1) (row j at

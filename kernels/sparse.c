@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "cpu.h"
+#include "quant.h"
 
 #define BQ 64
 #define BK 256
@@ -115,6 +116,111 @@ static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* gm,
         }
         free(S);
         free(acc);
+    }
+}
+
+/* A row of a BLAS product can get other bits in a product of another row count (OpenBLAS picks
+ * other kernels for small ones: measured), never in one of the same count: every product of the
+ * cached rows has BQ rows, zeros below a short block's. */
+
+/* rows [j0, j0 + BK) of head g of a cache (half or real rows of kvw values) into t (BK, hs):
+ * the rows from `have` on (not cached yet) are zeros */
+static void cached_tile(real* t, const void* src, int half, int kvw, int g, int hs, int j0,
+                        int have) {
+    for (int c = 0; c < BK; c++) {
+        real* row = t + (size_t)c * hs;
+        const size_t at = (size_t)(j0 + c) * kvw + (size_t)g * hs;
+        if (j0 + c >= have) {
+            memset(row, 0, sizeof(real) * hs);
+        } else if (half) {
+#ifdef FOCUS_DOUBLE
+            for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
+#else
+            f16_row_get(row, (const uint16_t*)src + at, hs);
+#endif
+        } else {
+            memcpy(row, (const real*)src + at, sizeof(real) * hs);
+        }
+    }
+}
+
+void attention_cached_forward(real* out, int ldo, const real* q, int ldq, int p0, int n,
+                              const void* k, const void* v, int half, int w, int sinks, int NH,
+                              int NKV, int hs) {
+    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + BQ - 1) / BQ, have = p0 + n;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+#pragma omp parallel
+    {
+        real* S = mallocCheck(sizeof(real) * BQ * BK);
+        real* acc = mallocCheck(sizeof(real) * BQ * hs);
+        real* kt = mallocCheck(sizeof(real) * BK * hs);
+        real* vt = mallocCheck(sizeof(real) * BK * hs);
+        real* qp = mallocCheck(sizeof(real) * BQ * hs);
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)NH * nblk; task++) {
+            const int blk = nblk - 1 - (int)(task % nblk), h = (int)(task / nblk), g = h / rep;
+            const int r0 = blk * BQ, nq = n - r0 < BQ ? n - r0 : BQ, i0 = p0 + r0, i1 = i0 + nq;
+            const int mq = BQ;
+            const real* qb = q + (size_t)r0 * ldq + h * hs;
+            int ldqb = ldq;
+            if (nq < mq) {
+                memset(qp, 0, sizeof(real) * BQ * hs);
+                for (int r = 0; r < nq; r++)
+                    memcpy(qp + (size_t)r * hs, qb + (size_t)r * ldq, sizeof(real) * hs);
+                qb = qp, ldqb = hs;
+            }
+            real m[BQ], l[BQ];
+            for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
+            memset(acc, 0, sizeof(real) * mq * hs);
+            memset(S, 0, sizeof(real) * mq * BK);
+            const int band_lo = w < 0 || i0 - w < 0 ? 0 : i0 - w; /* the block's lowest band key */
+            for (int j0 = 0; j0 < i1; j0 += BK) {
+                if (w >= 0 && j0 >= sinks && j0 + BK <= band_lo) continue; /* no key of any row */
+                cached_tile(kt, k, half, kvw, g, hs, j0, have);
+                cached_tile(vt, v, half, kvw, g, hs, j0, have);
+                gemm(0, 1, mq, BK, hs, scale, qb, ldqb, kt, hs, 0, S, BK);
+                for (int r = 0; r < nq; r++) {
+                    real* s = S + (size_t)r * BK;
+                    const int i = i0 + r;
+                    real mx = m[r];
+                    int any = 0;
+                    for (int c = 0; c < BK; c++) {
+                        const int j = j0 + c;
+                        if (j <= i && (w < 0 || j >= i - w || j < sinks)) {
+                            mx = s[c] > mx ? s[c] : mx;
+                            any = 1;
+                        } else {
+                            s[c] = -INFINITY;
+                        }
+                    }
+                    if (!any) {
+                        memset(s, 0, sizeof(real) * BK);
+                        continue;
+                    }
+                    const real alpha = exp_f(m[r] - mx);
+                    real sum = 0;
+#pragma omp simd reduction(+ : sum)
+                    for (int c = 0; c < BK; c++) {
+                        s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
+                        sum += s[c];
+                    }
+                    l[r] = l[r] * alpha + sum;
+                    m[r] = mx;
+                    if (alpha != 1) {
+                        real* a = acc + (size_t)r * hs;
+                        for (int e = 0; e < hs; e++) a[e] *= alpha;
+                    }
+                }
+                for (int r = nq; r < mq; r++) memset(S + (size_t)r * BK, 0, sizeof(real) * BK);
+                gemm(0, 0, mq, hs, BK, 1, S, BK, vt, hs, 1, acc, hs);
+            }
+            for (int r = 0; r < nq; r++) {
+                const real inv = l[r] > 0 ? 1 / l[r] : 0;
+                real* o = out + (size_t)(r0 + r) * ldo + h * hs;
+                for (int e = 0; e < hs; e++) o[e] = acc[(size_t)r * hs + e] * inv;
+            }
+        }
+        free(S), free(acc), free(kt), free(vt), free(qp);
     }
 }
 

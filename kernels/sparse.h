@@ -17,6 +17,17 @@
 void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
                              int hs);
 
+/* A prompt's rows over a KV cache: the n query rows of q (row r at position p0 + r, stride ldq,
+ * NH heads of hs) attend causally to the keys and values at positions 0 .. p0 + n - 1, stored as
+ * rows of NKV hs values (IEEE halves when `half`, else real): all of them (w < 0), or the band
+ * (i - j <= w) and the sinks (j < sinks). out: row r at out + r ldo. The keys are walked in tiles
+ * of 256 positions counted from position 0, each row's online softmax over its own keys of a
+ * tile, so a row's arithmetic does not depend on which other rows are in the call: a prompt
+ * evaluated in any chunks gives the same bits (model/decode.c). Threads over (head, 64 rows). */
+void attention_cached_forward(real* out, int ldo, const real* q, int ldq, int p0, int n,
+                              const void* k, const void* v, int half, int w, int sinks, int NH,
+                              int NKV, int hs);
+
 /* mask (B, T): each token's top-k group bitmask; w: local window; K: number of groups. */
 void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
                             int w, int B, int T, int NH, int NKV, int hs);

@@ -32,7 +32,7 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
     c->keys = mallocCheck(sizeof(int) * cap);
     c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
-    c->nparts = omp_get_max_threads();
+    c->nparts = DECODE_KEY_PARTS;
     c->split_min = 256;
     governor_init(&c->gov);
     const char* prof = getenv("FOCUS_PROFILE");
@@ -111,37 +111,45 @@ static uint32_t token_mask(const Model* m, int l, int n, const real* G) {
     return mi;
 }
 
-/* Token n of layer l joins its groups (mask mi, KEYS_GROUPS) and the keys it attends to go to
- * c->keys: its groups' earlier tokens before the window, each taken in the lowest group it
- * shares, then the window (everything when dense; KEYS_WINDOW: the sinks before the window, then
- * the window). Returns their number. */
-static int token_keys(KVCache* c, const Model* m, int l, int n, uint32_t mi, int kind) {
+/* Token n of layer l joins its groups (mask mi; KEYS_GROUPS): the cache's lists of each group's
+ * positions ascend. */
+static void token_join(KVCache* c, const Model* m, int l, int n, uint32_t mi) {
+    const int K = m->fc.K;
+    int* gn = c->gn + (size_t)l * K;
+    int* gpos = c->gpos + (size_t)l * K * c->cap;
+    c->mask[(size_t)l * c->cap + n] = mi;
+    for (int g = 0; g < K; g++)
+        if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;
+}
+
+/* The keys token n of layer l attends to (it joined its groups already, mask mi), into keys:
+ * its groups' earlier tokens before the window, each taken in the lowest group it shares, then
+ * the window (everything when dense; KEYS_WINDOW: the sinks before the window, then the window).
+ * Tokens after n in the lists (a prompt's later rows) are not read. Returns their number. */
+static int token_keys(const KVCache* c, const Model* m, int l, int n, uint32_t mi, int kind,
+                      int* keys) {
     const FocusConfig* f = &m->fc;
     int bw, bsinks; /* KEYS_WINDOW's band */
     layer_band(m, l, &bw, &bsinks);
-    const int routed = kind == KEYS_GROUPS;
     const int K = f->K;
-    uint32_t* cm = c->mask + (size_t)l * c->cap;
-    int* gn = c->gn + (size_t)l * K;
-    int* gpos = c->gpos + (size_t)l * K * c->cap;
+    const uint32_t* cm = c->mask + (size_t)l * c->cap;
+    const int* gn = c->gn + (size_t)l * K;
+    const int* gpos = c->gpos + (size_t)l * K * c->cap;
     int lo = 0, nk = 0;
-    if (routed) {
-        cm[n] = mi;
-        for (int g = 0; g < K; g++)
-            if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;
+    if (kind == KEYS_GROUPS) {
         lo = n - f->w < 0 ? 0 : n - f->w;
         for (int g = 0; g < K; g++) {
             if (!((mi >> g) & 1)) continue;
             const int* gp = gpos + (size_t)g * c->cap;
             for (int t = 0; t < gn[g] && gp[t] < lo; t++)
-                if (!(cm[gp[t]] & mi & ((1u << g) - 1))) c->keys[nk++] = gp[t];
+                if (!(cm[gp[t]] & mi & ((1u << g) - 1))) keys[nk++] = gp[t];
         }
     }
     if (kind == KEYS_WINDOW) {
         lo = n - bw < 0 ? 0 : n - bw;
-        for (int j = 0; j < bsinks && j < lo; j++) c->keys[nk++] = j;
+        for (int j = 0; j < bsinks && j < lo; j++) keys[nk++] = j;
     }
-    for (int j = lo; j <= n; j++) c->keys[nk++] = j;
+    for (int j = lo; j <= n; j++) keys[nk++] = j;
     return nk;
 }
 
@@ -224,27 +232,34 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
 
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
  * keys[g] of its key/value head g (one list for every g but in the block patterns). The keys
- * are split among the threads (each reads its keys and values once for
- * the rep query heads of a KV head, keeping its own running maximum, sum and output per head);
- * the parts are then merged, rescaled to the common maximum. Scores go to c->scores
- * (NH, cap), the parts to c->part. */
-static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int* const* keys,
-                        const int* nk, const ModelConfig* mc) {
+ * are split into parts (each part's keys and values read once for the rep query heads of a KV
+ * head, keeping its own running maximum, sum and output per head), which the threads share; the
+ * parts are then merged in order, rescaled to the common maximum. The parts depend on the key
+ * count only (one below c->split_min keys, else one per 2 split_min keys, 2 .. c->nparts of
+ * them), never on the thread count,
+ * so a token's arithmetic is the same on any number of threads. Scores go to sc (NH, cap), the
+ * parts to partbuf (c->nparts, NH, hs + 2). */
+static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
+                        const int* nk, const ModelConfig* mc, real* sc, real* partbuf) {
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
     const int half = c->half;
     const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
     const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
     const char* vc = (const char*)c->v + (size_t)l * c->cap * kvw * es;
     const real scale = (real)(1.0 / sqrt((double)hs));
-    real* sc = c->scores;
     const int threads = omp_get_max_threads();
     int most = 0;
     for (int g = 0; g < NKV; g++) most = nk[g] > most ? nk[g] : most;
-    const int parts = most < c->split_min ? 1 : threads < c->nparts ? threads : c->nparts;
-#pragma omp parallel num_threads(parts) if (parts > 1)
-    {
-        const int np = omp_get_num_threads(), id = omp_get_thread_num();
-        real* part = c->part + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
+    /* one part per 2 split_min keys, at least two, at most nparts */
+    const int parts = most < c->split_min                ? 1
+                      : most / (2 * c->split_min) < 2     ? 2
+                      : most / (2 * c->split_min) > c->nparts ? c->nparts
+                                                          : most / (2 * c->split_min);
+#pragma omp parallel for schedule(static, 1) num_threads(threads < parts ? threads : parts) \
+    if (parts > 1 && threads > 1)
+    for (int id = 0; id < parts; id++) {
+        const int np = parts;
+        real* part = partbuf + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
         int halves_done = 0;
 #ifndef FOCUS_DOUBLE
         if (half) { /* the rep heads of a KV head together: each key and value row converted once */
@@ -306,13 +321,13 @@ static void attend_keys(real* att, const real* qkv, int l, KVCache* c, int* cons
     for (int hh = 0; hh < NH; hh++) { /* merge the parts */
         real mx = -INFINITY, sum = 0;
         for (int id = 0; id < parts; id++) {
-            const real* ph = c->part + ((size_t)id * NH + hh) * (hs + 2);
+            const real* ph = partbuf + ((size_t)id * NH + hh) * (hs + 2);
             if (ph[1] > 0 && ph[0] > mx) mx = ph[0];
         }
         real* o = att + hh * hs;
         for (int e = 0; e < hs; e++) o[e] = 0;
         for (int id = 0; id < parts; id++) {
-            const real* ph = c->part + ((size_t)id * NH + hh) * (hs + 2);
+            const real* ph = partbuf + ((size_t)id * NH + hh) * (hs + 2);
             if (!(ph[1] > 0)) continue; /* no keys in this part */
             const real wgt = (real)exp((double)(ph[0] - mx));
             sum += wgt * ph[1];
@@ -362,8 +377,8 @@ static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
 /* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
  * queries) into c->bkeys + g cap: the sinks before the window, the distant keys of the chosen
  * blocks, the window. Returns their number. sel, sc, p: nbcap scratch each. */
-static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const real* q, int* sel,
-                      real* sc, real* p) {
+static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                      int* keys, real* sb, int* sel, real* sc, real* p) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
@@ -377,7 +392,6 @@ static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const rea
         const real scale = (real)(1.0 / sqrt((double)hs));
         const size_t es = c->half ? 2 : sizeof(real);
         const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
-        real* sb = c->scores; /* the band's scores, each computed once (attend_keys reuses it) */
         for (int r = 0; r < rep; r++) {
             real mx = -INFINITY;
             double sum = 0;
@@ -396,7 +410,6 @@ static int block_keys(KVCache* c, const Model* m, int l, int n, int g, const rea
     }
     const int ns = block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n,
                                 f->w, f->sinks, bs, model_layer_blocks(m, l), hs, sc, p);
-    int* keys = c->bkeys + (size_t)g * c->cap;
     int nk = 0;
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
     for (int s = 0; s < ns; s++) {
@@ -526,6 +539,8 @@ void kvcache_truncate(KVCache* c, int n) {
         }
     c->n = n;
 }
+enum { PROMPT_ROWS = 64 };
+
 void rows_project(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
                   int out, const QMatrix* nw, int exact, int per_row) {
 #ifndef FOCUS_DOUBLE
@@ -539,7 +554,23 @@ void rows_project(real* y, int ldy, const real* x, int n, const real* w, const r
             project_rows(y + (size_t)i * ldy, ldy, x + (size_t)i * in, 1, w, b, in, out, NULL, 0);
         return;
     }
-    project_rows(y, ldy, x, n, w, b, in, out, nw, exact);
+    if (nw && qmatmul_rows_alike(nw, exact)) { /* int8 products: rows independent already */
+        project_rows(y, ldy, x, n, w, b, in, out, nw, exact);
+        return;
+    }
+    /* the BLAS: products of PROMPT_ROWS rows each, zeros below the last rows, as a row can get
+     * other bits in a product of another row count (OpenBLAS's small-matrix kernels, measured) */
+    real* xp = mallocCheck(sizeof(real) * PROMPT_ROWS * in);
+    real* yp = mallocCheck(sizeof(real) * PROMPT_ROWS * out);
+    for (int i0 = 0; i0 < n; i0 += PROMPT_ROWS) {
+        const int k = n - i0 < PROMPT_ROWS ? n - i0 : PROMPT_ROWS;
+        memcpy(xp, x + (size_t)i0 * in, sizeof(real) * (size_t)k * in);
+        memset(xp + (size_t)k * in, 0, sizeof(real) * (size_t)(PROMPT_ROWS - k) * in);
+        project_rows(yp, out, xp, PROMPT_ROWS, w, b, in, out, nw, exact);
+        for (int i = 0; i < k; i++)
+            memcpy(y + (size_t)(i0 + i) * ldy, yp + (size_t)i * out, sizeof(real) * out);
+    }
+    free(xp), free(yp);
 }
 
 struct RowScratch {
@@ -548,6 +579,42 @@ struct RowScratch {
     int* bsel;          /* the block patterns' scratch (nbmax each) */
     real *bsc, *bp;
 };
+
+/* One row's scratch for row_attend: each key/value head's key list and length, the key lists
+ * (keys; bkeys: NKV of cap for the block patterns), the scores (NH, cap), attend_keys's parts,
+ * the block patterns' scratch. */
+typedef struct {
+    int** kl;
+    int* nkg;
+    int* keys;
+    int* bkeys;
+    real *scores, *part;
+    int* bsel;
+    real *bsc, *bp;
+} RowWork;
+
+/* The keys of the row at position p of cache c on layer l (mask mi: its groups, joined already)
+ * and its attention into att; returns the pairs it evaluated. */
+static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint32_t mi,
+                       const real* qrow, real* att, RowWork* w) {
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
+    long pairs = 0;
+    if (kind == KEYS_BLOCKS) {
+        for (int g = 0; g < NKV; g++) {
+            w->kl[g] = w->bkeys + (size_t)g * c->cap;
+            w->nkg[g] = block_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, w->kl[g], w->scores,
+                                   w->bsel, w->bsc, w->bp);
+            pairs += (long)w->nkg[g] * rep;
+        }
+    } else {
+        const int nk = token_keys(c, m, l, p, mi, kind, w->keys);
+        for (int g = 0; g < NKV; g++) w->kl[g] = w->keys, w->nkg[g] = nk;
+        pairs = (long)nk * NH;
+    }
+    attend_keys(att, qrow, l, c, w->kl, w->nkg, mc, w->scores, w->part);
+    return pairs;
+}
 
 void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
                          real* att) {
@@ -561,69 +628,83 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     const size_t lC = (size_t)l * C;
     for (int i = 0; i < n; i++) kv_put_row(cs[i], l, pos[i], qkv + (size_t)i * Q, A, kvw);
     const int kind = layer_keys(m, l);
+    if (!r->per_row && (kind == KEYS_DENSE || kind == KEYS_WINDOW)) {
+        /* a prompt's rows (one cache, positions pos[0] ..): tiled over the cached keys, each
+         * row's arithmetic independent of the chunk it is in */
+        KVCache* c = cs[0];
+        int bw = -1, bsinks = 0;
+        if (kind == KEYS_WINDOW) layer_band(m, l, &bw, &bsinks);
+        const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
+        attention_cached_forward(att, A, qkv, Q, pos[0], n, (const char*)c->k + at,
+                                 (const char*)c->v + at, c->half, bw, bsinks, NH, NKV, hs);
+        for (int i = 0; i < n; i++) {
+            const int lo = bw < 0 || pos[i] - bw < 0 ? 0 : pos[i] - bw;
+            c->pairs += (long)(pos[i] + 1 - lo + (bsinks < lo ? bsinks : lo)) * NH;
+        }
+        return;
+    }
     if (kind == KEYS_BLOCKS)
         for (int i = 0; i < n; i++) {
             block_cache(cs[i], mc, f->block);
             block_complete(cs[i], l, pos[i], mc);
         }
-    for (int i = 0; i < n; i++) { /* in order: a cache's group lists grow row by row */
-        if (kind == KEYS_BLOCKS) {
-            long pairs = 0;
-            for (int g = 0; g < NKV; g++) {
-                s->kl[g] = cs[i]->bkeys + (size_t)g * cs[i]->cap;
-                s->nkg[g] =
-                    block_keys(cs[i], m, l, pos[i], g, qkv + (size_t)i * Q + g * (NH / NKV) * hs,
-                               s->bsel, s->bsc, s->bp);
-                pairs += (long)s->nkg[g] * (NH / NKV);
-            }
-            cs[i]->pairs += pairs;
-            attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], s->kl, s->nkg, mc);
-            continue;
+    /* in order: each row's groups, joined (a cache's group lists grow row by row) */
+    uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
+    for (int i = 0; i < n && kind == KEYS_GROUPS; i++) {
+        if (f->attn == ATTN_HARD) {
+            router_scores_forward(s->proj, s->S, h + (size_t)i * C, m->router.wg + lC * f->dg,
+                                  m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
+            routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
+                            f->tau, f->iters);
         }
-        uint32_t mi = 0;
-        if (kind == KEYS_GROUPS) {
-            if (f->attn == ATTN_HARD) {
-                router_scores_forward(s->proj, s->S, h + (size_t)i * C, m->router.wg + lC * f->dg,
-                                      m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
-                routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
-                                f->tau, f->iters);
-            }
-            /* a sink position (n < sinks) joins every group, so every later query keeps it */
-            mi = token_mask(m, l, pos[i], s->G);
-        }
-        const int nk = token_keys(cs[i], m, l, pos[i], mi, kind);
-        cs[i]->pairs += (long)nk * NH;
-        for (int g = 0; g < NKV; g++) s->kl[g] = cs[i]->keys, s->nkg[g] = nk;
-        attend_keys(att + (size_t)i * A, qkv + (size_t)i * Q, l, cs[i], s->kl, s->nkg, mc);
+        /* a sink position (n < sinks) joins every group, so every later query keeps it */
+        mi[i] = token_mask(m, l, pos[i], s->G);
+        token_join(cs[i], m, l, pos[i], mi[i]);
     }
-}
-
-void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint32_t* mask, int n,
-                  double kept) {
-    const ModelConfig* mc = &m->cfg;
-    const int NH = mc->NH, kvw = mc->NKV * model_head_size(mc), Q = qkvw(mc),
-              A = NH * model_head_size(mc);
-    for (int t = 0; t < n; t++) kv_put_row(c, l, t, qkv + (size_t)t * Q, A, kvw);
-    const int kind = layer_keys(m, l);
-    if (kind == KEYS_BLOCKS) { /* each block's statistics */
-        c->pairs += (long)llround(kept * NH);
-        block_cache(c, mc, m->fc.block);
-        for (int t = 0; t < n; t++) block_complete(c, l, t, mc);
+    if (r->per_row) { /* decode: each row's cache's own scratch, the rows one after another */
+        for (int i = 0; i < n; i++) {
+            KVCache* c = cs[i];
+            RowWork w = {s->kl, s->nkg, c->keys, c->bkeys, c->scores, c->part, s->bsel, s->bsc, s->bp};
+            c->pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
+                                   att + (size_t)i * A, &w);
+        }
+        free(mi);
         return;
     }
-    /* the group lists, and the pairs decoding would have counted */
-    for (int t = 0; t < n; t++)
-        c->pairs += (long)token_keys(c, m, l, t, kind == KEYS_GROUPS ? mask[t] : 0, kind) * NH;
+    /* a prompt's rows (one cache): in parallel, each thread with its own scratch (a row's parts
+     * then run on its thread: the same arithmetic) */
+    KVCache* c = cs[0];
+    const int nbmax = c->cap / (f->block > 0 ? f->block : 1) + 1;
+    long pairs = 0;
+#pragma omp parallel reduction(+ : pairs)
+    {
+        RowWork w = {mallocCheck(sizeof(int*) * (size_t)NKV),
+                     mallocCheck(sizeof(int) * (size_t)NKV),
+                     mallocCheck(sizeof(int) * (size_t)c->cap),
+                     kind == KEYS_BLOCKS ? mallocCheck(sizeof(int) * (size_t)NKV * c->cap) : NULL,
+                     mallocCheck(sizeof(real) * (size_t)NH * c->cap),
+                     mallocCheck(sizeof(real) * (size_t)c->nparts * NH * (hs + 2)),
+                     mallocCheck(sizeof(int) * (size_t)nbmax),
+                     mallocCheck(sizeof(real) * (size_t)nbmax),
+                     mallocCheck(sizeof(real) * (size_t)nbmax)};
+#pragma omp for schedule(dynamic, 4)
+        for (int i = 0; i < n; i++)
+            pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
+                                att + (size_t)i * A, &w);
+        free(w.kl), free(w.nkg), free(w.keys), free(w.bkeys), free(w.scores), free(w.part);
+        free(w.bsel), free(w.bsc), free(w.bp);
+    }
+    c->pairs += pairs;
+    free(mi);
 }
 
 /* The layers (cpu_layer) over n rows of tokens and the head, the decode step's and the
  * prompt's: row i feeds tokens[i] to cs[i] at position pos[i] (rows of one cache in order: a
- * prompt's tokens after cached ones). kind ROWS_PREFILL: one cache, empty, filled by the
- * full-sequence kernels (products batched over the rows); ROWS_CACHED: attention row by row over
- * each row's cache (per_row: each row's arithmetic that of a single-row step, else the prompt's
- * batched products). logits: each row's (n, V) when `all`, else the last row's. */
+ * prompt's tokens after cached ones), attending over each row's cache (per_row: each row's
+ * arithmetic that of a single-row step, else a prompt's rows, batched). logits: each row's
+ * (n, V) when `all`, else the last row's. */
 static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* tokens, int n,
-                      real* logits, int all, RowsKind kind, int per_row) {
+                      real* logits, int all, int per_row) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const Params* p = &m->params;
@@ -639,7 +720,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * N);
     /* the cached rows' scratch: each key/value head's key list, the block patterns' */
     int nbmax = 1;
-    for (int i = 0; i < (kind == ROWS_PREFILL ? 1 : n); i++) { /* a prefill's one cache */
+    for (int i = 0; i < (per_row ? n : 1); i++) { /* a prompt's one cache */
         const int nb = cs[i]->cap / (f->block > 0 ? f->block : 1) + 1;
         nbmax = nb > nbmax ? nb : nbmax;
     }
@@ -652,7 +733,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                      .bsc = mallocCheck(sizeof(real) * (size_t)nbmax),
                      .bp = mallocCheck(sizeof(real) * (size_t)nbmax)};
     /* FOCUS_PROFILE: the decode steps' parts (a prompt's prefill is not counted) */
-    double* prof = c0->profile && kind == ROWS_CACHED ? c0->prof : NULL;
+    double* prof = c0->profile && per_row ? c0->prof : NULL;
     double mark = prof ? now_seconds() : 0;
     for (int i = 0; i < n; i++) {
         real* xi = x + (size_t)i * C;
@@ -693,7 +774,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                           .attp_rstd = stat,
                           .mlpp = tmp,
                           .mlpp_rstd = stat};
-    const LayerRows rows = {.kind = kind,
+    const LayerRows rows = {.kind = ROWS_CACHED,
                             .B = 1,
                             .T = n,
                             .cs = cs,
@@ -715,10 +796,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                  per_row);
     check_finite_acts(m, logits, (size_t)nr * mc->V, mc->L);
     profile_tick(prof, &mark, 6);
-    if (kind == ROWS_PREFILL)
-        c0->n = n;
-    else
-        for (int i = 0; i < n; i++) cs[i]->n++;
+    for (int i = 0; i < n; i++) cs[i]->n++;
     free(rs.kl), free(rs.nkg), free(rs.bsel), free(rs.bsc), free(rs.bp);
     free(mask);
     free(buf);
@@ -740,21 +818,13 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
         if (!model_layer_spec(mc, 0).rope && pos[i] >= mc->maxT) /* learned positions */
             fatal("position %d exceeds the model's context (%d)", pos[i], mc->maxT);
     }
-    rows_pass(m, cs, pos, tokens, n, logits, all, ROWS_CACHED, per_row);
+    rows_pass(m, cs, pos, tokens, n, logits, all, per_row);
     free(pos);
 }
 
-/* The prompt in one pass into an empty cache (ROWS_PREFILL): batched products, the
- * full-sequence attention kernels (the sparse executor on routed layers, the flash kernel
- * elsewhere), each layer's keys, values and group lists written to the cache as
- * model_decode_step would have left them. */
-static void prefill_batched(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
-    int* pos = mallocCheck(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++) pos[i] = i;
-    KVCache* cs[1] = {c};
-    rows_pass(m, cs, pos, tokens, n, logits, all, ROWS_PREFILL, 0);
-    free(pos);
-}
+/* The rows of a prompt chunk at most (a longer prompt is fed in chunks: the arithmetic is the same,
+ * the activations' memory bounded). */
+enum { PREFILL_CHUNK = 1024 };
 
 void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
     check_mode(m);
@@ -765,18 +835,16 @@ void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits,
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.V)
             fatal("token id %d outside the vocabulary (V=%d)", tokens[i], m->cfg.V);
-    if (n == 1) {
-        model_decode_step(m, c, tokens[0], logits);
-        return;
+    const int most = n < PREFILL_CHUNK ? n : PREFILL_CHUNK;
+    KVCache** cs = mallocCheck(sizeof(KVCache*) * (size_t)most);
+    for (int i = 0; i < most; i++) cs[i] = c;
+    for (int i0 = 0; i0 < n; i0 += most) {
+        const int k = n - i0 < most ? n - i0 : most;
+        /* the logits of every row, or of the prompt's last row only */
+        real* lg = all ? logits + (size_t)i0 * m->cfg.V : logits;
+        decode_rows(m, cs, tokens + i0, k, lg, all, 0);
     }
-    if (c->n > 0) { /* after earlier tokens: the decode step's layers over the n rows */
-        KVCache** cs = mallocCheck(sizeof(KVCache*) * (size_t)n);
-        for (int i = 0; i < n; i++) cs[i] = c;
-        decode_rows(m, cs, tokens, n, logits, all, 0);
-        free(cs);
-        return;
-    }
-    prefill_batched(m, c, tokens, n, logits, all);
+    free(cs);
 }
 
 typedef struct {

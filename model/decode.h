@@ -26,6 +26,10 @@ void governor_init(Governor* g);
 int governor_threads(const Governor* g);
 void governor_update(Governor* g, double dt);
 
+/* The parts a decoded token's keys are split into for the threads (a fixed count, so that the
+ * arithmetic does not depend on how many threads run). */
+enum { DECODE_KEY_PARTS = 8 };
+
 typedef struct {
     int cap, n;     /* capacity and cached tokens */
     int L, K;       /* the model's layers and groups */
@@ -38,7 +42,7 @@ typedef struct {
     int* keys;      /* (cap) the positions one query attends to */
     real* scores;   /* (NH, cap) one token's attention scores */
     real* part;     /* (nparts, NH, hs + 2) the threads' partial softmax sums */
-    int nparts;     /* threads a token's attention is split among (OpenMP's maximum) */
+    int nparts;     /* parts a token's keys are split into (DECODE_KEY_PARTS) ... */
     int split_min;  /* ... when it has at least this many keys (256; fewer: one thread) */
     Governor gov;   /* the decode steps' thread count (on by default with more than one thread) */
     long pairs;     /* attention pairs evaluated so far, summed over layers */

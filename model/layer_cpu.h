@@ -1,18 +1,16 @@
 /* layer_cpu.h: the one CPU transformer layer, over a block of rows, that every CPU pass runs
- * (for model/ only): the full forward pass of training and evaluation (model_cpu.c), the
- * prompt's batched prefill and the decode step over a KV cache (decode.c). The layer reads its
+ * (for model/ only): the full forward pass of training and evaluation (model_cpu.c), a
+ * prompt's rows and the decode step over a KV cache (decode.c). The layer reads its
  * structure from the LayerSpec (model.h) only; the rows say where its keys come from and go:
  *
  *   ROWS_SEQUENCES  B sequences of T rows from position 0, no cache: the full-sequence
  *                   attention kernel of each layer's mode (model_attn_kernel)
- *   ROWS_PREFILL    one sequence of T rows from position 0 into the empty cache cs[0]: the same
- *                   kernels, then the keys, values and group lists cached as decode steps would
- *                   have left them
- *   ROWS_CACHED     row i at position pos[i] of cache cs[i] (a prompt's rows after cached ones,
- *                   or the decode step of one or several caches): attention row by row over its
- *                   cache
+ *   ROWS_CACHED     row i at position pos[i] of cache cs[i] (a prompt's rows, after cached ones
+ *                   or not, or the decode step of one or several caches): attention over its
+ *                   cache (per_row 0, a prompt's rows: every row's arithmetic independent of the
+ *                   rows beside it, so that a prompt gives the same bits in any chunks)
  *
- * The cache's side of attention (kvcache_attend_rows, kvcache_fill) and the products with the
+ * The cache's side of attention (kvcache_attend_rows) and the products with the
  * file's quantised blocks (rows_project) are decode.c's. */
 #ifndef FOCUS_LAYER_CPU_H
 #define FOCUS_LAYER_CPU_H
@@ -20,19 +18,20 @@
 #include "backend.h"
 #include "decode.h"
 
-typedef enum { ROWS_SEQUENCES = 0, ROWS_PREFILL = 1, ROWS_CACHED = 2 } RowsKind;
+typedef enum { ROWS_SEQUENCES = 0, ROWS_CACHED = 2 } RowsKind;
 
 /* the cached rows' per-row scratch (decode.c) */
 typedef struct RowScratch RowScratch;
 
 typedef struct {
     RowsKind kind;
-    int B, T;           /* n = B T rows (ROWS_PREFILL, ROWS_CACHED: B = 1) */
+    int B, T;           /* n = B T rows (ROWS_CACHED: B = 1) */
     int keep;           /* ROWS_SEQUENCES: the pass's keep (which kernel a mode runs) */
-    KVCache* const* cs; /* ROWS_PREFILL: cs[0]; ROWS_CACHED: each row's cache */
+    KVCache* const* cs; /* ROWS_CACHED: each row's cache (a prompt's rows: one) */
     const int* pos;     /* ROWS_CACHED: each row's position in its cache */
     /* the products with the file's blocks (cached rows only; rows_project): exact fp32
-     * products, and each row's arithmetic that of a single row (decode steps) */
+     * products; per_row: each row's arithmetic that of a single row (decode steps), else a
+     * prompt's rows */
     int exact, per_row;
     RowScratch* scratch; /* ROWS_CACHED */
     double *prof, *mark; /* FOCUS_PROFILE: seconds by part (DECODE_PARTS), the last tick */
@@ -53,11 +52,6 @@ void rows_project(real* y, int ldy, const real* x, int n, const real* w, const r
  * att (n, NH hs) attending over its cache. */
 void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
                          real* att);
-/* ROWS_PREFILL, after the layer's kernel: the n rows' keys and values (qkv) cached, their group
- * lists (mask: the rows' groups on routed layers) or block statistics made, and the pairs
- * decoding would have counted (kept: the block kernels' count per head) added to c->pairs. */
-void kvcache_fill(KVCache* c, const Model* m, int l, const real* qkv, const uint32_t* mask, int n,
-                  double kept);
 /* The norm of a layer spec S (LayerNorm or RMSNorm) over n rows: out, and its statistics (mean
  * only for LayerNorm; either may be NULL where nothing reads them). */
 void cpu_norm(const Model* m, const LayerSpec* S, real* out, real* mean, real* rstd, const real* in,

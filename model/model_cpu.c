@@ -183,7 +183,7 @@ static void layer_join(const Model* m, const LayerSpec* S, real* y, const real* 
     for (size_t i = 0; i < n * C; i++) y[i] = x[i] + o[i];
 }
 
-/* The attention of layer l over whole sequences (ROWS_SEQUENCES, ROWS_PREFILL): the router's
+/* The attention of layer l over whole sequences (ROWS_SEQUENCES): the router's
  * groups where the mode needs them, the kernel of the layer's mode, the pairs it keeps. */
 static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRows* r) {
     const ModelConfig* c = &m->cfg;
@@ -191,11 +191,9 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
     const int B = r->B, T = r->T, hs = model_head_size(c), NH = model_heads(c),
               NKV = model_kv_heads(c);
     const size_t BT = (size_t)B * T, lC = (size_t)l * c->C;
-    const int seqs = r->kind == ROWS_SEQUENCES;
     const AttnMode mode = model_layer_attn(m, l);
-    /* a dense layer's groups are still computed in a full pass (reports and statistics read
-     * them); a prefill computes the groups it attends with only */
-    if (mode == ATTN_HARD || (seqs && (attn_uses_router(f->attn) || m->routed_dense))) {
+    /* a dense layer's groups are still computed (reports and statistics read them) */
+    if (mode == ATTN_HARD || attn_uses_router(f->attn) || m->routed_dense) {
         router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
                               m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
         routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, f->routing, B, T,
@@ -233,10 +231,6 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
                 m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL, B, T,
                 NH, NKV, hs);
             break;
-    }
-    if (!seqs) {
-        kvcache_fill(r->cs[0], m, l, la->qkv, la->mask, T, kept);
-        return;
     }
     m->pattern_kept += kept;
     if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */

@@ -68,6 +68,56 @@ static void check_batch(Model* m, const int* tok, const char* preset) {
     free(want), free(got);
 }
 
+/* A prompt gives the same bits however it is cut: fed in one call, in chunks of 1, 5, 13 and the
+ * rest, or after a cache that held other tokens (truncated to a shared prefix): every row's logits
+ * and the cached keys and values. Decoding on gives the same bits on one thread as on three. */
+static void check_chunks(Model* m, const int* tok, int half, const char* preset) {
+    const int V = m->cfg.V;
+    const size_t kvrow = (size_t)m->cfg.NKV * model_head_size(&m->cfg) * (half ? 2 : sizeof(real));
+    real* one = mallocCheck(sizeof(real) * T * V);
+    real* cut = mallocCheck(sizeof(real) * T * V);
+    KVCache a, b;
+    kvcache_init(&a, m, T, half);
+    kvcache_init(&b, m, T, half);
+    a.split_min = b.split_min = 1;
+    model_prefill(m, &a, tok, T - 4, one, 1);
+    /* b held another prompt sharing the first 9 tokens, truncated there */
+    int other[T];
+    memcpy(other, tok, sizeof other);
+    for (int t = 9; t < T; t++) other[t] = (tok[t] + 1) % V;
+    model_prefill(m, &b, other, 30, cut, 1);
+    kvcache_truncate(&b, 9);
+    memcpy(cut, one, sizeof(real) * 9 * V); /* (rows 0 .. 8 are b's cached ones) */
+    const int sizes[] = {1, 5, 13};
+    int at = 9;
+    for (int i = 0; at < T - 4; i++) {
+        const int k = i < 3 && at + sizes[i] < T - 4 ? sizes[i] : T - 4 - at;
+        model_prefill(m, &b, tok + at, k, cut + (size_t)at * V, 1);
+        at += k;
+    }
+    int same = !memcmp(one, cut, sizeof(real) * (T - 4) * V);
+    for (int l = 0; l < m->cfg.L; l++) { /* each layer's first T - 4 rows (the rest unused) */
+        const size_t at = l * kvrow * T;
+        same &= !memcmp((char*)a.k + at, (char*)b.k + at, kvrow * (T - 4)) &&
+                !memcmp((char*)a.v + at, (char*)b.v + at, kvrow * (T - 4));
+    }
+    CHECK(same, "%s (%s cache): a prompt fed in chunks after a reused prefix differs from one call",
+          preset, half ? "f16" : "f32");
+    /* decoding on: one thread, then three, from equal caches */
+    for (int t = T - 4; t < T; t++) {
+        omp_set_num_threads(1);
+        model_decode_step(m, &a, tok[t], one);
+        omp_set_num_threads(3);
+        model_decode_step(m, &b, tok[t], cut);
+        same &= !memcmp(one, cut, sizeof(real) * V);
+    }
+    omp_set_num_threads(nthreads);
+    CHECK(same, "%s (%s cache): decoding on one thread differs from three", preset,
+          half ? "f16" : "f32");
+    kvcache_free(&a), kvcache_free(&b);
+    free(one), free(cut);
+}
+
 /* how the next runs' sliding-window layers attend (gemma3) */
 static LocalLayers local_mode = LOCAL_WINDOW;
 
@@ -185,6 +235,8 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     free(full), free(lg);
     kvcache_free(&c);
     check_batch(&m, tok, preset);
+    check_chunks(&m, tok, 0, preset);
+    check_chunks(&m, tok, 1, preset);
     model_free(&m);
 }
 
