@@ -4,6 +4,7 @@
 #include "tokenizer.h"
 
 #include <pcre2.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <limits.h>
@@ -619,9 +620,9 @@ static void regex_pieces(const Tokenizer* t, const unsigned char* s, size_t n, O
     }
 }
 
-static size_t replaced_total; /* tokenizer_replaced_bytes */
+static atomic_size_t replaced_total; /* tokenizer_replaced_bytes (encode runs on many threads: serve) */
 
-size_t tokenizer_replaced_bytes(void) { return replaced_total; }
+size_t tokenizer_replaced_bytes(void) { return atomic_load(&replaced_total); }
 
 /* ---- SentencePiece encoding, as llama.cpp's "llama" tokenizer does it: the user-defined pieces
  * are cut out of the raw text first (longest first, each at every occurrence left to right);
@@ -813,14 +814,11 @@ int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* 
         pcre2_match_data_free(md2);
     }
     pcre2_match_data_free(md);
-    if (o.replaced) {
-        if (!replaced_total)
+    if (o.replaced && !atomic_fetch_add(&replaced_total, o.replaced))
             fprintf(stderr,
                     "focus: warning: %zu bytes of the text have no token in this vocabulary (not "
                     "UTF-8, or rare control characters); encoded as U+FFFD\n",
                     o.replaced);
-        replaced_total += o.replaced;
-    }
     free(o.tok);
     free(o.prev);
     free(o.next);

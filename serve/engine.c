@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,13 +25,17 @@ struct Job {
 
 typedef struct {
     KVCache c;
-    int* toks; /* the tokens in the cache, in order */
+    int* toks;    /* the tokens in the cache, in order */
     int ntok;
+    int prompt_n; /* of them, the first ones a prompt evaluation cached (decoded ones differ in
+                     their arithmetic, so only these are reused: the same bits as evaluating
+                     them again, model_prefill) */
     Job* job;
-    int start;   /* the job was just assigned: its prompt still to evaluate */
-    int pending; /* the sampled token to feed next (-1: none) */
-    real* saved; /* the logits after the slot's last prompt, for a request repeating it */
-    int saved_n; /* that prompt's length (0: none) */
+    int filling;  /* the job's prompt is being evaluated, a chunk at a time (c.n of np done) */
+    double rate;  /* seconds per prompt token in the slot's last chunk (0: none yet) */
+    int pending;  /* the sampled token to feed next (-1: none) */
+    real* saved;  /* the logits after the slot's last prompt, for a request repeating it */
+    int saved_n;  /* that prompt's length (0: none) */
     double last_used;
 } Slot;
 
@@ -40,7 +45,8 @@ struct Engine {
     Slot* s;
     int ns, ctx, qcap, V, eos, eot;
     Job *qhead, *qtail;
-    int qlen;
+    int qlen, inflight; /* queued, and queued or in a slot */
+    int rr;             /* the slot whose prompt gets the next chunk (round robin) */
     pthread_mutex_t mu;
     pthread_cond_t work, progress;
     int stopping;
@@ -48,6 +54,7 @@ struct Engine {
     pthread_t th;
     Governor gov;
     real* logits; /* (ns, V) of a batched step */
+    real* plogits; /* (V) after a prompt's chunk */
     EngineStats stats;
 };
 
@@ -98,7 +105,8 @@ static void finish_job(Engine* e, Slot* s, Finish why) {
     e->stats.cancelled += why == FINISH_CANCELLED;
     s->job = NULL;
     s->pending = -1;
-    s->start = 0;
+    s->filling = 0;
+    e->inflight--;
     s->last_used = now_seconds();
     job_unref(j);
     pthread_cond_broadcast(&e->progress);
@@ -149,28 +157,57 @@ static void take_token(Engine* e, Slot* s, int tok) {
     pthread_cond_broadcast(&e->progress);
 }
 
-/* A slot's new job: its prompt evaluated from the longest cached prefix, the first token drawn
- * (engine lock not held; the prompt is the job's own, never changed). */
-static int start_job(Engine* e, Slot* s, Job* j) {
+/* The seconds a prompt's chunk may take: a running stream waits at most this long for its next
+ * token, a new request for its turn. */
+#define CHUNK_SECONDS 0.25
+/* ... and the tokens it takes at least (a chunk has a fixed cost: the weights packed for its
+ * products, about 0.1-0.2 s on 2 cores: docs/RESULTS.md) */
+#define CHUNK_MIN 128
+
+/* The tokens slot s's cache shares with the prompt and may keep: its prompt-evaluated prefix. */
+static int reusable(const Slot* s, const Job* j) {
     int lcp = 0;
-    while (lcp < s->ntok && lcp < j->np && s->toks[lcp] == j->prompt[lcp]) lcp++;
-    const int np = j->np;
-    int cached = 0;
-    if (lcp == np && s->saved_n == np) { /* the slot's last prompt again: its logits kept */
-        kvcache_truncate(&s->c, np);
-        memcpy(e->logits, s->saved, sizeof(real) * e->V);
-        cached = np;
-    } else {
-        const int keep = 2 * lcp >= np ? (lcp < np ? lcp : np - 1) : 0;
-        kvcache_truncate(&s->c, keep);
-        model_prefill(e->m, &s->c, j->prompt + keep, np - keep, e->logits, 0);
-        memcpy(s->saved, e->logits, sizeof(real) * e->V);
-        cached = keep;
-    }
+    while (lcp < s->prompt_n && lcp < j->np && s->toks[lcp] == j->prompt[lcp]) lcp++;
+    return lcp;
+}
+
+/* Job j takes slot s (engine lock held): the cache keeps the longest prefix it shares with the
+ * prompt (at least half of the prompt, as llama-server's prompt similarity; else none), and the
+ * rest of the prompt is evaluated chunk by chunk. A repeated prompt's logits are kept. */
+static void assign_job(Engine* e, Slot* s, Job* j) {
+    const int lcp = reusable(s, j), np = j->np;
+    int keep = 2 * lcp >= np ? lcp : 0;
+    if (keep == np && s->saved_n != np) keep = np - 1; /* the last row again, for its logits */
+    if (keep < np) s->saved_n = 0; /* (the saved logits are the cached prompt's only) */
+    kvcache_truncate(&s->c, keep);
     memcpy(s->toks, j->prompt, sizeof(int) * (size_t)np);
-    s->ntok = s->saved_n = np;
-    j->st.cached_tokens = cached;
-    return decode_sample(e->logits, e->V, j->p.temperature, j->p.top_p, &j->rng);
+    s->ntok = s->prompt_n = keep;
+    j->st.cached_tokens = keep;
+    s->job = j;
+    s->filling = 1;
+    s->pending = -1;
+}
+
+/* One chunk of slot s's prompt (engine lock not held): as many tokens as the slot's last chunk
+ * says take CHUNK_SECONDS. Returns the first sampled token once the prompt is done, else -1. */
+static int prompt_chunk(Engine* e, Slot* s, Job* j) {
+    const int np = j->np, done = s->c.n;
+    if (done == np) { /* the slot's last prompt again: its logits kept */
+        memcpy(e->plogits, s->saved, sizeof(real) * e->V);
+    } else {
+        int k = s->rate > 0 ? (int)(CHUNK_SECONDS / s->rate) : CHUNK_MIN;
+        k = k < CHUNK_MIN ? CHUNK_MIN : k > 4096 ? 4096 : k;
+        if (k > np - done) k = np - done;
+        const double t0 = now_seconds();
+        model_prefill(e->m, &s->c, j->prompt + done, k, e->plogits, 0);
+        s->rate = (now_seconds() - t0) / k;
+        if (getenv("FOCUS_DEBUG_CHUNKS")) fprintf(stderr, "chunk %d at %d: %.3f s\n", k, done, s->rate * k);
+        s->ntok = s->prompt_n = s->c.n;
+        if (s->c.n < np) return -1;
+        memcpy(s->saved, e->plogits, sizeof(real) * e->V);
+        s->saved_n = np;
+    }
+    return decode_sample(e->plogits, e->V, j->p.temperature, j->p.top_p, &j->rng);
 }
 
 static void* engine_main(void* arg) {
@@ -189,8 +226,7 @@ static void* engine_main(void* arg) {
             for (int i = 0; i < e->ns; i++) {
                 Slot* s = &e->s[i];
                 if (s->job) continue;
-                int lcp = 0;
-                while (lcp < s->ntok && lcp < j->np && s->toks[lcp] == j->prompt[lcp]) lcp++;
+                int lcp = reusable(s, j);
                 if (2 * lcp < j->np) lcp = 0; /* too little in common: as good as empty */
                 if (lcp > best_lcp || (lcp == best_lcp && s->last_used < best->last_used))
                     best = s, best_lcp = lcp;
@@ -199,8 +235,9 @@ static void* engine_main(void* arg) {
             e->qhead = j->next;
             if (!e->qhead) e->qtail = NULL;
             e->qlen--;
-            best->job = j;
-            best->start = 1;
+            assign_job(e, best, j);
+            e->stats.prompt_tokens += j->np;
+            e->stats.cached_tokens += j->st.cached_tokens;
         }
         int active = 0;
         for (int i = 0; i < e->ns; i++) active += e->s[i].job != NULL;
@@ -211,21 +248,23 @@ static void* engine_main(void* arg) {
             pthread_cond_wait(&e->work, &e->mu);
             continue;
         }
-        /* new jobs: each prompt in one pass (a long prompt holds the others for its time) */
-        for (int i = 0; i < e->ns; i++) {
-            Slot* s = &e->s[i];
-            if (!s->job || !s->start) continue;
+        /* one chunk of one prompt (the slots take turns), then a decode step for the others:
+         * a long prompt neither holds the running streams nor a short prompt behind it */
+        for (int k = 0; k < e->ns; k++) {
+            Slot* s = &e->s[(e->rr + k) % e->ns];
+            if (!s->job || !s->filling) continue;
+            e->rr = (e->rr + k + 1) % e->ns;
             Job* j = s->job;
-            s->start = 0;
             pthread_mutex_unlock(&e->mu);
-            const int tok = start_job(e, s, j);
+            const int tok = prompt_chunk(e, s, j);
             pthread_mutex_lock(&e->mu);
-            e->stats.prompt_tokens += j->np;
-            e->stats.cached_tokens += j->st.cached_tokens;
-            if (j->cancelled)
+            if (j->cancelled) {
                 finish_job(e, s, FINISH_CANCELLED);
-            else
+            } else if (tok >= 0) {
+                s->filling = 0;
                 take_token(e, s, tok);
+            }
+            break;
         }
         /* one batched step for every slot with a token to feed */
         KVCache* cs[64];
@@ -276,6 +315,7 @@ Engine* engine_new(Model* m, const Tokenizer* t, int slots, int ctx, int queue, 
         s->pending = -1;
     }
     e->logits = mallocCheck(sizeof(real) * (size_t)slots * e->V);
+    e->plogits = mallocCheck(sizeof(real) * (size_t)e->V);
     governor_init(&e->gov);
     e->stats.slots = slots;
     pthread_mutex_init(&e->mu, NULL);
@@ -298,6 +338,7 @@ void engine_stop(Engine* e, double grace) {
         e->qhead = j->next;
         j->st.finish = FINISH_CANCELLED;
         e->stats.cancelled++;
+        e->inflight--;
         job_unref(j);
     }
     e->qtail = NULL;
@@ -317,6 +358,7 @@ void engine_free(Engine* e) {
     }
     free(e->s);
     free(e->logits);
+    free(e->plogits);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->progress);
@@ -334,7 +376,9 @@ Job* engine_submit(Engine* e, int* prompt, int np, JobParams* p, int* why) {
     j->t_submit = now_seconds();
     rng_seed(&j->rng, p->seed);
     pthread_mutex_lock(&e->mu);
-    *why = e->stopping ? 2 : e->qlen >= e->qcap ? 1 : 0;
+    /* room: a free slot or a place in the queue (the jobs in slots and queued counted alike,
+     * so that a burst on an idle server is not refused before the engine moves it) */
+    *why = e->stopping ? 2 : e->inflight >= e->ns + e->qcap ? 1 : 0;
     if (*why) {
         pthread_mutex_unlock(&e->mu);
         j->refs = 1;
@@ -347,6 +391,7 @@ Job* engine_submit(Engine* e, int* prompt, int np, JobParams* p, int* why) {
         e->qhead = j;
     e->qtail = j;
     e->qlen++;
+    e->inflight++;
     e->stats.requests++;
     e->stats.queued = e->qlen;
     pthread_cond_signal(&e->work);
@@ -385,6 +430,7 @@ void engine_cancel(Engine* e, Job* j) {
                 *p = j->next;
                 if (e->qtail == j) e->qtail = prev;
                 e->qlen--;
+                e->inflight--;
                 j->st.finish = FINISH_CANCELLED;
                 e->stats.cancelled++;
                 job_unref(j);

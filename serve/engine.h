@@ -2,12 +2,17 @@
  * group KV cache when the model has a router), a bounded queue of requests, and one thread that
  * owns the model. Continuous batching: at every step the next token of every active slot goes
  * through the weights as one batched product (model_decode_batch), each slot's arithmetic that
- * of a request served alone, so a text does not depend on what else runs. A new request takes
- * a free slot: the one whose cached tokens cover the longest prefix of its prompt (at least half
- * of it, as llama-server's prompt similarity), whose prompt is then evaluated from there only,
- * else the least recently used one, cleared. Requests are cancelled by the client (a closed
- * connection) or by a shutdown; a full cache ends a request with finish reason "length".
- * Tested by tests/serve_api.py through the HTTP server (serve/http.c). */
+ * of a request served alone, so a text does not depend on what else runs. A prompt is evaluated
+ * in chunks of about 0.2 s, the slots taking turns, each chunk followed by a decode step of the
+ * running slots: a long prompt neither stalls the streams nor the short prompts behind it. A new
+ * request takes a free slot: the one whose cache holds the longest prefix of its prompt (at least
+ * half of it, as llama-server's prompt similarity), evaluated from there only, else the least
+ * recently used one. Only a prefix that a prompt evaluation cached is reused (decoded tokens
+ * are evaluated again): a prompt gives the same bits in any chunks and after any reuse
+ * (model_prefill), so a request's tokens do not depend on what ran on its slot before. Requests
+ * are cancelled by the client (a closed connection) or by a shutdown; a full cache ends a
+ * request with finish reason "length". Tested by tests/serve_api.py through the HTTP server
+ * (serve/http.c). */
 #ifndef FOCUS_SERVE_ENGINE_H
 #define FOCUS_SERVE_ENGINE_H
 
@@ -60,8 +65,9 @@ void engine_free(Engine* e);
 int engine_ctx(const Engine* e);
 
 /* Queue a request for the prompt's np tokens (taken: the engine frees them) with its params
- * (the stop strings taken too). NULL when the queue is full (*why = 1) or the engine is
- * stopping (*why = 2); the prompt and params are freed then as well. */
+ * (the stop strings taken too). NULL when slots + queue requests are in the engine already
+ * (*why = 1) or the engine is stopping (*why = 2); the prompt and params are freed then as
+ * well. */
 Job* engine_submit(Engine* e, int* prompt, int np, JobParams* p, int* why);
 /* Wait at most ms milliseconds for text beyond the first `from` bytes of the job's text (only
  * complete UTF-8 characters and nothing that could still become a stop string count) or its

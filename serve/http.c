@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@ struct Server {
     atomic_int ready;
     atomic_long http_requests, http_errors, next_id;
     atomic_int streams; /* streamed responses not yet freed (all of their bytes handed over) */
+    atomic_int active;  /* requests begun and not yet ended (their answers may be on their way) */
     double started;
 };
 
@@ -40,12 +42,17 @@ typedef struct {
 
 /* ------------------------------------------------------------------ responses */
 
+/* The header a status asks for (RFC 9110): 401 says how to authenticate, 405 which method. */
+static __thread const char* allow_method;
+
 static enum MHD_Result send_text(struct MHD_Connection* c, unsigned status, const char* type,
                                  char* body, const char* retry_after) {
     struct MHD_Response* r =
         MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", type);
     if (retry_after) MHD_add_response_header(r, "Retry-After", retry_after);
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 405 && allow_method) MHD_add_response_header(r, "Allow", allow_method);
     const enum MHD_Result ok = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ok;
@@ -90,16 +97,17 @@ static enum MHD_Result send_error(Server* sv, struct MHD_Connection* c, unsigned
     return send_text(c, status, "application/json", s, status == 503 ? "1" : NULL);
 }
 
-/* Whether the client has closed its end (a cancelled request). */
+/* Whether the client is gone (a cancelled request): its connection reset or broken. A client
+ * that only closed its sending half after its request (shutdown(SHUT_WR), as `nc -N` does)
+ * still waits for the answer, and a closed socket reads the same: such a request runs on, and
+ * its answer fails to send if nobody is there. A stream learns it at its next write. */
 static int client_gone(struct MHD_Connection* c) {
     const union MHD_ConnectionInfo* ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return 1;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    struct pollfd p = {.fd = ci->connect_fd, .events = 0};
     if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return 1;
-    char b;
-    return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+    return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 /* text as valid UTF-8 (malloc'd; frees s): a byte that does not begin a complete, well-formed
@@ -659,6 +667,71 @@ static enum MHD_Result metrics(Server* sv, struct MHD_Connection* c) {
 
 /* ------------------------------------------------------------------ dispatch */
 
+/* The API key compared in time that does not depend on where it differs (only on its length). */
+static int same_key(const char* got, const char* key) {
+    const size_t gl = strlen(got), kl = strlen(key);
+    unsigned char d = gl != kl;
+    for (size_t i = 0; i < kl; i++) d |= (unsigned char)(key[i] ^ (i < gl ? got[i] : 0));
+    return d == 0;
+}
+
+/* A key twice in one object, anywhere in the tree (1: found). */
+static int duplicate_key(const cJSON* j, const char** name) {
+    for (const cJSON* x = j ? j->child : NULL; x; x = x->next) {
+        if (cJSON_IsObject(j))
+            for (const cJSON* y = x->next; y; y = y->next)
+                if (x->string && y->string && !strcmp(x->string, y->string)) {
+                    *name = x->string;
+                    return 1;
+                }
+        if (duplicate_key(x, name)) return 1;
+    }
+    return 0;
+}
+
+/* The body as one JSON object, strictly: nothing after it, no key twice in an object, no NUL
+ * (raw or escaped) that would cut a C string short. NULL with the reason otherwise. */
+static cJSON* parse_body(const char* b, size_t n, char* why, size_t wl) {
+    if (!b || !n) {
+        snprintf(why, wl, "the body must be a JSON object (it is empty)");
+        return NULL;
+    }
+    if (memchr(b, 0, n)) {
+        snprintf(why, wl, "the body holds a NUL byte");
+        return NULL;
+    }
+    for (size_t i = 0; i + 6 <= n; i++) /* \u0000 in a string (a backslash itself escaped is \\) */
+        if (b[i] == '\\') {
+            if (!strncasecmp(b + i + 1, "u0000", 5)) {
+                snprintf(why, wl, "a JSON string holds \\u0000 (NUL), which is not accepted");
+                return NULL;
+            }
+            i++; /* the escaped character */
+        }
+    const char* end = NULL;
+    cJSON* j = cJSON_ParseWithLengthOpts(b, n, &end, 0);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        snprintf(why, wl, "the body must be a JSON object");
+        return NULL;
+    }
+    while (end && end < b + n && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n'))
+        end++;
+    if (end && end < b + n) {
+        cJSON_Delete(j);
+        snprintf(why, wl, "the body has data after its JSON object (at byte %zu)",
+                 (size_t)(end - b));
+        return NULL;
+    }
+    const char* dup = NULL;
+    if (duplicate_key(j, &dup)) {
+        snprintf(why, wl, "the key \"%.80s\" appears twice in one object", dup);
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
 static int is(const char* url, const char* a, const char* b) {
     return !strcmp(url, a) || (b && !strcmp(url, b));
 }
@@ -672,6 +745,7 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
     if (!rq) { /* the headers: a body announced beyond the limit is refused before it comes */
         rq = *con_cls = callocCheck(1, sizeof(Req));
         sv->http_requests++;
+        atomic_fetch_add(&sv->active, 1);
         const char* cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > sv->o.max_body) {
             rq->too_big = rq->answered = 1;
@@ -701,7 +775,10 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
                           "the request body is over the limit of %zu bytes", sv->o.max_body);
     const int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (is(url, "/health", "/v1/health")) {
-        if (!get) return send_error(sv, c, 405, NULL, NULL, "%s: use GET", url);
+        if (!get) {
+            allow_method = "GET";
+            return send_error(sv, c, 405, NULL, NULL, "%s: use GET", url);
+        }
         if (!sv->ready)
             return send_text(c, 503, "application/json", strdup("{\"status\":\"loading model\"}"),
                              "1");
@@ -709,9 +786,7 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
     }
     if (sv->o.api_key) {
         const char* auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-        const size_t kl = strlen(sv->o.api_key);
-        if (!auth || strncmp(auth, "Bearer ", 7) || strlen(auth + 7) != kl ||
-            memcmp(auth + 7, sv->o.api_key, kl))
+        if (!auth || strncmp(auth, "Bearer ", 7) || !same_key(auth + 7, sv->o.api_key))
             return send_error(
                 sv, c, 401, NULL, "invalid_api_key",
                 auth ? "invalid API key" : "an API key is needed (Authorization: Bearer KEY)");
@@ -723,16 +798,16 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
                            is(url, "/tokenize", NULL) || is(url, "/detokenize", NULL);
     if (!known_get && !known_post)
         return send_error(sv, c, 404, NULL, NULL, "no endpoint %.200s", url);
-    if ((known_get && !get) || (known_post && !post))
+    if ((known_get && !get) || (known_post && !post)) {
+        allow_method = known_get ? "GET" : "POST";
         return send_error(sv, c, 405, NULL, NULL, "%.200s: use %s", url,
                           known_get ? "GET" : "POST");
+    }
     if (is(url, "/v1/models", "/models")) return models(sv, c);
     if (is(url, "/metrics", NULL)) return metrics(sv, c);
-    cJSON* root = rq->body ? cJSON_ParseWithLength(rq->body, rq->len) : NULL;
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return send_error(sv, c, 400, NULL, NULL, "the body must be a JSON object");
-    }
+    char why[160];
+    cJSON* root = parse_body(rq->body, rq->len, why, sizeof why);
+    if (!root) return send_error(sv, c, 400, NULL, NULL, "%s", why);
     enum MHD_Result ok;
     if (is(url, "/tokenize", NULL))
         ok = tokenize(sv, c, root);
@@ -752,6 +827,7 @@ static void completed(void* cls, struct MHD_Connection* c, void** con_cls,
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)sv->o.timeout_s);
     Req* rq = *con_cls;
     if (!rq) return;
+    atomic_fetch_sub(&sv->active, 1);
     free(rq->body);
     free(rq);
     *con_cls = NULL;
@@ -794,11 +870,14 @@ void serve_ready(Server* sv, Model* m, const Tokenizer* t, const ChatTemplate* c
 void serve_stop(Server* sv) {
     MHD_socket s = MHD_quiesce_daemon(sv->d); /* no new connections */
     if (sv->e) engine_stop(sv->e, sv->o.grace);
-    /* The engine has finished every job, but a stream's last events may still be on their way
-     * to its client: stopping the daemon now would cut them off. Wait for the streams to drain
-     * (a client that stops reading is not waited for past the grace and a few seconds more). */
+    /* The engine has finished every job, but an answer or a stream's last events may still be
+     * on their way to the client: stopping the daemon now would cut them off. Wait for every
+     * begun request to end and the streams to drain (a client that stops reading is not waited
+     * for past the grace and a few seconds more). */
     const struct timespec tick = {0, 10 * 1000 * 1000};
-    for (int i = 0; atomic_load(&sv->streams) > 0 && i < 100 * (sv->o.grace + 5); i++)
+    for (int i = 0; (atomic_load(&sv->streams) > 0 || atomic_load(&sv->active) > 0) &&
+                    i < 100 * (sv->o.grace + 5);
+         i++)
         nanosleep(&tick, NULL);
     MHD_stop_daemon(sv->d); /* the connections' threads end */
     if (s != MHD_INVALID_SOCKET) close(s);

@@ -240,6 +240,17 @@ def bad_inputs(s, label, ctx):
         ("detokenize a bad id", "/detokenize", {"tokens": [-1]}, 400),
         ("tokenize without content", "/tokenize", {"text": "x"}, 400),
         ("an unknown endpoint", "/v1/embeddings", {"input": "x"}, 404),
+        ("data after the JSON object", "/v1/completions", b'{"prompt": "hi"} x', 400),
+        ("two JSON objects", "/v1/completions", b'{"prompt": "hi"}{"prompt": "ho"}', 400),
+        ("a key twice", "/v1/completions", b'{"prompt": "hi", "prompt": "ho"}', 400),
+        ("a key twice, nested", "/v1/chat/completions",
+         b'{"messages": [{"role": "user", "role": "system", "content": "x"}]}', 400),
+        ("a NUL escaped in the prompt", "/v1/completions", b'{"prompt": "hi\\u0000there"}', 400),
+        ("a NUL escaped in a role", "/v1/chat/completions",
+         b'{"messages": [{"role": "user\\u0000x", "content": "x"}]}', 400),
+        ("a NUL escaped in the model", "/v1/completions",
+         b'{"prompt": "hi", "model": "a\\u0000b"}', 400),
+        ("a raw NUL byte", "/v1/completions", b'{"prompt": "hi\x00there"}', 400),
     ]
     for what, path, body, want in cases:
         st, r = s.request("POST", path, body)
@@ -249,7 +260,10 @@ def bad_inputs(s, label, ctx):
         check(st == want and err.get("message") and err.get("type") and good == 200,
               f"{label}: {what}: {st} {err.get('message', r)!r:.90}, then a good request")
     st, r = s.request("GET", "/v1/completions")
-    check(st == 405, f"{label}: GET on a POST endpoint: 405")
+    check(st == 405 and s.last_headers.get("Allow") == "POST",
+          f"{label}: GET on a POST endpoint: 405 with Allow: POST")
+    st, r = s.request("POST", "/v1/completions", b'{"prompt": "a \\\\u0000 is text"}')
+    check(st == 200, f"{label}: an escaped backslash before u0000 is text, not a NUL")
     # a body over the limit (4 MiB): refused at its headers, before it is sent
     sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -308,8 +322,13 @@ def tiny_checks(tiny_args, ctx):
                        {"Authorization": "Bearer wrong"})
     st3, h = s.request("GET", "/health")
     st4, ok = s.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}, auth)
+    www = s.last_headers.get("WWW-Authenticate")
     check(st == 401 and st2 == 401 and r["error"]["code"] == "invalid_api_key" and st3 == 200 and
           st4 == 200, "--api-key: missing or wrong key 401, /health open, the key works")
+    st, _ = s.request("POST", "/v1/completions", {"prompt": "hi"})
+    check(st == 401 and s.last_headers.get("WWW-Authenticate") == "Bearer",
+          "401 says how to authenticate (WWW-Authenticate: Bearer)")
+    del www
     ids = [5] * 60
     st, r = s.request("POST", "/v1/completions", {"prompt": ids, "max_tokens": 50,
                                                   "temperature": 0}, auth)
@@ -390,6 +409,136 @@ def slow_checks(model_args, label):
           f"exit {rc}")
 
 
+def raw_request(port, body, half_close=False, timeout=120):
+    """A request on a socket of its own; half_close: shutdown(SHUT_WR) after it, as nc -N.
+    Returns the whole answer's bytes (the server closes after it: Connection: close)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    if half_close:
+        sock.shutdown(socket.SHUT_WR)
+    got = b""
+    try:
+        while True:
+            more = sock.recv(65536)
+            if not more:
+                break
+            got += more
+    except (ConnectionResetError, socket.timeout):
+        pass
+    sock.close()
+    return got
+
+
+def cache_and_fairness(smol, label):
+    """The same answer whatever ran on the slot before; the queue counts slots and waiting
+    requests together; a half-closed client gets its answer; a long prompt neither stalls a
+    running stream nor a short request; SIGTERM lets a running request end with an answer."""
+    s = Server(["--model", smol, "--parallel", "1", "--ctx", "4096", "--queue", "2"])
+    st, models = s.request("GET", "/v1/models")
+    s.name = models["data"][0]["id"]
+
+    def chat(text, n=24):
+        r = s.client.chat.completions.create(model=s.name, max_tokens=n, temperature=0,
+                                             messages=[{"role": "user", "content": text}])
+        return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens
+    rivers, _ = chat("Name three rivers.")
+    chat("Tell me a joke.")
+    again, cached = chat("Name three rivers.")
+    check(again == rivers and cached > 0,
+          f"{label}: a chat's answer is the same after another used the slot ({cached} prompt "
+          f"tokens reused; {rivers[:40]!r})")
+    a1 = completion_text(s, "The old house by the river had a garden where", 24)[0]
+    completion_text(s, "The old house by the river had a cellar in which", 24)
+    a2, _, u = completion_text(s, "The old house by the river had a garden where", 24)
+    check(a1 == a2 and u.prompt_tokens_details.cached_tokens > 0,
+          f"{label}: a completion sharing a prefix with the last one: the same text")
+    # a half-closed client (nc -N) gets its answer
+    got = raw_request(s.port, {"prompt": "Hello", "max_tokens": 4, "temperature": 0},
+                      half_close=True)
+    check(got.startswith(b"HTTP/1.1 200") and b'"choices"' in got,
+          f"{label}: a client that half-closes after its request gets the answer")
+    # a running stream, then a long prompt: the stream goes on, a short request gets in
+    check(s.stop() == 0, f"{label}: exit 0")
+    s = Server(["--model", smol, "--parallel", "3", "--ctx", "4096"])
+    s.name = s.request("GET", "/v1/models")[1]["data"][0]["id"]
+    sock = open_stream(s.port, {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0})
+    sock.settimeout(30)
+    stamps, buf = [], b""
+
+    def reader():
+        nonlocal buf
+        while True:
+            try:
+                more = sock.recv(65536)
+            except (OSError, socket.timeout):
+                break
+            if not more:
+                break
+            buf += more
+            stamps.append((time.time(), more.count(b"data: ")))
+    rt = threading.Thread(target=reader)
+    rt.start()
+    time.sleep(1.0)
+    long_prompt = " ".join(["the river ran past the old mill and on to the sea"] * 180)
+    res = {}
+
+    def long_req():
+        t0 = time.time()
+        res["long"] = s.request("POST", "/v1/completions",
+                                {"prompt": long_prompt, "max_tokens": 1, "temperature": 0})
+        res["long_s"] = time.time() - t0
+    lt = threading.Thread(target=long_req)
+    t_long = time.time()
+    lt.start()
+    time.sleep(0.3)
+    t0 = time.time()
+    short = s.client.completions.create(model=s.name, prompt="Hi", max_tokens=1, temperature=0)
+    short_s = time.time() - t0
+    lt.join(timeout=300)
+    t_end = time.time()
+    sock.close()
+    rt.join(timeout=30)
+    during = [t for t, _ in stamps if t_long <= t <= t_end]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    worst = max(gaps) if gaps else float("inf")
+    check(res.get("long", (0,))[0] == 200 and res["long"][1]["usage"]["prompt_tokens"] > 1500 and
+          worst < 1.5 and short_s < 2.0,
+          f"{label}: while a prompt of {res.get('long', (0, {}))[1].get('usage', {}).get('prompt_tokens')} "
+          f"tokens is evaluated ({res.get('long_s', 0):.1f} s) the running stream pauses at most "
+          f"{worst:.2f} s, a short request answers in {short_s:.2f} s")
+    check(s.stop() == 0, f"{label}: exit 0")
+    # SIGTERM with a short grace: a running unstreamed request gets an answer, not a closed socket
+    s = Server(["--model", smol, "--parallel", "1", "--ctx", "2048", "--grace", "1"])
+    out = {}
+    th = threading.Thread(target=lambda: out.update(
+        got=raw_request(s.port, {"prompt": "Once", "max_tokens": 1500, "temperature": 0})))
+    th.start()
+    time.sleep(1.5)
+    s.p.send_signal(signal.SIGTERM)
+    th.join(timeout=60)
+    rc = s.stop()
+    got = out.get("got", b"")
+    check(rc == 0 and (got.startswith(b"HTTP/1.1 503") and b"shutting" in got or
+                       got.startswith(b"HTTP/1.1 200")),
+          f"{label}: SIGTERM past --grace 1: the running request gets {got[:12]!r}, exit {rc}")
+    # --queue 0, two slots: two requests at once on an idle server are both served
+    s = Server(["--model", smol, "--parallel", "2", "--queue", "0", "--ctx", "512"])
+    codes = [None, None]
+
+    def one(i):
+        codes[i] = s.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 8})[0]
+    th = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(timeout=120)
+    check(codes == [200, 200], f"{label}: --parallel 2 --queue 0: two requests at once both "
+          f"served ({codes})")
+    check(s.stop() == 0, f"{label}: exit 0")
+
+
 def main():
     work = tempfile.mkdtemp()
     try:
@@ -416,6 +565,7 @@ def main():
             drop_mid_stream(s, "SmolLM2")
             check(s.stop() == 0, "SmolLM2: exit 0 on SIGTERM")
             slow_checks(["--model", smol], "SmolLM2")
+            cache_and_fairness(smol, "SmolLM2")
         else:
             print("serve_api: the SmolLM2 part skipped (scripts/fetch_model.sh)")
     finally:

@@ -29,8 +29,9 @@ static const char serve_usage[] =
     "--router (--set w=N and the other Focus keys as for eval; --attn window serves sinks + a\n"
     "sliding window without a router). A request whose prompt begins with a slot's cached tokens "
     "(a chat that goes on)\n"
-    "evaluates only the rest. Beyond the slots, --queue requests wait; more get 503 with\n"
-    "Retry-After. --api-key: every endpoint but /health needs \"Authorization: Bearer KEY\".\n"
+    "evaluates only the rest (a prefix a prompt cached; the answer is the same bits either way).\n"
+    "Prompts are evaluated in chunks of about 0.2 s between the running slots' decode steps.\n"
+    "Beyond the slots, --queue requests wait; more get 503 with Retry-After. --api-key: every endpoint but /health needs \"Authorization: Bearer KEY\".\n"
     "The chat template is recognised from the GGUF file (ChatML, Gemma) or named with\n"
     "--chat-template. It listens on the loopback address unless --host says otherwise (0.0.0.0:\n"
     "every interface); --port 0 takes a free port (printed). SIGTERM or SIGINT: no new\n"
@@ -55,6 +56,11 @@ int cmd_serve(int argc, char** argv) {
     if (strcmp(kv, "f16") && strcmp(kv, "f32"))
         fatal("serve: --kv must be f16 or f32, got '%s'", kv);
     if (key && !key[0]) fatal("serve: --api-key is empty");
+    if (!key && strcmp(host, "127.0.0.1") && strcmp(host, "localhost"))
+        fprintf(stderr,
+                "focus serve: warning: listening on %s without --api-key: anyone who reaches this "
+                "address can use the model\n",
+                host);
     /* the chat template first: a template we cannot serve stops the start, before the load */
     char why[600];
     const char* src = NULL;
