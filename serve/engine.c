@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -201,7 +200,6 @@ static int prompt_chunk(Engine* e, Slot* s, Job* j) {
         const double t0 = now_seconds();
         model_prefill(e->m, &s->c, j->prompt + done, k, e->plogits, 0);
         s->rate = (now_seconds() - t0) / k;
-        if (getenv("FOCUS_DEBUG_CHUNKS")) fprintf(stderr, "chunk %d at %d: %.3f s\n", k, done, s->rate * k);
         s->ntok = s->prompt_n = s->c.n;
         if (s->c.n < np) return -1;
         memcpy(s->saved, e->plogits, sizeof(real) * e->V);
