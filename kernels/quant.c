@@ -1109,8 +1109,50 @@ typedef struct {
 /* 1 when a block format has one scale per 32 weights (what the panel holds; Q6_K has two) */
 static int int8_panel_format(int type) { return block_elems(type) && type != QTYPE_Q6_K; }
 
+/* pack_panel from qmatrix_prepare's copy, which holds the same unsigned weights per 16-row
+ * group and block (Q4: two to a byte, quads 2t and 2t + 1 in the low and high nibbles of its
+ * quad t; Q8_0: the panel's bytes themselves) and the scales as fp16: the same panel, bit for
+ * bit, at a fraction of the cost of decoding every block again (a prompt fed in chunks packs
+ * every weight once per chunk). 0 where the copy does not fit the panel. */
+static int pack_panel_packed(Panel* p, const QMatrix* w, int r0, int nr) {
+    const int q4 = w->type == QTYPE_Q4_0 || w->type == QTYPE_Q4_1, q8 = w->type == QTYPE_Q8_0;
+    if (!w->packed || w->packed_isa != quant_isa() || !(q4 || q8) || r0 % 16 ||
+        (q8 && p->off != panel_offset(w->type, w->packed_isa == QUANT_ISA_AVX2)))
+        return 0;
+    const int nb = w->cols / 32, groups = (nr + 15) / 16;
+    const size_t S = vnni_block_bytes(w->type), at = packed_scales_at(w->type);
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < groups; g++) {
+        for (int k = 0; k < nb; k++) {
+            const uint8_t* blk = w->packed + ((size_t)(r0 / 16 + g) * nb + k) * S;
+            uint8_t* u = p->u + ((size_t)g * nb + k) * 512;
+            if (q8) {
+                memcpy(u, blk, 512);
+            } else {
+                for (int t = 0; t < 4; t++)
+                    for (int i = 0; i < 64; i++) {
+                        u[128 * t + i] = blk[64 * t + i] & 15;
+                        u[128 * t + 64 + i] = blk[64 * t + i] >> 4;
+                    }
+            }
+            const size_t sc = ((size_t)g * nb + k) * 16;
+            for (int L = 0; L < 16; L++) {
+                const int live = 16 * g + L < nr; /* rows past nr zero, as pack_panel has them */
+                p->s[sc + L] = live ? f16_to_f32(rd16(blk + at + 2 * L)) : 0.0f;
+                p->c[sc + L] = live && w->type == QTYPE_Q4_1
+                                   ? f16_to_f32(rd16(blk + at + 32 + 2 * L))
+                                   : 0.0f;
+                if (!live)
+                    for (int t = 0; t < 8; t++) memset(u + 64 * t + 4 * L, 0, 4);
+            }
+        }
+    }
+    return 1;
+}
+
 /* Rows r0 .. r0 + nr - 1 of w into panel groups (rows past nr zero). */
 static void pack_panel(Panel* p, const QMatrix* w, int r0, int nr) {
+    if (pack_panel_packed(p, w, r0, nr)) return;
     const int nb = w->cols / 32, groups = (nr + 15) / 16;
 #pragma omp parallel for schedule(static)
     for (int g = 0; g < groups; g++) {

@@ -159,9 +159,9 @@ static void take_token(Engine* e, Slot* s, int tok) {
 /* The seconds a prompt's chunk may take: a running stream waits at most this long for its next
  * token, a new request for its turn. */
 #define CHUNK_SECONDS 0.25
-/* ... and the tokens it takes at least (a chunk has a fixed cost: the weights packed for its
- * products, about 0.1-0.2 s on 2 cores: docs/RESULTS.md) */
-#define CHUNK_MIN 128
+/* ... and the tokens it takes at least (a chunk has a fixed cost, every weight read once for its
+ * products: about 20-35 ms for SmolLM2 on 2 cores, docs/RESULTS.md) */
+#define CHUNK_MIN 32
 
 /* The tokens slot s's cache shares with the prompt and may keep: its prompt-evaluated prefix. */
 static int reusable(const Slot* s, const Job* j) {

@@ -127,6 +127,15 @@ static void check_format(int type, const char* name, Rng* r) {
     const int int8 = type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q5_0 ||
                      type == QTYPE_Q8_0 || type == QTYPE_Q4_K || type == QTYPE_Q5_K;
     if (int8) qmatmul_int8_ref(yi, rows, &w, x, n, bias);
+    if (w.packed) { /* the panels taken from the packed decode copy: the same bits as decoded */
+        static float yu[n * rows];
+        uint8_t* keep = w.packed;
+        w.packed = NULL;
+        qmatmul(yu, rows, &w, x, n, bias, 0);
+        w.packed = keep;
+        CHECK(!memcmp(yu, yb, sizeof yu), "%s: panels from the packed copy differ from decoded",
+              name);
+    }
     double errb = 0, scb = 0, seb = 0, swb = 0, erri = 0;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < rows; i++) {

@@ -31,12 +31,13 @@ static double log_softmax_at(const real* logits, int V, int target) {
 static const char decode_usage[] =
     "usage: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]\n"
     "                          [--router router.h5 [--topk k]] [--attn A] [--set key=value]...\n"
-    "                          [--prefill batched|exact|steps]\n"
+    "                          [--prefill batched|exact|steps] [--chunk N]\n"
     "                          [--kv f16|f32] [--threads N] [--seed s]\n"
     "                          [--data D [--tokenizer T]]\n"
     "Tokens/s of the prompt (--ctx random token ids in one batched pass as generate feeds them:\n"
     "int8 products where the CPU has VNNI, fp32 ones with --prefill exact; or with --prefill\n"
-    "steps one at a time) and of decoding -n more tokens greedily after it. Decode steps choose\n"
+    "steps one at a time; --chunk N feeds the batched prompt in calls of N tokens, as the server\n"
+    "does) and of decoding -n more tokens greedily after it. Decode steps choose\n"
     "their thread count (up to OMP_NUM_THREADS) by measurement, which keeps a busy machine\n"
     "from halving the speed; --threads N runs every step on N threads instead. --kv: the KV\n"
     "cache's keys and values in half precision (the default) or fp32. --weights native (the "
@@ -52,14 +53,14 @@ static const char decode_usage[] =
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
                *attn = NULL, *tok = NULL, *prefill = "batched", *kv = "f16";
-    int ctx = 1024, n = 64, seed = 1, threads = 0;
+    int ctx = 1024, n = 64, seed = 1, threads = 0, chunk = 0;
     CliList sets = {0};
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
                   "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024] --kv:s --attn:s "
-                  "--set:*",
+                  "--chunk:i[1,1048576] --set:*",
                   &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill,
-                  &threads, &kv, &attn, &sets))
+                  &threads, &kv, &attn, &chunk, &sets))
         return 0;
     if (!model) fatal("bench decode: needs --model");
     const int steps = !strcmp(prefill, "steps"), exact = !strcmp(prefill, "exact");
@@ -106,6 +107,9 @@ int cmd_bench_decode(int argc, char** argv) {
             if (i) nll += log_softmax_at(logits, m.cfg.V, ids[i]);
             model_decode_step(&m, &c, ids[i], logits);
         }
+    } else if (chunk && !scored) {
+        for (int i = 0; i < ctx; i += chunk)
+            model_prefill(&m, &c, ids + i, ctx - i < chunk ? ctx - i : chunk, logits, 0);
     } else {
         model_prefill(&m, &c, ids, ctx, scored ? all : logits, scored);
     }
@@ -165,6 +169,7 @@ int cmd_bench_decode(int argc, char** argv) {
         ctx,
         steps   ? "one at a time"
         : exact ? "batched, fp32 products"
+        : chunk && !scored ? "batched, in chunks"
                 : "batched",
         scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
         (double)(c.pairs - pairs0) / dense_pairs);

@@ -37,6 +37,34 @@ static const char serve_usage[] =
     "every interface); --port 0 takes a free port (printed). SIGTERM or SIGINT: no new\n"
     "connections, running requests finish (at most --grace seconds), exit 0.\n";
 
+/* What serve loads before it answers, in a thread of its own (cmd_serve says why). */
+typedef struct {
+    Model* m;
+    ModelInfo* info;
+    const char *model, *router, *attn, *topk, *weights, *tok;
+    CliList* sets;
+    int ctx, half;
+    Tokenizer* t; /* out */
+} Loading;
+
+static void* load_for_serving(void* arg) {
+    Loading* ld = arg;
+    Model* m = ld->m;
+    cli_load_decoder(m, ld->info, ld->model, ld->router, ld->attn, ld->topk, ld->weights);
+    cli_apply_focus_sets(m, ld->model, ld->router, ld->sets); /* e.g. a wider window */
+    cli_check_context(m, ld->ctx ? ld->ctx : m->cfg.maxT, "serve", "--ctx");
+    ld->t = tokenizer_load(ld->tok ? ld->tok : ld->model);
+    /* one token through the decode path: a mode it cannot serve stops here, not a request */
+    KVCache c;
+    kvcache_init(&c, m, 2, ld->half);
+    real* lg = mallocCheck(sizeof(real) * m->cfg.V);
+    const int first = tokenizer_bos(ld->t) >= 0 ? tokenizer_bos(ld->t) : tokenizer_eot(ld->t);
+    model_prefill(m, &c, &first, 1, lg, 0);
+    free(lg);
+    kvcache_free(&c);
+    return NULL;
+}
+
 int cmd_serve(int argc, char** argv) {
     const char *model = NULL, *tok = NULL, *router = NULL, *topk = NULL, *attn = NULL,
                *weights = NULL, *host = "127.0.0.1", *key = NULL, *alias = NULL, *tmpl = NULL,
@@ -105,22 +133,20 @@ int cmd_serve(int argc, char** argv) {
                       .grace = grace,
                       .half = !strcmp(kv, "f16")};
     Server* sv = serve_listen(&o);
+    /* The model is loaded and tried in a thread that then exits, and with it the OpenMP
+     * threads it started: libgomp spins between parallel regions only while all the threads it
+     * manages fit the cores, so a second idle team beside the engine's would put every region of
+     * the engine to sleep and wake it (a prompt took 3x as long, measured: docs/RESULTS.md). */
     Model m;
     ModelInfo info;
-    cli_load_decoder(&m, &info, model, router, attn, topk, weights);
-    cli_apply_focus_sets(&m, model, router, &sets); /* e.g. a wider window at long context */
+    Loading ld = {.m = &m, .info = &info, .model = model, .router = router, .attn = attn,
+                  .topk = topk, .weights = weights, .tok = tok, .sets = &sets, .ctx = ctx,
+                  .half = o.half};
+    pthread_t lt;
+    if (pthread_create(&lt, NULL, load_for_serving, &ld)) fatal("serve: cannot start a thread");
+    pthread_join(lt, NULL);
+    Tokenizer* t = ld.t;
     if (!ctx) o.ctx = ctx = m.cfg.maxT;
-    cli_check_context(&m, ctx, "serve", "--ctx");
-    Tokenizer* t = tokenizer_load(tok ? tok : model);
-    { /* one token through the decode path: a mode it cannot serve stops here, not a request */
-        KVCache c;
-        kvcache_init(&c, &m, 2, o.half);
-        real* lg = mallocCheck(sizeof(real) * m.cfg.V);
-        const int first = tokenizer_bos(t) >= 0 ? tokenizer_bos(t) : tokenizer_eot(t);
-        model_prefill(&m, &c, &first, 1, lg, 0);
-        free(lg);
-        kvcache_free(&c);
-    }
     char desc[1200];
     fprintf(stderr, "focus serve: %s, attention %s\n", info.name,
             cli_attention_desc(&m, desc, sizeof desc));
