@@ -9,6 +9,7 @@
 
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
+#include "sample.h"
 
 /* the thread governor's step counts (see governor_update) */
 enum { GOVERN_PERIOD = 128, GOVERN_PROBE = 6, GOVERN_MIN_GAP = 16 };
@@ -847,47 +848,8 @@ void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits,
     free(cs);
 }
 
-typedef struct {
-    double p;
-    int id;
-} Cand;
-
-static int by_p_desc(const void* a, const void* b) {
-    const double x = ((const Cand*)a)->p, y = ((const Cand*)b)->p;
-    return x < y ? 1 : x > y ? -1 : ((const Cand*)a)->id - ((const Cand*)b)->id;
-}
-
 int decode_sample(const real* logits, int V, double temperature, double top_p, Rng* rng) {
-    int best = 0;
-    for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
-    if (temperature <= 0) return best;
-    /* the candidates within exp(-30) of the most likely: the rest carries no practical mass */
-    Cand* c = mallocCheck(sizeof(Cand) * (size_t)V);
-    int n = 0;
-    double sum = 0;
-    for (int v = 0; v < V; v++) {
-        const double z = (logits[v] - logits[best]) / temperature;
-        if (z < -30) continue;
-        c[n].p = exp(z), c[n].id = v;
-        sum += c[n++].p;
-    }
-    if (top_p < 1) { /* the nucleus: most likely first, until top_p of the mass */
-        qsort(c, (size_t)n, sizeof(Cand), by_p_desc);
-        double mass = 0;
-        int k = 0;
-        while (k < n && mass < top_p * sum) mass += c[k++].p;
-        n = k, sum = mass;
-    }
-    const double r = rng_uniform(rng) * sum;
-    double acc = 0;
-    int choice = c[n - 1].id;
-    for (int j = 0; j < n; j++) {
-        acc += c[j].p;
-        if (r < acc) {
-            choice = c[j].id;
-            break;
-        }
-    }
-    free(c);
-    return choice;
+    Sampling s = sampling_defaults();
+    s.temperature = temperature, s.top_p = top_p;
+    return sample_token(logits, V, &s, NULL, 0, NULL, 0, rng);
 }

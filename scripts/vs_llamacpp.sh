@@ -31,48 +31,11 @@ fi
 cmake --build build -j"$(nproc)" --target focus >/dev/null
 
 # llama-bench from the PyPI source package
-lc=cache/llama.cpp
-sdist=llama_cpp_python-0.3.36.tar.gz
-sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 level=${LEVEL:-native}
-case $level in
-  native) bdir=build; ggml=(-DGGML_NATIVE=ON) ;;
-  avx2) bdir=build-avx2; ggml=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
-                               -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF) ;;
-  avx_vnni) bdir=build-avx_vnni; ggml=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
-                                       -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=OFF) ;;
-  avx512_vnni) bdir=build-avx512_vnni; ggml=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
-                   -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON) ;;
-  *) echo "vs_llamacpp: LEVEL=$level: expected native, avx2, avx_vnni or avx512_vnni" >&2; exit 1 ;;
-esac
 if [ "$level" = native ]; then unset FOCUS_ISA; else export FOCUS_ISA=$level; fi
 # below AVX-512, the BLAS of focus's fp32 panels at that level too
 case $level in avx2|avx_vnni) export OPENBLAS_CORETYPE=Haswell ;; esac
-bench=$lc/src/vendor/llama.cpp/$bdir/bin/llama-bench
-if [ ! -x "$bench" ]; then
-  mkdir -p "$lc"
-  if [ ! -f "$lc/$sdist" ]; then
-    python3 -m pip download --quiet --no-deps --no-binary :all: -d "$lc" llama-cpp-python==0.3.36
-  fi
-  if ! echo "$sha  $lc/$sdist" | sha256sum -c --status; then
-    echo "vs_llamacpp: $lc/$sdist: sha256 mismatch (expected $sha)" >&2
-    exit 1
-  fi
-  if [ ! -d "$lc/src/vendor/llama.cpp" ]; then
-    rm -rf "$lc/src" && mkdir -p "$lc/src"
-    tar xzf "$lc/$sdist" -C "$lc/src" --strip-components=1
-  fi
-  src=$lc/src/vendor/llama.cpp
-  echo "building llama-bench (log: $lc/build.log)" >&2
-  if ! { cmake -S "$src" -B "$src/$bdir" -DCMAKE_BUILD_TYPE=Release "${ggml[@]}" \
-    -DLLAMA_CURL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_OPENSSL=OFF && cmake --build "$src/$bdir" --target llama-bench -j"$(nproc)"; } \
-    >"$lc/build.log" 2>&1; then
-    tail -n 20 "$lc/build.log" >&2
-    echo "vs_llamacpp: building llama-bench failed (log: $lc/build.log)" >&2
-    exit 1
-  fi
-fi
+bench=$(bash scripts/build_llamacpp.sh llama-bench "$level")
 
 raw=$out/raw.tsv
 printf 'round\tload\tsystem\ttest\tthreads\ttokens_per_s\n' >"$raw"

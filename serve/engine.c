@@ -16,6 +16,8 @@ struct Job {
     size_t len, cap;
     size_t safe; /* the bytes a client may see: complete characters, no possible stop prefix */
     JobStatus st;
+    TokenLogprob* lp; /* per generated token, when the request asked (p.logprobs >= 0) */
+    int nlp, lpcap;
     double t_submit;
     int cancelled;
     int refs;  /* the engine's and the client's */
@@ -54,6 +56,7 @@ struct Engine {
     Governor gov;
     real* logits; /* (ns, V) of a batched step */
     real* plogits; /* (V) after a prompt's chunk */
+    TokenLogprob lps[64]; /* of a batched step's rows */
     EngineStats stats;
 };
 
@@ -61,7 +64,9 @@ static void job_unref(Job* j) {
     if (--j->refs > 0) return;
     free(j->prompt);
     for (int i = 0; i < j->p.nstop; i++) free(j->p.stop[i]);
+    free((void*)j->p.s.bias);
     free(j->text);
+    free(j->lp);
     free(j);
 }
 
@@ -111,8 +116,9 @@ static void finish_job(Engine* e, Slot* s, Finish why) {
     pthread_cond_broadcast(&e->progress);
 }
 
-/* The token the job of slot s sampled (engine lock held): its text, stop strings, limits. */
-static void take_token(Engine* e, Slot* s, int tok) {
+/* The token the job of slot s sampled (engine lock held): its text, stop strings, limits; lp:
+ * its log-probabilities (NULL: not asked for). */
+static void take_token(Engine* e, Slot* s, int tok, const TokenLogprob* lp) {
     Job* j = s->job;
     if (j->st.ttft < 0) {
         j->st.ttft = now_seconds() - j->t_submit;
@@ -132,6 +138,14 @@ static void take_token(Engine* e, Slot* s, int tok) {
         j->text = reallocCheck(j->text, j->cap);
     }
     const size_t before = j->len;
+    if (lp) {
+        if (j->nlp == j->lpcap) {
+            j->lpcap = 2 * j->lpcap + 16;
+            j->lp = reallocCheck(j->lp, sizeof(TokenLogprob) * (size_t)j->lpcap);
+        }
+        j->lp[j->nlp] = *lp;
+        j->lp[j->nlp++].off = before;
+    }
     memcpy(j->text + j->len, piece, n);
     j->len += n;
     j->text[j->len] = 0;
@@ -154,6 +168,20 @@ static void take_token(Engine* e, Slot* s, int tok) {
     s->pending = tok;
     update_safe(j);
     pthread_cond_broadcast(&e->progress);
+}
+
+/* The next token of slot s's job from logits (engine lock not held), and its log-probabilities
+ * in *lp when the request asked for them (returns lp, or NULL). */
+static int sample_slot(Engine* e, Slot* s, const real* logits, TokenLogprob* lp, int* tok) {
+    Job* j = s->job;
+    const int np = j->np, nr = s->ntok;
+    *tok = sample_token(logits, e->V, &j->p.s, s->toks, nr, s->toks + np, nr - np, &j->rng);
+    if (j->p.logprobs < 0) return 0;
+    lp->id = *tok;
+    lp->lp = (float)token_logprob(logits, e->V, *tok);
+    lp->ntop = j->p.logprobs < e->V ? j->p.logprobs : e->V;
+    top_logprobs(logits, e->V, lp->ntop, lp->top_id, lp->top_lp);
+    return 1;
 }
 
 /* The seconds a prompt's chunk may take: a running stream waits at most this long for its next
@@ -189,7 +217,7 @@ static void assign_job(Engine* e, Slot* s, Job* j) {
 
 /* One chunk of slot s's prompt (engine lock not held): as many tokens as the slot's last chunk
  * says take CHUNK_SECONDS. Returns the first sampled token once the prompt is done, else -1. */
-static int prompt_chunk(Engine* e, Slot* s, Job* j) {
+static int prompt_chunk(Engine* e, Slot* s, Job* j, TokenLogprob* lp, int* has_lp) {
     const int np = j->np, done = s->c.n;
     if (done == np) { /* the slot's last prompt again: its logits kept */
         memcpy(e->plogits, s->saved, sizeof(real) * e->V);
@@ -205,7 +233,9 @@ static int prompt_chunk(Engine* e, Slot* s, Job* j) {
         memcpy(s->saved, e->plogits, sizeof(real) * e->V);
         s->saved_n = np;
     }
-    return decode_sample(e->plogits, e->V, j->p.temperature, j->p.top_p, &j->rng);
+    int tok;
+    *has_lp = sample_slot(e, s, e->plogits, lp, &tok);
+    return tok;
 }
 
 static void* engine_main(void* arg) {
@@ -254,13 +284,15 @@ static void* engine_main(void* arg) {
             e->rr = (e->rr + k + 1) % e->ns;
             Job* j = s->job;
             pthread_mutex_unlock(&e->mu);
-            const int tok = prompt_chunk(e, s, j);
+            TokenLogprob lp;
+            int has_lp = 0;
+            const int tok = prompt_chunk(e, s, j, &lp, &has_lp);
             pthread_mutex_lock(&e->mu);
             if (j->cancelled) {
                 finish_job(e, s, FINISH_CANCELLED);
             } else if (tok >= 0) {
                 s->filling = 0;
-                take_token(e, s, tok);
+                take_token(e, s, tok, has_lp ? &lp : NULL);
             }
             break;
         }
@@ -275,13 +307,12 @@ static void* engine_main(void* arg) {
         if (!n) continue;
         pthread_mutex_unlock(&e->mu);
         model_decode_batch(e->m, cs, toks, n, e->logits, &e->gov);
-        int next[64];
+        int next[64], has_lp[64];
         for (int r = 0; r < n; r++) {
             Slot* s = &e->s[who[r]];
             s->toks[s->ntok++] = toks[r];
             s->pending = -1;
-            next[r] = decode_sample(e->logits + (size_t)r * e->V, e->V, s->job->p.temperature,
-                                    s->job->p.top_p, &s->job->rng);
+            has_lp[r] = sample_slot(e, s, e->logits + (size_t)r * e->V, &e->lps[r], &next[r]);
         }
         pthread_mutex_lock(&e->mu);
         e->stats.steps++;
@@ -291,7 +322,7 @@ static void* engine_main(void* arg) {
             if (s->job->cancelled)
                 finish_job(e, s, FINISH_CANCELLED);
             else
-                take_token(e, s, next[r]);
+                take_token(e, s, next[r], has_lp[r] ? &e->lps[r] : NULL);
         }
     }
     pthread_mutex_unlock(&e->mu);
@@ -416,6 +447,38 @@ size_t engine_wait(Engine* e, Job* j, size_t from, int ms, char** text, JobStatu
     if (st) *st = j->st;
     pthread_mutex_unlock(&e->mu);
     return safe;
+}
+
+int engine_slots(Engine* e, SlotInfo* out, int max) {
+    pthread_mutex_lock(&e->mu);
+    const int n = e->ns < max ? e->ns : max;
+    for (int i = 0; i < n; i++) {
+        const Slot* s = &e->s[i];
+        const Job* j = s->job;
+        out[i] = (SlotInfo){.id = i, .busy = j != NULL, .filling = j && s->filling,
+                            .cached = s->ntok, .reusable = s->prompt_n};
+        if (j) {
+            out[i].prompt_tokens = j->np;
+            out[i].prompt_done = s->filling ? s->c.n : j->np;
+            out[i].completion_tokens = j->st.completion_tokens;
+            out[i].max_tokens = j->p.max_tokens;
+            out[i].temperature = j->p.s.temperature, out[i].top_p = j->p.s.top_p;
+            out[i].min_p = j->p.s.min_p, out[i].top_k = j->p.s.top_k;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return e->ns;
+}
+
+int engine_logprobs(Engine* e, Job* j, size_t from, size_t to, TokenLogprob** out) {
+    pthread_mutex_lock(&e->mu);
+    int a = 0, n = 0;
+    while (a < j->nlp && j->lp[a].off < from) a++;
+    while (a + n < j->nlp && j->lp[a + n].off < to) n++;
+    *out = n ? mallocCheck(sizeof(TokenLogprob) * (size_t)n) : NULL;
+    if (n) memcpy(*out, j->lp + a, sizeof(TokenLogprob) * (size_t)n);
+    pthread_mutex_unlock(&e->mu);
+    return n;
 }
 
 void engine_cancel(Engine* e, Job* j) {

@@ -149,6 +149,46 @@ typedef struct {
 static void free_gen(Gen* g) {
     for (int i = 0; i < g->p.nstop; i++) free(g->p.stop[i]);
     g->p.nstop = 0;
+    free((void*)g->p.s.bias);
+    g->p.s.bias = NULL;
+    g->p.s.nbias = 0;
+}
+
+/* A number field in [lo, hi] (an integer when integral) into *out; 0: absent or null. -1 with
+ * why written: present but not such a number. */
+static int number_field(const cJSON* f, const char* name, double lo, double hi, int integral,
+                        double* out, char* why, size_t wl) {
+    if (!f || cJSON_IsNull(f)) return 0;
+    if (!cJSON_IsNumber(f) || !(f->valuedouble >= lo && f->valuedouble <= hi) ||
+        (integral && f->valuedouble != (double)(long long)f->valuedouble)) {
+        snprintf(why, wl, "%s: must be %s in [%g, %g]", name, integral ? "an integer" : "a number",
+                 lo, hi);
+        return -1;
+    }
+    *out = f->valuedouble;
+    return 1;
+}
+
+/* What the server does not do, refused by name rather than ignored: the field, when present
+ * and not its neutral value. */
+static const char* unsupported_field(const cJSON* root) {
+    static const char* const never[] = {"tools", "tool_choice", "functions", "function_call",
+                                        "parallel_tool_calls", "audio", "modalities",
+                                        "prediction"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++) {
+        const cJSON* f = cJSON_GetObjectItemCaseSensitive(root, never[i]);
+        if (f && !cJSON_IsNull(f)) return never[i];
+    }
+    const cJSON* f = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (f && !cJSON_IsNull(f)) { /* {"type": "text"}: what every answer is */
+        const cJSON* ty = cJSON_GetObjectItemCaseSensitive(f, "type");
+        if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "text")) return "response_format";
+    }
+    f = cJSON_GetObjectItemCaseSensitive(root, "best_of");
+    if (f && !cJSON_IsNull(f) && !(cJSON_IsNumber(f) && f->valuedouble == 1)) return "best_of";
+    f = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+    if (f && !cJSON_IsNull(f) && !(cJSON_IsString(f) && !f->valuestring[0])) return "suffix";
+    return NULL;
 }
 
 /* The sampling fields of a completion request into g; 0 with the field and reason otherwise. */
@@ -156,7 +196,8 @@ static int parse_gen(Server* sv, const cJSON* root, Gen* g, int chat, const char
                      size_t wl) {
     memset(g, 0, sizeof(*g));
     g->p.max_tokens = chat ? sv->o.ctx : 16; /* OpenAI's defaults */
-    g->p.temperature = 1, g->p.top_p = 1;
+    g->p.s = sampling_defaults();
+    g->p.logprobs = -1;
     g->p.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)sv->next_id;
     const cJSON* f;
 #define FIELD(name) (f = cJSON_GetObjectItemCaseSensitive(root, (*param = name)))
@@ -181,12 +222,12 @@ static int parse_gen(Server* sv, const cJSON* root, Gen* g, int chat, const char
     if (FIELD("temperature") && !cJSON_IsNull(f)) {
         if (!cJSON_IsNumber(f) || !(f->valuedouble >= 0 && f->valuedouble <= 100))
             BAD("temperature: must be a number in [0, 100]");
-        g->p.temperature = f->valuedouble;
+        g->p.s.temperature = f->valuedouble;
     }
     if (FIELD("top_p") && !cJSON_IsNull(f)) {
         if (!cJSON_IsNumber(f) || !(f->valuedouble > 0 && f->valuedouble <= 1))
             BAD("top_p: must be a number in (0, 1]");
-        g->p.top_p = f->valuedouble;
+        g->p.s.top_p = f->valuedouble;
     }
     if (FIELD("seed") && !cJSON_IsNull(f)) {
         if (!cJSON_IsNumber(f) || f->valuedouble != (double)(long long)f->valuedouble)
@@ -195,12 +236,54 @@ static int parse_gen(Server* sv, const cJSON* root, Gen* g, int chat, const char
     }
     if (FIELD("n") && !cJSON_IsNull(f) && !(cJSON_IsNumber(f) && f->valuedouble == 1))
         BAD("n: only one choice per request is served");
-    if (FIELD("logprobs") && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("logprobs: not supported");
+    if ((*param = unsupported_field(root))) BAD("%s: not supported by this server", *param);
     if (FIELD("echo") && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("echo: not supported");
-    const char* pens[] = {"presence_penalty", "frequency_penalty"};
-    for (int i = 0; i < 2; i++)
-        if (FIELD(pens[i]) && !cJSON_IsNull(f) && !(cJSON_IsNumber(f) && f->valuedouble == 0))
-            BAD("%s: not supported (only 0)", pens[i]);
+    double v;
+    int got;
+#define NUMBER(name, lo, hi, integral, dst)                                                 \
+    do {                                                                                    \
+        if ((got = number_field(FIELD(name), name, lo, hi, integral, &v, why, wl)) < 0) return 0; \
+        if (got) dst = v;                                                                   \
+    } while (0)
+    NUMBER("top_k", 0, 1e9, 1, g->p.s.top_k);
+    NUMBER("min_p", 0, 1, 0, g->p.s.min_p);
+    NUMBER("repeat_penalty", 0.01, 100, 0, g->p.s.repeat_penalty);
+    NUMBER("repeat_last_n", -1, 1e9, 1, g->p.s.repeat_last_n);
+    NUMBER("frequency_penalty", -2, 2, 0, g->p.s.frequency_penalty);
+    NUMBER("presence_penalty", -2, 2, 0, g->p.s.presence_penalty);
+#undef NUMBER
+    if (FIELD("logit_bias") && !cJSON_IsNull(f)) {
+        if (!cJSON_IsObject(f)) BAD("logit_bias: must be an object of token ids and numbers");
+        const int n = cJSON_GetArraySize(f);
+        if (n > 1024) BAD("logit_bias: at most 1024 tokens");
+        LogitBias* b = mallocCheck(sizeof(LogitBias) * (size_t)(n ? n : 1));
+        g->p.s.bias = b;
+        for (const cJSON* x = f->child; x; x = x->next) {
+            char* end;
+            const long id = strtol(x->string, &end, 10);
+            if (!x->string[0] || *end || id < 0 || id >= sv->m->cfg.V)
+                BAD("logit_bias: '%.40s' is not a token id in [0, %d)", x->string, sv->m->cfg.V);
+            if (!cJSON_IsNumber(x) || !(x->valuedouble >= -100 && x->valuedouble <= 100))
+                BAD("logit_bias: the bias of token %ld must be a number in [-100, 100]", id);
+            b[g->p.s.nbias++] = (LogitBias){(int)id, (float)x->valuedouble};
+        }
+    }
+    if (chat) { /* "logprobs": true, "top_logprobs": 0 .. 20 */
+        if (FIELD("logprobs") && !cJSON_IsNull(f)) {
+            if (!cJSON_IsBool(f)) BAD("logprobs: must be true or false");
+            if (cJSON_IsTrue(f)) g->p.logprobs = 0;
+        }
+        if ((got = number_field(FIELD("top_logprobs"), "top_logprobs", 0, TOP_LOGPROBS_MAX, 1, &v,
+                                why, wl)) < 0)
+            return 0;
+        if (got && g->p.logprobs < 0) BAD("top_logprobs: needs \"logprobs\": true");
+        if (got) g->p.logprobs = (int)v;
+    } else { /* "logprobs": 0 .. 20, the alternatives per token */
+        if ((got = number_field(FIELD("logprobs"), "logprobs", 0, TOP_LOGPROBS_MAX, 1, &v, why,
+                                wl)) < 0)
+            return 0;
+        if (got) g->p.logprobs = (int)v;
+    }
     if (FIELD("stop") && !cJSON_IsNull(f)) {
         const int one = cJSON_IsString(f);
         if (!one && !cJSON_IsArray(f)) BAD("stop: must be a string or an array of strings");
@@ -236,7 +319,7 @@ typedef struct {
     Server* sv;
     struct MHD_Connection* c;
     Job* j;
-    int chat, include_usage, sent_role, ended;
+    int chat, include_usage, sent_role, ended, logprobs;
     char id[40];
     long created;
     size_t from; /* bytes of the job's text sent */
@@ -275,8 +358,81 @@ static cJSON* envelope(Server* sv, const char* id, long created, int chat, int c
     return r;
 }
 
+/* A token as the logprobs objects show it: its text (valid UTF-8) and, for chat, its bytes. */
+static cJSON* add_token(cJSON* o, Server* sv, int id, int with_bytes) {
+    size_t n;
+    char* raw = tokenizer_decode(sv->t, &id, 1, &n);
+    char* z = mallocCheck(n + 1);
+    memcpy(z, raw, n);
+    z[n] = 0; /* (a NUL inside a token's bytes ends its text; its bytes keep it) */
+    z = utf8_clean(z);
+    cJSON_AddStringToObject(o, "token", z);
+    if (with_bytes) {
+        cJSON* b = cJSON_AddArrayToObject(o, "bytes");
+        for (size_t i = 0; i < n; i++)
+            cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
+    }
+    free(z);
+    free(raw);
+    return o;
+}
+
+/* The logprobs of a choice, in the OpenAI shapes: chat {"content": [{token, logprob, bytes,
+ * top_logprobs: [...]}]}; completions {tokens, token_logprobs, top_logprobs: [{text: lp}],
+ * text_offset (bytes into the completion's text)}. */
+static cJSON* logprobs_json(Server* sv, int chat, const TokenLogprob* lp, int n) {
+    cJSON* r = cJSON_CreateObject();
+    if (chat) {
+        cJSON* content = cJSON_AddArrayToObject(r, "content");
+        for (int i = 0; i < n; i++) {
+            cJSON* t = add_token(cJSON_CreateObject(), sv, lp[i].id, 1);
+            cJSON_AddNumberToObject(t, "logprob", lp[i].lp);
+            cJSON* tops = cJSON_AddArrayToObject(t, "top_logprobs");
+            for (int k = 0; k < lp[i].ntop; k++) {
+                cJSON* a = add_token(cJSON_CreateObject(), sv, lp[i].top_id[k], 1);
+                cJSON_AddNumberToObject(a, "logprob", lp[i].top_lp[k]);
+                cJSON_AddItemToArray(tops, a);
+            }
+            cJSON_AddItemToArray(content, t);
+        }
+        cJSON_AddNullToObject(r, "refusal");
+        return r;
+    }
+    cJSON* toks = cJSON_AddArrayToObject(r, "tokens");
+    cJSON* lps = cJSON_AddArrayToObject(r, "token_logprobs");
+    cJSON* tops = cJSON_AddArrayToObject(r, "top_logprobs");
+    cJSON* offs = cJSON_AddArrayToObject(r, "text_offset");
+    for (int i = 0; i < n; i++) {
+        cJSON* t = add_token(cJSON_CreateObject(), sv, lp[i].id, 0);
+        cJSON_AddItemToArray(toks, cJSON_DetachItemFromObject(t, "token"));
+        cJSON_Delete(t);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp[i].lp));
+        cJSON* d = cJSON_CreateObject();
+        for (int k = 0; k < lp[i].ntop; k++) { /* two tokens of one text: the likelier shown */
+            cJSON* a = add_token(cJSON_CreateObject(), sv, lp[i].top_id[k], 0);
+            const char* key = cJSON_GetObjectItemCaseSensitive(a, "token")->valuestring;
+            if (!cJSON_GetObjectItemCaseSensitive(d, key))
+                cJSON_AddNumberToObject(d, key, lp[i].top_lp[k]);
+            cJSON_Delete(a);
+        }
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)lp[i].off));
+    }
+    return r;
+}
+
+/* The logprobs of the job's tokens that begin in [from, to) of its text (NULL: not asked for). */
+static cJSON* job_logprobs(Server* sv, Job* j, int chat, int asked, size_t from, size_t to) {
+    if (!asked) return NULL;
+    TokenLogprob* lp;
+    const int n = engine_logprobs(sv->e, j, from, to, &lp);
+    cJSON* r = logprobs_json(sv, chat, lp, n);
+    free(lp);
+    return r;
+}
+
 static cJSON* choice_json(int chat, int chunk, const char* text, const char* role,
-                          const char* finish) {
+                          const char* finish, cJSON* logprobs) {
     cJSON* ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", 0);
     if (chat) {
@@ -286,7 +442,10 @@ static cJSON* choice_json(int chat, int chunk, const char* text, const char* rol
     } else {
         cJSON_AddStringToObject(ch, "text", text ? text : "");
     }
-    cJSON_AddNullToObject(ch, "logprobs");
+    if (logprobs)
+        cJSON_AddItemToObject(ch, "logprobs", logprobs);
+    else
+        cJSON_AddNullToObject(ch, "logprobs");
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else
@@ -312,7 +471,7 @@ static int stream_refill(Stream* s) {
     if (s->chat && !s->sent_role) {
         s->sent_role = 1;
         stream_put(
-            s, envelope(s->sv, s->id, s->created, 1, 1, choice_json(1, 1, "", "assistant", NULL)));
+            s, envelope(s->sv, s->id, s->created, 1, 1, choice_json(1, 1, "", "assistant", NULL, NULL)));
         return 1;
     }
     char* text;
@@ -320,10 +479,12 @@ static int stream_refill(Stream* s) {
     const size_t safe = engine_wait(s->sv->e, s->j, s->from, 100, &text, &st);
     text = utf8_clean(text);
     const int more_text = safe > s->from;
-    s->from = more_text ? safe : s->from;
     if (more_text) /* (a NUL byte, which JSON strings in C cannot hold, ends the piece) */
         stream_put(s, envelope(s->sv, s->id, s->created, s->chat, 1,
-                               choice_json(s->chat, 1, text, NULL, NULL)));
+                               choice_json(s->chat, 1, text, NULL, NULL,
+                                           job_logprobs(s->sv, s->j, s->chat, s->logprobs,
+                                                        s->from, safe))));
+    s->from = more_text ? safe : s->from;
     free(text);
     if (st.finish != FINISH_NONE && !more_text) {
         if (st.finish == FINISH_CANCELLED) {
@@ -335,7 +496,7 @@ static int stream_refill(Stream* s) {
         } else {
             stream_put(s, envelope(s->sv, s->id, s->created, s->chat, 1,
                                    choice_json(s->chat, 1, s->chat ? NULL : "", NULL,
-                                               finish_name(st.finish))));
+                                               finish_name(st.finish), NULL)));
             if (s->include_usage) {
                 cJSON* u = envelope(s->sv, s->id, s->created, s->chat, 1, NULL);
                 cJSON_AddItemToObject(u, "usage", usage_json(&st));
@@ -519,6 +680,7 @@ static enum MHD_Result completions(Server* sv, struct MHD_Connection* c, const c
     if (g.stream) {
         Stream* s = callocCheck(1, sizeof(Stream));
         s->sv = sv, s->c = c, s->j = j, s->chat = chat, s->include_usage = g.include_usage;
+        s->logprobs = g.p.logprobs >= 0;
         s->created = created;
         memcpy(s->id, id, sizeof id);
         atomic_fetch_add(&sv->streams, 1);
@@ -542,16 +704,19 @@ static enum MHD_Result completions(Server* sv, struct MHD_Connection* c, const c
         }
     }
     char* text;
-    engine_wait(sv->e, j, 0, 0, &text, &st);
+    const size_t len = engine_wait(sv->e, j, 0, 0, &text, &st);
+    cJSON* lp = st.finish == FINISH_CANCELLED
+                    ? NULL
+                    : job_logprobs(sv, j, chat, g.p.logprobs >= 0, 0, len);
     engine_release(sv->e, j);
     text = utf8_clean(text);
     if (st.finish == FINISH_CANCELLED) {
         free(text);
         return send_error(sv, c, 503, NULL, "shutting_down", "the server is shutting down");
     }
-    cJSON* r =
-        envelope(sv, id, created, chat, 0,
-                 choice_json(chat, 0, text, chat ? "assistant" : NULL, finish_name(st.finish)));
+    cJSON* r = envelope(
+        sv, id, created, chat, 0,
+        choice_json(chat, 0, text, chat ? "assistant" : NULL, finish_name(st.finish), lp));
     free(text);
     cJSON_AddItemToObject(r, "usage", usage_json(&st));
     return send_json(c, 200, r);
@@ -736,6 +901,63 @@ static int is(const char* url, const char* a, const char* b) {
     return !strcmp(url, a) || (b && !strcmp(url, b));
 }
 
+/* GET /props (llama-server's): the server's settings and a request's defaults. */
+static enum MHD_Result props(Server* sv, struct MHD_Connection* c) {
+    cJSON* r = cJSON_CreateObject();
+    cJSON* d = cJSON_AddObjectToObject(r, "default_generation_settings");
+    cJSON_AddNumberToObject(d, "n_ctx", sv->o.ctx);
+    cJSON* p = cJSON_AddObjectToObject(d, "params");
+    const Sampling s = sampling_defaults();
+    cJSON_AddNumberToObject(p, "n_predict", 16);
+    cJSON_AddNumberToObject(p, "temperature", s.temperature);
+    cJSON_AddNumberToObject(p, "top_k", s.top_k);
+    cJSON_AddNumberToObject(p, "top_p", s.top_p);
+    cJSON_AddNumberToObject(p, "min_p", s.min_p);
+    cJSON_AddNumberToObject(p, "repeat_penalty", s.repeat_penalty);
+    cJSON_AddNumberToObject(p, "repeat_last_n", s.repeat_last_n);
+    cJSON_AddNumberToObject(p, "frequency_penalty", s.frequency_penalty);
+    cJSON_AddNumberToObject(p, "presence_penalty", s.presence_penalty);
+    cJSON_AddNumberToObject(r, "total_slots", sv->o.parallel);
+    cJSON_AddStringToObject(r, "model_alias", sv->o.name);
+    cJSON_AddStringToObject(r, "chat_template", chat_template_name(&sv->ct));
+    cJSON_AddNumberToObject(r, "n_vocab", sv->m->cfg.V);
+    cJSON_AddNumberToObject(r, "queue", sv->o.queue);
+    cJSON_AddNumberToObject(r, "max_body", (double)sv->o.max_body);
+    cJSON_AddNumberToObject(r, "timeout", sv->o.timeout_s);
+    cJSON_AddStringToObject(r, "build_info", "focus");
+    return send_json(c, 200, r);
+}
+
+/* GET /slots (llama-server's): each slot's cache and running request. */
+static enum MHD_Result slots(Server* sv, struct MHD_Connection* c) {
+    SlotInfo si[64];
+    const int n = engine_slots(sv->e, si, 64);
+    cJSON* r = cJSON_CreateArray();
+    for (int i = 0; i < n && i < 64; i++) {
+        cJSON* o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", si[i].id);
+        cJSON_AddNumberToObject(o, "n_ctx", sv->o.ctx);
+        cJSON_AddBoolToObject(o, "is_processing", si[i].busy);
+        cJSON_AddNumberToObject(o, "n_cached", si[i].cached);
+        cJSON_AddNumberToObject(o, "n_reusable", si[i].reusable);
+        if (si[i].busy) {
+            cJSON* t = cJSON_AddObjectToObject(o, "task");
+            cJSON_AddStringToObject(t, "state", si[i].filling ? "prompt" : "generating");
+            cJSON_AddNumberToObject(t, "n_prompt_tokens", si[i].prompt_tokens);
+            cJSON_AddNumberToObject(t, "n_prompt_tokens_processed", si[i].prompt_done);
+            cJSON_AddNumberToObject(t, "n_decoded", si[i].completion_tokens);
+            cJSON_AddNumberToObject(t, "n_predict", si[i].max_tokens);
+            cJSON* p = cJSON_AddObjectToObject(t, "params");
+            cJSON_AddNumberToObject(p, "temperature", si[i].temperature);
+            cJSON_AddNumberToObject(p, "top_k", si[i].top_k);
+            cJSON_AddNumberToObject(p, "top_p", si[i].top_p);
+            cJSON_AddNumberToObject(p, "min_p", si[i].min_p);
+        }
+        cJSON_AddItemToArray(r, o);
+    }
+    return send_json(c, 200, r);
+}
+
 static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* url,
                               const char* method, const char* version, const char* upload,
                               size_t* upload_size, void** con_cls) {
@@ -792,7 +1014,8 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
                 auth ? "invalid API key" : "an API key is needed (Authorization: Bearer KEY)");
     }
     if (!sv->ready) return send_error(sv, c, 503, NULL, "loading", "the model is loading");
-    const int known_get = is(url, "/v1/models", "/models") || is(url, "/metrics", NULL);
+    const int known_get = is(url, "/v1/models", "/models") || is(url, "/metrics", NULL) ||
+                          is(url, "/props", NULL) || is(url, "/slots", NULL);
     const int known_post = is(url, "/v1/completions", "/completions") ||
                            is(url, "/v1/chat/completions", "/chat/completions") ||
                            is(url, "/tokenize", NULL) || is(url, "/detokenize", NULL);
@@ -805,6 +1028,8 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
     }
     if (is(url, "/v1/models", "/models")) return models(sv, c);
     if (is(url, "/metrics", NULL)) return metrics(sv, c);
+    if (is(url, "/props", NULL)) return props(sv, c);
+    if (is(url, "/slots", NULL)) return slots(sv, c);
     char why[160];
     cJSON* root = parse_body(rq->body, rq->len, why, sizeof why);
     if (!root) return send_error(sv, c, 400, NULL, NULL, "%s", why);

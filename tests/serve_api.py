@@ -224,6 +224,23 @@ def bad_inputs(s, label, ctx):
         ("stop of the wrong type", "/v1/completions", {"prompt": "hi", "stop": 3}, 400),
         ("five stop strings", "/v1/completions", {"prompt": "hi", "stop": list("abcde")}, 400),
         ("n = 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400),
+        ("tools (not supported)", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "x"}], "tools": []}, 400),
+        ("response_format json_object (not supported)", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_object"}}, 400),
+        ("best_of 2", "/v1/completions", {"prompt": "hi", "best_of": 2}, 400),
+        ("top_k -1", "/v1/completions", {"prompt": "hi", "top_k": -1}, 400),
+        ("min_p 2", "/v1/completions", {"prompt": "hi", "min_p": 2}, 400),
+        ("frequency_penalty 3", "/v1/completions", {"prompt": "hi", "frequency_penalty": 3}, 400),
+        ("repeat_penalty 0", "/v1/completions", {"prompt": "hi", "repeat_penalty": 0}, 400),
+        ("logit_bias of a non-id", "/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}},
+         400),
+        ("logit_bias beyond 100", "/v1/completions", {"prompt": "hi", "logit_bias": {"1": 101}},
+         400),
+        ("logprobs 21", "/v1/completions", {"prompt": "hi", "logprobs": 21}, 400),
+        ("top_logprobs without logprobs", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400),
         ("stream not a bool", "/v1/completions", {"prompt": "hi", "stream": "yes"}, 400),
         ("a token id outside the vocabulary", "/v1/completions", {"prompt": [1, 10 ** 9]}, 400),
         ("a prompt longer than the context", "/v1/completions", {"prompt": [1] * (ctx + 1)}, 400),
@@ -288,6 +305,75 @@ def bad_inputs(s, label, ctx):
     check(head.startswith(b"HTTP/1.1 413") and b"over the limit" in head and st2 == 413 and
           good == 200, f"{label}: a body over the limit: 413 (announced or chunked), then a good "
           "request")
+
+
+def sampling_and_logprobs(s, label):
+    """logprobs in the OpenAI shapes (completions and chat, streamed = unstreamed), logit_bias,
+    top_k / min_p that leave one token (= greedy), the penalties, /props and /slots."""
+    prompt = "The capital of France is"
+    r = s.client.completions.create(model=s.name, prompt=prompt, max_tokens=12, temperature=0,
+                                    logprobs=3)
+    ch = r.choices[0]
+    lp = ch.logprobs
+    top_ok = all(len(d) <= 3 and abs(max(d.values()) - x) < 1e-5
+                 for d, x in zip(lp.top_logprobs, lp.token_logprobs))
+    check("".join(lp.tokens) == ch.text and len(lp.tokens) == r.usage.completion_tokens and
+          top_ok and all(x <= 0 for x in lp.token_logprobs) and lp.text_offset[0] == 0,
+          f"{label}: completion logprobs: tokens make the text, greedy picks each top "
+          f"({lp.tokens[:3]}, {lp.token_logprobs[0]:.3f})")
+    streamed = []
+    for c in s.client.completions.create(model=s.name, prompt=prompt, max_tokens=12,
+                                         temperature=0, logprobs=3, stream=True):
+        if c.choices and c.choices[0].logprobs:
+            streamed += c.choices[0].logprobs.token_logprobs
+    check(streamed == lp.token_logprobs,
+          f"{label}: streamed logprobs = unstreamed ({len(streamed)} tokens)")
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    r = s.client.chat.completions.create(model=s.name, messages=msgs, max_tokens=8,
+                                         temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    joined = b"".join(bytes(t.bytes) for t in content).decode("utf-8", "replace")
+    check(joined == r.choices[0].message.content and
+          all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content),
+          f"{label}: chat logprobs: the tokens' bytes make the answer, top 2 each "
+          f"({joined!r})")
+    # logit_bias: -100 bans the greedy first token, +100 forces a token
+    first = lp.tokens[0]
+    tid = s.request("POST", "/tokenize", {"content": first})[1]["tokens"][-1]
+    banned = s.client.completions.create(model=s.name, prompt=prompt, max_tokens=1,
+                                         temperature=0, logit_bias={str(tid): -100})
+    forced = s.client.completions.create(model=s.name, prompt=prompt, max_tokens=3,
+                                         temperature=0.7, seed=1, logit_bias={str(tid): 100})
+    check(banned.choices[0].text != first and forced.choices[0].text == first * 3,
+          f"{label}: logit_bias -100 bans {first!r} (got {banned.choices[0].text!r}), +100 "
+          f"forces it ({forced.choices[0].text!r})")
+    greedy = completion_text(s, "Once upon a time", 16)[0]
+
+    def sampled(**kw):
+        st, body = s.request("POST", "/v1/completions",
+                             dict({"prompt": "Once upon a time", "max_tokens": 16,
+                                   "temperature": 1.5, "seed": 7}, **kw))
+        return body["choices"][0]["text"] if st == 200 else None
+    check(sampled(top_k=1) == greedy and sampled(min_p=1.0) == greedy and
+          sampled() != greedy,
+          f"{label}: top_k 1 and min_p 1 at temperature 1.5 give the greedy text; neither: not")
+    rep = "one two one two one two one two one two"
+
+    def greedy_with(**kw):
+        return s.request("POST", "/v1/completions",
+                         dict({"prompt": rep, "max_tokens": 12, "temperature": 0}, **kw))[1][
+                             "choices"][0]["text"]
+    plain = greedy_with()
+    check(greedy_with(frequency_penalty=0, presence_penalty=0, repeat_penalty=1) == plain and
+          greedy_with(frequency_penalty=2) != plain and greedy_with(presence_penalty=2) != plain
+          and greedy_with(repeat_penalty=1.8) != plain,
+          f"{label}: neutral penalties keep the greedy text ({plain!r}); each penalty changes it")
+    st, props = s.request("GET", "/props")
+    st2, slots = s.request("GET", "/slots")
+    check(st == 200 and props["total_slots"] == len(slots) and
+          props["default_generation_settings"]["n_ctx"] == slots[0]["n_ctx"] and st2 == 200 and
+          all("is_processing" in x for x in slots),
+          f"{label}: /props and /slots ({len(slots)} slots of {slots[0]['n_ctx']} tokens)")
 
 
 def drop_mid_stream(s, label):
@@ -562,6 +648,7 @@ def main():
         if os.path.exists(smol):
             s = Server(["--model", smol, "--parallel", "4", "--ctx", "2048"])
             suite(s, "SmolLM2", ["--model", smol])
+            sampling_and_logprobs(s, "SmolLM2")
             drop_mid_stream(s, "SmolLM2")
             check(s.stop() == 0, "SmolLM2: exit 0 on SIGTERM")
             slow_checks(["--model", smol], "SmolLM2")
