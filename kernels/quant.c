@@ -1139,9 +1139,8 @@ static int pack_panel_packed(Panel* p, const QMatrix* w, int r0, int nr) {
             for (int L = 0; L < 16; L++) {
                 const int live = 16 * g + L < nr; /* rows past nr zero, as pack_panel has them */
                 p->s[sc + L] = live ? f16_to_f32(rd16(blk + at + 2 * L)) : 0.0f;
-                p->c[sc + L] = live && w->type == QTYPE_Q4_1
-                                   ? f16_to_f32(rd16(blk + at + 32 + 2 * L))
-                                   : 0.0f;
+                p->c[sc + L] =
+                    live && w->type == QTYPE_Q4_1 ? f16_to_f32(rd16(blk + at + 32 + 2 * L)) : 0.0f;
                 if (!live)
                     for (int t = 0; t < 8; t++) memset(u + 64 * t + 4 * L, 0, 4);
             }

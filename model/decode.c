@@ -252,12 +252,12 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
     int most = 0;
     for (int g = 0; g < NKV; g++) most = nk[g] > most ? nk[g] : most;
     /* one part per 2 split_min keys, at least two, at most nparts */
-    const int parts = most < c->split_min                ? 1
-                      : most / (2 * c->split_min) < 2     ? 2
+    const int parts = most < c->split_min                     ? 1
+                      : most / (2 * c->split_min) < 2         ? 2
                       : most / (2 * c->split_min) > c->nparts ? c->nparts
-                                                          : most / (2 * c->split_min);
-#pragma omp parallel for schedule(static, 1) num_threads(threads < parts ? threads : parts) \
-    if (parts > 1 && threads > 1)
+                                                              : most / (2 * c->split_min);
+#pragma omp parallel for schedule(static, 1) \
+    num_threads(threads < parts ? threads : parts) if (parts > 1 && threads > 1)
     for (int id = 0; id < parts; id++) {
         const int np = parts;
         real* part = partbuf + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
@@ -501,6 +501,32 @@ void governor_update(Governor* g, double dt) {
 
 int governor_threads(const Governor* g) { return candidate(g, g->cur); }
 
+/* Whether n rows can be fed: each token in the vocabulary, each row's position (the next of its
+ * cache, after the rows before it on the same cache) inside the cache and, with learned
+ * positions, the model's context. 0 with why written when not (pos: NULL, or n positions). */
+static int rows_fit(const Model* m, KVCache* const* cs, const int* tokens, int n, int* pos,
+                    char* why, size_t wl) {
+    const ModelConfig* mc = &m->cfg;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= mc->V) {
+            snprintf(why, wl, "token id %d outside the vocabulary (V=%d)", tokens[i], mc->V);
+            return 0;
+        }
+        int at = cs[i]->n;
+        for (int j = 0; j < i; j++) at += cs[j] == cs[i];
+        if (at >= cs[i]->cap) {
+            snprintf(why, wl, "KV cache full (%d tokens)", cs[i]->cap);
+            return 0;
+        }
+        if (!model_layer_spec(mc, 0).rope && at >= mc->maxT) { /* learned positions */
+            snprintf(why, wl, "position %d exceeds the model's context (%d)", at, mc->maxT);
+            return 0;
+        }
+        if (pos) pos[i] = at;
+    }
+    return 1;
+}
+
 /* one step of decode_rows on gov's threads */
 static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
                         int all, int per_row);
@@ -521,12 +547,17 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits) {
     governed_rows(m, &c, &token, 1, logits, &c->gov);
 }
 
-void model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
-                        Governor* gov) {
+int model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
+                       Governor* gov, char* why, size_t wl) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
-            if (caches[i] == caches[j]) fatal("decode batch: rows %d and %d share a cache", j, i);
+            if (caches[i] == caches[j]) {
+                snprintf(why, wl, "decode batch: rows %d and %d share a cache", j, i);
+                return 0;
+            }
+    if (!rows_fit(m, caches, tokens, n, NULL, why, wl)) return 0;
     if (n > 0) governed_rows(m, caches, tokens, n, logits, gov);
+    return 1;
 }
 
 void kvcache_truncate(KVCache* c, int n) {
@@ -665,7 +696,8 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     if (r->per_row) { /* decode: each row's cache's own scratch, the rows one after another */
         for (int i = 0; i < n; i++) {
             KVCache* c = cs[i];
-            RowWork w = {s->kl, s->nkg, c->keys, c->bkeys, c->scores, c->part, s->bsel, s->bsc, s->bp};
+            RowWork w = {s->kl,   s->nkg,  c->keys, c->bkeys, c->scores,
+                         c->part, s->bsel, s->bsc,  s->bp};
             c->pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
                                    att + (size_t)i * A, &w);
         }
@@ -807,18 +839,10 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
  * cache. */
 static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, real* logits,
                         int all, int per_row) {
-    const ModelConfig* mc = &m->cfg;
     check_mode(m);
     int* pos = mallocCheck(sizeof(int) * (size_t)n); /* each row's position in its cache */
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= mc->V)
-            fatal("token id %d outside the vocabulary (V=%d)", tokens[i], mc->V);
-        pos[i] = cs[i]->n;
-        for (int j = 0; j < i; j++) pos[i] += cs[j] == cs[i];
-        if (pos[i] >= cs[i]->cap) fatal("KV cache full (%d tokens)", cs[i]->cap);
-        if (!model_layer_spec(mc, 0).rope && pos[i] >= mc->maxT) /* learned positions */
-            fatal("position %d exceeds the model's context (%d)", pos[i], mc->maxT);
-    }
+    char why[160];
+    if (!rows_fit(m, cs, tokens, n, pos, why, sizeof why)) fatal("%s", why);
     rows_pass(m, cs, pos, tokens, n, logits, all, per_row);
     free(pos);
 }
@@ -827,15 +851,27 @@ static void decode_rows(Model* m, KVCache* const* cs, const int* tokens, int n, 
  * the activations' memory bounded). */
 enum { PREFILL_CHUNK = 1024 };
 
-void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
+int model_prefill_checked(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all,
+                          char* why, size_t wl) {
     check_mode(m);
-    if (n < 1) fatal("prefill: no tokens");
-    if (c->n + n > c->cap) fatal("KV cache full (%d + %d tokens, capacity %d)", c->n, n, c->cap);
-    if (!model_layer_spec(&m->cfg, 0).rope && c->n + n > m->cfg.maxT) /* learned positions */
-        fatal("position %d exceeds the model's context (%d)", c->n + n - 1, m->cfg.maxT);
+    if (n < 1) {
+        snprintf(why, wl, "prefill: no tokens");
+        return 0;
+    }
+    if (c->n + n > c->cap) {
+        snprintf(why, wl, "KV cache full (%d + %d tokens, capacity %d)", c->n, n, c->cap);
+        return 0;
+    }
+    if (!model_layer_spec(&m->cfg, 0).rope && c->n + n > m->cfg.maxT) { /* learned positions */
+        snprintf(why, wl, "position %d exceeds the model's context (%d)", c->n + n - 1,
+                 m->cfg.maxT);
+        return 0;
+    }
     for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->cfg.V)
-            fatal("token id %d outside the vocabulary (V=%d)", tokens[i], m->cfg.V);
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.V) {
+            snprintf(why, wl, "token id %d outside the vocabulary (V=%d)", tokens[i], m->cfg.V);
+            return 0;
+        }
     const int most = n < PREFILL_CHUNK ? n : PREFILL_CHUNK;
     KVCache** cs = mallocCheck(sizeof(KVCache*) * (size_t)most);
     for (int i = 0; i < most; i++) cs[i] = c;
@@ -846,6 +882,12 @@ void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits,
         decode_rows(m, cs, tokens + i0, k, lg, all, 0);
     }
     free(cs);
+    return 1;
+}
+
+void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all) {
+    char why[160];
+    if (!model_prefill_checked(m, c, tokens, n, logits, all, why, sizeof why)) fatal("%s", why);
 }
 
 int decode_sample(const real* logits, int V, double temperature, double top_p, Rng* rng) {

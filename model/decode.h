@@ -71,9 +71,11 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits);
  * tokens[i] to caches[i] (distinct caches) and receives its next-token scores in logits + i V.
  * The weights are read once for all rows, and every row's arithmetic is exactly that of
  * model_decode_step on its cache alone, so the rows' logits are bit for bit the same. The step's
- * threads are gov's (NULL: OpenMP's). */
-void model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
-                        Governor* gov);
+ * threads are gov's (NULL: OpenMP's). Returns 1; 0 with why written, nothing fed, when a row
+ * cannot be (its cache full, a token outside the vocabulary): a server's request ends, the
+ * server goes on. */
+int model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
+                       Governor* gov, char* why, size_t wl);
 /* Forget all but the first n cached tokens (n <= c->n), so that a prompt sharing them goes on
  * from there: the cache ends as if only those n had been fed. */
 void kvcache_truncate(KVCache* c, int n);
@@ -83,6 +85,10 @@ void kvcache_truncate(KVCache* c, int n);
  * ends as n decode steps would leave it. logits: the next-token scores after the last
  * token (V), or after each token (n, V) when `all`. */
 void model_prefill(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all);
+/* model_prefill that returns 0 with why written instead of stopping the program (nothing fed)
+ * when the tokens do not fit the cache or the context, or one is outside the vocabulary. */
+int model_prefill_checked(Model* m, KVCache* c, const int* tokens, int n, real* logits, int all,
+                          char* why, size_t wl);
 
 /* The next token from logits (V): the largest when temperature <= 0 (greedy), else drawn from
  * softmax(logits / temperature) restricted to the smallest set of most likely tokens whose

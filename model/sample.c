@@ -31,14 +31,13 @@ static real* adjusted(const real* logits, int V, const Sampling* s, const int* r
     if (rep || pen) {
         int* count = callocCheck((size_t)V, sizeof(int));
         if (rep) { /* once per distinct token among the last repeat_last_n */
-            const int from = s->repeat_last_n < 0 || s->repeat_last_n > nrecent
-                                 ? 0
-                                 : nrecent - s->repeat_last_n;
+            const int from =
+                s->repeat_last_n < 0 || s->repeat_last_n > nrecent ? 0 : nrecent - s->repeat_last_n;
             for (int i = from; i < nrecent; i++) {
                 const int t = recent[i];
                 if (count[t]++) continue;
-                w[t] = w[t] > 0 ? (real)(w[t] / s->repeat_penalty)
-                                : (real)(w[t] * s->repeat_penalty);
+                w[t] =
+                    w[t] > 0 ? (real)(w[t] / s->repeat_penalty) : (real)(w[t] * s->repeat_penalty);
             }
             for (int i = from; i < nrecent; i++) count[recent[i]] = 0;
         }

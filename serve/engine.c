@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -26,17 +27,17 @@ struct Job {
 
 typedef struct {
     KVCache c;
-    int* toks;    /* the tokens in the cache, in order */
+    int* toks; /* the tokens in the cache, in order */
     int ntok;
     int prompt_n; /* of them, the first ones a prompt evaluation cached (decoded ones differ in
                      their arithmetic, so only these are reused: the same bits as evaluating
                      them again, model_prefill) */
     Job* job;
-    int filling;  /* the job's prompt is being evaluated, a chunk at a time (c.n of np done) */
-    double rate;  /* seconds per prompt token in the slot's last chunk (0: none yet) */
-    int pending;  /* the sampled token to feed next (-1: none) */
-    real* saved;  /* the logits after the slot's last prompt, for a request repeating it */
-    int saved_n;  /* that prompt's length (0: none) */
+    int filling; /* the job's prompt is being evaluated, a chunk at a time (c.n of np done) */
+    double rate; /* seconds per prompt token in the slot's last chunk (0: none yet) */
+    int pending; /* the sampled token to feed next (-1: none) */
+    real* saved; /* the logits after the slot's last prompt, for a request repeating it */
+    int saved_n; /* that prompt's length (0: none) */
     double last_used;
 } Slot;
 
@@ -54,8 +55,8 @@ struct Engine {
     double deadline;
     pthread_t th;
     Governor gov;
-    real* logits; /* (ns, V) of a batched step */
-    real* plogits; /* (V) after a prompt's chunk */
+    real* logits;         /* (ns, V) of a batched step */
+    real* plogits;        /* (V) after a prompt's chunk */
     TokenLogprob lps[64]; /* of a batched step's rows */
     EngineStats stats;
 };
@@ -216,7 +217,8 @@ static void assign_job(Engine* e, Slot* s, Job* j) {
 }
 
 /* One chunk of slot s's prompt (engine lock not held): as many tokens as the slot's last chunk
- * says take CHUNK_SECONDS. Returns the first sampled token once the prompt is done, else -1. */
+ * says take CHUNK_SECONDS. Returns the first sampled token once the prompt is done, else -1;
+ * -2 when the chunk cannot be fed. */
 static int prompt_chunk(Engine* e, Slot* s, Job* j, TokenLogprob* lp, int* has_lp) {
     const int np = j->np, done = s->c.n;
     if (done == np) { /* the slot's last prompt again: its logits kept */
@@ -226,7 +228,12 @@ static int prompt_chunk(Engine* e, Slot* s, Job* j, TokenLogprob* lp, int* has_l
         k = k < CHUNK_MIN ? CHUNK_MIN : k > 4096 ? 4096 : k;
         if (k > np - done) k = np - done;
         const double t0 = now_seconds();
-        model_prefill(e->m, &s->c, j->prompt + done, k, e->plogits, 0);
+        char why[160];
+        if (!model_prefill_checked(e->m, &s->c, j->prompt + done, k, e->plogits, 0, why,
+                                   sizeof why)) { /* (the request's checks keep it from here) */
+            fprintf(stderr, "focus serve: a prompt could not be evaluated: %s\n", why);
+            return -2;
+        }
         s->rate = (now_seconds() - t0) / k;
         s->ntok = s->prompt_n = s->c.n;
         if (s->c.n < np) return -1;
@@ -290,6 +297,8 @@ static void* engine_main(void* arg) {
             pthread_mutex_lock(&e->mu);
             if (j->cancelled) {
                 finish_job(e, s, FINISH_CANCELLED);
+            } else if (tok == -2) {
+                finish_job(e, s, FINISH_LENGTH);
             } else if (tok >= 0) {
                 s->filling = 0;
                 take_token(e, s, tok, has_lp ? &lp : NULL);
@@ -306,7 +315,14 @@ static void* engine_main(void* arg) {
         }
         if (!n) continue;
         pthread_mutex_unlock(&e->mu);
-        model_decode_batch(e->m, cs, toks, n, e->logits, &e->gov);
+        char why[160];
+        if (!model_decode_batch(e->m, cs, toks, n, e->logits, &e->gov, why, sizeof why)) {
+            /* (take_token ends a request whose cache is full before it gets here) */
+            fprintf(stderr, "focus serve: a decode step failed: %s; its requests end\n", why);
+            pthread_mutex_lock(&e->mu);
+            for (int r = 0; r < n; r++) finish_job(e, &e->s[who[r]], FINISH_LENGTH);
+            continue;
+        }
         int next[64], has_lp[64];
         for (int r = 0; r < n; r++) {
             Slot* s = &e->s[who[r]];
@@ -455,8 +471,11 @@ int engine_slots(Engine* e, SlotInfo* out, int max) {
     for (int i = 0; i < n; i++) {
         const Slot* s = &e->s[i];
         const Job* j = s->job;
-        out[i] = (SlotInfo){.id = i, .busy = j != NULL, .filling = j && s->filling,
-                            .cached = s->ntok, .reusable = s->prompt_n};
+        out[i] = (SlotInfo){.id = i,
+                            .busy = j != NULL,
+                            .filling = j && s->filling,
+                            .cached = s->ntok,
+                            .reusable = s->prompt_n};
         if (j) {
             out[i].prompt_tokens = j->np;
             out[i].prompt_done = s->filling ? s->c.n : j->np;

@@ -172,9 +172,9 @@ static int number_field(const cJSON* f, const char* name, double lo, double hi, 
 /* What the server does not do, refused by name rather than ignored: the field, when present
  * and not its neutral value. */
 static const char* unsupported_field(const cJSON* root) {
-    static const char* const never[] = {"tools", "tool_choice", "functions", "function_call",
-                                        "parallel_tool_calls", "audio", "modalities",
-                                        "prediction"};
+    static const char* const never[] = {"tools",         "tool_choice",         "functions",
+                                        "function_call", "parallel_tool_calls", "audio",
+                                        "modalities",    "prediction"};
     for (size_t i = 0; i < sizeof never / sizeof *never; i++) {
         const cJSON* f = cJSON_GetObjectItemCaseSensitive(root, never[i]);
         if (f && !cJSON_IsNull(f)) return never[i];
@@ -240,10 +240,10 @@ static int parse_gen(Server* sv, const cJSON* root, Gen* g, int chat, const char
     if (FIELD("echo") && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("echo: not supported");
     double v;
     int got;
-#define NUMBER(name, lo, hi, integral, dst)                                                 \
-    do {                                                                                    \
+#define NUMBER(name, lo, hi, integral, dst)                                                       \
+    do {                                                                                          \
         if ((got = number_field(FIELD(name), name, lo, hi, integral, &v, why, wl)) < 0) return 0; \
-        if (got) dst = v;                                                                   \
+        if (got) dst = v;                                                                         \
     } while (0)
     NUMBER("top_k", 0, 1e9, 1, g->p.s.top_k);
     NUMBER("min_p", 0, 1, 0, g->p.s.min_p);
@@ -470,8 +470,8 @@ static int stream_refill(Stream* s) {
     s->blen = s->bpos = 0;
     if (s->chat && !s->sent_role) {
         s->sent_role = 1;
-        stream_put(
-            s, envelope(s->sv, s->id, s->created, 1, 1, choice_json(1, 1, "", "assistant", NULL, NULL)));
+        stream_put(s, envelope(s->sv, s->id, s->created, 1, 1,
+                               choice_json(1, 1, "", "assistant", NULL, NULL)));
         return 1;
     }
     char* text;
@@ -480,10 +480,11 @@ static int stream_refill(Stream* s) {
     text = utf8_clean(text);
     const int more_text = safe > s->from;
     if (more_text) /* (a NUL byte, which JSON strings in C cannot hold, ends the piece) */
-        stream_put(s, envelope(s->sv, s->id, s->created, s->chat, 1,
-                               choice_json(s->chat, 1, text, NULL, NULL,
-                                           job_logprobs(s->sv, s->j, s->chat, s->logprobs,
-                                                        s->from, safe))));
+        stream_put(
+            s,
+            envelope(s->sv, s->id, s->created, s->chat, 1,
+                     choice_json(s->chat, 1, text, NULL, NULL,
+                                 job_logprobs(s->sv, s->j, s->chat, s->logprobs, s->from, safe))));
     s->from = more_text ? safe : s->from;
     free(text);
     if (st.finish != FINISH_NONE && !more_text) {
@@ -705,18 +706,17 @@ static enum MHD_Result completions(Server* sv, struct MHD_Connection* c, const c
     }
     char* text;
     const size_t len = engine_wait(sv->e, j, 0, 0, &text, &st);
-    cJSON* lp = st.finish == FINISH_CANCELLED
-                    ? NULL
-                    : job_logprobs(sv, j, chat, g.p.logprobs >= 0, 0, len);
+    cJSON* lp =
+        st.finish == FINISH_CANCELLED ? NULL : job_logprobs(sv, j, chat, g.p.logprobs >= 0, 0, len);
     engine_release(sv->e, j);
     text = utf8_clean(text);
     if (st.finish == FINISH_CANCELLED) {
         free(text);
         return send_error(sv, c, 503, NULL, "shutting_down", "the server is shutting down");
     }
-    cJSON* r = envelope(
-        sv, id, created, chat, 0,
-        choice_json(chat, 0, text, chat ? "assistant" : NULL, finish_name(st.finish), lp));
+    cJSON* r =
+        envelope(sv, id, created, chat, 0,
+                 choice_json(chat, 0, text, chat ? "assistant" : NULL, finish_name(st.finish), lp));
     free(text);
     cJSON_AddItemToObject(r, "usage", usage_json(&st));
     return send_json(c, 200, r);

@@ -47,7 +47,8 @@ static void check_batch(Model* m, const int* tok, const char* preset) {
             if (t < 0 || t >= N) continue;
             cs[n] = &batch[s], tk[n] = seq[s][t], who[n++] = s;
         }
-        model_decode_batch(m, cs, tk, n, got, NULL);
+        char why[160];
+        CHECK(model_decode_batch(m, cs, tk, n, got, NULL, why, sizeof why), "%s: %s", preset, why);
         for (int i = 0; i < n; i++) {
             const int s = who[i], t = step - 2 * s;
             same &= !memcmp(got + (size_t)i * V, want + ((size_t)s * N + t) * V, sizeof(real) * V);
@@ -64,6 +65,20 @@ static void check_batch(Model* m, const int* tok, const char* preset) {
     }
     same &= !memcmp(batch[1].gn, alone[1].gn, sizeof(int) * m->cfg.L * m->fc.K);
     CHECK(same, "%s: a truncated cache fed its tokens again differs", preset);
+    { /* a full cache: an error the caller handles, nothing fed */
+        KVCache full;
+        kvcache_init(&full, m, 2, 0);
+        KVCache* one[1] = {&full};
+        char why[160] = "";
+        int ok = 1;
+        for (int i = 0; i < 3 && ok; i++)
+            ok = model_decode_batch(m, one, seq[0], 1, got, NULL, why, sizeof why);
+        CHECK(!ok && full.n == 2 && strstr(why, "KV cache full"),
+              "%s: a third token into a cache of 2: '%s', %d cached", preset, why, full.n);
+        ok = model_prefill_checked(m, &full, seq[0], 1, got, 0, why, sizeof why);
+        CHECK(!ok && full.n == 2, "%s: a prompt into a full cache is refused", preset);
+        kvcache_free(&full);
+    }
     for (int s = 0; s < S; s++) kvcache_free(&alone[s]), kvcache_free(&batch[s]);
     free(want), free(got);
 }

@@ -167,10 +167,10 @@ int cmd_bench_decode(int argc, char** argv) {
         "prompt %d tokens (%s%s): %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s "
         "| pairs kept %.3f\n",
         ctx,
-        steps   ? "one at a time"
-        : exact ? "batched, fp32 products"
+        steps              ? "one at a time"
+        : exact            ? "batched, fp32 products"
         : chunk && !scored ? "batched, in chunks"
-                : "batched",
+                           : "batched",
         scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
         (double)(c.pairs - pairs0) / dense_pairs);
     if (c.profile) { /* where a decode step's time goes */

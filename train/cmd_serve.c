@@ -33,7 +33,8 @@ static const char serve_usage[] =
     "(a chat that goes on)\n"
     "evaluates only the rest (a prefix a prompt cached; the answer is the same bits either way).\n"
     "Prompts are evaluated in chunks of about 0.25 s between the running slots' decode steps.\n"
-    "Beyond the slots, --queue requests wait; more get 503 with Retry-After. --api-key: every endpoint but /health needs \"Authorization: Bearer KEY\".\n"
+    "Beyond the slots, --queue requests wait; more get 503 with Retry-After. --api-key: every "
+    "endpoint but /health needs \"Authorization: Bearer KEY\".\n"
     "The chat template is recognised from the GGUF file (ChatML, Gemma) or named with\n"
     "--chat-template. It listens on the loopback address unless --host says otherwise (0.0.0.0:\n"
     "every interface); --port 0 takes a free port (printed). SIGTERM or SIGINT: no new\n"
@@ -141,8 +142,16 @@ int cmd_serve(int argc, char** argv) {
      * the engine to sleep and wake it (a prompt took 3x as long, measured: docs/RESULTS.md). */
     Model m;
     ModelInfo info;
-    Loading ld = {.m = &m, .info = &info, .model = model, .router = router, .attn = attn,
-                  .topk = topk, .weights = weights, .tok = tok, .sets = &sets, .ctx = ctx,
+    Loading ld = {.m = &m,
+                  .info = &info,
+                  .model = model,
+                  .router = router,
+                  .attn = attn,
+                  .topk = topk,
+                  .weights = weights,
+                  .tok = tok,
+                  .sets = &sets,
+                  .ctx = ctx,
                   .half = o.half};
     pthread_t lt;
     if (pthread_create(&lt, NULL, load_for_serving, &ld)) fatal("serve: cannot start a thread");
