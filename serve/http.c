@@ -17,12 +17,14 @@
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "conns.h"
 #include "engine.h"
 #include "serve.h"
 
 struct Server {
     ServeOptions o;
     struct MHD_Daemon* d;
+    ConnGuard* guard;
     Engine* e;
     Model* m;
     const Tokenizer* t;
@@ -38,6 +40,7 @@ typedef struct {
     char* body;
     size_t len, cap;
     int too_big, answered; /* answered: refused at its headers */
+    int complete;          /* its body has come */
 } Req;
 
 /* ------------------------------------------------------------------ responses */
@@ -792,9 +795,12 @@ static enum MHD_Result models(Server* sv, struct MHD_Connection* c) {
 
 static enum MHD_Result metrics(Server* sv, struct MHD_Connection* c) {
     const EngineStats s = engine_stats(sv->e);
-    char* b = mallocCheck(4096);
+    int open;
+    long kicked;
+    conn_counts(sv->guard, &open, &kicked);
+    char* b = mallocCheck(5120);
     snprintf(
-        b, 4096,
+        b, 5120,
         "# HELP focus_requests_total Completion requests accepted.\n"
         "# TYPE focus_requests_total counter\nfocus_requests_total %ld\n"
         "# HELP focus_requests_completed_total Completion requests finished.\n"
@@ -823,10 +829,15 @@ static enum MHD_Result metrics(Server* sv, struct MHD_Connection* c) {
         "# HELP focus_decode_steps_total Batched decode steps.\n"
         "# TYPE focus_decode_steps_total counter\nfocus_decode_steps_total %ld\n"
         "# HELP focus_decode_rows_total Tokens those steps decoded (rows per step summed).\n"
-        "# TYPE focus_decode_rows_total counter\nfocus_decode_rows_total %ld\n",
+        "# TYPE focus_decode_rows_total counter\nfocus_decode_rows_total %ld\n"
+        "# HELP focus_connections_open HTTP connections open.\n"
+        "# TYPE focus_connections_open gauge\nfocus_connections_open %d\n"
+        "# HELP focus_connections_closed_total Connections the server closed: a request's\n"
+        "# headers or body past the deadline, or room made for a client with a request.\n"
+        "# TYPE focus_connections_closed_total counter\nfocus_connections_closed_total %ld\n",
         s.requests, s.completed, s.cancelled, (long)sv->http_requests, (long)sv->http_errors,
         s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.ttft_sum, s.ttft_count, s.queued,
-        s.busy, s.slots, s.steps, s.step_rows);
+        s.busy, s.slots, s.steps, s.step_rows, open, kicked);
     return send_text(c, 200, "text/plain; version=0.0.4", b, NULL);
 }
 
@@ -958,6 +969,26 @@ static enum MHD_Result slots(Server* sv, struct MHD_Connection* c) {
     return send_json(c, 200, r);
 }
 
+/* The guard's record of connection c, in its stage s. */
+static void stage(Server* sv, struct MHD_Connection* c, ConnStage s) {
+    const union MHD_ConnectionInfo* ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context) conn_stage(sv->guard, ci->socket_context, s);
+}
+
+static void notify_connection(void* cls, struct MHD_Connection* c, void** socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+    Server* sv = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo* ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? conn_open(sv->guard, ci->connect_fd) : NULL;
+    } else if (*socket_context) {
+        conn_close(sv->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
 static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* url,
                               const char* method, const char* version, const char* upload,
                               size_t* upload_size, void** con_cls) {
@@ -966,6 +997,7 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
     Req* rq = *con_cls;
     if (!rq) { /* the headers: a body announced beyond the limit is refused before it comes */
         rq = *con_cls = callocCheck(1, sizeof(Req));
+        stage(sv, c, CONN_BODY); /* the headers came: the body has until the deadline */
         sv->http_requests++;
         atomic_fetch_add(&sv->active, 1);
         const char* cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -990,6 +1022,10 @@ static enum MHD_Result handle(void* cls, struct MHD_Connection* c, const char* u
         }
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (!rq->complete) { /* the whole request is here: its answer has no deadline */
+        rq->complete = 1;
+        stage(sv, c, CONN_ANSWERING);
     }
     if (rq->answered) return MHD_YES;
     if (rq->too_big)
@@ -1050,6 +1086,7 @@ static void completed(void* cls, struct MHD_Connection* c, void** con_cls,
     (void)why;
     /* idle again: a connection that sends nothing for --timeout seconds is closed */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)sv->o.timeout_s);
+    stage(sv, c, CONN_WAITING); /* the next request's headers have until the deadline */
     Req* rq = *con_cls;
     if (!rq) return;
     atomic_fetch_sub(&sv->active, 1);
@@ -1069,12 +1106,16 @@ Server* serve_listen(const ServeOptions* o) {
     const char* host = !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host;
     if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
         fatal("serve: --host must be an IPv4 address (127.0.0.1, 0.0.0.0), got '%s'", o->host);
+    sv->guard = conn_guard_new(o->max_conns, o->timeout_s);
     sv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                                  MHD_USE_ITC | MHD_USE_ERROR_LOG,
-                             (uint16_t)o->port, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR,
-                             (struct sockaddr*)&a, MHD_OPTION_CONNECTION_TIMEOUT,
-                             (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
-                             MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_END);
+                             (uint16_t)o->port, NULL, NULL, handle, sv, MHD_OPTION_EXTERNAL_LOGGER,
+                             conn_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr*)&a,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
+                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conns,
+                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_per_client,
+                             MHD_OPTION_NOTIFY_COMPLETED, completed, sv,
+                             MHD_OPTION_NOTIFY_CONNECTION, notify_connection, sv, MHD_OPTION_END);
     if (!sv->d)
         fatal("serve: cannot listen on %s:%d (in use, or not this machine's)", host, o->port);
     const union MHD_DaemonInfo* di = MHD_get_daemon_info(sv->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1105,6 +1146,7 @@ void serve_stop(Server* sv) {
          i++)
         nanosleep(&tick, NULL);
     MHD_stop_daemon(sv->d); /* the connections' threads end */
+    conn_guard_free(sv->guard);
     if (s != MHD_INVALID_SOCKET) close(s);
     if (sv->e) engine_free(sv->e);
     free(sv);

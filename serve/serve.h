@@ -23,7 +23,10 @@ typedef struct {
     const char* api_key; /* NULL: none needed */
     const char* name;    /* the model's id in the API */
     size_t max_body;     /* request bytes at most */
-    int timeout_s;       /* an idle connection is closed after this */
+    int timeout_s;       /* an idle connection is closed after this, and a request's headers and
+                          * body must arrive within it (serve/conns.h) */
+    int max_conns;       /* open connections at most (the oldest waiting ones make room) */
+    int max_per_client;  /* of them from one address (0: no limit) */
     double grace;        /* seconds a shutdown lets running requests finish */
     int half;            /* f16 KV cache */
 } ServeOptions;

@@ -376,6 +376,86 @@ def sampling_and_logprobs(s, label):
           f"{label}: /props and /slots ({len(slots)} slots of {slots[0]['n_ctx']} tokens)")
 
 
+def hostile_connections(model_args, label):
+    """Idle connections beyond the limit and slowloris clients (a header line every 0.3 s) do
+    not keep a normal client out: /health and a completion are answered while they hold their
+    sockets; a slow request is closed at its deadline; a per-client limit holds; the HTTP
+    library's log lines stay few."""
+    s = Server(model_args + ["--parallel", "1", "--ctx", "256", "--timeout", "3",
+                             "--max-connections", "32", "--max-per-client", "0"])
+    s.name = s.request("GET", "/v1/models")[1]["data"][0]["id"]
+    idle = []
+    for _ in range(60):
+        try:
+            idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
+        except OSError:
+            pass
+    slow = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(6)]
+    for k in slow:
+        k.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    stop = threading.Event()
+    closed_at = {}
+
+    def drip():
+        t0 = time.time()
+        while not stop.is_set() and time.time() - t0 < 12:
+            for i, k in enumerate(slow):
+                if i in closed_at:
+                    continue
+                try:
+                    k.sendall(b"X-Drip: 1\r\n")
+                except OSError:
+                    closed_at[i] = time.time() - t0
+            time.sleep(0.3)
+    th = threading.Thread(target=drip)
+    th.start()
+    time.sleep(1.5)  # the idle ones are now older than the guard's grace for making room
+    t0 = time.time()
+    st, _ = s.request("GET", "/health", timeout=10)
+    health_s = time.time() - t0
+    t0 = time.time()
+    st2, body = s.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 4,
+                                                      "temperature": 0}, timeout=20)
+    comp_s = time.time() - t0
+    check(st == 200 and health_s < 3 and st2 == 200,
+          f"{label}: with 60 idle and 6 slowloris connections against --max-connections 32, "
+          f"/health answers in {health_s:.2f} s and a completion in {comp_s:.2f} s")
+    th.join(timeout=20)
+    stop.set()
+    # (the deadline counts from when the server took the connection: these waited in the
+    # listen queue while the server was full)
+    check(len(closed_at) == len(slow) and max(closed_at.values()) < 10,
+          f"{label}: slowloris connections closed by the 3 s deadline although they keep sending "
+          f"(after {sorted(round(v, 1) for v in closed_at.values())} s)")
+    st, text = s.request("GET", "/metrics")
+    closed = s.metric("focus_connections_closed_total")
+    check(closed and closed >= len(slow), f"{label}: /metrics counts {closed} connections closed")
+    for k in idle + slow:
+        k.close()
+    check(s.stop() == 0, f"{label}: exit 0")
+    lines = [ln for ln in s.output().splitlines() if "focus serve: http:" in ln]
+    check(len(lines) <= 5, f"{label}: the HTTP library's log kept to {len(lines)} lines")
+    # one address at most --max-per-client connections
+    s = Server(model_args + ["--parallel", "1", "--ctx", "256", "--max-per-client", "3"])
+    held = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(3)]
+    time.sleep(0.2)
+    extra = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+    extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        got = extra.recv(100)
+    except OSError:
+        got = b""
+    extra.close()
+    for k in held:
+        k.close()
+    time.sleep(0.3)
+    st, _ = s.request("GET", "/health")
+    check(got == b"" and st == 200,
+          f"{label}: a fourth connection from one address beyond --max-per-client 3 is closed "
+          f"unanswered; once they close, /health answers")
+    check(s.stop() == 0, f"{label}: exit 0")
+
+
 def drop_mid_stream(s, label):
     before = s.metric("focus_requests_cancelled_total")
     sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
@@ -652,6 +732,7 @@ def main():
             drop_mid_stream(s, "SmolLM2")
             check(s.stop() == 0, "SmolLM2: exit 0 on SIGTERM")
             slow_checks(["--model", smol], "SmolLM2")
+            hostile_connections(["--model", smol], "SmolLM2")
             cache_and_fairness(smol, "SmolLM2")
         else:
             print("serve_api: the SmolLM2 part skipped (scripts/fetch_model.sh)")

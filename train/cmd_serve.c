@@ -20,7 +20,8 @@ static const char serve_usage[] =
     "                   [--host 127.0.0.1] [--port 8080] [--parallel 4] [--ctx N] [--queue 64]\n"
     "                   [--api-key KEY] [--alias NAME] [--chat-template chatml|gemma]\n"
     "                   [--kv f16|f32] [--weights native|f32] [--timeout 60] [--grace 10]\n"
-    "                   [--max-body 4194304] [--set key=value]...\n"
+    "                   [--max-body 4194304] [--max-connections 256] [--max-per-client 0]\n"
+    "                   [--set key=value]...\n"
     "An OpenAI-compatible HTTP server: GET /health, GET /v1/models, POST /v1/completions,\n"
     "POST /v1/chat/completions (\"stream\": true for server-sent events), POST /tokenize,\n"
     "POST /detokenize, GET /metrics (Prometheus), GET /props, GET /slots. Sampling: temperature,\n"
@@ -37,7 +38,12 @@ static const char serve_usage[] =
     "endpoint but /health needs \"Authorization: Bearer KEY\".\n"
     "The chat template is recognised from the GGUF file (ChatML, Gemma) or named with\n"
     "--chat-template. It listens on the loopback address unless --host says otherwise (0.0.0.0:\n"
-    "every interface); --port 0 takes a free port (printed). SIGTERM or SIGINT: no new\n"
+    "every interface); --port 0 takes a free port (printed). Connections: a request's headers\n"
+    "and body must arrive within --timeout seconds of the connection's start or its last\n"
+    "answer (a connection idle that long is closed too); at most --max-connections are open, and\n"
+    "near that limit the ones waiting longest without a request are closed to make room; at\n"
+    "most --max-per-client from one address (default 0: no limit; behind a proxy every client\n"
+    "has its address, so set it where clients connect directly). SIGTERM or SIGINT: no new\n"
     "connections, running requests finish (at most --grace seconds), exit 0.\n";
 
 /* What serve loads before it answers, in a thread of its own (cmd_serve says why). */
@@ -73,15 +79,17 @@ int cmd_serve(int argc, char** argv) {
                *weights = NULL, *host = "127.0.0.1", *key = NULL, *alias = NULL, *tmpl = NULL,
                *kv = "f16";
     int port = 8080, parallel = 4, ctx = 0, queue = 64, timeout = 60, grace = 10;
-    int max_body = 4 << 20;
+    int max_body = 4 << 20, max_conns = 256, max_per_client = 0;
     CliList sets = {0};
     if (cli_parse("serve", argc, argv, 1, serve_usage,
                   "--model:s --tokenizer:s --router:s --topk:s --attn:s --weights:s --host:s "
                   "--port:i[0,65535] --parallel:i[1,64] --ctx:i[1,1048576] --queue:i[0,100000] "
                   "--api-key:s --alias:s --chat-template:s --kv:s --timeout:i[1,86400] "
-                  "--grace:i[0,3600] --max-body:i[1024,1073741824] --set:*",
+                  "--grace:i[0,3600] --max-body:i[1024,1073741824] --max-connections:i[8,1000] "
+                  "--max-per-client:i[0,1000] --set:*",
                   &model, &tok, &router, &topk, &attn, &weights, &host, &port, &parallel, &ctx,
-                  &queue, &key, &alias, &tmpl, &kv, &timeout, &grace, &max_body, &sets))
+                  &queue, &key, &alias, &tmpl, &kv, &timeout, &grace, &max_body, &max_conns,
+                  &max_per_client, &sets))
         return 0;
     if (!model) fatal("serve: needs --model");
     if (strcmp(kv, "f16") && strcmp(kv, "f32"))
@@ -134,6 +142,8 @@ int cmd_serve(int argc, char** argv) {
                       .max_body = (size_t)max_body,
                       .timeout_s = timeout,
                       .grace = grace,
+                      .max_conns = max_conns,
+                      .max_per_client = max_per_client,
                       .half = !strcmp(kv, "f16")};
     Server* sv = serve_listen(&o);
     /* The model is loaded and tried in a thread that then exits, and with it the OpenMP
