@@ -6,9 +6,13 @@ to first token, tokens/s per request, total tokens/s, and the server's resident 
 usage: scripts/serve_bench.py [--model M] [--focus build/focus] [--llama-server PATH]
                               [--clients 1,2,4,8] [--tokens 64] [--prompt-tokens 0|8000]
                               [--requests 2] [--router R --topk k] [--set w=N] [--threads 2]
-                              [--no-focus]
+                              [--no-focus] [--fairness]
 Prints one Markdown table (the rows of docs/RESULTS.md); --prompt-tokens N sends prompts of about
-N tokens (public-domain-like filler generated from a seed) instead of short ones."""
+N tokens (public-domain-like filler generated from a seed) instead of short ones.
+--fairness (with --prompt-tokens N, 3 slots): a prompt of N tokens alone (one token generated),
+then the same length while another slot streams and a short request arrives 0.3 s after it: the
+longest pause of the stream while the long prompt is evaluated, the short request's time to its
+first token, and the long prompt's time against its time alone."""
 import argparse
 import json
 import os
@@ -33,7 +37,13 @@ ap.add_argument("--topk", default="1")
 ap.add_argument("--set", action="append", default=[], help="focus serve --set key=value")
 ap.add_argument("--no-focus", action="store_true", help="llama-server only")
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--fairness", action="store_true",
+                help="a long prompt beside a running stream and a short request")
 a = ap.parse_args()
+if a.fairness:
+    if not a.prompt_tokens:
+        sys.exit("serve_bench: --fairness needs --prompt-tokens N")
+    a.clients = "3"
 clients = [int(c) for c in a.clients.split(",")]
 P = max(clients)
 
@@ -48,7 +58,7 @@ def free_port():
 
 def start(kind):
     port = free_port()
-    ctx = 8192 if a.prompt_tokens else 2048
+    ctx = max(8192, a.prompt_tokens + 512) if a.prompt_tokens else 2048
     if kind == "focus":
         cmd = [a.focus, "serve", "--model", a.model, "--port", str(port), "--parallel", str(P),
                "--ctx", str(ctx)]
@@ -141,8 +151,82 @@ def one(port, i, res, warm=False):
     res.append((first or 0, n, time.time() - t0))
 
 
+def timed_post(port, body):
+    t0 = time.time()
+    r = post(port, "/v1/completions", body)
+    return time.time() - t0, r
+
+
+def fairness(kind):
+    """the stream's longest pause, the short request's first token, the long prompt's time
+    beside them and alone (seconds)"""
+    p, port = start(kind)
+    one(port, 0, [], warm=True)
+    alone, _ = timed_post(port, {"prompt": prompt_ids(port, 1), "max_tokens": 1,
+                                 "temperature": 0})
+    long_ids = prompt_ids(port, 2)  # another text: nothing of it cached
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0,
+                       "stream": True, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=600)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    stamps, stop = [], threading.Event()
+
+    def reader():
+        sock.settimeout(1)
+        while not stop.is_set():
+            try:
+                more = sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not more:
+                break
+            stamps.extend([time.time()] * more.count(b"data: "))
+    rt = threading.Thread(target=reader)
+    rt.start()
+    time.sleep(2.0)
+    res = {}
+
+    def long_req():
+        res["long"] = timed_post(port, {"prompt": long_ids, "max_tokens": 1, "temperature": 0})[0]
+    lt = threading.Thread(target=long_req)
+    t_long = time.time()
+    lt.start()
+    time.sleep(0.3)
+    short = []
+    one(port, 7, short, warm=True)  # a short prompt, streamed: its first token's time
+    lt.join()
+    t_end = time.time()
+    stop.set()
+    sock.close()
+    rt.join()
+    during = [t for t in stamps if t_long <= t <= t_end]
+    gaps = [b - c for c, b in zip(during, during[1:])]
+    if during:  # the first event after the long prompt began, the last one before it ended
+        gaps += [during[0] - t_long, t_end - during[-1]]
+    p.terminate()
+    p.wait(timeout=60)
+    return max(gaps) if gaps else float("nan"), short[0][0], res["long"], alone
+
+
 rows = []
 kinds = ([] if a.no_focus else ["focus"]) + (["llama-server"] if a.llama_server else [])
+if a.fairness:
+    out = []
+    for kind in kinds:
+        pause, ttft, long_s, alone = fairness(kind)
+        out.append((kind, pause, ttft, long_s, alone))
+        print(f"{kind}: stream pause {pause:.2f} s, short ttft {ttft:.2f} s, long prompt "
+              f"{long_s:.2f} s ({long_s / alone:.2f}x its {alone:.2f} s alone)", file=sys.stderr)
+    print(f"\n| server | longest stream pause (s) | short request's first token (s) | "
+          f"{a.prompt_tokens}-token prompt beside them (s) | alone (s) | ratio |")
+    print("|---|---|---|---|---|---|")
+    for kind, pause, ttft, long_s, alone in out:
+        print(f"| {kind} | {pause:.2f} | {ttft:.2f} | {long_s:.2f} | {alone:.2f} | "
+              f"{long_s / alone:.2f} |")
+    sys.exit(0)
 for kind in kinds:
     p, port = start(kind)
     one(port, 0, [], warm=True)  # warm-up (a short prompt)
