@@ -144,7 +144,7 @@ static void cached_tile(real* t, const void* src, int half, int kvw, int g, int 
     }
 }
 
-void attention_cached_forward(real* out, int ldo, const real* q, int ldq, int p0, int n,
+void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                               const void* k, const void* v, int half, int w, int sinks, int NH,
                               int NKV, int hs) {
     const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + BQ - 1) / BQ, have = p0 + n;
@@ -218,9 +218,150 @@ void attention_cached_forward(real* out, int ldo, const real* q, int ldq, int p0
                 const real inv = l[r] > 0 ? 1 / l[r] : 0;
                 real* o = out + (size_t)(r0 + r) * ldo + h * hs;
                 for (int e = 0; e < hs; e++) o[e] = acc[(size_t)r * hs + e] * inv;
+                if (lse)
+                    lse[(size_t)(r0 + r) * NH + h] =
+                        l[r] > 0 ? m[r] + (real)log((double)l[r]) : -INFINITY;
             }
         }
         free(S), free(acc), free(kt), free(vt), free(qp);
+    }
+}
+
+/* the keys [j0, j0 + bs) of head g of a cache into t (bs, hs), as cached_tile */
+static void cached_block(real* t, const void* src, int half, int kvw, int g, int hs, int j0,
+                         int bs) {
+    for (int c = 0; c < bs; c++) {
+        real* row = t + (size_t)c * hs;
+        const size_t at = (size_t)(j0 + c) * kvw + (size_t)g * hs;
+        if (half) {
+#ifdef FOCUS_DOUBLE
+            for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
+#else
+            f16_row_get(row, (const uint16_t*)src + at, hs);
+#endif
+        } else {
+            memcpy(row, (const real*)src + at, sizeof(real) * hs);
+        }
+    }
+}
+
+void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
+                             const void* k, const void* v, int half, int w, int sinks, int bs,
+                             const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs) {
+    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + BQ - 1) / BQ;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+#pragma omp parallel
+    {
+        real* S = mallocCheck(sizeof(real) * BQ * bs);
+        real* pv = mallocCheck(sizeof(real) * BQ * hs);
+        real* kt = mallocCheck(sizeof(real) * (size_t)bs * hs);
+        real* vt = mallocCheck(sizeof(real) * (size_t)bs * hs);
+        real* qp = mallocCheck(sizeof(real) * BQ * hs);
+        real* m = mallocCheck(sizeof(real) * (size_t)rep * BQ);
+        real* l = mallocCheck(sizeof(real) * (size_t)rep * BQ);
+        real* acc = mallocCheck(sizeof(real) * (size_t)rep * BQ * hs);
+        int* at = mallocCheck(sizeof(int) * BQ); /* each row's next entry in its sorted list */
+        unsigned char* use = mallocCheck(BQ);
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)NKV * nblk; task++) {
+            const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
+            const int r0 = blk * BQ, nq = n - r0 < BQ ? n - r0 : BQ;
+            int any = 0;
+            for (int r = 0; r < nq; r++) {
+                at[r] = 0;
+                any |= nsel[(size_t)(r0 + r) * NKV + g] > 0;
+            }
+            if (!any) continue;
+            /* the band's result is each row's start: (max, sum, output) = (lse, 1, out) */
+            for (int hr = 0; hr < rep; hr++)
+                for (int r = 0; r < nq; r++) {
+                    const int h = g * rep + hr;
+                    m[hr * BQ + r] = lse[(size_t)(r0 + r) * NH + h];
+                    l[hr * BQ + r] = m[hr * BQ + r] == -INFINITY ? 0 : 1;
+                    memcpy(acc + ((size_t)hr * BQ + r) * hs, out + (size_t)(r0 + r) * ldo + h * hs,
+                           sizeof(real) * hs);
+                }
+            /* the rows' blocks in ascending order: each block once for the rows that chose it
+             * (each row's list ascends: block_select sorts it) */
+            for (;;) {
+                int b = -1;
+                for (int r = 0; r < nq; r++) {
+                    const size_t rg = (size_t)(r0 + r) * NKV + g;
+                    if (at[r] < nsel[rg]) {
+                        const int cand = sel[rg * nbmax + at[r]];
+                        b = b < 0 || cand < b ? cand : b;
+                    }
+                }
+                if (b < 0) break;
+                for (int r = 0; r < nq; r++) {
+                    const size_t rg = (size_t)(r0 + r) * NKV + g;
+                    use[r] = at[r] < nsel[rg] && sel[rg * nbmax + at[r]] == b;
+                    at[r] += use[r];
+                }
+                cached_block(kt, k, half, kvw, g, hs, b * bs, bs);
+                cached_block(vt, v, half, kvw, g, hs, b * bs, bs);
+                for (int hr = 0; hr < rep; hr++) {
+                    const int h = g * rep + hr;
+                    const real* qb = q + (size_t)r0 * ldq + h * hs;
+                    int ldqb = ldq;
+                    if (nq < BQ) { /* a fixed row count: a row's bits whatever rows are beside */
+                        memset(qp, 0, sizeof(real) * BQ * hs);
+                        for (int r = 0; r < nq; r++)
+                            memcpy(qp + (size_t)r * hs, qb + (size_t)r * ldq, sizeof(real) * hs);
+                        qb = qp, ldqb = hs;
+                    }
+                    gemm(0, 1, BQ, bs, hs, scale, qb, ldqb, kt, hs, 0, S, bs);
+                    for (int r = 0; r < BQ; r++) {
+                        real* s = S + (size_t)r * bs;
+                        if (r >= nq || !use[r]) {
+                            memset(s, 0, sizeof(real) * bs);
+                            continue;
+                        }
+                        /* the block's distant keys for this row: past the sinks, before its band */
+                        const int i = p0 + r0 + r, lo = b * bs > sinks ? b * bs : sinks;
+                        const int hi = (b + 1) * bs < i - w ? (b + 1) * bs : i - w;
+                        real mx = m[hr * BQ + r];
+                        for (int c = 0; c < bs; c++) {
+                            const int j = b * bs + c;
+                            if (j >= lo && j < hi)
+                                mx = s[c] > mx ? s[c] : mx;
+                            else
+                                s[c] = -INFINITY;
+                        }
+                        const real alpha =
+                            m[hr * BQ + r] == -INFINITY ? 0 : exp_f(m[hr * BQ + r] - mx);
+                        real sum = 0;
+                        for (int c = 0; c < bs; c++) {
+                            s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
+                            sum += s[c];
+                        }
+                        l[hr * BQ + r] = l[hr * BQ + r] * alpha + sum;
+                        m[hr * BQ + r] = mx;
+                        real* a = acc + ((size_t)hr * BQ + r) * hs;
+                        for (int e = 0; e < hs; e++) a[e] *= alpha;
+                    }
+                    gemm(0, 0, BQ, hs, bs, 1, S, bs, vt, hs, 0, pv, hs);
+                    for (int r = 0; r < nq; r++) {
+                        if (!use[r]) continue;
+                        real* a = acc + ((size_t)hr * BQ + r) * hs;
+                        const real* pr = pv + (size_t)r * hs;
+                        for (int e = 0; e < hs; e++) a[e] += pr[e];
+                    }
+                }
+            }
+            for (int hr = 0; hr < rep; hr++)
+                for (int r = 0; r < nq; r++) {
+                    const int h = g * rep + hr;
+                    const real lr = l[hr * BQ + r], inv = lr > 0 ? 1 / lr : 0;
+                    real* o = out + (size_t)(r0 + r) * ldo + h * hs;
+                    const real* a = acc + ((size_t)hr * BQ + r) * hs;
+                    for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
+                    lse[(size_t)(r0 + r) * NH + h] =
+                        lr > 0 ? m[hr * BQ + r] + (real)log((double)lr) : -INFINITY;
+                }
+        }
+        free(S), free(pv), free(kt), free(vt), free(qp), free(m), free(l), free(acc), free(at);
+        free(use);
     }
 }
 

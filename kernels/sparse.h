@@ -20,13 +20,26 @@ void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T
 /* A prompt's rows over a KV cache: the n query rows of q (row r at position p0 + r, stride ldq,
  * NH heads of hs) attend causally to the keys and values at positions 0 .. p0 + n - 1, stored as
  * rows of NKV hs values (IEEE halves when `half`, else real): all of them (w < 0), or the band
- * (i - j <= w) and the sinks (j < sinks). out: row r at out + r ldo. The keys are walked in tiles
- * of 256 positions counted from position 0, each row's online softmax over its own keys of a
- * tile, so a row's arithmetic does not depend on which other rows are in the call: a prompt
- * evaluated in any chunks gives the same bits (model/decode.c). Threads over (head, 64 rows). */
-void attention_cached_forward(real* out, int ldo, const real* q, int ldq, int p0, int n,
+ * (i - j <= w) and the sinks (j < sinks). out: row r at out + r ldo; lse (may be NULL): each
+ * row's and head's log-sum-exp of its scores, (n, NH). The keys are walked in tiles of 256
+ * positions counted from position 0, each row's online softmax over its own keys of a tile, so a
+ * row's arithmetic does not depend on which other rows are in the call: a prompt evaluated in any
+ * chunks gives the same bits (model/decode.c). Threads over (head, 64 rows). */
+void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                               const void* k, const void* v, int half, int w, int sinks, int NH,
                               int NKV, int hs);
+
+/* The distant key blocks of a prompt's rows, added to their band: out and lse hold each row's
+ * band attention (attention_cached_forward with w and sinks); row r and key/value head g also
+ * attend to the keys of its nsel[r NKV + g] chosen blocks sel + (r NKV + g) nbmax (ascending
+ * block indices of bs keys; of block b the keys j with max(b bs, sinks) <= j < min((b + 1) bs,
+ * i - w), i the row's position), and out and lse are updated. A block is read and multiplied
+ * once for the 64-row tile whose rows chose it (a product of a fixed row count, each row merged
+ * only with its own blocks, in ascending order): a row's bits do not depend on the other rows in
+ * the call. */
+void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
+                             const void* k, const void* v, int half, int w, int sinks, int bs,
+                             const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs);
 
 /* mask (B, T): each token's top-k group bitmask; w: local window; K: number of groups. */
 void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,

@@ -375,6 +375,22 @@ static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
     free(rows);
 }
 
+/* The distant blocks the query heads of key/value head g choose at position n of layer l (q:
+ * their rep queries; lb: their band log-sum-exps, blocks_learned only) into sel; returns their
+ * number. sc, p: nbcap scratch each. */
+static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                      const real* lb, int* sel, real* sc, real* p) {
+    const FocusConfig* f = &m->fc;
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
+    const real* st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
+    const real* gate = f->attn == ATTN_BLOCKS_LEARNED
+                           ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
+                           : NULL;
+    return block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n, f->w,
+                        f->sinks, f->block, model_layer_blocks(m, l), hs, sc, p);
+}
+
 /* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
  * queries) into c->bkeys + g cap: the sinks before the window, the distant keys of the chosen
  * blocks, the window. Returns their number. sel, sc, p: nbcap scratch each. */
@@ -384,12 +400,9 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
     const int lo = n - f->w < 0 ? 0 : n - f->w, bs = f->block;
-    const real* st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
-    const real* gate = NULL;
     real lb[64];
     if (f->attn == ATTN_BLOCKS_LEARNED) { /* the band's log-sum-exp per query head */
         if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
-        gate = m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs);
         const real scale = (real)(1.0 / sqrt((double)hs));
         const size_t es = c->half ? 2 : sizeof(real);
         const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
@@ -409,8 +422,7 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
             lb[r] = mx + (real)log(sum);
         }
     }
-    const int ns = block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n,
-                                f->w, f->sinks, bs, model_layer_blocks(m, l), hs, sc, p);
+    const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p);
     int nk = 0;
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
     for (int s = 0; s < ns; s++) {
@@ -420,6 +432,58 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
     }
     for (int j = lo; j <= n; j++) keys[nk++] = j;
     return nk;
+}
+
+/* A prompt's rows (one cache, positions pos0 ..) on a block pattern's layer l: the band and the
+ * sinks tiled over the cache, then each row's chosen distant blocks, a block read once for the
+ * rows of a tile that chose it (kernels/sparse.c); each row's bits whatever rows are beside it.
+ * Returns the pairs evaluated. */
+static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, const real* qkv,
+                               real* att) {
+    const ModelConfig* mc = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, Q = qkvw(mc),
+              kvw = NKV * hs, A = NH * hs, bs = f->block, nbmax = c->nbcap;
+    if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
+    const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
+    const char *kc = (const char*)c->k + at, *vc = (const char*)c->v + at;
+    real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
+    attention_cached_forward(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, NH, NKV,
+                             hs);
+    int* sel = mallocCheck(sizeof(int) * (size_t)n * NKV * nbmax);
+    int* nsel = mallocCheck(sizeof(int) * (size_t)n * NKV);
+    long pairs = 0;
+#pragma omp parallel reduction(+ : pairs)
+    {
+        real* sc = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
+        real* p = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
+#pragma omp for schedule(dynamic, 8)
+        for (int r = 0; r < n; r++) {
+            const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
+            pairs += (long)(i + 1 - lo + (f->sinks < lo ? f->sinks : lo)) * NH; /* the band */
+            for (int g = 0; g < NKV; g++) {
+                int* sg = sel + ((size_t)r * NKV + g) * nbmax;
+                const int ns = row_blocks(c, m, l, i, g, qkv + (size_t)r * Q + (size_t)g * rep * hs,
+                                          lse + (size_t)r * NH + g * rep, sg, sc, p);
+                for (int a = 1; a < ns; a++) /* ascending, as the merge reads them */
+                    for (int b = a; b > 0 && sg[b - 1] > sg[b]; b--) {
+                        const int t = sg[b];
+                        sg[b] = sg[b - 1], sg[b - 1] = t;
+                    }
+                nsel[(size_t)r * NKV + g] = ns;
+                for (int s = 0; s < ns; s++) {
+                    const int j0 = sg[s] * bs > f->sinks ? sg[s] * bs : f->sinks;
+                    const int j1 = (sg[s] + 1) * bs < i - f->w ? (sg[s] + 1) * bs : i - f->w;
+                    pairs += (long)(j1 > j0 ? j1 - j0 : 0) * rep;
+                }
+            }
+        }
+        free(sc), free(p);
+    }
+    attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
+                            nsel, nbmax, NH, NKV, hs);
+    free(lse), free(sel), free(nsel);
+    return pairs;
 }
 
 /* The thread governor. On a machine that is busy with other work, a thread of ours may wait
@@ -667,7 +731,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         int bw = -1, bsinks = 0;
         if (kind == KEYS_WINDOW) layer_band(m, l, &bw, &bsinks);
         const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
-        attention_cached_forward(att, A, qkv, Q, pos[0], n, (const char*)c->k + at,
+        attention_cached_forward(att, A, NULL, qkv, Q, pos[0], n, (const char*)c->k + at,
                                  (const char*)c->v + at, c->half, bw, bsinks, NH, NKV, hs);
         for (int i = 0; i < n; i++) {
             const int lo = bw < 0 || pos[i] - bw < 0 ? 0 : pos[i] - bw;
@@ -680,6 +744,10 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             block_cache(cs[i], mc, f->block);
             block_complete(cs[i], l, pos[i], mc);
         }
+    if (!r->per_row && kind == KEYS_BLOCKS) {
+        cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, att);
+        return;
+    }
     /* in order: each row's groups, joined (a cache's group lists grow row by row) */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
     for (int i = 0; i < n && kind == KEYS_GROUPS; i++) {

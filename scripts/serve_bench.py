@@ -58,7 +58,7 @@ def free_port():
 
 def start(kind):
     port = free_port()
-    ctx = max(8192, a.prompt_tokens + 512) if a.prompt_tokens else 2048
+    ctx = max(8192, a.prompt_tokens + 64) if a.prompt_tokens else 2048
     if kind == "focus":
         cmd = [a.focus, "serve", "--model", a.model, "--port", str(port), "--parallel", str(P),
                "--ctx", str(ctx)]
