@@ -121,7 +121,9 @@ static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* gm,
 
 /* A row of a BLAS product can get other bits in a product of another row count (OpenBLAS picks
  * other kernels for small ones: measured), never in one of the same count: every product of the
- * cached rows has BQ rows, zeros below a short block's. */
+ * cached rows has CQ rows, zeros below a short block's. 32 rows, not 64: a server evaluates a
+ * prompt in chunks of a few tenths of a second, at 8K tokens of depth 64 rows took 0.6 s. */
+#define CQ 32
 
 /* rows [j0, j0 + BK) of head g of a cache (half or real rows of kvw values) into t (BK, hs):
  * the rows from `have` on (not cached yet) are zeros */
@@ -147,42 +149,45 @@ static void cached_tile(real* t, const void* src, int half, int kvw, int g, int 
 void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                               const void* k, const void* v, int half, int w, int sinks, int NH,
                               int NKV, int hs) {
-    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + BQ - 1) / BQ, have = p0 + n;
+    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ, have = p0 + n;
+    const int mq = rep * CQ; /* the rep query heads of a key/value head stacked: one product */
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
     {
-        real* S = mallocCheck(sizeof(real) * BQ * BK);
-        real* acc = mallocCheck(sizeof(real) * BQ * hs);
+        real* S = mallocCheck(sizeof(real) * (size_t)mq * BK);
+        real* acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
         real* kt = mallocCheck(sizeof(real) * BK * hs);
         real* vt = mallocCheck(sizeof(real) * BK * hs);
-        real* qp = mallocCheck(sizeof(real) * BQ * hs);
+        real* qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        real* m = mallocCheck(sizeof(real) * (size_t)mq);
+        real* l = mallocCheck(sizeof(real) * (size_t)mq);
 #pragma omp for schedule(dynamic, 1)
-        for (long task = 0; task < (long)NH * nblk; task++) {
-            const int blk = nblk - 1 - (int)(task % nblk), h = (int)(task / nblk), g = h / rep;
-            const int r0 = blk * BQ, nq = n - r0 < BQ ? n - r0 : BQ, i0 = p0 + r0, i1 = i0 + nq;
-            const int mq = BQ;
-            const real* qb = q + (size_t)r0 * ldq + h * hs;
-            int ldqb = ldq;
-            if (nq < mq) {
-                memset(qp, 0, sizeof(real) * BQ * hs);
+        for (long task = 0; task < (long)NKV * nblk; task++) {
+            const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
+            const int r0 = blk * CQ, nq = n - r0 < CQ ? n - r0 : CQ, i0 = p0 + r0, i1 = i0 + nq;
+            /* row R = hr CQ + r: query head g rep + hr of row r0 + r (zeros past nq) */
+            memset(qs, 0, sizeof(real) * (size_t)mq * hs);
+            for (int hr = 0; hr < rep; hr++)
                 for (int r = 0; r < nq; r++)
-                    memcpy(qp + (size_t)r * hs, qb + (size_t)r * ldq, sizeof(real) * hs);
-                qb = qp, ldqb = hs;
-            }
-            real m[BQ], l[BQ];
-            for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
-            memset(acc, 0, sizeof(real) * mq * hs);
-            memset(S, 0, sizeof(real) * mq * BK);
+                    memcpy(qs + ((size_t)hr * CQ + r) * hs,
+                           q + (size_t)(r0 + r) * ldq + (size_t)(g * rep + hr) * hs,
+                           sizeof(real) * hs);
+            for (int R = 0; R < mq; R++) m[R] = -INFINITY, l[R] = 0;
+            memset(acc, 0, sizeof(real) * (size_t)mq * hs);
             const int band_lo = w < 0 || i0 - w < 0 ? 0 : i0 - w; /* the block's lowest band key */
             for (int j0 = 0; j0 < i1; j0 += BK) {
                 if (w >= 0 && j0 >= sinks && j0 + BK <= band_lo) continue; /* no key of any row */
                 cached_tile(kt, k, half, kvw, g, hs, j0, have);
                 cached_tile(vt, v, half, kvw, g, hs, j0, have);
-                gemm(0, 1, mq, BK, hs, scale, qb, ldqb, kt, hs, 0, S, BK);
-                for (int r = 0; r < nq; r++) {
-                    real* s = S + (size_t)r * BK;
-                    const int i = i0 + r;
-                    real mx = m[r];
+                gemm(0, 1, mq, BK, hs, scale, qs, hs, kt, hs, 0, S, BK);
+                for (int R = 0; R < mq; R++) {
+                    real* s = S + (size_t)R * BK;
+                    const int r = R % CQ, i = i0 + r;
+                    if (r >= nq) {
+                        memset(s, 0, sizeof(real) * BK);
+                        continue;
+                    }
+                    real mx = m[R];
                     int any = 0;
                     for (int c = 0; c < BK; c++) {
                         const int j = j0 + c;
@@ -197,33 +202,34 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                         memset(s, 0, sizeof(real) * BK);
                         continue;
                     }
-                    const real alpha = exp_f(m[r] - mx);
+                    const real alpha = exp_f(m[R] - mx);
                     real sum = 0;
 #pragma omp simd reduction(+ : sum)
                     for (int c = 0; c < BK; c++) {
                         s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
                         sum += s[c];
                     }
-                    l[r] = l[r] * alpha + sum;
-                    m[r] = mx;
+                    l[R] = l[R] * alpha + sum;
+                    m[R] = mx;
                     if (alpha != 1) {
-                        real* a = acc + (size_t)r * hs;
+                        real* a = acc + (size_t)R * hs;
                         for (int e = 0; e < hs; e++) a[e] *= alpha;
                     }
                 }
-                for (int r = nq; r < mq; r++) memset(S + (size_t)r * BK, 0, sizeof(real) * BK);
                 gemm(0, 0, mq, hs, BK, 1, S, BK, vt, hs, 1, acc, hs);
             }
-            for (int r = 0; r < nq; r++) {
-                const real inv = l[r] > 0 ? 1 / l[r] : 0;
-                real* o = out + (size_t)(r0 + r) * ldo + h * hs;
-                for (int e = 0; e < hs; e++) o[e] = acc[(size_t)r * hs + e] * inv;
-                if (lse)
-                    lse[(size_t)(r0 + r) * NH + h] =
-                        l[r] > 0 ? m[r] + (real)log((double)l[r]) : -INFINITY;
-            }
+            for (int hr = 0; hr < rep; hr++)
+                for (int r = 0; r < nq; r++) {
+                    const int R = hr * CQ + r, h = g * rep + hr;
+                    const real inv = l[R] > 0 ? 1 / l[R] : 0;
+                    real* o = out + (size_t)(r0 + r) * ldo + h * hs;
+                    for (int e = 0; e < hs; e++) o[e] = acc[(size_t)R * hs + e] * inv;
+                    if (lse)
+                        lse[(size_t)(r0 + r) * NH + h] =
+                            l[R] > 0 ? m[R] + (real)log((double)l[R]) : -INFINITY;
+                }
         }
-        free(S), free(acc), free(kt), free(vt), free(qp);
+        free(S), free(acc), free(kt), free(vt), free(qs), free(m), free(l);
     }
 }
 
@@ -248,41 +254,45 @@ static void cached_block(real* t, const void* src, int half, int kvw, int g, int
 void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const void* k, const void* v, int half, int w, int sinks, int bs,
                              const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs) {
-    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + BQ - 1) / BQ;
+    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
+    const int mq = rep * CQ; /* the rep query heads stacked, as attention_cached_forward */
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
     {
-        real* S = mallocCheck(sizeof(real) * BQ * bs);
-        real* pv = mallocCheck(sizeof(real) * BQ * hs);
+        real* S = mallocCheck(sizeof(real) * (size_t)mq * bs);
+        real* pv = mallocCheck(sizeof(real) * (size_t)mq * hs);
         real* kt = mallocCheck(sizeof(real) * (size_t)bs * hs);
         real* vt = mallocCheck(sizeof(real) * (size_t)bs * hs);
-        real* qp = mallocCheck(sizeof(real) * BQ * hs);
-        real* m = mallocCheck(sizeof(real) * (size_t)rep * BQ);
-        real* l = mallocCheck(sizeof(real) * (size_t)rep * BQ);
-        real* acc = mallocCheck(sizeof(real) * (size_t)rep * BQ * hs);
-        int* at = mallocCheck(sizeof(int) * BQ); /* each row's next entry in its sorted list */
-        unsigned char* use = mallocCheck(BQ);
+        real* qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        real* m = mallocCheck(sizeof(real) * (size_t)mq);
+        real* l = mallocCheck(sizeof(real) * (size_t)mq);
+        real* acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        int* at = mallocCheck(sizeof(int) * CQ); /* each row's next entry in its sorted list */
+        unsigned char* use = mallocCheck(CQ);
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)NKV * nblk; task++) {
             const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
-            const int r0 = blk * BQ, nq = n - r0 < BQ ? n - r0 : BQ;
+            const int r0 = blk * CQ, nq = n - r0 < CQ ? n - r0 : CQ;
             int any = 0;
             for (int r = 0; r < nq; r++) {
                 at[r] = 0;
                 any |= nsel[(size_t)(r0 + r) * NKV + g] > 0;
             }
             if (!any) continue;
-            /* the band's result is each row's start: (max, sum, output) = (lse, 1, out) */
+            /* row R = hr CQ + r, as attention_cached_forward; the band's result is each row's
+             * start: (max, sum, output) = (lse, 1, out) */
+            memset(qs, 0, sizeof(real) * (size_t)mq * hs);
             for (int hr = 0; hr < rep; hr++)
                 for (int r = 0; r < nq; r++) {
-                    const int h = g * rep + hr;
-                    m[hr * BQ + r] = lse[(size_t)(r0 + r) * NH + h];
-                    l[hr * BQ + r] = m[hr * BQ + r] == -INFINITY ? 0 : 1;
-                    memcpy(acc + ((size_t)hr * BQ + r) * hs, out + (size_t)(r0 + r) * ldo + h * hs,
+                    const int R = hr * CQ + r, h = g * rep + hr;
+                    memcpy(qs + (size_t)R * hs, q + (size_t)(r0 + r) * ldq + (size_t)h * hs,
+                           sizeof(real) * hs);
+                    m[R] = lse[(size_t)(r0 + r) * NH + h];
+                    l[R] = m[R] == -INFINITY ? 0 : 1;
+                    memcpy(acc + (size_t)R * hs, out + (size_t)(r0 + r) * ldo + (size_t)h * hs,
                            sizeof(real) * hs);
                 }
-            /* the rows' blocks in ascending order: each block once for the rows that chose it
-             * (each row's list ascends: block_select sorts it) */
+            /* the rows' blocks in ascending order: each block once for the rows that chose it */
             for (;;) {
                 int b = -1;
                 for (int r = 0; r < nq; r++) {
@@ -300,67 +310,57 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                 }
                 cached_block(kt, k, half, kvw, g, hs, b * bs, bs);
                 cached_block(vt, v, half, kvw, g, hs, b * bs, bs);
-                for (int hr = 0; hr < rep; hr++) {
-                    const int h = g * rep + hr;
-                    const real* qb = q + (size_t)r0 * ldq + h * hs;
-                    int ldqb = ldq;
-                    if (nq < BQ) { /* a fixed row count: a row's bits whatever rows are beside */
-                        memset(qp, 0, sizeof(real) * BQ * hs);
-                        for (int r = 0; r < nq; r++)
-                            memcpy(qp + (size_t)r * hs, qb + (size_t)r * ldq, sizeof(real) * hs);
-                        qb = qp, ldqb = hs;
+                gemm(0, 1, mq, bs, hs, scale, qs, hs, kt, hs, 0, S, bs);
+                for (int R = 0; R < mq; R++) {
+                    real* s = S + (size_t)R * bs;
+                    const int r = R % CQ;
+                    if (r >= nq || !use[r]) {
+                        memset(s, 0, sizeof(real) * bs);
+                        continue;
                     }
-                    gemm(0, 1, BQ, bs, hs, scale, qb, ldqb, kt, hs, 0, S, bs);
-                    for (int r = 0; r < BQ; r++) {
-                        real* s = S + (size_t)r * bs;
-                        if (r >= nq || !use[r]) {
-                            memset(s, 0, sizeof(real) * bs);
-                            continue;
-                        }
-                        /* the block's distant keys for this row: past the sinks, before its band */
-                        const int i = p0 + r0 + r, lo = b * bs > sinks ? b * bs : sinks;
-                        const int hi = (b + 1) * bs < i - w ? (b + 1) * bs : i - w;
-                        real mx = m[hr * BQ + r];
-                        for (int c = 0; c < bs; c++) {
-                            const int j = b * bs + c;
-                            if (j >= lo && j < hi)
-                                mx = s[c] > mx ? s[c] : mx;
-                            else
-                                s[c] = -INFINITY;
-                        }
-                        const real alpha =
-                            m[hr * BQ + r] == -INFINITY ? 0 : exp_f(m[hr * BQ + r] - mx);
-                        real sum = 0;
-                        for (int c = 0; c < bs; c++) {
-                            s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
-                            sum += s[c];
-                        }
-                        l[hr * BQ + r] = l[hr * BQ + r] * alpha + sum;
-                        m[hr * BQ + r] = mx;
-                        real* a = acc + ((size_t)hr * BQ + r) * hs;
-                        for (int e = 0; e < hs; e++) a[e] *= alpha;
+                    /* the block's distant keys for this row: past the sinks, before its band */
+                    const int i = p0 + r0 + r, lo = b * bs > sinks ? b * bs : sinks;
+                    const int hi = (b + 1) * bs < i - w ? (b + 1) * bs : i - w;
+                    real mx = m[R];
+                    for (int c = 0; c < bs; c++) {
+                        const int j = b * bs + c;
+                        if (j >= lo && j < hi)
+                            mx = s[c] > mx ? s[c] : mx;
+                        else
+                            s[c] = -INFINITY;
                     }
-                    gemm(0, 0, BQ, hs, bs, 1, S, bs, vt, hs, 0, pv, hs);
-                    for (int r = 0; r < nq; r++) {
-                        if (!use[r]) continue;
-                        real* a = acc + ((size_t)hr * BQ + r) * hs;
-                        const real* pr = pv + (size_t)r * hs;
-                        for (int e = 0; e < hs; e++) a[e] += pr[e];
+                    const real alpha = m[R] == -INFINITY ? 0 : exp_f(m[R] - mx);
+                    real sum = 0;
+                    for (int c = 0; c < bs; c++) {
+                        s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
+                        sum += s[c];
                     }
+                    l[R] = l[R] * alpha + sum;
+                    m[R] = mx;
+                    real* a = acc + (size_t)R * hs;
+                    for (int e = 0; e < hs; e++) a[e] *= alpha;
+                }
+                gemm(0, 0, mq, hs, bs, 1, S, bs, vt, hs, 0, pv, hs);
+                for (int R = 0; R < mq; R++) {
+                    const int r = R % CQ;
+                    if (r >= nq || !use[r]) continue;
+                    real* a = acc + (size_t)R * hs;
+                    const real* pr = pv + (size_t)R * hs;
+                    for (int e = 0; e < hs; e++) a[e] += pr[e];
                 }
             }
             for (int hr = 0; hr < rep; hr++)
                 for (int r = 0; r < nq; r++) {
-                    const int h = g * rep + hr;
-                    const real lr = l[hr * BQ + r], inv = lr > 0 ? 1 / lr : 0;
-                    real* o = out + (size_t)(r0 + r) * ldo + h * hs;
-                    const real* a = acc + ((size_t)hr * BQ + r) * hs;
+                    const int R = hr * CQ + r, h = g * rep + hr;
+                    const real inv = l[R] > 0 ? 1 / l[R] : 0;
+                    real* o = out + (size_t)(r0 + r) * ldo + (size_t)h * hs;
+                    const real* a = acc + (size_t)R * hs;
                     for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
                     lse[(size_t)(r0 + r) * NH + h] =
-                        lr > 0 ? m[hr * BQ + r] + (real)log((double)lr) : -INFINITY;
+                        l[R] > 0 ? m[R] + (real)log((double)l[R]) : -INFINITY;
                 }
         }
-        free(S), free(pv), free(kt), free(vt), free(qp), free(m), free(l), free(acc), free(at);
+        free(S), free(pv), free(kt), free(vt), free(qs), free(m), free(l), free(acc), free(at);
         free(use);
     }
 }

@@ -24,7 +24,7 @@ void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T
  * row's and head's log-sum-exp of its scores, (n, NH). The keys are walked in tiles of 256
  * positions counted from position 0, each row's online softmax over its own keys of a tile, so a
  * row's arithmetic does not depend on which other rows are in the call: a prompt evaluated in any
- * chunks gives the same bits (model/decode.c). Threads over (head, 64 rows). */
+ * chunks gives the same bits (model/decode.c). Threads over (head, 32 rows). */
 void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                               const void* k, const void* v, int half, int w, int sinks, int NH,
                               int NKV, int hs);
@@ -34,7 +34,7 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
  * attend to the keys of its nsel[r NKV + g] chosen blocks sel + (r NKV + g) nbmax (ascending
  * block indices of bs keys; of block b the keys j with max(b bs, sinks) <= j < min((b + 1) bs,
  * i - w), i the row's position), and out and lse are updated. A block is read and multiplied
- * once for the 64-row tile whose rows chose it (a product of a fixed row count, each row merged
+ * once for the 32-row tile whose rows chose it (a product of a fixed row count, each row merged
  * only with its own blocks, in ascending order): a row's bits do not depend on the other rows in
  * the call. */
 void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,

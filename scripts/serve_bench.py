@@ -208,6 +208,9 @@ def fairness(kind):
         gaps += [during[0] - t_long, t_end - during[-1]]
     p.terminate()
     p.wait(timeout=60)
+    worst = sorted(((b - c, c - t_long) for c, b in zip(during, during[1:])), reverse=True)[:5]
+    print(f"{kind}: the longest pauses (s, at s after the long prompt began): "
+          + ", ".join(f"{g:.2f} at {t:.1f}" for g, t in worst), file=sys.stderr)
     return max(gaps) if gaps else float("nan"), short[0][0], res["long"], alone
 
 

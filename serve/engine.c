@@ -188,8 +188,11 @@ static int sample_slot(Engine* e, Slot* s, const real* logits, TokenLogprob* lp,
 /* The seconds a prompt's chunk may take: a running stream waits at most this long for its next
  * token, a new request for its turn. */
 #define CHUNK_SECONDS 0.25
-/* ... and the tokens it takes at least (a chunk has a fixed cost, every weight read once for its
- * products: about 20-35 ms for SmolLM2 on 2 cores, docs/RESULTS.md) */
+/* ... and the tokens it takes at least, and its multiple: a chunk has a fixed cost (every weight
+ * read once for its products: about 20-35 ms for SmolLM2 on 2 cores, docs/RESULTS.md), and the
+ * attention over the cache runs in products of 32 rows (kernels/sparse.c): 20 rows cost what 32
+ * do (with 64-row products, chunks of 40 rows made a prompt of 8K tokens 1.4x slower than chunks
+ * of whole products) */
 #define CHUNK_MIN 32
 
 /* The tokens slot s's cache shares with the prompt and may keep: its prompt-evaluated prefix. */
@@ -226,6 +229,7 @@ static int prompt_chunk(Engine* e, Slot* s, Job* j, TokenLogprob* lp, int* has_l
     } else {
         int k = s->rate > 0 ? (int)(CHUNK_SECONDS / s->rate) : CHUNK_MIN;
         k = k < CHUNK_MIN ? CHUNK_MIN : k > 4096 ? 4096 : k;
+        k -= k % CHUNK_MIN; /* whole tiles of the attention's 32-row products */
         if (k > np - done) k = np - done;
         const double t0 = now_seconds();
         char why[160];
