@@ -365,6 +365,155 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
     }
 }
 
+/* the rows at positions pos[0 .. cnt) of head g of a cache into t (ET, hs), zeros past cnt */
+#define ET 64
+static void cached_gather(real* t, const void* src, int half, int kvw, int g, int hs,
+                          const int* pos, int cnt) {
+    for (int c = 0; c < ET; c++) {
+        real* row = t + (size_t)c * hs;
+        if (c >= cnt) {
+            memset(row, 0, sizeof(real) * hs);
+            continue;
+        }
+        const size_t at = (size_t)pos[c] * kvw + (size_t)g * hs;
+        if (half) {
+#ifdef FOCUS_DOUBLE
+            for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
+#else
+            f16_row_get(row, (const uint16_t*)src + at, hs);
+#endif
+        } else {
+            memcpy(row, (const real*)src + at, sizeof(real) * hs);
+        }
+    }
+}
+
+long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
+                             const void* k, const void* v, int half, int w, const uint32_t* rmask,
+                             const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
+                             int NH, int NKV, int hs) {
+    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
+    const int mq = rep * CQ; /* the rep query heads stacked, as attention_cached_forward */
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    long pairs = 0;
+#pragma omp parallel reduction(+ : pairs)
+    {
+        real* S = mallocCheck(sizeof(real) * (size_t)mq * ET);
+        real* pv = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        real* kt = mallocCheck(sizeof(real) * (size_t)ET * hs);
+        real* vt = mallocCheck(sizeof(real) * (size_t)ET * hs);
+        real* qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        real* m = mallocCheck(sizeof(real) * (size_t)mq);
+        real* l = mallocCheck(sizeof(real) * (size_t)mq);
+        real* acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        unsigned char* ok = mallocCheck((size_t)CQ * ET); /* row r keeps entry c of the tile */
+        unsigned char* use = mallocCheck(CQ);
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)NKV * nblk; task++) {
+            const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
+            const int r0 = blk * CQ, nq = n - r0 < CQ ? n - r0 : CQ;
+            uint32_t U = 0;
+            int far = 0; /* the tile's largest window start: entries before it may be kept */
+            for (int r = 0; r < nq; r++) {
+                U |= rmask[r0 + r];
+                const int lo = p0 + r0 + r - w;
+                far = lo > far ? lo : far;
+            }
+            if (!U || far <= 0) continue;
+            memset(qs, 0, sizeof(real) * (size_t)mq * hs);
+            for (int hr = 0; hr < rep; hr++)
+                for (int r = 0; r < nq; r++) {
+                    const int R = hr * CQ + r, h = g * rep + hr;
+                    memcpy(qs + (size_t)R * hs, q + (size_t)(r0 + r) * ldq + (size_t)h * hs,
+                           sizeof(real) * hs);
+                    m[R] = lse[(size_t)(r0 + r) * NH + h];
+                    l[R] = m[R] == -INFINITY ? 0 : 1;
+                    memcpy(acc + (size_t)R * hs, out + (size_t)(r0 + r) * ldo + (size_t)h * hs,
+                           sizeof(real) * hs);
+                }
+            /* each group of the rows in ascending order, its list in tiles of ET entries counted
+             * from the list's start: a row keeps an entry of a group it is in, before its
+             * window, not in a lower group it shares (token_keys's keys) */
+            for (int grp = 0; grp < K; grp++) {
+                if (!((U >> grp) & 1)) continue;
+                const int* gp = gpos + (size_t)grp * cap;
+                int len = 0;
+                while (len < gn[grp] && gp[len] < far) len++;
+                const uint32_t lower = (1u << grp) - 1;
+                for (int t0 = 0; t0 < len; t0 += ET) {
+                    const int cnt = len - t0 < ET ? len - t0 : ET;
+                    int anyrow = 0;
+                    for (int r = 0; r < nq; r++) {
+                        const uint32_t mr = rmask[r0 + r];
+                        const int lo = p0 + r0 + r - w;
+                        unsigned char* o = ok + (size_t)r * ET;
+                        use[r] = 0;
+                        for (int c = 0; c < ET; c++) {
+                            const int j = c < cnt ? gp[t0 + c] : -1;
+                            o[c] =
+                                ((mr >> grp) & 1) && c < cnt && j < lo && !(cmask[j] & mr & lower);
+                            use[r] |= o[c];
+                            pairs += g == 0 ? (long)o[c] * NH : 0;
+                        }
+                        anyrow |= use[r];
+                    }
+                    if (!anyrow) continue;
+                    cached_gather(kt, k, half, kvw, g, hs, gp + t0, cnt);
+                    cached_gather(vt, v, half, kvw, g, hs, gp + t0, cnt);
+                    gemm(0, 1, mq, ET, hs, scale, qs, hs, kt, hs, 0, S, ET);
+                    for (int R = 0; R < mq; R++) {
+                        real* sr = S + (size_t)R * ET;
+                        const int r = R % CQ;
+                        if (r >= nq || !use[r]) {
+                            memset(sr, 0, sizeof(real) * ET);
+                            continue;
+                        }
+                        const unsigned char* o = ok + (size_t)r * ET;
+                        real mx = m[R];
+                        for (int c = 0; c < ET; c++) {
+                            if (o[c])
+                                mx = sr[c] > mx ? sr[c] : mx;
+                            else
+                                sr[c] = -INFINITY;
+                        }
+                        const real alpha = m[R] == -INFINITY ? 0 : exp_f(m[R] - mx);
+                        real sum = 0;
+                        for (int c = 0; c < ET; c++) {
+                            sr[c] = sr[c] == -INFINITY ? 0 : exp_f(sr[c] - mx);
+                            sum += sr[c];
+                        }
+                        l[R] = l[R] * alpha + sum;
+                        m[R] = mx;
+                        real* a = acc + (size_t)R * hs;
+                        for (int e = 0; e < hs; e++) a[e] *= alpha;
+                    }
+                    gemm(0, 0, mq, hs, ET, 1, S, ET, vt, hs, 0, pv, hs);
+                    for (int R = 0; R < mq; R++) {
+                        const int r = R % CQ;
+                        if (r >= nq || !use[r]) continue;
+                        real* a = acc + (size_t)R * hs;
+                        const real* pr = pv + (size_t)R * hs;
+                        for (int e = 0; e < hs; e++) a[e] += pr[e];
+                    }
+                }
+            }
+            for (int hr = 0; hr < rep; hr++)
+                for (int r = 0; r < nq; r++) {
+                    const int R = hr * CQ + r, h = g * rep + hr;
+                    const real inv = l[R] > 0 ? 1 / l[R] : 0;
+                    real* o = out + (size_t)(r0 + r) * ldo + (size_t)h * hs;
+                    const real* a = acc + (size_t)R * hs;
+                    for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
+                    lse[(size_t)(r0 + r) * NH + h] =
+                        l[R] > 0 ? m[R] + (real)log((double)l[R]) : -INFINITY;
+                }
+        }
+        free(S), free(pv), free(kt), free(vt), free(qs), free(m), free(l), free(acc), free(ok);
+        free(use);
+    }
+    return pairs;
+}
+
 void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
                              int hs) {
     flash_all(out, lse, qkv, NULL, 0, -1, 0, B, T, NH, NKV, hs);

@@ -41,6 +41,20 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                              const void* k, const void* v, int half, int w, int sinks, int bs,
                              const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs);
 
+/* The group keys of a prompt's rows, added to their window (out and lse: each row's attention
+ * over the keys i - w .. i, attention_cached_forward with sinks 0): row r (mask rmask[r] of K
+ * groups) also attends to the earlier tokens of each of its groups before its window (the
+ * positions gpos + g cap, gn[g] of them, ascending, the prompt's rows joined already), each
+ * token taken in the lowest group it shares with the row (cmask: every cached position's mask),
+ * as the decode step does. A group's list is read in tiles of 64 entries counted from its start,
+ * each tile gathered and multiplied once for the 32-row tile of rows in the group; each row
+ * merges only its own entries, so its bits do not depend on the other rows in the call. Returns
+ * the pairs of these keys (per query head). */
+long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
+                             const void* k, const void* v, int half, int w, const uint32_t* rmask,
+                             const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
+                             int NH, int NKV, int hs);
+
 /* mask (B, T): each token's top-k group bitmask; w: local window; K: number of groups. */
 void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
                             int w, int B, int T, int NH, int NKV, int hs);

@@ -761,6 +761,29 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         mi[i] = token_mask(m, l, pos[i], s->G);
         token_join(cs[i], m, l, pos[i], mi[i]);
     }
+    if (!r->per_row && kind == KEYS_GROUPS) {
+        /* a prompt's rows (one cache): the window tiled over the cache, then each row's groups'
+         * earlier tokens, a list tile gathered once for the rows in the group (kernels/sparse.c);
+         * each row's bits whatever rows are beside it */
+        KVCache* c = cs[0];
+        const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
+        const char *kc = (const char*)c->k + at, *vc = (const char*)c->v + at;
+        real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
+        attention_cached_forward(att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, 0, NH, NKV,
+                                 hs);
+        long pairs = 0;
+        for (int i = 0; i < n; i++) {
+            const int lo = pos[i] - f->w < 0 ? 0 : pos[i] - f->w;
+            pairs += (long)(pos[i] + 1 - lo) * NH;
+        }
+        pairs += attention_cached_groups(
+            att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
+            c->gpos + (size_t)l * K * c->cap, c->gn + (size_t)l * K, c->cap, K, NH, NKV, hs);
+        c->pairs += pairs;
+        free(lse);
+        free(mi);
+        return;
+    }
     if (r->per_row) { /* decode: each row's cache's own scratch, the rows one after another */
         for (int i = 0; i < n; i++) {
             KVCache* c = cs[i];
