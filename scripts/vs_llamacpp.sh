@@ -6,6 +6,11 @@
 #              GGML_NATIVE; tests pp1024, tg64 and tg64 at depth 1024.
 #   focus:     `focus bench decode` (native weights, f16 KV cache): the prompt of 1024 tokens,
 #              64 tokens decoded after a 1-token prompt, 64 decoded after the 1024-token prompt.
+# With DEPTH=1 a depth sweep too (issue 41): llama-bench pp$DEPTH_CTX and tg32 at depth
+# $DEPTH_CTX (default 8160: SmolLM2's context is 8192) against focus dense, with the shipped
+# block selector (routers/smollm2-135m-pg19-blocks.h5, its default 8 blocks beyond w = 512) and
+# with the shipped centroid router (routers/smollm2-135m-pg19-8k.h5, k = 1); DEPTH_ROUTERS=0
+# leaves the routers out (another model than SmolLM2).
 # With BUSY=1 a second table: the same decode runs while a busy loop holds one core, focus
 # with its thread governor, with --threads THREADS and with --threads 1, llama.cpp with
 # -t THREADS and -t 1.
@@ -50,12 +55,12 @@ lbench() { # threads, then llama-bench test arguments
     python3 -c 'import csv,sys; rows=list(csv.DictReader(sys.stdin)); print(rows[-1]["avg_ts"] if rows else "nan")'
 }
 # focus bench decode: prints "prompt_tokens_per_s decode_tokens_per_s"
-fbench() { # threads (0: the governor up to THREADS), ctx, more arguments
+fbench() { # threads (0: the governor up to THREADS), ctx, more arguments (FB_N: tokens decoded)
   local t=$1 ctx=$2
   shift 2
   local extra=()
   [ "$t" != 0 ] && extra=(--threads "$t")
-  OMP_NUM_THREADS=$threads build/focus bench decode --model "$model" --ctx "$ctx" -n 64 \
+  OMP_NUM_THREADS=$threads build/focus bench decode --model "$model" --ctx "$ctx" -n "${FB_N:-64}" \
     "${extra[@]}" "$@" | python3 -c '
 import re, sys
 t = sys.stdin.read()
@@ -76,6 +81,27 @@ for r in $(seq 1 "$reps"); do
   read -r p d < <(fbench 0 1)
   row "$r" idle focus tg64 "$threads" "$d"
 done
+
+if [ "${DEPTH:-0}" = 1 ]; then
+  dctx=${DEPTH_CTX:-8160}
+  for r in $(seq 1 "$reps"); do
+    echo "depth round $r of $reps" >&2
+    row "$r" depth llama.cpp "pp$dctx" "$threads" "$(lbench "$threads" -p "$dctx" -n 0)"
+    row "$r" depth llama.cpp "tg32 at depth $dctx" "$threads" \
+      "$(lbench "$threads" -p 0 -n 32 -d "$dctx")"
+    read -r p d < <(FB_N=32 fbench 0 "$dctx")
+    row "$r" depth "focus dense" "pp$dctx" "$threads" "$p"
+    row "$r" depth "focus dense" "tg32 at depth $dctx" "$threads" "$d"
+    if [ "${DEPTH_ROUTERS:-1}" = 1 ]; then
+      read -r p d < <(FB_N=32 fbench 0 "$dctx" --router routers/smollm2-135m-pg19-blocks.h5)
+      row "$r" depth "focus selector" "pp$dctx" "$threads" "$p"
+      row "$r" depth "focus selector" "tg32 at depth $dctx" "$threads" "$d"
+      read -r p d < <(FB_N=32 fbench 0 "$dctx" --router routers/smollm2-135m-pg19-8k.h5 --topk 1)
+      row "$r" depth "focus centroids k=1" "pp$dctx" "$threads" "$p"
+      row "$r" depth "focus centroids k=1" "tg32 at depth $dctx" "$threads" "$d"
+    fi
+  done
+fi
 
 if [ "${BUSY:-0}" = 1 ]; then
   # one core held by a busy loop for the length of these runs
@@ -119,6 +145,17 @@ for test in ["pp1024", "tg64", "tg64 at depth 1024"]:
             lines.append(f"| {test} | {threads} | failed | {b:.1f} | - |")
         else:
             lines.append(f"| {test} | {threads} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+depth = sorted({k[1] for k in med if k[0] == "depth"})
+if depth:
+    lines += ["", "Depth (llama-bench -p N / -d N; focus bench decode --ctx N -n 32):", "",
+              "| test | system | tokens/s | / llama.cpp |", "|---|---|---|---|"]
+    for test in depth:
+        base = med.get(("depth", test, threads, "llama.cpp"))
+        a = statistics.median(base) if base else float("nan")
+        for k in sorted(k for k in med if k[0] == "depth" and k[1] == test):
+            b = statistics.median(med[k])
+            ratio = "-" if k[3] == "llama.cpp" or a != a else f"{b / a:.2f}"
+            lines.append(f"| {test} | {k[3]} | {b:.1f} | {ratio} |")
 busy = [k for k in med if k[0] == "busy"]
 if busy:
     lines += ["", "One core held by a busy loop (tg64):", "",
