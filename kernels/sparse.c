@@ -189,13 +189,21 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                     }
                     real mx = m[R];
                     int any = 0;
-                    for (int c = 0; c < BK; c++) {
-                        const int j = j0 + c;
-                        if (j <= i && (w < 0 || j >= i - w || j < sinks)) {
-                            mx = s[c] > mx ? s[c] : mx;
-                            any = 1;
-                        } else {
-                            s[c] = -INFINITY;
+                    if (j0 + BK - 1 <= i && (w < 0 || j0 >= i - w)) { /* every key of the tile */
+                        real mt = -INFINITY;
+#pragma omp simd reduction(max : mt)
+                        for (int c = 0; c < BK; c++) mt = s[c] > mt ? s[c] : mt;
+                        mx = mt > mx ? mt : mx;
+                        any = 1;
+                    } else {
+                        for (int c = 0; c < BK; c++) {
+                            const int j = j0 + c;
+                            if (j <= i && (w < 0 || j >= i - w || j < sinks)) {
+                                mx = s[c] > mx ? s[c] : mx;
+                                any = 1;
+                            } else {
+                                s[c] = -INFINITY;
+                            }
                         }
                     }
                     if (!any) {
