@@ -146,6 +146,14 @@ static void cached_tile(real* t, const void* src, int half, int kvw, int g, int 
     }
 }
 
+/* The largest of s[c0 .. c1) and *mx into *mx (a vector max: the same value as any order). */
+static inline void keep_range(const real* s, int c0, int c1, real* mx) {
+    real mt = *mx;
+#pragma omp simd reduction(max : mt)
+    for (int c = c0; c < c1; c++) mt = s[c] > mt ? s[c] : mt;
+    *mx = mt;
+}
+
 void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                               const void* k, const void* v, int half, int w, int sinks, int NH,
                               int NKV, int hs) {
@@ -187,29 +195,23 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                         memset(s, 0, sizeof(real) * BK);
                         continue;
                     }
-                    real mx = m[R];
-                    int any = 0;
-                    if (j0 + BK - 1 <= i && (w < 0 || j0 >= i - w)) { /* every key of the tile */
-                        real mt = -INFINITY;
-#pragma omp simd reduction(max : mt)
-                        for (int c = 0; c < BK; c++) mt = s[c] > mt ? s[c] : mt;
-                        mx = mt > mx ? mt : mx;
-                        any = 1;
-                    } else {
-                        for (int c = 0; c < BK; c++) {
-                            const int j = j0 + c;
-                            if (j <= i && (w < 0 || j >= i - w || j < sinks)) {
-                                mx = s[c] > mx ? s[c] : mx;
-                                any = 1;
-                            } else {
-                                s[c] = -INFINITY;
-                            }
-                        }
-                    }
+                    /* the row's keys in the tile: [ca, cb) (the causal band, or all before it),
+                     * and with a band the sinks [0, sb) */
+                    const int ca = w < 0 || i - w <= j0 ? 0 : i - w - j0 < BK ? i - w - j0 : BK;
+                    const int cb = i - j0 + 1 < BK ? i - j0 + 1 : BK;
+                    int sb = w < 0 || sinks <= j0 ? 0 : sinks - j0;
+                    sb = sb < cb ? sb : cb;
+                    const int any = cb > ca || sb > 0;
                     if (!any) {
                         memset(s, 0, sizeof(real) * BK);
                         continue;
                     }
+                    real mx = m[R];
+                    const int a1 = sb < ca ? sb : ca; /* the gap between the sinks and the band */
+                    keep_range(s, 0, sb, &mx);
+                    keep_range(s, ca, cb, &mx);
+                    for (int c = a1 > sb ? a1 : sb; c < ca; c++) s[c] = -INFINITY;
+                    for (int c = cb > sb ? cb : sb; c < BK; c++) s[c] = -INFINITY;
                     const real alpha = exp_f(m[R] - mx);
                     real sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -329,16 +331,16 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                     /* the block's distant keys for this row: past the sinks, before its band */
                     const int i = p0 + r0 + r, lo = b * bs > sinks ? b * bs : sinks;
                     const int hi = (b + 1) * bs < i - w ? (b + 1) * bs : i - w;
+                    int ca = lo - b * bs, cb = hi - b * bs;
+                    ca = ca < 0 ? 0 : ca > bs ? bs : ca;
+                    cb = cb < ca ? ca : cb > bs ? bs : cb;
                     real mx = m[R];
-                    for (int c = 0; c < bs; c++) {
-                        const int j = b * bs + c;
-                        if (j >= lo && j < hi)
-                            mx = s[c] > mx ? s[c] : mx;
-                        else
-                            s[c] = -INFINITY;
-                    }
+                    keep_range(s, ca, cb, &mx);
+                    for (int c = 0; c < ca; c++) s[c] = -INFINITY;
+                    for (int c = cb; c < bs; c++) s[c] = -INFINITY;
                     const real alpha = m[R] == -INFINITY ? 0 : exp_f(m[R] - mx);
                     real sum = 0;
+#pragma omp simd reduction(+ : sum)
                     for (int c = 0; c < bs; c++) {
                         s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
                         sum += s[c];

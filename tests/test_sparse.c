@@ -258,9 +258,123 @@ static void oracle_is_ceiling(Rng* rng) {
     free(qkv), free(o), free(l);
 }
 
+/* The cached kernels of a prompt (attention_cached_forward / _blocks / _groups) against a
+ * per-row softmax written out here, over T cached positions fed in two calls (rows [0, p1) then
+ * [p1, T)): dense, the band with sinks, the band plus chosen blocks, the window plus groups. The
+ * keys and values in an f32 cache laid out as the KV cache's rows (NKV heads of HS). */
+static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
+    enum { BS = 64, KG = 4 };
+    const int Q = NH * HS, kvw = NKV * HS, rep = NH / NKV, nb = T / BS + 1;
+    real* q = mallocCheck(sizeof(real) * (size_t)T * Q);
+    real* k = mallocCheck(sizeof(real) * (size_t)T * kvw);
+    real* v = mallocCheck(sizeof(real) * (size_t)T * kvw);
+    real* got = mallocCheck(sizeof(real) * (size_t)T * Q);
+    real* lse = mallocCheck(sizeof(real) * (size_t)T * NH);
+    real* ref = mallocCheck(sizeof(real) * (size_t)T * Q);
+    unsigned char* keep = mallocCheck((size_t)T);
+    int* sel = mallocCheck(sizeof(int) * (size_t)T * NKV * nb);
+    int* nsel = mallocCheck(sizeof(int) * (size_t)T * NKV);
+    uint32_t* mask = mallocCheck(sizeof(uint32_t) * (size_t)T);
+    int* gpos = mallocCheck(sizeof(int) * (size_t)KG * T);
+    int gn[KG] = {0};
+    tu_randn(q, (size_t)T * Q, 1.5, rng);
+    tu_randn(k, (size_t)T * kvw, 1.5, rng);
+    tu_randn(v, (size_t)T * kvw, 1.0, rng);
+    for (int i = 0; i < T; i++) { /* one or two groups each, the sinks in all */
+        mask[i] = i < sinks
+                      ? (1u << KG) - 1
+                      : (1u << (rng_u64(rng) % KG)) | (rng_u64(rng) % 3 ? 0u : 1u << (i % KG));
+        for (int g = 0; g < KG; g++)
+            if ((mask[i] >> g) & 1) gpos[(size_t)g * T + gn[g]++] = i;
+    }
+    for (int i = 0; i < T; i++) /* ascending distinct blocks of distant keys, some rows none */
+        for (int g = 0; g < NKV; g++) {
+            int* sg = sel + ((size_t)i * NKV + g) * nb;
+            int ns = 0;
+            for (int b = 0; b * BS < i - w; b++)
+                if (rng_u64(rng) % 3 == 0) sg[ns++] = b;
+            nsel[(size_t)i * NKV + g] = ns;
+        }
+    for (int kind = 0; kind < 4; kind++) { /* dense, band, band + blocks, window + groups */
+        const int bw = kind == 0 ? -1 : w, bsinks = kind == 1 || kind == 2 ? sinks : 0;
+        const int parts[2][2] = {{0, p1}, {p1, T - p1}};
+        for (int c = 0; c < 2; c++) {
+            const int p0 = parts[c][0], n = parts[c][1];
+            real* o = got + (size_t)p0 * Q;
+            real* ls = lse + (size_t)p0 * NH;
+            attention_cached_forward(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, bw, bsinks,
+                                     NH, NKV, HS);
+            if (kind == 2)
+                attention_cached_blocks(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, w, sinks,
+                                        BS, sel + (size_t)p0 * NKV * nb, nsel + (size_t)p0 * NKV,
+                                        nb, NH, NKV, HS);
+            if (kind == 3) { /* the lists as a prompt's call sees them: its rows joined */
+                int gn_now[KG];
+                for (int g = 0; g < KG; g++) {
+                    gn_now[g] = 0;
+                    while (gn_now[g] < gn[g] && gpos[(size_t)g * T + gn_now[g]] < p0 + n)
+                        gn_now[g]++;
+                }
+                attention_cached_groups(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, w,
+                                        mask + p0, mask, gpos, gn_now, T, KG, NH, NKV, HS);
+            }
+        }
+        for (int i = 0; i < T; i++)
+            for (int h = 0; h < NH; h++) {
+                const int g = h / rep;
+                for (int j = 0; j < T; j++) {
+                    int kj = j <= i;
+                    if (kind >= 1) kj = kj && (j >= i - w || (kind != 3 && j < sinks));
+                    keep[j] = (unsigned char)kj;
+                }
+                if (kind == 2)
+                    for (int s2 = 0; s2 < nsel[(size_t)i * NKV + g]; s2++) {
+                        const int b = sel[((size_t)i * NKV + g) * nb + s2];
+                        for (int j = b * BS > sinks ? b * BS : sinks; j < (b + 1) * BS && j < i - w;
+                             j++)
+                            keep[j] = 1;
+                    }
+                if (kind == 3)
+                    for (int j = 0; j < i - w; j++) /* its groups' earlier tokens */
+                        if (mask[j] & mask[i]) keep[j] = 1;
+                double mx = -INFINITY, sum = 0;
+                double acc[HS] = {0};
+                for (int j = 0; j < T; j++)
+                    if (keep[j]) {
+                        double sc = 0;
+                        for (int e = 0; e < HS; e++)
+                            sc += (double)q[(size_t)i * Q + h * HS + e] *
+                                  k[(size_t)j * kvw + g * HS + e];
+                        sc /= sqrt((double)HS);
+                        mx = sc > mx ? sc : mx;
+                    }
+                for (int j = 0; j < T; j++)
+                    if (keep[j]) {
+                        double sc = 0;
+                        for (int e = 0; e < HS; e++)
+                            sc += (double)q[(size_t)i * Q + h * HS + e] *
+                                  k[(size_t)j * kvw + g * HS + e];
+                        const double p = exp(sc / sqrt((double)HS) - mx);
+                        sum += p;
+                        for (int e = 0; e < HS; e++) acc[e] += p * v[(size_t)j * kvw + g * HS + e];
+                    }
+                for (int e = 0; e < HS; e++) ref[(size_t)i * Q + h * HS + e] = (real)(acc[e] / sum);
+            }
+        const double err = rel_err(got, ref, (size_t)T * Q);
+        CHECK(err < 1e-5, "cached kernel %s, T=%d in calls of %d and %d, w=%d, sinks=%d: off by %g",
+              (const char*[]){"dense", "band", "band + blocks", "window + groups"}[kind], T, p1,
+              T - p1, w, sinks, err);
+    }
+    free(q), free(k), free(v), free(got), free(lse), free(ref), free(keep), free(sel), free(nsel);
+    free(mask), free(gpos);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 5);
+    cached_kernels(700, 333, 100, 4, &rng);
+    cached_kernels(300, 1, 40, 0, &rng);
+    cached_kernels(97, 50, 200, 3, &rng);
     /* flash dense == reference dense */
     int Ts[] = {1, 63, 300, 1000};
     for (int t = 0; t < 4; t++) {
