@@ -125,16 +125,18 @@ static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* gm,
  * prompt in chunks of a few tenths of a second, at 8K tokens of depth 64 rows took 0.6 s. */
 #define CQ 32
 
-/* rows [j0, j0 + BK) of head g of a cache (half or real rows of kvw values) into t (BK, hs):
- * the rows from `have` on (not cached yet) are zeros */
-static void cached_tile(real* t, const void* src, int half, int kvw, int g, int hs, int j0,
-                        int have) {
-    for (int c = 0; c < BK; c++) {
+/* rows of head g of a cache (half or real rows of kvw values) into t (rows, hs): row c from
+ * position pos[c] (pos NULL: j0 + c), zeros from cnt on */
+static void cached_rows(real* t, const void* src, int half, int kvw, int g, int hs, const int* pos,
+                        int j0, int cnt, int rows) {
+    for (int c = 0; c < rows; c++) {
         real* row = t + (size_t)c * hs;
-        const size_t at = (size_t)(j0 + c) * kvw + (size_t)g * hs;
-        if (j0 + c >= have) {
+        if (c >= cnt) {
             memset(row, 0, sizeof(real) * hs);
-        } else if (half) {
+            continue;
+        }
+        const size_t at = (size_t)(pos ? pos[c] : j0 + c) * kvw + (size_t)g * hs;
+        if (half) {
 #ifdef FOCUS_DOUBLE
             for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
 #else
@@ -144,6 +146,14 @@ static void cached_tile(real* t, const void* src, int half, int kvw, int g, int 
             memcpy(row, (const real*)src + at, sizeof(real) * hs);
         }
     }
+}
+
+/* rows [j0, j0 + BK) of head g of a cache into t (BK, hs): the rows from `have` on (not cached
+ * yet) are zeros */
+static void cached_tile(real* t, const void* src, int half, int kvw, int g, int hs, int j0,
+                        int have) {
+    const int cnt = have - j0 < 0 ? 0 : have - j0 > BK ? BK : have - j0;
+    cached_rows(t, src, half, kvw, g, hs, NULL, j0, cnt, BK);
 }
 
 /* The largest of s[c0 .. c1) and *mx into *mx (a vector max: the same value as any order). */
@@ -243,42 +253,121 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
     }
 }
 
-/* the keys [j0, j0 + bs) of head g of a cache into t (bs, hs), as cached_tile */
-static void cached_block(real* t, const void* src, int half, int kvw, int g, int hs, int j0,
-                         int bs) {
-    for (int c = 0; c < bs; c++) {
-        real* row = t + (size_t)c * hs;
-        const size_t at = (size_t)(j0 + c) * kvw + (size_t)g * hs;
-        if (half) {
-#ifdef FOCUS_DOUBLE
-            for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
-#else
-            f16_row_get(row, (const uint16_t*)src + at, hs);
-#endif
-        } else {
-            memcpy(row, (const real*)src + at, sizeof(real) * hs);
+/* A thread's state for the distant keys of one 32-row tile and key/value head, added to the
+ * rows' band (attention_cached_blocks, _groups): row R = hr CQ + r is query head g rep + hr of
+ * row r0 + r (the rep heads stacked, as attention_cached_forward), with its online softmax (m,
+ * l, acc) started from the band's (lse, 1, out); key tiles of up to ne keys, each row merging only
+ * the keys ok[r ne + c] marks (use[r]: any). */
+typedef struct {
+    int rep, mq, ne, hs, nq, r0, g;
+    real *S, *pv, *kt, *vt, *qs, *m, *l, *acc;
+    unsigned char *ok, *use;
+} Stacked;
+
+static Stacked stacked_new(int rep, int ne, int hs) {
+    const int mq = rep * CQ;
+    Stacked t = {.rep = rep, .mq = mq, .ne = ne, .hs = hs};
+    t.S = mallocCheck(sizeof(real) * (size_t)mq * ne);
+    t.pv = mallocCheck(sizeof(real) * (size_t)mq * hs);
+    t.kt = mallocCheck(sizeof(real) * (size_t)ne * hs);
+    t.vt = mallocCheck(sizeof(real) * (size_t)ne * hs);
+    t.qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
+    t.m = mallocCheck(sizeof(real) * (size_t)mq);
+    t.l = mallocCheck(sizeof(real) * (size_t)mq);
+    t.acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
+    t.ok = mallocCheck((size_t)CQ * ne);
+    t.use = mallocCheck(CQ);
+    return t;
+}
+
+static void stacked_free(Stacked* t) {
+    free(t->S), free(t->pv), free(t->kt), free(t->vt), free(t->qs), free(t->m), free(t->l);
+    free(t->acc), free(t->ok), free(t->use);
+}
+
+/* the tile of rows r0 .. r0 + nq - 1 and key/value head g: queries stacked, the band's state */
+static void stacked_start(Stacked* t, const real* out, int ldo, const real* lse, const real* q,
+                          int ldq, int r0, int nq, int g, int NH) {
+    const int hs = t->hs;
+    t->r0 = r0, t->nq = nq, t->g = g;
+    memset(t->qs, 0, sizeof(real) * (size_t)t->mq * hs);
+    for (int hr = 0; hr < t->rep; hr++)
+        for (int r = 0; r < nq; r++) {
+            const int R = hr * CQ + r, h = g * t->rep + hr;
+            memcpy(t->qs + (size_t)R * hs, q + (size_t)(r0 + r) * ldq + (size_t)h * hs,
+                   sizeof(real) * hs);
+            t->m[R] = lse[(size_t)(r0 + r) * NH + h];
+            t->l[R] = t->m[R] == -INFINITY ? 0 : 1;
+            memcpy(t->acc + (size_t)R * hs, out + (size_t)(r0 + r) * ldo + (size_t)h * hs,
+                   sizeof(real) * hs);
         }
+}
+
+/* the key tile in t->kt, t->vt into the rows that use it (t->ok, t->use filled) */
+static void stacked_merge(Stacked* t, real scale) {
+    const int mq = t->mq, ne = t->ne, hs = t->hs;
+    gemm(0, 1, mq, ne, hs, scale, t->qs, hs, t->kt, hs, 0, t->S, ne);
+    for (int R = 0; R < mq; R++) {
+        real* s = t->S + (size_t)R * ne;
+        const int r = R % CQ;
+        if (r >= t->nq || !t->use[r]) {
+            memset(s, 0, sizeof(real) * ne);
+            continue;
+        }
+        const unsigned char* o = t->ok + (size_t)r * ne;
+        real mx = t->m[R];
+#pragma omp simd reduction(max : mx)
+        for (int c = 0; c < ne; c++) { /* (a vector max: the same value in any order) */
+            const real x = o[c] ? s[c] : -INFINITY;
+            s[c] = x;
+            mx = x > mx ? x : mx;
+        }
+        const real alpha = t->m[R] == -INFINITY ? 0 : exp_f(t->m[R] - mx);
+        real sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < ne; c++) {
+            s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
+            sum += s[c];
+        }
+        t->l[R] = t->l[R] * alpha + sum;
+        t->m[R] = mx;
+        real* a = t->acc + (size_t)R * hs;
+        for (int e = 0; e < hs; e++) a[e] *= alpha;
     }
+    gemm(0, 0, mq, hs, ne, 1, t->S, ne, t->vt, hs, 0, t->pv, hs);
+    for (int R = 0; R < mq; R++) {
+        const int r = R % CQ;
+        if (r >= t->nq || !t->use[r]) continue;
+        real* a = t->acc + (size_t)R * hs;
+        const real* pr = t->pv + (size_t)R * hs;
+        for (int e = 0; e < hs; e++) a[e] += pr[e];
+    }
+}
+
+/* the tile's rows into out and lse */
+static void stacked_finish(const Stacked* t, real* out, int ldo, real* lse, int NH) {
+    const int hs = t->hs;
+    for (int hr = 0; hr < t->rep; hr++)
+        for (int r = 0; r < t->nq; r++) {
+            const int R = hr * CQ + r, h = t->g * t->rep + hr;
+            const real lr = t->l[R], inv = lr > 0 ? 1 / lr : 0;
+            real* o = out + (size_t)(t->r0 + r) * ldo + (size_t)h * hs;
+            const real* a = t->acc + (size_t)R * hs;
+            for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
+            lse[(size_t)(t->r0 + r) * NH + h] =
+                lr > 0 ? t->m[R] + (real)log((double)lr) : -INFINITY;
+        }
 }
 
 void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const void* k, const void* v, int half, int w, int sinks, int bs,
                              const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs) {
     const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
-    const int mq = rep * CQ; /* the rep query heads stacked, as attention_cached_forward */
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
     {
-        real* S = mallocCheck(sizeof(real) * (size_t)mq * bs);
-        real* pv = mallocCheck(sizeof(real) * (size_t)mq * hs);
-        real* kt = mallocCheck(sizeof(real) * (size_t)bs * hs);
-        real* vt = mallocCheck(sizeof(real) * (size_t)bs * hs);
-        real* qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
-        real* m = mallocCheck(sizeof(real) * (size_t)mq);
-        real* l = mallocCheck(sizeof(real) * (size_t)mq);
-        real* acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
+        Stacked t = stacked_new(rep, bs, hs);
         int* at = mallocCheck(sizeof(int) * CQ); /* each row's next entry in its sorted list */
-        unsigned char* use = mallocCheck(CQ);
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)NKV * nblk; task++) {
             const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
@@ -289,19 +378,7 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                 any |= nsel[(size_t)(r0 + r) * NKV + g] > 0;
             }
             if (!any) continue;
-            /* row R = hr CQ + r, as attention_cached_forward; the band's result is each row's
-             * start: (max, sum, output) = (lse, 1, out) */
-            memset(qs, 0, sizeof(real) * (size_t)mq * hs);
-            for (int hr = 0; hr < rep; hr++)
-                for (int r = 0; r < nq; r++) {
-                    const int R = hr * CQ + r, h = g * rep + hr;
-                    memcpy(qs + (size_t)R * hs, q + (size_t)(r0 + r) * ldq + (size_t)h * hs,
-                           sizeof(real) * hs);
-                    m[R] = lse[(size_t)(r0 + r) * NH + h];
-                    l[R] = m[R] == -INFINITY ? 0 : 1;
-                    memcpy(acc + (size_t)R * hs, out + (size_t)(r0 + r) * ldo + (size_t)h * hs,
-                           sizeof(real) * hs);
-                }
+            stacked_start(&t, out, ldo, lse, q, ldq, r0, nq, g, NH);
             /* the rows' blocks in ascending order: each block once for the rows that chose it */
             for (;;) {
                 int b = -1;
@@ -315,109 +392,38 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                 if (b < 0) break;
                 for (int r = 0; r < nq; r++) {
                     const size_t rg = (size_t)(r0 + r) * NKV + g;
-                    use[r] = at[r] < nsel[rg] && sel[rg * nbmax + at[r]] == b;
-                    at[r] += use[r];
-                }
-                cached_block(kt, k, half, kvw, g, hs, b * bs, bs);
-                cached_block(vt, v, half, kvw, g, hs, b * bs, bs);
-                gemm(0, 1, mq, bs, hs, scale, qs, hs, kt, hs, 0, S, bs);
-                for (int R = 0; R < mq; R++) {
-                    real* s = S + (size_t)R * bs;
-                    const int r = R % CQ;
-                    if (r >= nq || !use[r]) {
-                        memset(s, 0, sizeof(real) * bs);
-                        continue;
-                    }
+                    t.use[r] = at[r] < nsel[rg] && sel[rg * nbmax + at[r]] == b;
+                    at[r] += t.use[r];
                     /* the block's distant keys for this row: past the sinks, before its band */
                     const int i = p0 + r0 + r, lo = b * bs > sinks ? b * bs : sinks;
                     const int hi = (b + 1) * bs < i - w ? (b + 1) * bs : i - w;
-                    int ca = lo - b * bs, cb = hi - b * bs;
-                    ca = ca < 0 ? 0 : ca > bs ? bs : ca;
-                    cb = cb < ca ? ca : cb > bs ? bs : cb;
-                    real mx = m[R];
-                    keep_range(s, ca, cb, &mx);
-                    for (int c = 0; c < ca; c++) s[c] = -INFINITY;
-                    for (int c = cb; c < bs; c++) s[c] = -INFINITY;
-                    const real alpha = m[R] == -INFINITY ? 0 : exp_f(m[R] - mx);
-                    real sum = 0;
-#pragma omp simd reduction(+ : sum)
-                    for (int c = 0; c < bs; c++) {
-                        s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
-                        sum += s[c];
-                    }
-                    l[R] = l[R] * alpha + sum;
-                    m[R] = mx;
-                    real* a = acc + (size_t)R * hs;
-                    for (int e = 0; e < hs; e++) a[e] *= alpha;
+                    for (int c = 0; c < bs; c++)
+                        t.ok[(size_t)r * bs + c] = b * bs + c >= lo && b * bs + c < hi;
                 }
-                gemm(0, 0, mq, hs, bs, 1, S, bs, vt, hs, 0, pv, hs);
-                for (int R = 0; R < mq; R++) {
-                    const int r = R % CQ;
-                    if (r >= nq || !use[r]) continue;
-                    real* a = acc + (size_t)R * hs;
-                    const real* pr = pv + (size_t)R * hs;
-                    for (int e = 0; e < hs; e++) a[e] += pr[e];
-                }
+                cached_rows(t.kt, k, half, kvw, g, hs, NULL, b * bs, bs, bs);
+                cached_rows(t.vt, v, half, kvw, g, hs, NULL, b * bs, bs, bs);
+                stacked_merge(&t, scale);
             }
-            for (int hr = 0; hr < rep; hr++)
-                for (int r = 0; r < nq; r++) {
-                    const int R = hr * CQ + r, h = g * rep + hr;
-                    const real inv = l[R] > 0 ? 1 / l[R] : 0;
-                    real* o = out + (size_t)(r0 + r) * ldo + (size_t)h * hs;
-                    const real* a = acc + (size_t)R * hs;
-                    for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
-                    lse[(size_t)(r0 + r) * NH + h] =
-                        l[R] > 0 ? m[R] + (real)log((double)l[R]) : -INFINITY;
-                }
+            stacked_finish(&t, out, ldo, lse, NH);
         }
-        free(S), free(pv), free(kt), free(vt), free(qs), free(m), free(l), free(acc), free(at);
-        free(use);
+        stacked_free(&t);
+        free(at);
     }
 }
 
-/* the rows at positions pos[0 .. cnt) of head g of a cache into t (ET, hs), zeros past cnt */
+/* the entries of a group's list in one tile */
 #define ET 64
-static void cached_gather(real* t, const void* src, int half, int kvw, int g, int hs,
-                          const int* pos, int cnt) {
-    for (int c = 0; c < ET; c++) {
-        real* row = t + (size_t)c * hs;
-        if (c >= cnt) {
-            memset(row, 0, sizeof(real) * hs);
-            continue;
-        }
-        const size_t at = (size_t)pos[c] * kvw + (size_t)g * hs;
-        if (half) {
-#ifdef FOCUS_DOUBLE
-            for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
-#else
-            f16_row_get(row, (const uint16_t*)src + at, hs);
-#endif
-        } else {
-            memcpy(row, (const real*)src + at, sizeof(real) * hs);
-        }
-    }
-}
 
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const void* k, const void* v, int half, int w, const uint32_t* rmask,
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
                              int NH, int NKV, int hs) {
     const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
-    const int mq = rep * CQ; /* the rep query heads stacked, as attention_cached_forward */
     const real scale = (real)(1.0 / sqrt((double)hs));
     long pairs = 0;
 #pragma omp parallel reduction(+ : pairs)
     {
-        real* S = mallocCheck(sizeof(real) * (size_t)mq * ET);
-        real* pv = mallocCheck(sizeof(real) * (size_t)mq * hs);
-        real* kt = mallocCheck(sizeof(real) * (size_t)ET * hs);
-        real* vt = mallocCheck(sizeof(real) * (size_t)ET * hs);
-        real* qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
-        real* m = mallocCheck(sizeof(real) * (size_t)mq);
-        real* l = mallocCheck(sizeof(real) * (size_t)mq);
-        real* acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
-        unsigned char* ok = mallocCheck((size_t)CQ * ET); /* row r keeps entry c of the tile */
-        unsigned char* use = mallocCheck(CQ);
+        Stacked t = stacked_new(rep, ET, hs);
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)NKV * nblk; task++) {
             const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
@@ -430,17 +436,7 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                 far = lo > far ? lo : far;
             }
             if (!U || far <= 0) continue;
-            memset(qs, 0, sizeof(real) * (size_t)mq * hs);
-            for (int hr = 0; hr < rep; hr++)
-                for (int r = 0; r < nq; r++) {
-                    const int R = hr * CQ + r, h = g * rep + hr;
-                    memcpy(qs + (size_t)R * hs, q + (size_t)(r0 + r) * ldq + (size_t)h * hs,
-                           sizeof(real) * hs);
-                    m[R] = lse[(size_t)(r0 + r) * NH + h];
-                    l[R] = m[R] == -INFINITY ? 0 : 1;
-                    memcpy(acc + (size_t)R * hs, out + (size_t)(r0 + r) * ldo + (size_t)h * hs,
-                           sizeof(real) * hs);
-                }
+            stacked_start(&t, out, ldo, lse, q, ldq, r0, nq, g, NH);
             /* each group of the rows in ascending order, its list in tiles of ET entries counted
              * from the list's start: a row keeps an entry of a group it is in, before its
              * window, not in a lower group it shares (token_keys's keys) */
@@ -456,70 +452,26 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                     for (int r = 0; r < nq; r++) {
                         const uint32_t mr = rmask[r0 + r];
                         const int lo = p0 + r0 + r - w;
-                        unsigned char* o = ok + (size_t)r * ET;
-                        use[r] = 0;
+                        unsigned char* o = t.ok + (size_t)r * ET;
+                        t.use[r] = 0;
                         for (int c = 0; c < ET; c++) {
                             const int j = c < cnt ? gp[t0 + c] : -1;
                             o[c] =
                                 ((mr >> grp) & 1) && c < cnt && j < lo && !(cmask[j] & mr & lower);
-                            use[r] |= o[c];
+                            t.use[r] |= o[c];
                             pairs += g == 0 ? (long)o[c] * NH : 0;
                         }
-                        anyrow |= use[r];
+                        anyrow |= t.use[r];
                     }
                     if (!anyrow) continue;
-                    cached_gather(kt, k, half, kvw, g, hs, gp + t0, cnt);
-                    cached_gather(vt, v, half, kvw, g, hs, gp + t0, cnt);
-                    gemm(0, 1, mq, ET, hs, scale, qs, hs, kt, hs, 0, S, ET);
-                    for (int R = 0; R < mq; R++) {
-                        real* sr = S + (size_t)R * ET;
-                        const int r = R % CQ;
-                        if (r >= nq || !use[r]) {
-                            memset(sr, 0, sizeof(real) * ET);
-                            continue;
-                        }
-                        const unsigned char* o = ok + (size_t)r * ET;
-                        real mx = m[R];
-                        for (int c = 0; c < ET; c++) {
-                            if (o[c])
-                                mx = sr[c] > mx ? sr[c] : mx;
-                            else
-                                sr[c] = -INFINITY;
-                        }
-                        const real alpha = m[R] == -INFINITY ? 0 : exp_f(m[R] - mx);
-                        real sum = 0;
-                        for (int c = 0; c < ET; c++) {
-                            sr[c] = sr[c] == -INFINITY ? 0 : exp_f(sr[c] - mx);
-                            sum += sr[c];
-                        }
-                        l[R] = l[R] * alpha + sum;
-                        m[R] = mx;
-                        real* a = acc + (size_t)R * hs;
-                        for (int e = 0; e < hs; e++) a[e] *= alpha;
-                    }
-                    gemm(0, 0, mq, hs, ET, 1, S, ET, vt, hs, 0, pv, hs);
-                    for (int R = 0; R < mq; R++) {
-                        const int r = R % CQ;
-                        if (r >= nq || !use[r]) continue;
-                        real* a = acc + (size_t)R * hs;
-                        const real* pr = pv + (size_t)R * hs;
-                        for (int e = 0; e < hs; e++) a[e] += pr[e];
-                    }
+                    cached_rows(t.kt, k, half, kvw, g, hs, gp + t0, 0, cnt, ET);
+                    cached_rows(t.vt, v, half, kvw, g, hs, gp + t0, 0, cnt, ET);
+                    stacked_merge(&t, scale);
                 }
             }
-            for (int hr = 0; hr < rep; hr++)
-                for (int r = 0; r < nq; r++) {
-                    const int R = hr * CQ + r, h = g * rep + hr;
-                    const real inv = l[R] > 0 ? 1 / l[R] : 0;
-                    real* o = out + (size_t)(r0 + r) * ldo + (size_t)h * hs;
-                    const real* a = acc + (size_t)R * hs;
-                    for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
-                    lse[(size_t)(r0 + r) * NH + h] =
-                        l[R] > 0 ? m[R] + (real)log((double)l[R]) : -INFINITY;
-                }
+            stacked_finish(&t, out, ldo, lse, NH);
         }
-        free(S), free(pv), free(kt), free(vt), free(qs), free(m), free(l), free(acc), free(ok);
-        free(use);
+        stacked_free(&t);
     }
     return pairs;
 }

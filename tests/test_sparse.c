@@ -272,6 +272,7 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
     real* lse = mallocCheck(sizeof(real) * (size_t)T * NH);
     real* ref = mallocCheck(sizeof(real) * (size_t)T * Q);
     unsigned char* keep = mallocCheck((size_t)T);
+    double* sco = mallocCheck(sizeof(double) * (size_t)T);
     int* sel = mallocCheck(sizeof(int) * (size_t)T * NKV * nb);
     int* nsel = mallocCheck(sizeof(int) * (size_t)T * NKV);
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * (size_t)T);
@@ -339,25 +340,21 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                         if (mask[j] & mask[i]) keep[j] = 1;
                 double mx = -INFINITY, sum = 0;
                 double acc[HS] = {0};
-                for (int j = 0; j < T; j++)
-                    if (keep[j]) {
-                        double sc = 0;
-                        for (int e = 0; e < HS; e++)
-                            sc += (double)q[(size_t)i * Q + h * HS + e] *
-                                  k[(size_t)j * kvw + g * HS + e];
-                        sc /= sqrt((double)HS);
-                        mx = sc > mx ? sc : mx;
-                    }
-                for (int j = 0; j < T; j++)
-                    if (keep[j]) {
-                        double sc = 0;
-                        for (int e = 0; e < HS; e++)
-                            sc += (double)q[(size_t)i * Q + h * HS + e] *
-                                  k[(size_t)j * kvw + g * HS + e];
-                        const double p = exp(sc / sqrt((double)HS) - mx);
-                        sum += p;
-                        for (int e = 0; e < HS; e++) acc[e] += p * v[(size_t)j * kvw + g * HS + e];
-                    }
+                for (int j = 0; j < T; j++) {
+                    if (!keep[j]) continue;
+                    double sc = 0;
+                    for (int e = 0; e < HS; e++)
+                        sc +=
+                            (double)q[(size_t)i * Q + h * HS + e] * k[(size_t)j * kvw + g * HS + e];
+                    sco[j] = sc / sqrt((double)HS);
+                    mx = sco[j] > mx ? sco[j] : mx;
+                }
+                for (int j = 0; j < T; j++) {
+                    if (!keep[j]) continue;
+                    const double p = exp(sco[j] - mx);
+                    sum += p;
+                    for (int e = 0; e < HS; e++) acc[e] += p * v[(size_t)j * kvw + g * HS + e];
+                }
                 for (int e = 0; e < HS; e++) ref[(size_t)i * Q + h * HS + e] = (real)(acc[e] / sum);
             }
         const double err = rel_err(got, ref, (size_t)T * Q);
@@ -365,7 +362,8 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
               (const char*[]){"dense", "band", "band + blocks", "window + groups"}[kind], T, p1,
               T - p1, w, sinks, err);
     }
-    free(q), free(k), free(v), free(got), free(lse), free(ref), free(keep), free(sel), free(nsel);
+    free(q), free(k), free(v), free(got), free(lse), free(ref), free(keep), free(sco), free(sel);
+    free(nsel);
     free(mask), free(gpos);
 }
 
