@@ -400,8 +400,10 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                     for (int c = 0; c < bs; c++)
                         t.ok[(size_t)r * bs + c] = b * bs + c >= lo && b * bs + c < hi;
                 }
-                cached_rows(t.kt, k, half, kvw, g, hs, NULL, b * bs, bs, bs);
-                cached_rows(t.vt, v, half, kvw, g, hs, NULL, b * bs, bs, bs);
+                /* (rows past the cached ones, p0 + n on, are zeros: no row keeps them) */
+                const int cnt = p0 + n - b * bs < bs ? p0 + n - b * bs : bs;
+                cached_rows(t.kt, k, half, kvw, g, hs, NULL, b * bs, cnt, bs);
+                cached_rows(t.vt, v, half, kvw, g, hs, NULL, b * bs, cnt, bs);
                 stacked_merge(&t, scale);
             }
             stacked_finish(&t, out, ldo, lse, NH);
