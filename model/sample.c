@@ -119,22 +119,17 @@ static double log_sum_exp(const real* logits, int V, double* mx) {
     return log(sum);
 }
 
-double token_logprob(const real* logits, int V, int id) {
+double token_logprobs(const real* logits, int V, int id, int n, int* ids, float* lps) {
     double mx;
-    const double lse = log_sum_exp(logits, V, &mx);
-    return logits[id] - mx - lse;
-}
-
-void top_logprobs(const real* logits, int V, int n, int* ids, float* lps) {
-    double mx;
-    const double lse = log_sum_exp(logits, V, &mx);
+    const double lse = log_sum_exp(logits, V, &mx); /* once for the token and its alternatives */
     /* insertion into a list of n kept sorted: n is small (at most 20) */
     int have = 0;
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < V && n > 0; v++) {
         if (have == n && logits[v] <= logits[ids[n - 1]]) continue;
         int at = have < n ? have++ : n - 1;
         while (at > 0 && logits[ids[at - 1]] < logits[v]) ids[at] = ids[at - 1], at--;
         ids[at] = v;
     }
     for (int i = 0; i < have; i++) lps[i] = (float)(logits[ids[i]] - mx - lse);
+    return logits[id] - mx - lse;
 }

@@ -35,9 +35,9 @@ Sampling sampling_defaults(void);
 int sample_token(const real* logits, int V, const Sampling* s, const int* recent, int nrecent,
                  const int* text, int ntext, Rng* rng);
 
-/* log softmax(logits)[id], and the n most likely tokens (ids and log-probabilities, most likely
- * first; ties by id) of the model's own distribution: temperature 1, no bias or penalty. */
-double token_logprob(const real* logits, int V, int id);
-void top_logprobs(const real* logits, int V, int n, int* ids, float* lps);
+/* log softmax(logits)[id], returned, and the n most likely tokens (ids and log-probabilities,
+ * most likely first; ties by id) of the model's own distribution: temperature 1, no bias or
+ * penalty. */
+double token_logprobs(const real* logits, int V, int id, int n, int* ids, float* lps);
 
 #endif

@@ -179,9 +179,8 @@ static int sample_slot(Engine* e, Slot* s, const real* logits, TokenLogprob* lp,
     *tok = sample_token(logits, e->V, &j->p.s, s->toks, nr, s->toks + np, nr - np, &j->rng);
     if (j->p.logprobs < 0) return 0;
     lp->id = *tok;
-    lp->lp = (float)token_logprob(logits, e->V, *tok);
     lp->ntop = j->p.logprobs < e->V ? j->p.logprobs : e->V;
-    top_logprobs(logits, e->V, lp->ntop, lp->top_id, lp->top_lp);
+    lp->lp = (float)token_logprobs(logits, e->V, *tok, lp->ntop, lp->top_id, lp->top_lp);
     return 1;
 }
 
