@@ -39,11 +39,16 @@ int router_state_finite(const Model* m, const AdamW* opt) {
                      first_nonfinite(opt->v, opt->n) == opt->n));
 }
 
-static uint64_t state_checksum(const Model* m, const float* mom_m, const float* mom_v, size_t nmom,
-                               uint64_t config_sum) {
+/* with_wq = 0: the file holds no W_q (a router without one, loaded into a run with one) */
+static uint64_t state_checksum(const Model* m, int with_wq, const float* mom_m, const float* mom_v,
+                               size_t nmom, uint64_t config_sum) {
     uint64_t h = 0xcbf29ce484222325ull;
     if (config_sum) h = fnv_bytes(h, &config_sum, sizeof config_sum);
-    h = fnv_bytes(h, m->router_mem, sizeof(real) * m->num_router);
+    const size_t* s = m->router_sizes;
+    const size_t head = s[ROUTER_WG] + s[ROUTER_CENT], wq = with_wq ? s[ROUTER_WQ] : 0;
+    h = fnv_bytes(h, m->router_mem, sizeof(real) * head); /* W_g, C */
+    if (wq) h = fnv_bytes(h, m->router.wq, sizeof(real) * wq);
+    h = fnv_bytes(h, m->router.gate, sizeof(real) * s[ROUTER_GATE]);
     h = fnv_bytes(h, m->beta, sizeof(real) * (size_t)m->cfg.L * m->fc.K);
     if (mom_m) h = fnv_bytes(h, mom_m, sizeof(float) * nmom);
     if (mom_v) h = fnv_bytes(h, mom_v, sizeof(float) * nmom);
@@ -70,6 +75,7 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
     h5_write_ds(g, "wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, tmp);
     hsize_t dc[3] = {(hsize_t)c->L, (hsize_t)fc->K, (hsize_t)fc->dg};
     h5_write_ds(g, "cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, tmp);
+    if (m->router.wq) h5_write_ds(g, "wq", H5T_NATIVE_FLOAT, m->router.wq, 3, d3, tmp);
     hsize_t dg2[2] = {(hsize_t)c->L, 2};
     h5_write_ds(g, "gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, tmp);
     hsize_t db[2] = {(hsize_t)c->L, (hsize_t)fc->K};
@@ -93,7 +99,7 @@ void router_save(const char* path, const Model* m, const AdamW* opt, const Route
                                    st->data_pos,
                                    st->rng_state,
                                    st->fingerprint,
-                                   state_checksum(m, opt ? opt->m : NULL, opt ? opt->v : NULL,
+                                   state_checksum(m, 1, opt ? opt->m : NULL, opt ? opt->v : NULL,
                                                   opt ? opt->n : 0, text_checksum(text))};
     uint64_t config_sum = text_checksum(text);
     h5_write_attr(f, "config_checksum", H5T_NATIVE_UINT64, &config_sum, tmp);
@@ -136,6 +142,11 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
     hsize_t db[2] = {(hsize_t)c->L, (hsize_t)fc->K};
     h5_read_ds(f, "router/wg", H5T_NATIVE_FLOAT, m->router.wg, 3, d3, path);
     h5_read_ds(f, "router/cent", H5T_NATIVE_FLOAT, m->router.cent, 3, dc, path);
+    /* a router without W_q can start a run with one (init_router) */
+    const int with_wq = m->router.wq && H5Lexists(f, "router/wq", H5P_DEFAULT) > 0;
+    if (with_wq) h5_read_ds(f, "router/wq", H5T_NATIVE_FLOAT, m->router.wq, 3, d3, path);
+    if (m->router.wq && !with_wq && opt)
+        fatal("%s: this router has no query projection (qproj = 0); the run has qproj = 1", path);
     h5_read_ds(f, "router/gate", H5T_NATIVE_FLOAT, m->router.gate, 2, dg2, path);
     h5_read_ds(f, "router/beta", H5T_NATIVE_FLOAT, m->beta, 2, db, path);
     m->beta_updates = st->beta_updates;
@@ -168,8 +179,11 @@ void router_load(const char* path, Model* m, AdamW* opt, RouterState* st, uint64
         h5_read_attr(f, "config_checksum", H5T_NATIVE_UINT64, &config_sum, path);
         free(read_config_text(f, path)); /* the text must match it */
     }
-    if (state_checksum(m, mm, vv, nmom, config_sum) != csum)
+    if (state_checksum(m, with_wq, mm, vv, nmom, config_sum) != csum)
         fatal("%s: checksum mismatch; the checkpoint is corrupt", path);
+    /* the queries start where the keys are, as model_init_router starts them */
+    if (m->router.wq && !with_wq)
+        memcpy(m->router.wq, m->router.wg, sizeof(real) * m->router_sizes[ROUTER_WQ]);
     size_t nb = (size_t)c->L * fc->K;
     if (first_nonfinite(m->router_mem, m->num_router) < m->num_router ||
         first_nonfinite(m->beta, nb) < nb || (mm && first_nonfinite(mm, nmom) < nmom) ||

@@ -4,6 +4,7 @@
  *   /router/wg    (L, C, dg) float32      /router/beta  (L, K) float32
  *   /router/cent  (L, K, dg) float32      /optim/m, /optim/v  (n) float32 AdamW moments
  *   /router/gate  (L, 2) float32 lambda, b
+ *   /router/wq    (L, C, dg) float32 the queries' projection, only with qproj = 1
  *   /config       uint8 text of the resolved run configuration (INI)
  *   attributes on /: format_version, step, adam_t, beta_updates, data_pos, rng_state,
  *   base_fingerprint (of the backbone it was trained on), checksum (FNV-1a of all tensors),

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!m.params_mem) {
         seeds_model(&m);
         fp = model_fingerprint(&m);
-        adamw_init(&opt, m.num_router - m.router_sizes[2], 0.9f, 0.95f, 1e-8f, 0);
+        adamw_init(&opt, model_router_trained(&m, 0), 0.9f, 0.95f, 1e-8f, 0);
     }
     const char* path = fuzz_write("router.h5", data, size);
     static char* text;

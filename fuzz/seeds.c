@@ -118,7 +118,7 @@ void seeds_write(const char* dir) {
     snprintf(path, sizeof path, "%s/shard/tokens.bin", dir);
     shard_write(path, ids, 64, 16);
     AdamW opt;
-    adamw_init(&opt, m.num_router - m.router_sizes[2], 0.9f, 0.95f, 1e-8f, 0);
+    adamw_init(&opt, model_router_trained(&m, 0), 0.9f, 0.95f, 1e-8f, 0);
     RouterState st = {3, 3, 3, 17, 42, model_fingerprint(&m)};
     fclose(open_seed(dir, "router", "router.h5"));
     snprintf(path, sizeof path, "%s/router/router.h5", dir);

@@ -161,8 +161,8 @@ static void affinity_backward(real* dgi, real* dgj, const real* gi, const real* 
     }
 }
 
-double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg, real scale,
-                 MassKept* kept_out) {
+double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, const MassRows* t,
+                 const MassGate* mg, real scale, MassKept* kept_out) {
     /* eps: a query whose stored keys all sit in other groups costs at most -log(eps), so a few
      * queries the groups cannot serve do not outweigh the rest; and a query alone in its group
      * gains at most log(1 / eps) from the pairs term */
@@ -177,20 +177,20 @@ double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGa
         const double M = t->far[r];
         if (M <= 0) continue;
         const int i = t->rows[r];
-        const real* gi = G + (size_t)i * K;
+        const real* gi = Gq + (size_t)i * K;
         const int* idx = t->idx + (size_t)r * t->m;
         const float* p = t->p + (size_t)r * t->m;
         const int top_i = argmax_row(gi, K);
         double kept = 0, dg;
         for (int e = 0; e < t->m && idx[e] >= 0; e++) {
-            const real* gj = G + (size_t)idx[e] * K;
+            const real* gj = Gk + (size_t)idx[e] * K;
             kept += p[e] * gate_of(affinity(gi, gj, K), lambda, b, &dg);
             if (argmax_row(gj, K) == top_i) hard += p[e];
         }
         /* the share of the query's far pairs the gate keeps, on R random far keys */
         double cost = 0;
         for (int u = 0; u < R; u++) {
-            const real* gj = G + (size_t)random_far(i, u, mg->w, mg->sinks) * K;
+            const real* gj = Gk + (size_t)random_far(i, u, mg->w, mg->sinks) * K;
             cost += gate_of(affinity(gi, gj, K), lambda, b, &dg) / R;
             pairs_hard += argmax_row(gj, K) == top_i;
         }
@@ -199,22 +199,22 @@ double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGa
         prow++;
         loss -= M * log((kept + eps * M) / M);
         if (R) loss += M * log(cost + eps);
-        if (!dG) continue;
+        if (!dGq) continue;
         /* d loss / d kept = -M / (kept + eps M); d loss / d cost = M / (cost + eps); over the
          * total */
         const double dk = -M / (kept + eps * M) / total * scale;
-        real* dgi = dG + (size_t)i * K;
+        real* dgi = dGq + (size_t)i * K;
         for (int e = 0; e < t->m && idx[e] >= 0; e++) {
-            const real* gj = G + (size_t)idx[e] * K;
+            const real* gj = Gk + (size_t)idx[e] * K;
             gate_of(affinity(gi, gj, K), lambda, b, &dg);
-            affinity_backward(dgi, dG + (size_t)idx[e] * K, gi, gj, dk * p[e] * dg, K);
+            affinity_backward(dgi, dGk + (size_t)idx[e] * K, gi, gj, dk * p[e] * dg, K);
         }
         const double dc = R ? M / (cost + eps) / total * scale / R : 0;
         for (int u = 0; u < R; u++) {
             const int j = random_far(i, u, mg->w, mg->sinks);
-            const real* gj = G + (size_t)j * K;
+            const real* gj = Gk + (size_t)j * K;
             gate_of(affinity(gi, gj, K), lambda, b, &dg);
-            affinity_backward(dgi, dG + (size_t)j * K, gi, gj, dc * dg, K);
+            affinity_backward(dgi, dGk + (size_t)j * K, gi, gj, dc * dg, K);
         }
     }
     if (kept_out) {

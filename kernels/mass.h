@@ -55,10 +55,12 @@ typedef struct {
     double mass_gate, mass_top1, pairs_gate, pairs_top1;
 } MassKept;
 
-/* The objective of one sequence's routing G (T, K) against t (see the file header), scaled by
- * `scale`; dG (T, K) += scale * dloss / dG unless NULL; kept (unless NULL) what it keeps.
- * Returns the loss (before scaling). */
-double mass_loss(real* dG, const real* G, int K, const MassRows* t, const MassGate* mg, real scale,
-                 MassKept* kept);
+/* The objective of one sequence's routing against t (see the file header): the queries' groups
+ * Gq (T, K) against the keys' groups Gk (T, K) (the same array for a router without a query
+ * projection), scaled by `scale`; dGq, dGk (T, K) += scale * dloss / dGq, dGk unless dGq is NULL
+ * (they may be the same array when Gq and Gk are); kept (unless NULL) what it keeps (top-1: the
+ * query's most likely group is the key's). Returns the loss (before scaling). */
+double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, const MassRows* t,
+                 const MassGate* mg, real scale, MassKept* kept);
 
 #endif

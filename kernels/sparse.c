@@ -17,15 +17,16 @@
  * i keeps the keys j <= i that are
  *   - all of them when w < 0 (causal dense), or
  *   - its band when w >= 0: i - j <= w, or j < sinks (attention sinks);
- * less the pairs with (gm[i] & gm[j] & skip) != 0 (gm may be NULL): the executor's lowest-shared-
- * group de-duplication inside a group (skip = the lower groups' bits), or in the band the keys that
- * a shared group already covers (skip = ~0). Each key range is walked in tiles of BK keys, so a
- * band costs about (w + BQ) keys per query whatever w is. o rows have stride ldo, lse entries
- * stride ldl (a row that keeps no key gets o = 0, lse = -inf). S, acc: scratch of BQ x BK and
- * BQ x hs floats. */
+ * less the pairs with (qm[i] & km[j] & skip) != 0 (qm, km: the rows' and the keys' masks, or both
+ * NULL): the executor's lowest-shared-group de-duplication inside a group (skip = the lower
+ * groups' bits), or in the band the keys that a shared group already covers (skip = ~0). Each key
+ * range is walked in tiles of BK keys, so a band costs about (w + BQ) keys per query whatever w is.
+ * o rows have stride ldo, lse entries stride ldl (a row that keeps no key gets o = 0, lse = -inf).
+ * S, acc: scratch of BQ x BK and BQ x hs floats. */
 static void flash_span(real* o, int ldo, real* lse, int ldl, const real* q, int ldq, const real* k,
                        int ldk, const real* v, int ldv, int i0, int i1, int hs, real scale,
-                       const uint32_t* gm, uint32_t skip, int w, int sinks, real* S, real* acc) {
+                       const uint32_t* qm, const uint32_t* km, uint32_t skip, int w, int sinks,
+                       real* S, real* acc) {
     int nq = i1 - i0;
     real m[BQ], l[BQ];
     for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
@@ -55,11 +56,11 @@ static void flash_span(real* o, int ldo, real* lse, int ldl, const real* q, int 
                     for (int c = 0; c < nk; c++) s[c] = 0;
                     continue;
                 }
-                if (gm && skip) {
-                    const uint32_t mi = gm[i] & skip;
+                if (qm && skip) {
+                    const uint32_t mi = qm[i] & skip;
                     if (mi)
                         for (int c = lo; c < hi; c++)
-                            if (mi & gm[j0 + c]) s[c] = -INFINITY;
+                            if (mi & km[j0 + c]) s[c] = -INFINITY;
                 }
                 real mx = m[r];
                 for (int c = lo; c < hi; c++) mx = s[c] > mx ? s[c] : mx;
@@ -94,9 +95,9 @@ static void flash_span(real* o, int ldo, real* lse, int ldl, const real* q, int 
 }
 
 /* One call of flash_span for every (sequence, head, query block) task, threads over the tasks
- * (the longest blocks first). out (B, T, NH hs), lse (B, NH, T); gm (B, T) or NULL. */
-static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* gm, uint32_t skip,
-                      int w, int sinks, int B, int T, int NH, int NKV, int hs) {
+ * (the longest blocks first). out (B, T, NH hs), lse (B, NH, T); qm, km (B, T) or NULL. */
+static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* qm, const uint32_t* km,
+                      uint32_t skip, int w, int sinks, int B, int T, int NH, int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nblk = (T + BQ - 1) / BQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
@@ -111,8 +112,8 @@ static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* gm,
             int kvh = h / rep, i0 = blk * BQ, i1 = i0 + BQ < T ? i0 + BQ : T;
             flash_span(out + (size_t)b * T * C + h * hs, C, lse + ((size_t)b * NH + h) * T, 1,
                        base + h * hs, QKV, base + C + kvh * hs, QKV, base + C + NKV * hs + kvh * hs,
-                       QKV, i0, i1, hs, scale, gm ? gm + (size_t)b * T : NULL, skip, w, sinks, S,
-                       acc);
+                       QKV, i0, i1, hs, scale, qm ? qm + (size_t)b * T : NULL,
+                       km ? km + (size_t)b * T : NULL, skip, w, sinks, S, acc);
         }
         free(S);
         free(acc);
@@ -480,12 +481,12 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
 
 void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
                              int hs) {
-    flash_all(out, lse, qkv, NULL, 0, -1, 0, B, T, NH, NKV, hs);
+    flash_all(out, lse, qkv, NULL, NULL, 0, -1, 0, B, T, NH, NKV, hs);
 }
 
 void attention_band_forward(real* out, real* lse, const real* qkv, int w, int sinks, int B, int T,
                             int NH, int NKV, int hs) {
-    flash_all(out, lse, qkv, NULL, 0, w, sinks, B, T, NH, NKV, hs);
+    flash_all(out, lse, qkv, NULL, NULL, 0, w, sinks, B, T, NH, NKV, hs);
 }
 
 double hard_pair_count(const uint32_t* mask, int K, int w, int T) {
@@ -517,35 +518,48 @@ static void merge_into(real* o, real* l, const real* op, real lp, int hs) {
     *l = mx + logf(wa + wb);
 }
 
-void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
-                            int w, int B, int T, int NH, int NKV, int hs) {
+void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* qmask,
+                            const uint32_t* kmask, int K, int w, int B, int T, int NH, int NKV,
+                            int hs) {
+    /* rows and keys with masks of their own (a router with a query projection): a group's
+     * sequence holds its queries and its keys; a position that is only a query there is kept
+     * from the keys by a bit no group uses (K <= 32 leaves bit 31 out of every lower-groups
+     * mask), set in its key mask and in every query mask */
+    const int own = qmask != kmask;
+    const uint32_t OUT = 1u << 31;
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV;
     const real scale = (real)(1.0 / sqrt((double)hs));
     int* count = mallocCheck(sizeof(int) * (K + 1));
     int* start = mallocCheck(sizeof(int) * (K + 1));
     /* set B first, into out and lse: each query's band keys that share no group with it (a tiled
      * kernel, so a wide window runs at the dense kernel's speed per pair) */
-    flash_all(out, lse, qkv, mask, ~0u, w, 0, B, T, NH, NKV, hs);
+    flash_all(out, lse, qkv, qmask, kmask, ~0u, w, 0, B, T, NH, NKV, hs);
     for (int b = 0; b < B; b++) {
-        const uint32_t* mb = mask + (size_t)b * T;
+        const uint32_t *qb = qmask + (size_t)b * T, *kb = kmask + (size_t)b * T;
         const real* base = qkv + (size_t)b * T * QKV;
         real* ob = out + (size_t)b * T * C;
         /* stable sort of token indices by group (a counting sort; a token with k groups appears k
          * times) */
         for (int c = 0; c <= K; c++) count[c] = 0;
         for (int i = 0; i < T; i++)
-            for (int c = 0; c < K; c++) count[c] += (mb[i] >> c) & 1;
+            for (int c = 0; c < K; c++) count[c] += ((qb[i] | kb[i]) >> c) & 1;
         start[0] = 0;
         for (int c = 0; c < K; c++) start[c + 1] = start[c] + count[c];
         int total = start[K];
         int* idx = mallocCheck(sizeof(int) * (total + 1));
-        uint32_t* gm = mallocCheck(sizeof(uint32_t) * (total + 1));
+        uint32_t* gq = mallocCheck(sizeof(uint32_t) * (total + 1) * 2);
+        uint32_t* gk = gq + total + 1;
         {
             int* fill = mallocCheck(sizeof(int) * (K + 1));
             memcpy(fill, start, sizeof(int) * (K + 1));
             for (int i = 0; i < T; i++)
-                for (int c = 0; c < K; c++)
-                    if ((mb[i] >> c) & 1) idx[fill[c]] = i, gm[fill[c]++] = mb[i];
+                for (int c = 0; c < K; c++) {
+                    if (!(((qb[i] | kb[i]) >> c) & 1)) continue;
+                    const uint32_t lower = (1u << c) - 1;
+                    idx[fill[c]] = i;
+                    gq[fill[c]] = own ? (qb[i] & lower) | OUT : qb[i];
+                    gk[fill[c]++] = own ? (kb[i] & lower) | ((kb[i] >> c) & 1 ? 0 : OUT) : kb[i];
+                }
             free(fill);
         }
         /* gathered q/k/v rows of every group, in group order */
@@ -573,8 +587,8 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                 int i0 = blk * BQ, i1 = i0 + BQ < count[c] ? i0 + BQ : count[c];
                 flash_span(oA + (size_t)start[c] * C + h * hs, C, lA + (size_t)start[c] * NH + h,
                            NH, gc + h * hs, QKV, gc + C + kvh * hs, QKV,
-                           gc + C + NKV * hs + kvh * hs, QKV, i0, i1, hs, scale, gm + start[c],
-                           (1u << c) - 1, -1, 0, S, acc);
+                           gc + C + NKV * hs + kvh * hs, QKV, i0, i1, hs, scale, gq + start[c],
+                           gk + start[c], own ? ~0u : (1u << c) - 1, -1, 0, S, acc);
             }
             free(S);
             free(acc);
@@ -588,7 +602,7 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                 /* where token i sits in each of its groups: binary search in the sorted lists */
                 int np = 0;
                 for (int c = 0; c < K; c++) {
-                    if (!((mb[i] >> c) & 1)) continue;
+                    if (!((qb[i] >> c) & 1)) continue;
                     int lo = start[c], hi = start[c + 1] - 1;
                     while (lo < hi) {
                         int mid = (lo + hi) / 2;
@@ -611,7 +625,7 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
         }
         free(tstart);
         free(idx);
-        free(gm);
+        free(gq);
         free(g);
         free(oA);
         free(lA);
@@ -625,7 +639,7 @@ double band_pairs_kept(int i, int w, int sinks) {
     return (double)local + (far_sinks > 0 ? far_sinks : 0);
 }
 
-double mask_pairs_kept(const uint32_t* mask, int T, int w, int sinks) {
+double mask_pairs_kept(const uint32_t* qmask, const uint32_t* kmask, int T, int w, int sinks) {
     /* the distant keys are counted through the distinct masks seen so far (at most 1 + C(K, k)
      * of them for top-k routing), each with how many distant keys carry it: O(T x masks)
      * instead of O(T^2) */
@@ -637,12 +651,12 @@ double mask_pairs_kept(const uint32_t* mask, int T, int w, int sinks) {
         const int j = i - w - 1; /* the key that becomes distant for query i */
         if (j >= sinks) {
             int v = 0;
-            while (v < nv && val[v] != mask[j]) v++;
-            if (v == nv) val[nv] = mask[j], cnt[nv++] = 0;
+            while (v < nv && val[v] != kmask[j]) v++;
+            if (v == nv) val[nv] = kmask[j], cnt[nv++] = 0;
             cnt[v]++;
         }
         kept += band_pairs_kept(i, w, sinks);
-        for (int v = 0; v < nv; v++) kept += (val[v] & mask[i]) ? (double)cnt[v] : 0;
+        for (int v = 0; v < nv; v++) kept += (val[v] & qmask[i]) ? (double)cnt[v] : 0;
     }
     free(val);
     free(cnt);
@@ -805,7 +819,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
     const real scale = (real)(1.0 / sqrt((double)hs));
     const int per = BLOCKGATE_STATS(hs); /* block statistics per block */
     /* sinks and window: the band kernel, into out and lse */
-    flash_all(out, lse, qkv, NULL, 0, w, sinks, B, T, NH, NKV, hs);
+    flash_all(out, lse, qkv, NULL, NULL, 0, w, sinks, B, T, NH, NKV, hs);
     double kept = 0;
     real* st = mallocCheck(sizeof(real) * ((size_t)NKV * nb * per + 1));
     for (int b = 0; b < B; b++) {

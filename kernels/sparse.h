@@ -55,9 +55,12 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
                              int NH, int NKV, int hs);
 
-/* mask (B, T): each token's top-k group bitmask; w: local window; K: number of groups. */
-void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* mask, int K,
-                            int w, int B, int T, int NH, int NKV, int hs);
+/* qmask, kmask (B, T): each token's group bitmask as a query and as a key (the same array for a
+ * router without a query projection: its top-k groups); the pair (i, j) beyond the window w is
+ * kept when qmask[i] & kmask[j] != 0, in the lowest group they share. K: number of groups. */
+void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_t* qmask,
+                            const uint32_t* kmask, int K, int w, int B, int T, int NH, int NKV,
+                            int hs);
 
 /* Pair evaluations the hard executor does for the masks of one sequence (set A, including pairs
  * computed and then left out by the lowest-shared-group rule when k > 1, plus set B); dense causal
@@ -122,8 +125,9 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const real*
 
 /* Pairs that query i keeps from its band (window and sinks). */
 double band_pairs_kept(int i, int w, int sinks);
-/* Pairs kept by the queries of one sequence with group masks mask (T): the band, and the distant
- * keys [sinks, i - w) that share a group with the query. */
-double mask_pairs_kept(const uint32_t* mask, int T, int w, int sinks);
+/* Pairs kept by the queries of one sequence with group masks qmask (as queries) and kmask (as keys;
+ * the same array for a router without a query projection), T each: the band, and the distant keys
+ * [sinks, i - w) that share a group with the query. */
+double mask_pairs_kept(const uint32_t* qmask, const uint32_t* kmask, int T, int w, int sinks);
 
 #endif

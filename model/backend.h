@@ -69,7 +69,8 @@ void model_host_buffers(Model* m, int B, int T, int keep);
 typedef struct {
     real *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_act, *res3, *rproj, *rS, *rG, *colofs;
-    uint32_t* mask;
+    uint32_t* mask;  /* the tokens' group masks (as keys, with a query projection) */
+    uint32_t* qmask; /* as queries: mask itself unless the router has a query projection */
     real *qkpre, *qkrstd, *attp, *attp_rstd, *mlpp, *mlpp_rstd; /* gemma3, else NULL */
 } LayerActs;
 LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l);

@@ -101,12 +101,16 @@ static void layer_band(const Model* m, int l, int* w, int* sinks) {
 }
 
 /* The group mask of the token at position n of layer l (KEYS_GROUPS): the router's top-k of
- * its causal group distribution G, or the random control's groups. */
-static uint32_t token_mask(const Model* m, int l, int n, const real* G) {
+ * its causal group distribution G, or the random control's groups; a router with a query
+ * projection: the top-1 group of G (as a key, key = 1), the top-k of its query groups G (as a
+ * query, key = 0). */
+static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key) {
     const FocusConfig* f = &m->fc;
     uint32_t mi = 0;
     if (f->attn == ATTN_RANDOM)
         routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n, focus_random_seed(f, l));
+    else if (key && m->router.wq)
+        routing_topk_mask(&mi, G, 1, 1, f->K, 1, 0, f->sinks, n);
     else
         routing_topk_mask(&mi, G, 1, 1, f->K, f->topk, f->topp, f->sinks, n);
     return mi;
@@ -748,18 +752,29 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, att);
         return;
     }
-    /* in order: each row's groups, joined (a cache's group lists grow row by row) */
+    /* in order: each row's groups, joined (a cache's group lists grow row by row); mi: the
+     * groups each row keeps as a query */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
+    const int hard = f->attn == ATTN_HARD;
     for (int i = 0; i < n && kind == KEYS_GROUPS; i++) {
-        if (f->attn == ATTN_HARD) {
-            router_scores_forward(s->proj, s->S, h + (size_t)i * C, m->router.wg + lC * f->dg,
-                                  m->router.cent + (size_t)l * K * f->dg, 1, C, f->dg, K);
+        const real* hi = h + (size_t)i * C;
+        const real* cent = m->router.cent + (size_t)l * K * f->dg;
+        if (hard) {
+            router_scores_forward(s->proj, s->S, hi, m->router.wg + lC * f->dg, cent, 1, C, f->dg,
+                                  K);
             routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
                             f->tau, f->iters);
         }
         /* a sink position (n < sinks) joins every group, so every later query keeps it */
-        mi[i] = token_mask(m, l, pos[i], s->G);
+        mi[i] = token_mask(m, l, pos[i], s->G, 1);
         token_join(cs[i], m, l, pos[i], mi[i]);
+        if (hard && m->router.wq) { /* the row's own groups as a query (model_cpu.c) */
+            router_scores_forward(s->proj, s->S, hi, m->router.wq + lC * f->dg, cent, 1, C, f->dg,
+                                  K);
+            routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
+                            f->tau, f->iters);
+            mi[i] = token_mask(m, l, pos[i], s->G, 0);
+        }
     }
     if (!r->per_row && kind == KEYS_GROUPS) {
         /* a prompt's rows (one cache): the window tiled over the cache, then each row's groups'
@@ -894,6 +909,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                           .rS = S,
                           .rG = G,
                           .mask = mask,
+                          .qmask = mask,
                           .attp = tmp,
                           .attp_rstd = stat,
                           .mlpp = tmp,

@@ -278,9 +278,10 @@ static void alloc_router(Model* m) {
     free(m->router_mem);
     free(m->rgrads_mem);
     free(m->beta);
-    m->router_sizes[0] = (size_t)cfg->L * cfg->C * fc->dg;
-    m->router_sizes[1] = (size_t)cfg->L * fc->K * fc->dg;
-    m->router_sizes[2] = (size_t)cfg->L * 2;
+    m->router_sizes[ROUTER_WG] = (size_t)cfg->L * cfg->C * fc->dg;
+    m->router_sizes[ROUTER_CENT] = (size_t)cfg->L * fc->K * fc->dg;
+    m->router_sizes[ROUTER_WQ] = fc->qproj ? (size_t)cfg->L * cfg->C * fc->dg : 0;
+    m->router_sizes[ROUTER_GATE] = (size_t)cfg->L * 2;
     m->num_router = model_sum_sizes(m->router_sizes, NUM_ROUTER_TENSORS);
     m->router_mem = callocCheck(m->num_router, sizeof(real));
     model_carve((real**)&m->router, m->router_mem, m->router_sizes, NUM_ROUTER_TENSORS);
@@ -699,15 +700,22 @@ void model_init_backbone(Model* m, uint64_t seed) {
     }
 }
 
+size_t model_router_trained(const Model* m, int learn_gate) {
+    return m->router_sizes[ROUTER_WG] + m->router_sizes[ROUTER_CENT] + m->router_sizes[ROUTER_WQ] +
+           (learn_gate ? m->router_sizes[ROUTER_GATE] : 0);
+}
+
 void model_init_router(Model* m, uint64_t seed) {
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
     Rng rng;
     rng_seed(&rng, seed);
-    for (size_t i = 0; i < m->router_sizes[0]; i++)
+    for (size_t i = 0; i < m->router_sizes[ROUTER_WG]; i++)
         m->router.wg[i] = (real)(rng_normal(&rng) / sqrt((double)c->C));
-    for (size_t i = 0; i < m->router_sizes[1]; i++)
+    for (size_t i = 0; i < m->router_sizes[ROUTER_CENT]; i++)
         m->router.cent[i] = (real)(rng_normal(&rng) / sqrt((double)f->dg));
+    /* the queries start where the keys are: the router begins as the symmetric one */
+    if (m->router.wq) memcpy(m->router.wq, m->router.wg, sizeof(real) * m->router_sizes[ROUTER_WQ]);
     for (int l = 0; l < c->L; l++) {
         m->router.gate[2 * l] = f->lambda;
         m->router.gate[2 * l + 1] = f->bias;
@@ -814,6 +822,8 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
     r.rG = a->rG + (size_t)l * BT * f->K;
     r.colofs = a->colofs + (size_t)l * m->B * f->K;
     r.mask = rmask + slot * BT;
+    /* a router with a query projection: the queries' masks after every slot's keys' masks */
+    r.qmask = m->router.wq ? rmask + ((m->keep ? (size_t)c->L : 1) + slot) * BT : r.mask;
     const size_t H = (size_t)model_heads(c) + model_kv_heads(c);
     r.qkpre = model_slice(a->qkpre, (int)slot, BT * H * model_head_size(c));
     r.qkrstd = model_slice(a->qkrstd, (int)slot, BT * H);

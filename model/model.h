@@ -147,6 +147,7 @@ typedef struct {
     float beta_momentum;      /* EMA momentum of the causal per-group bias */
     int beta_balance;  /* beta balances causal routing itself (else: EMA of Sinkhorn's offsets) */
     int learn_gate;    /* lambda and b receive gradients */
+    int qproj;         /* queries' groups from their own projection W_q, keys' from W_g (top-1) */
     uint64_t seed;     /* router initialisation */
     LocalLayers local; /* sliding-window layers: their window, routed, or dense */
 } FocusConfig;
@@ -240,10 +241,12 @@ typedef struct {
     real* pfn;      /* (L, C)         gemma3: the norm after the MLP (post_ffw_norm) */
 } Params;
 
-#define NUM_ROUTER_TENSORS 3
+#define NUM_ROUTER_TENSORS 4
+enum { ROUTER_WG, ROUTER_CENT, ROUTER_WQ, ROUTER_GATE }; /* router_sizes' indices */
 typedef struct {
     real* wg;   /* (L, C, dg) */
     real* cent; /* (L, K, dg) */
+    real* wq;   /* (L, C, dg)  the queries' projection (qproj = 1), else NULL */
     real* gate; /* (L, 2)     lambda, b */
 } RouterParams;
 
@@ -568,6 +571,9 @@ void model_set_router_config(Model* m, const FocusConfig* fc);
 void model_init_backbone(Model* m, uint64_t seed);
 /* W_g ~ N(0, 1/C), C ~ N(0, 1/dg), lambda and b from the config, beta = 0. */
 void model_init_router(Model* m, uint64_t seed);
+/* How many of the router's values AdamW trains, a prefix of router_mem: W_g, C, W_q and (with
+ * learn_gate) lambda and b. */
+size_t model_router_trained(const Model* m, int learn_gate);
 
 /* model->keep after a keep = 1 pass with lean_acts (backend.h: model_act_sizes). */
 enum { KEEP_ROUTER = 2 };

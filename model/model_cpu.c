@@ -15,7 +15,9 @@ static void ensure_acts(Model* m, int B, int T, int keep) {
     ActSizes s = model_act_sizes(&m->cfg, &m->fc, B, T, keep);
     m->acts_mem = mallocCheck(model_sum_sizes(s.n, NUM_ACT_TENSORS) * sizeof(real));
     model_carve((real**)&m->acts, m->acts_mem, s.n, NUM_ACT_TENSORS);
-    m->rmask = mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T);
+    /* the keys' masks of every slot, then (a router with a query projection) the queries' */
+    m->rmask =
+        mallocCheck(sizeof(uint32_t) * (keep ? m->cfg.L : 1) * B * T * (m->router.wq ? 2 : 1));
 }
 
 static LayerActs layer_acts(const Model* m, int l) {
@@ -118,9 +120,11 @@ static void tp_sum(const Model* m, real* x, size_t n) {
  * added up. */
 static const real* tp_bias(const Model* m, const real* b) { return m->cfg.tp_rank ? NULL : b; }
 
-/* Pairs kept by one layer of a training-free pattern (the blocks kernels count their own), and
- * the causal pairs, into m->pattern_kept / pattern_pairs. */
-static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, int T, int window) {
+/* Pairs kept by one layer of a training-free pattern (the blocks kernels count their own) or of a
+ * router with a query projection (masks qmask and mask), and the causal pairs, into
+ * m->pattern_kept / pattern_pairs. */
+static void pattern_count(Model* m, AttnMode mode, const uint32_t* qmask, const uint32_t* mask,
+                          int B, int T, int window) {
     const FocusConfig* f = &m->fc;
     const double causal = (double)T * (T + 1) / 2;
     m->pattern_pairs += B * causal;
@@ -132,7 +136,12 @@ static void pattern_count(Model* m, AttnMode mode, const uint32_t* mask, int B, 
         for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, window, 0);
     else if (mode == ATTN_RANDOM)
         for (int b = 0; b < B; b++)
-            m->pattern_kept += mask_pairs_kept(mask + (size_t)b * T, T, f->w, f->sinks);
+            m->pattern_kept +=
+                mask_pairs_kept(mask + (size_t)b * T, mask + (size_t)b * T, T, f->w, f->sinks);
+    else if (mode == ATTN_HARD) /* the sinks are in every group of the masks */
+        for (int b = 0; b < B; b++)
+            m->pattern_kept +=
+                mask_pairs_kept(qmask + (size_t)b * T, mask + (size_t)b * T, T, f->w, 0);
 }
 
 /* Projection k of layer l (0 q k v, 1 attention output, 2 gate + up or fc, 3 down or fc
@@ -183,6 +192,24 @@ static void layer_join(const Model* m, const LayerSpec* S, real* y, const real* 
     for (size_t i = 0; i < n * C; i++) y[i] = x[i] + o[i];
 }
 
+/* A router with a query projection (qproj; docs/OBJECTIVE.md): each token joins its top-1 group
+ * by W_g as a key (la->mask, from la->rG) and keeps the top-k groups of its own projection W_q
+ * as a query (la->qmask), causal routing with the same beta. */
+static void query_masks(const Model* m, int l, const LayerActs* la, int B, int T) {
+    const ModelConfig* c = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const size_t BT = (size_t)B * T, lC = (size_t)l * c->C;
+    routing_topk_mask(la->mask, la->rG, B, T, f->K, 1, 0, f->sinks, 0);
+    real* buf = mallocCheck(sizeof(real) * BT * ((size_t)f->dg + 2 * f->K));
+    real *proj = buf, *S = proj + BT * f->dg, *G = S + BT * f->K;
+    router_scores_forward(proj, S, la->ln1, m->router.wq + lC * f->dg,
+                          m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
+    routing_forward(G, NULL, S, m->beta + (size_t)l * f->K, ROUTE_CAUSAL, B, T, f->K, f->tau,
+                    f->iters);
+    routing_topk_mask(la->qmask, G, B, T, f->K, f->topk, f->topp, f->sinks, 0);
+    free(buf);
+}
+
 /* The attention of layer l over whole sequences (ROWS_SEQUENCES): the router's
  * groups where the mode needs them, the kernel of the layer's mode, the pairs it keeps. */
 static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRows* r) {
@@ -198,7 +225,9 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
                               m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
         routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, f->routing, B, T,
                         f->K, f->tau, f->iters);
-        if (mode == ATTN_HARD)
+        if (mode == ATTN_HARD && m->router.wq)
+            query_masks(m, l, la, B, T);
+        else if (mode == ATTN_HARD)
             routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
     }
     if (mode == ATTN_RANDOM)
@@ -211,13 +240,17 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
     double kept = 0; /* the block kernels' count */
     switch (model_attn_kernel(mode, r->keep)) {
         case ATTN_KERNEL_SPARSE:
-            attention_hard_forward(la->att, la->lse, la->qkv, la->mask, f->K, f->w, B, T, NH, NKV,
-                                   hs);
+            attention_hard_forward(la->att, la->lse, la->qkv, la->qmask, la->mask, f->K, f->w, B, T,
+                                   NH, NKV, hs);
             break;
         case ATTN_KERNEL_DENSE:
             attention_flash_forward(la->att, la->lse, la->qkv, B, T, NH, NKV, hs);
             break;
         case ATTN_KERNEL_GATED:
+            if (m->router.wq && mode == ATTN_SOFT)
+                fatal(
+                    "a router with a query projection (qproj = 1) runs in hard mode for "
+                    "evaluation and serving, and trains with objective = mass");
             attention_forward(la->att, la->lse, la->qkv, &gate, B, T, NH, NKV, hs);
             break;
         case ATTN_KERNEL_BAND: /* the window pattern, or a local layer's own window */
@@ -233,8 +266,10 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
             break;
     }
     m->pattern_kept += kept;
-    if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD) /* the pairs a pattern keeps */
-        pattern_count(m, mode, la->mask, B, T, model_layer_spec(c, l).window);
+    /* the pairs a pattern keeps (a router's without a query projection: evaluate.c counts them
+     * from the groups, on either backend) */
+    if (attn_is_sparse(f->attn) && (f->attn != ATTN_HARD || m->router.wq))
+        pattern_count(m, mode, la->qmask, la->mask, B, T, model_layer_spec(c, l).window);
 }
 
 void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerRows* r) {

@@ -71,6 +71,9 @@
     X(focus, dense_layers, LAYERS, dense_layers, "none", 0, 255, SET_ROUTER,                       \
       "layers that keep dense attention: none, or e.g. 0,1,28-29")                                 \
     X(focus, learn_gate, INT, learn_gate, "0", 0, 1, SET_ROUTER, "lambda and b receive gradients") \
+    X(focus, qproj, INT, qproj, "0", 0, 1, SET_ROUTER,                                             \
+      "queries choose their groups through their own W_q; keys keep their top-1 group of W_g "     \
+      "(project choice, docs/OBJECTIVE.md)")                                                       \
     X(focus, beta_momentum, FLOAT, beta_momentum, "0.9", 0, 1, 0,                                  \
       "EMA momentum of the causal bias")                                                           \
     X(focus, beta_balance, INT, beta_balance, "1", 0, 1, 0,                                        \

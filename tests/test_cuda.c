@@ -301,7 +301,7 @@ static void test_hard(int B, int T, int K, int topk, int w, int hs, int bf16, in
     for (size_t i = 0; i < BT; i++)
         if ((int)(i % T) < sinks) mask[i] = (1u << K) - 1; /* sinks: members of every group */
     float *out = mallocCheck(4 * BT * C), *lse = mallocCheck(4 * B * NH * T);
-    attention_hard_forward(out, lse, qkv, mask, K, w, B, T, NH, NKV, hs);
+    attention_hard_forward(out, lse, qkv, mask, mask, K, w, B, T, NH, NKV, hs);
     float *dq = dev(qkv, BT * QKV), *dO = devzero(BT * C), *dL = devzero((size_t)B * NH * T);
     uint32_t *dmask = cuda_malloc(4 * BT);
     cuda_upload(dmask, mask, 4 * BT);

@@ -135,6 +135,8 @@ static void check_chunks(Model* m, const int* tok, int half, const char* preset)
 
 /* how the next runs' sliding-window layers attend (gemma3) */
 static LocalLayers local_mode = LOCAL_WINDOW;
+/* a router with a query projection in the next runs (qproj) */
+static int qproj_mode = 0;
 
 static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
@@ -143,7 +145,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     cfg.maxT = T;
     focus_config_default(&fc);
     fc.K = 4, fc.dg = 8, fc.w = 6, fc.routing = ROUTE_CAUSAL, fc.attn = attn, fc.topk = topk;
-    fc.sinks = sinks, fc.topp = topp, fc.local = local_mode;
+    fc.sinks = sinks, fc.topp = topp, fc.local = local_mode, fc.qproj = qproj_mode;
     if (dense0) fc.dense_layers[0] = 1;
     const int blocks = attn >= ATTN_BLOCKS;
     if (blocks) fc.block = 4, fc.blocks = 2; /* w = 6 >= block - 1 */
@@ -167,6 +169,12 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     for (size_t i = 0; i < m.num_params; i++)
         if (m.params_mem[i] != 1 && m.params_mem[i] != 0) m.params_mem[i] *= 10;
     for (int i = 0; i < cfg.L * fc.K; i++) m.beta[i] = (real)(0.3 * (i % 5));
+    if (m.router.wq) { /* the queries' projection apart from the keys' */
+        Rng qr;
+        rng_seed(&qr, 17);
+        for (size_t i = 0; i < m.router_sizes[ROUTER_WQ]; i++)
+            m.router.wq[i] += (real)(0.2 * rng_normal(&qr));
+    }
     Rng rng;
     rng_seed(&rng, 3);
     int tok[T];
@@ -232,18 +240,20 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     free(all);
     double dense_pairs = (double)cfg.L * cfg.NH * T * (T + 1) / 2;
     printf(
-        "  %-10s %-5s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e (max "
+        "  %-10s %-5s%s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e "
+        "(max "
         "|logit| %.1f), prefill %.2e, f16 cache %.1e, pairs %.3f of dense\n",
         preset,
         (const char*[]){"dense", "soft", "hard", "window", "random", "blocks", "blocks_mean",
                         "oracle", "blocks_learned"}[attn],
-        topk, (double)topp, sinks, dense0 ? " layer 0 dense" : "", worst, scale, wp, wh,
-        c.pairs / dense_pairs);
+        fc.qproj ? " (query projection)" : "", topk, (double)topp, sinks,
+        dense0 ? " layer 0 dense" : "", worst, scale, wp, wh, c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
           "%s: decode path differs from the full pass by %g", preset, worst);
     if (attn_is_sparse(attn))
         CHECK(c.pairs < 0.9 * dense_pairs, "sparse decode should skip pairs (%ld)", c.pairs);
-    if (attn == ATTN_WINDOW || attn == ATTN_RANDOM || blocks) /* the forward pass counts alike */
+    /* the forward pass counts alike */
+    if (attn == ATTN_WINDOW || attn == ATTN_RANDOM || blocks || (attn == ATTN_HARD && fc.qproj))
         CHECK(fabs(pattern_share - c.pairs / dense_pairs) < 1e-12,
               "%s: the forward pass keeps %.6f of the pairs, decoding %.6f", preset, pattern_share,
               c.pairs / dense_pairs);
@@ -326,5 +336,11 @@ int main(void) {
     local_mode = LOCAL_DENSE;
     run("tiny-gemma3", ATTN_HARD, 1, 2, 0, 0);
     local_mode = LOCAL_WINDOW;
+    /* a router with a query projection: keys in their top-1 group, queries in their own top-k */
+    qproj_mode = 1;
+    run("tiny-llama", ATTN_HARD, 1, 0, 0, 0);
+    run("tiny-llama", ATTN_HARD, 2, 2, 0, 1);
+    run("tiny-gemma3", ATTN_HARD, 2, 2, 0, 0);
+    qproj_mode = 0;
     return tu_finish("test_decode");
 }

@@ -367,7 +367,7 @@ static void check_model(const char* preset, Routing routing, int qkv_bias, int s
     snprintf(what, sizeof what, "%s %s router-only: lambda, b", preset, name);
     report(what,
            fd_check(model_loss, &c, m.router.gate, rg + m.router_sizes[0] + m.router_sizes[1],
-                    m.router_sizes[2], 100, 1e-6),
+                    m.router_sizes[ROUTER_GATE], 100, 1e-6),
            2e-6);
 
     if (cfg.arch == ARCH_GEMMA3) { /* gemma3 trains its router only */

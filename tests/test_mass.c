@@ -114,7 +114,7 @@ static const MassGate GATE = {10, 0.5, 6, 3, 2}; /* lambda, b, random keys, w, s
 
 static double loss_of(const real* S, const MassRows* t, real* G) {
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    return mass_loss(NULL, G, K, t, &GATE, 1, NULL);
+    return mass_loss(NULL, NULL, G, G, K, t, &GATE, 1, NULL);
 }
 
 static void check_gradient(Rng* rng) {
@@ -125,7 +125,7 @@ static void check_gradient(Rng* rng) {
     real* dS = callocCheck((size_t)T * K, sizeof(real));
     tu_randn(S, (size_t)T * K, 0.5, rng);
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    mass_loss(dG, G, K, &t, &GATE, 1, NULL);
+    mass_loss(dG, dG, G, G, K, &t, &GATE, 1, NULL);
     routing_backward(dS, dG, S, G, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
     double worst = 0, scale = 0;
     for (int n = 0; n < 60; n++) {
@@ -147,17 +147,17 @@ static void check_gradient(Rng* rng) {
     MassKept before, after;
     double lb, la;
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    lb = mass_loss(NULL, G, K, &t, &GATE, 1, &before);
+    lb = mass_loss(NULL, NULL, G, G, K, &t, &GATE, 1, &before);
     for (int it = 0; it < 200; it++) {
         memset(dG, 0, sizeof(real) * T * K);
         memset(dS, 0, sizeof(real) * T * K);
         routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-        mass_loss(dG, G, K, &t, &GATE, 1, NULL);
+        mass_loss(dG, dG, G, G, K, &t, &GATE, 1, NULL);
         routing_backward(dS, dG, S, G, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
         for (size_t i = 0; i < (size_t)T * K; i++) S[i] -= 20 * dS[i];
     }
     routing_forward(G, NULL, S, NULL, ROUTE_SINKHORN, 1, T, K, 0.5, 10);
-    la = mass_loss(NULL, G, K, &t, &GATE, 1, &after);
+    la = mass_loss(NULL, NULL, G, G, K, &t, &GATE, 1, &after);
     CHECK(la < lb, "descent did not lower the loss (%g -> %g)", lb, la);
     const double lift0 = before.mass_top1 / fmax(before.pairs_top1, 1e-9),
                  lift1 = after.mass_top1 / fmax(after.pairs_top1, 1e-9);
@@ -168,10 +168,55 @@ static void check_gradient(Rng* rng) {
     free(t.rows), free(t.far), free(t.idx), free(t.p);
 }
 
+/* A router with a query projection: the queries' groups Gq apart from the keys' G (causal
+ * routing), each one's gradient by finite differences of its scores. */
+static double loss_qk(const real* Sq, const real* Sk, const MassRows* t, real* Gq, real* Gk) {
+    routing_forward(Gq, NULL, Sq, NULL, ROUTE_CAUSAL, 1, T, K, 0.5, 10);
+    routing_forward(Gk, NULL, Sk, NULL, ROUTE_CAUSAL, 1, T, K, 0.5, 10);
+    return mass_loss(NULL, NULL, Gq, Gk, K, t, &GATE, 1, NULL);
+}
+
+static void check_gradient_qk(Rng* rng) {
+    MassRows t = synthetic(rng, 40);
+    const size_t n = (size_t)T * K;
+    real* buf = callocCheck(n * 6, sizeof(real));
+    real *S[2] = {buf, buf + n}, *G[2] = {buf + 2 * n, buf + 3 * n},
+         *dG[2] = {buf + 4 * n, buf + 5 * n};
+    real* dS[2] = {callocCheck(n, sizeof(real)), callocCheck(n, sizeof(real))};
+    tu_randn(buf, 2 * n, 0.5, rng);
+    loss_qk(S[0], S[1], &t, G[0], G[1]);
+    mass_loss(dG[0], dG[1], G[0], G[1], K, &t, &GATE, 1, NULL);
+    for (int s = 0; s < 2; s++)
+        routing_backward(dS[s], dG[s], S[s], G[s], NULL, ROUTE_CAUSAL, 1, T, K, 0.5, 10);
+    for (int s = 0; s < 2; s++) {
+        double worst = 0, scale = 0;
+        for (int k = 0; k < 60; k++) {
+            const size_t i = rng_u64(rng) % n;
+            const real keep = S[s][i], eps = 1e-5;
+            S[s][i] = keep + eps;
+            const double up = loss_qk(S[0], S[1], &t, G[0], G[1]);
+            S[s][i] = keep - eps;
+            const double down = loss_qk(S[0], S[1], &t, G[0], G[1]);
+            S[s][i] = keep;
+            const double fd = (up - down) / (2 * eps);
+            worst = fmax(worst, fabs(fd - dS[s][i]));
+            scale = fmax(scale, fabs(fd));
+        }
+        printf("  query projection: gradient of the %s' scores off by %.1e (largest %.1e)\n",
+               s ? "keys" : "queries", worst, scale);
+        CHECK(scale > 1e-6, "the sampled gradient is zero (%g)", scale);
+        CHECK(worst < 1e-6 + 1e-5 * scale, "%s' gradient off by %g (largest %g)",
+              s ? "keys" : "queries", worst, scale);
+    }
+    free(buf), free(dS[0]), free(dS[1]);
+    free(t.rows), free(t.far), free(t.idx), free(t.p);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 42);
     check_teacher(&rng);
     check_gradient(&rng);
+    check_gradient_qk(&rng);
     return tu_finish("test_mass");
 }

@@ -69,7 +69,7 @@ int main(void) {
     real* backbone = mallocCheck(sizeof(real) * m.num_params);
     memcpy(backbone, m.params_mem, sizeof(real) * m.num_params);
     AdamW opt;
-    size_t nopt = m.router_sizes[0] + m.router_sizes[1];
+    size_t nopt = model_router_trained(&m, 0);
     adamw_init(&opt, nopt, 0.9f, 0.95f, 1e-8f, 0);
     double first = 0, last = 0;
     for (int step = 0; step < 40; step++) {

@@ -37,7 +37,7 @@ static void run(int B, int T, int K, int topk, int w, int empty_group, int sinks
     }
     AttnGate g = {GATE_HARD, K, w, NULL, mask, 0, 0, sinks};
     attention_forward(ref, lref, qkv, &g, B, T, NH, NKV, HS);
-    attention_hard_forward(got, lgot, qkv, mask, K, w, B, T, NH, NKV, HS);
+    attention_hard_forward(got, lgot, qkv, mask, mask, K, w, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
     printf(
         "  executor vs masked dense: B=%d T=%5d K=%d k=%d w=%3d sinks=%d%s  out %.1e  lse %.1e\n",
@@ -45,6 +45,71 @@ static void run(int B, int T, int K, int topk, int w, int empty_group, int sinks
     CHECK(eo < 2e-5 && el < 2e-5, "executor differs (out %g, lse %g) at T=%d K=%d k=%d", eo, el, T,
           K, topk);
     free(qkv), free(ref), free(got), free(lref), free(lgot), free(mask);
+}
+
+/* A router with a query projection: queries keep topk groups (qmask), keys their top-1 group
+ * (kmask), sinks every group. The executor and the pair count against attention written out
+ * here: query i keeps key j <= i when i - j <= w or qmask[i] & kmask[j]. */
+static void run_qk(int B, int T, int K, int topk, int w, int sinks, Rng* rng) {
+    const int QKV = (NH + 2 * NKV) * HS, C = NH * HS;
+    size_t nqkv = (size_t)B * T * QKV, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    real* qkv = mallocCheck(sizeof(real) * nqkv);
+    real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
+    real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
+    uint32_t* qm = mallocCheck(sizeof(uint32_t) * B * T * 2);
+    uint32_t* km = qm + B * T;
+    double* p = mallocCheck(sizeof(double) * T);
+    tu_randn(qkv, nqkv, 1.5, rng);
+    for (int i = 0; i < B * T; i++) {
+        uint32_t m = 0;
+        while (__builtin_popcount(m) < topk) m |= 1u << (rng_u64(rng) % (uint64_t)K);
+        const int sink = i % T < sinks;
+        const uint32_t all = K >= 32 ? ~0u : (1u << K) - 1;
+        qm[i] = sink ? all : m;
+        km[i] = sink ? all : 1u << (rng_u64(rng) % (uint64_t)K);
+    }
+    double pairs = 0, counted = 0;
+    for (int b = 0; b < B; b++) {
+        const real* base = qkv + (size_t)b * T * QKV;
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const real* q = base + (size_t)i * QKV + h * HS;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= i; j++) {
+                    p[j] = -INFINITY;
+                    if (i - j > w && !(qm[b * T + i] & km[b * T + j])) continue;
+                    const real* k = base + (size_t)j * QKV + C + h / (NH / NKV) * HS;
+                    double s = 0;
+                    for (int e = 0; e < HS; e++) s += (double)q[e] * k[e];
+                    p[j] = s / sqrt((double)HS);
+                    mx = fmax(mx, p[j]);
+                    pairs += h == 0;
+                }
+                real* o = ref + ((size_t)b * T + i) * C + h * HS;
+                for (int e = 0; e < HS; e++) o[e] = 0;
+                for (int j = 0; j <= i; j++) {
+                    if (p[j] == -INFINITY) continue;
+                    const double a = exp(p[j] - mx);
+                    sum += a;
+                    const real* v = base + (size_t)j * QKV + C + NKV * HS + h / (NH / NKV) * HS;
+                    for (int e = 0; e < HS; e++) o[e] += (real)(a * v[e]);
+                }
+                for (int e = 0; e < HS; e++) o[e] = (real)(o[e] / sum);
+                lref[((size_t)b * NH + h) * T + i] = (real)(mx + log(sum));
+            }
+        counted += mask_pairs_kept(qm + b * T, km + b * T, T, w, 0);
+    }
+    attention_hard_forward(got, lgot, qkv, qm, km, K, w, B, T, NH, NKV, HS);
+    double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
+    printf(
+        "  executor, query and key masks, vs attention written out: B=%d T=%4d K=%d k=%d w=%3d "
+        "sinks=%d  out %.1e  lse %.1e  pairs %.0f\n",
+        B, T, K, topk, w, sinks, eo, el, pairs);
+    CHECK(eo < 2e-5 && el < 2e-5, "executor (query and key masks) differs (out %g, lse %g) at T=%d",
+          eo, el, T);
+    CHECK(counted == pairs, "mask_pairs_kept with query and key masks: %g, counted %g", counted,
+          pairs);
+    free(qkv), free(ref), free(got), free(lref), free(lgot), free(qm), free(p);
 }
 
 /* sinks + window against the reference with empty group masks (only band pairs survive) */
@@ -401,6 +466,10 @@ int main(void) {
     run(1, 1031, 4, 2, 128, 1, 1, &rng);
     run(1, 300, 8, 1, 0, 0, 300, &rng); /* every token a sink: dense */
     run(1, 700, 8, 1, 600, 0, 4, &rng); /* a window wider than a key tile */
+    run_qk(2, 600, 8, 1, 40, 0, &rng);
+    run_qk(1, 777, 8, 2, 100, 4, &rng);
+    run_qk(1, 300, 4, 3, 0, 1, &rng);
+    run_qk(1, 500, 32, 2, 64, 2, &rng); /* K = 32: group 31 beside the executor's marker bit */
     /* sinks and window: tiles of sinks apart from the band, windows past the sequence */
     run_band(2, 700, 40, 4, &rng);
     run_band(1, 1031, 300, 1, &rng);
@@ -430,7 +499,7 @@ int main(void) {
             double want = 0;
             for (int i = 0; i < PT; i++)
                 for (int j = 0; j <= i; j++) want += i - j <= w || j < 2 || (mask[i] & mask[j]);
-            const double got = mask_pairs_kept(mask, PT, w, 2);
+            const double got = mask_pairs_kept(mask, mask, PT, w, 2);
             CHECK(got == want, "mask_pairs_kept (k=%d, w=%d): %g, every pair counted: %g", k, w,
                   got, want);
         }

@@ -100,7 +100,7 @@ static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int N
             double t0 = now_seconds();
             attention_flash_forward(out, lse, qkv, 1, T, NH, NKV, hs);
             double t1 = now_seconds();
-            attention_hard_forward(out, lse, qkv, mask, K, w, 1, T, NH, NKV, hs);
+            attention_hard_forward(out, lse, qkv, mask, mask, K, w, 1, T, NH, NKV, hs);
             double t2 = now_seconds();
             td = fmin(td, t1 - t0), tf = fmin(tf, t2 - t1);
         }

@@ -26,7 +26,8 @@ double hard_pairs_kept(const Model* m) {
         }
         /* the sinks are members of every group in the masks: counted as shared distant keys */
         routing_topk_mask(mask, model_groups(m, l), B, T, K, f->topk, f->topp, f->sinks, 0);
-        for (int b = 0; b < B; b++) kept += mask_pairs_kept(mask + (size_t)b * T, T, w, 0);
+        for (int b = 0; b < B; b++)
+            kept += mask_pairs_kept(mask + (size_t)b * T, mask + (size_t)b * T, T, w, 0);
     }
     free(mask);
     return kept / total;
@@ -62,8 +63,8 @@ PplResult eval_perplexity_llama(Model* m, const int* ids, size_t n, int ctx, int
         if (m->bos >= 0) in[0] = m->bos;
         model_forward(m, in, tgt, 1, T, 0);
         if (attn_is_sparse(m->fc.attn)) {
-            r.kept +=
-                m->fc.attn == ATTN_HARD ? hard_pairs_kept(m) : m->pattern_kept / m->pattern_pairs;
+            r.kept += m->fc.attn == ATTN_HARD && !m->router.wq ? hard_pairs_kept(m)
+                                                               : m->pattern_kept / m->pattern_pairs;
             windows++;
         }
         for (int i = 0; i < T; i++) {

@@ -173,8 +173,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     path_join(ckpt, sizeof ckpt, out, "router.h5");
     path_join(metrics_path, sizeof metrics_path, out, "metrics.jsonl");
     /* optimizer and state */
-    size_t nopt =
-        m->router_sizes[0] + m->router_sizes[1] + (rc->fc.learn_gate ? m->router_sizes[2] : 0);
+    size_t nopt = model_router_trained(m, rc->fc.learn_gate);
     AdamW opt;
     adamw_init(&opt, nopt, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
     RouterState st = {0, 0, 0, 0, 0, model_fingerprint(m)};
@@ -649,8 +648,7 @@ void train_finetune(Model* m, const RunConfig* rc, const TrainData* d, const cha
     const size_t n = lora ? m->num_lora : m->num_params;
     AdamW opt, ropt = {0}; /* the router has its own moments (its parameters live apart) */
     adamw_init(&opt, n, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
-    const size_t nr =
-        m->router_sizes[0] + m->router_sizes[1] + (rc->fc.learn_gate ? m->router_sizes[2] : 0);
+    const size_t nr = model_router_trained(m, rc->fc.learn_gate);
     if (joint) adamw_init(&ropt, nr, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
     printf("finetune (%s): %zu trained parameters (%.2f %% of the backbone's %zu)%s\n", rc->method,
            n + (joint ? nr : 0), 100.0 * n / m->num_params, m->num_params,

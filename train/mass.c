@@ -271,9 +271,11 @@ typedef struct {
 } Pass;
 
 /* A thread's buffers for one layer of one window: h in fp32 and bf16, the router's projection
- * and its gradient, S, G, dG, dS (T, K) each, the teacher's rows. */
+ * and its gradient, S, G, dG, dS (T, K) each, and with a query projection (qproj) the queries'
+ * twins of these, the teacher's rows. */
 typedef struct Scratch {
     real *h, *proj, *dproj, *S, *G, *dG, *dS;
+    real *qproj, *dqproj, *Sq, *Gq, *dGq, *dSq;
     uint16_t* hb;
     MassRows t;
 } Scratch;
@@ -285,10 +287,12 @@ static Scratch* scratch_alloc(const Window* w, int K, int dg, int n) {
         Scratch* x = &all[i];
         x->h = mallocCheck(sizeof(real) * T * w->C);
         x->hb = mallocCheck(sizeof(uint16_t) * T * w->C);
-        x->proj = mallocCheck(sizeof(real) * T * dg);
-        x->dproj = mallocCheck(sizeof(real) * T * dg);
-        x->S = mallocCheck(sizeof(real) * T * K * 4);
+        x->proj = mallocCheck(sizeof(real) * T * dg * 4);
+        x->dproj = x->proj + T * dg, x->qproj = x->dproj + T * dg, x->dqproj = x->qproj + T * dg;
+        x->S = mallocCheck(sizeof(real) * T * K * 8);
         x->G = x->S + T * K, x->dG = x->G + T * K, x->dS = x->dG + T * K;
+        x->Sq = x->dS + T * K, x->Gq = x->Sq + T * K, x->dGq = x->Gq + T * K;
+        x->dSq = x->dGq + T * K;
         x->t = (MassRows){w->nq,
                           w->keys,
                           mallocCheck(sizeof(int) * w->nq),
@@ -303,7 +307,7 @@ static void scratch_free(Scratch* all, int n) {
     for (int i = 0; i < n; i++) {
         Scratch* x = &all[i];
         free(x->t.rows), free(x->t.far), free(x->t.idx), free(x->t.p);
-        free(x->S), free(x->dproj), free(x->proj), free(x->hb), free(x->h);
+        free(x->S), free(x->proj), free(x->hb), free(x->h);
     }
     free(all);
 }
@@ -328,6 +332,7 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
             const int l = w->layers[s];
             const size_t lC = (size_t)l * c->C;
             const real *wg = m->router.wg + lC * dg, *cent = m->router.cent + (size_t)l * K * dg;
+            const real* wq = m->router.wq ? m->router.wq + lC * dg : NULL;
             const real* beta = m->beta + (size_t)l * K;
             double* part = P->part + 3 * s;
             part[0] = part[1] = part[2] = 0;
@@ -337,8 +342,17 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
                 router_scores_forward(x->proj, S, h, wg, cent, T, c->C, dg, K);
                 routing_forward(G, NULL, S, beta, r, 1, T, K, f->tau, f->iters);
                 memset(dG, 0, sizeof(real) * (size_t)T * K);
+                /* the queries' groups: their own projection, causal routing with the keys'
+                 * beta (what hard routing uses; only the keys' groups need balance) */
+                real *Gq = G, *dGq = dG;
+                if (wq) {
+                    Gq = x->Gq, dGq = x->dGq;
+                    router_scores_forward(x->qproj, x->Sq, h, wq, cent, T, c->C, dg, K);
+                    routing_forward(Gq, NULL, x->Sq, beta, ROUTE_CAUSAL, 1, T, K, f->tau, f->iters);
+                    memset(dGq, 0, sizeof(real) * (size_t)T * K);
+                }
                 MassKept kp;
-                part[0] += mass_loss(backward ? dG : NULL, G, K, &x->t, &P->gate,
+                part[0] += mass_loss(backward ? dGq : NULL, dG, Gq, G, K, &x->t, &P->gate,
                                      (real)(1.0 / (nw * nl)), &kp);
                 part[1] += kp.mass_top1, part[2] += kp.pairs_top1;
                 if (!backward) continue;
@@ -347,6 +361,14 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
                 router_scores_backward(NULL, m->rgrads.wg + lC * dg,
                                        m->rgrads.cent + (size_t)l * K * dg, x->dproj, dS, h,
                                        x->proj, wg, cent, T, c->C, dg, K);
+                if (wq) {
+                    memset(x->dSq, 0, sizeof(real) * (size_t)T * K);
+                    routing_backward(x->dSq, dGq, x->Sq, Gq, beta, ROUTE_CAUSAL, 1, T, K, f->tau,
+                                     f->iters);
+                    router_scores_backward(NULL, m->rgrads.wq + lC * dg,
+                                           m->rgrads.cent + (size_t)l * K * dg, x->dqproj, x->dSq,
+                                           h, x->qproj, wq, cent, T, c->C, dg, K);
+                }
                 real* sb = Sb + ((size_t)s * nw + b) * nb * K;
                 for (size_t i = 0, q = 0; i < (size_t)T; i += every, q++)
                     memcpy(sb + q * K, S + i * K, sizeof(real) * K);
@@ -424,8 +446,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     const uint64_t fp = model_fingerprint(m);
 
     /* optimizer and state, as train_router's */
-    const size_t nopt =
-        m->router_sizes[0] + m->router_sizes[1] + (f->learn_gate ? m->router_sizes[2] : 0);
+    const size_t nopt = model_router_trained(m, f->learn_gate);
     AdamW opt;
     adamw_init(&opt, nopt, rc->beta1, rc->beta2, rc->adam_eps, rc->weight_decay);
     RouterState st = {0, 0, 0, 0, 0, fp};
