@@ -120,7 +120,19 @@ err=$("$focus" retrofit --resume "$work/mass2" 2>&1 >/dev/null); rc=$?
 a=$(sed -n 's/^before training.*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass4.log"); b=$(sed -n 's/^  after: .*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass.log")
 grep -q "router initialised from $work/mass/router.h5" "$work/mass4.log" && [ -n "$a" ] && [ "$a" = "$b" ] &&
   ok "init_router: the run starts from the trained router (hard k=1 $a, as it ended)" || { bad "init_router: '$a' '$b'"; tail -3 "$work/mass4.log"; }
-rm -rf "$work/mass" "$work/mass2" "$work/mass4"
+# a query projection (qproj = 1) started from that router: W_q = W_g, so it begins where the
+# router ended; it trains, resumes bit for bit (W_q and its moments in router.h5) and evaluates in
+# hard mode by default, its setting read back from the file
+qp=("${mass[@]}" --set steps=2 --set qproj=1 --set init_router="$work/mass/router.h5")
+"$focus" retrofit --config configs/tiny.conf "${qp[@]}" --out "$work/mass5" > "$work/mass5.log" 2>&1
+"$focus" retrofit --config configs/tiny.conf "${qp[@]}" --out "$work/mass6" --stop-after 1 > /dev/null 2>&1
+"$focus" retrofit --resume "$work/mass6" > /dev/null 2>&1
+a=$(sed -n 's/^before training.*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass5.log")
+out=$("$focus" eval ppl --model "$work/mass5/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 128 --router "$work/mass5/router.h5" 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && grep -q "^step     2/2 | mass " "$work/mass5.log" && cmp -s "$work/mass5/router.h5" "$work/mass6/router.h5" &&
+  echo "$out" | grep -q "attention hard top-k" && echo "$out" | grep -q "pairs kept" &&
+  ok "qproj: starts as the router it extends (hard k=1 $a), resumes bit for bit, evaluates in hard mode" || { bad "qproj: '$a' '$b' $out"; tail -3 "$work/mass5.log"; }
+rm -rf "$work/mass" "$work/mass2" "$work/mass4" "$work/mass5" "$work/mass6"
 # zero-shot tasks through the router: the JSON result; a malformed task file refused in one line,
 # before any result file is written
 tm=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --attn hard)

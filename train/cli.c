@@ -165,7 +165,8 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
         free(text);
         model_set_router_config(m, f);
         router_load(router, m, NULL, NULL, model_fingerprint(m));
-        f->attn = ATTN_SOFT;
+        /* a router with a query projection has no soft gate: its default is hard top-k */
+        f->attn = f->qproj ? ATTN_HARD : ATTN_SOFT;
     }
     if (attn) {
         if (config_set(&m->cfg, f, "attn", attn))
