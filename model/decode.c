@@ -871,8 +871,8 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                      .bsel = mallocCheck(sizeof(int) * (size_t)nbmax),
                      .bsc = mallocCheck(sizeof(real) * (size_t)nbmax),
                      .bp = mallocCheck(sizeof(real) * (size_t)nbmax)};
-    /* FOCUS_PROFILE: the decode steps' parts (a prompt's prefill is not counted) */
-    double* prof = c0->profile && per_row ? c0->prof : NULL;
+    /* FOCUS_PROFILE: the parts of the decode steps, and apart those of a prompt's rows */
+    double* prof = c0->profile ? (per_row ? c0->prof : c0->pprof) : NULL;
     double mark = prof ? now_seconds() : 0;
     for (int i = 0; i < n; i++) {
         real* xi = x + (size_t)i * C;

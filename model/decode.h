@@ -50,9 +50,10 @@ typedef struct {
     int bs, nbcap; /* key block size, blocks held per layer and key/value head */
     real* bstat;   /* (L, NKV, nbcap, BLOCKGATE_STATS(hs)): each complete block's key statistics */
     int* bkeys;    /* (NKV, cap) the positions each key/value head's queries attend to */
-    /* FOCUS_PROFILE=1: seconds of the decode steps by part (DECODE_PARTS), summed */
+    /* FOCUS_PROFILE=1: seconds of the decode steps (prof) and of the prompts' rows (pprof) by
+     * part (DECODE_PARTS), summed */
     int profile;
-    double prof[8];
+    double prof[8], pprof[8];
 } KVCache;
 
 /* The parts of a decode step that KVCache.prof times, in order. */

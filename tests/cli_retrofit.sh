@@ -68,8 +68,11 @@ a=$("$focus" "${dec[@]}" --prefill exact 2>/dev/null | grep perplexity)
 b=$("$focus" "${dec[@]}" --prefill steps 2>/dev/null | grep perplexity)
 close=$(awk -v a="${a##* }" -v b="${b##* }" 'BEGIN { d = a - b; if (d < 0) d = -d; print (a > 0 && d < 1e-5 * a) ? 1 : 0 }')
 [ -n "$a" ] && [ "$close" = 1 ] && ok "bench decode: batched prompt = token by token ($a)" || bad "bench decode: '$a' vs '$b'"
-out=$("$focus" bench decode --model "$work/full/base.gguf" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 2>/dev/null)
+out=$(FOCUS_PROFILE=1 "$focus" bench decode --model "$work/full/base.gguf" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 2>/dev/null)
 echo "$out" | grep -q "native (the file's blocks), attention hard top-k, KV cache f16" && echo "$out" | grep -q "pairs kept" && ok "bench decode with a router, native weights, f16 cache" || bad "bench decode: $out"
+# FOCUS_PROFILE=1: the prompt's parts and the decode steps' parts, each adding up to 100 %
+sums=$(echo "$out" | grep -E "^(prompt|decode) profile" | sed 's/.*token://' | tr ',' '\n' | grep -o "[0-9.]* %" | awk '{ s += $1 } NR % 8 == 0 { printf "%.0f ", s; s = 0 }')
+[ "$sums" = "100 100 " ] && ok "FOCUS_PROFILE=1: the prompt's and the decode steps' parts ($sums)" || bad "profile: '$sums' $out"
 out=$("$focus" generate --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --topk 1 --prompt "ROMEO: what light" -n 8 2>&1)
 echo "$out" | grep -q "hard top-k over the group KV cache" && ok "generate with a router" || bad "generate: $out"
 err=$("$focus" bench decode --model "$work/full/base.gguf" --kv f8 2>&1 >/dev/null); rc=$?

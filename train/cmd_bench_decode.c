@@ -101,6 +101,7 @@ int cmd_bench_decode(int argc, char** argv) {
      * position's logits (the head over ctx rows, about a fifth more work for SmolLM2) */
     const int scored = data && !steps;
     real* all = scored ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)ctx) : NULL;
+    memset(c.pprof, 0, sizeof c.pprof); /* FOCUS_PROFILE: the prompt's rows */
     double t0 = now_seconds();
     if (steps) {
         for (int i = 0; i < ctx; i++) {
@@ -173,14 +174,16 @@ int cmd_bench_decode(int argc, char** argv) {
                            : "batched",
         scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
         (double)(c.pairs - pairs0) / dense_pairs);
-    if (c.profile) { /* where a decode step's time goes */
+    for (int k = 0; c.profile && k < 2; k++) { /* where a prompt's and a decode step's time goes */
         static const char* const parts[] = {DECODE_PARTS};
+        const double* pr = k ? c.prof : c.pprof;
         double total = 0;
-        for (int i = 0; i < 8; i++) total += c.prof[i];
-        printf("decode profile (FOCUS_PROFILE=1), %.3f ms a token:", 1e3 * total / n);
+        for (int i = 0; i < 8; i++) total += pr[i];
+        if (!k && steps) continue; /* a prompt fed one token at a time is in the decode steps */
+        printf("%s profile (FOCUS_PROFILE=1), %.3f ms a token:", k ? "decode" : "prompt",
+               1e3 * total / (k ? n : ctx));
         for (int i = 0; i < 8; i++)
-            printf("%s %s %.1f %%", i ? "," : "", parts[i],
-                   total > 0 ? 100 * c.prof[i] / total : 0);
+            printf("%s %s %.1f %%", i ? "," : "", parts[i], total > 0 ? 100 * pr[i] / total : 0);
         printf("\n");
     }
     if (data)
