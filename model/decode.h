@@ -10,7 +10,7 @@
 
 #include "model.h"
 
-/* The thread governor (decode.c): on a machine busy with other work two threads can decode
+/* The thread governor (governor.c): on a machine busy with other work two threads can decode
  * slower than one, so the thread count of each step is chosen by measurement among max, max / 2,
  * ..., 1 (fewer threads are tried only while the steps stall). Off (on = 0), every step runs on
  * OpenMP's threads as set. */

@@ -11,7 +11,8 @@
  *                   rows beside it, so that a prompt gives the same bits in any chunks)
  *
  * The cache's side of attention (kvcache_attend_rows) and the products with the
- * file's quantised blocks (rows_project) are decode.c's. */
+ * file's quantised blocks (rows_project) are kvcache.c's: model_cpu.c and decode.c call into
+ * it, it calls back into neither. */
 #ifndef FOCUS_LAYER_CPU_H
 #define FOCUS_LAYER_CPU_H
 
@@ -20,8 +21,18 @@
 
 typedef enum { ROWS_SEQUENCES = 0, ROWS_CACHED = 2 } RowsKind;
 
-/* the cached rows' per-row scratch (decode.c) */
-typedef struct RowScratch RowScratch;
+/* the cached rows' per-row scratch (decode.c allocates it, kvcache.c uses it) */
+typedef struct RowScratch {
+    real *proj, *S, *G; /* one row's router projection, scores, groups */
+    int **kl, *nkg;     /* each key/value head's key list and its length */
+    int* bsel;          /* the block patterns' scratch (nbmax each) */
+    real *bsc, *bp;
+} RowScratch;
+
+/* the width of a cached row's q k v (every head: the cached rows run unsliced) */
+static inline int cached_qkv_width(const ModelConfig* c) {
+    return (c->NH + 2 * c->NKV) * model_head_size(c);
+}
 
 typedef struct {
     RowsKind kind;
@@ -63,7 +74,7 @@ static inline void profile_tick(double* prof, double* mark, int i) {
     prof[i] += now - *mark;
     *mark = now;
 }
-/* the activations after layer l must be finite (decode.c; -1: the embedding, L: the head) */
+/* the activations after layer l must be finite (model_cpu.c; -1: the embedding, L: the head) */
 void check_finite_acts(const Model* m, const real* x, size_t n, int l);
 
 #endif

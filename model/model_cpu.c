@@ -120,6 +120,26 @@ static void tp_sum(const Model* m, real* x, size_t n) {
  * added up. */
 static const real* tp_bias(const Model* m, const real* b) { return m->cfg.tp_rank ? NULL : b; }
 
+/* The n activations after layer l (-1: the token embedding, L: the output head) must be finite:
+ * a NaN or infinite weight that the loader could not check (a block's scale in the file's own
+ * format, a norm of a lean load) or an overflow would otherwise turn into garbage tokens. */
+void check_finite_acts(const Model* m, const real* x, size_t n, int l) {
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) continue;
+        char where[64];
+        if (l < 0)
+            snprintf(where, sizeof where, "the token embedding");
+        else if (l >= m->cfg.L)
+            snprintf(where, sizeof where, "the output head");
+        else
+            snprintf(where, sizeof where, "layer %d of %d", l, m->cfg.L);
+        fatal(
+            "%s: non-finite activations (%g) after %s: a NaN or infinite weight in the file, "
+            "or an overflow; generation stopped",
+            m->source[0] ? m->source : "the model", (double)x[i], where);
+    }
+}
+
 /* Pairs kept by one layer of a training-free pattern (the blocks kernels count their own) or of a
  * router with a query projection (masks qmask and mask), and the causal pairs, into
  * m->pattern_kept / pattern_pairs. */

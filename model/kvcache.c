@@ -1,0 +1,654 @@
+/* kvcache.c: the KV cache's side of the cached rows (see decode.h): the cache itself, each
+ * position's groups and key lists, the keys of a decoded row or of a prompt's rows and their
+ * attention (kvcache_attend_rows), and the products with the file's blocks (rows_project).
+ * cpu_layer (model_cpu.c) calls into it; decode.c runs the layers over the cached rows. */
+#include "layer_cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "../kernels/cpu.h"
+#include "../kernels/sparse.h"
+
+void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
+    if (m->tp) fatal("decoding runs in one process: this model is a tensor-parallel slice");
+    if (m->wbf16) fatal("decoding reads the file's or fp32 weights, not the bf16 store");
+    const ModelConfig* mc = &m->cfg;
+    int hs = model_head_size(mc), K = m->fc.K;
+    memset(c, 0, sizeof(*c));
+    c->cap = cap;
+    c->half = half;
+    c->L = mc->L, c->K = K;
+    size_t kv = (size_t)mc->L * cap * mc->NKV * hs;
+    c->k = mallocCheck((half ? 2 : sizeof(real)) * kv);
+    c->v = mallocCheck((half ? 2 : sizeof(real)) * kv);
+    c->mask = mallocCheck(sizeof(uint32_t) * (size_t)mc->L * cap);
+    c->gpos = mallocCheck(sizeof(int) * (size_t)mc->L * K * cap);
+    c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
+    c->keys = mallocCheck(sizeof(int) * cap);
+    c->scores = mallocCheck(sizeof(real) * (size_t)mc->NH * cap);
+    c->nparts = DECODE_KEY_PARTS;
+    c->split_min = 256;
+    governor_init(&c->gov);
+    const char* prof = getenv("FOCUS_PROFILE");
+    c->profile = prof && !strcmp(prof, "1");
+    c->part = mallocCheck(sizeof(real) * (size_t)c->nparts * mc->NH * (hs + 2));
+}
+
+void kvcache_free(KVCache* c) {
+    free(c->k), free(c->v), free(c->mask), free(c->gpos), free(c->gn), free(c->keys),
+        free(c->scores), free(c->part), free(c->bstat), free(c->bkeys);
+    memset(c, 0, sizeof(*c));
+}
+
+/* y (n rows of ldy; columns 0 .. out - 1) = x (n, in) W^T + b: from the file's blocks when the
+ * model has native weights (nw; exact: fp32 products, qmatmul), else the fp32 parameters w
+ * (then ldy = out). */
+static void project_rows(real* y, int ldy, const real* x, int n, const real* w, const real* b,
+                         int in, int out, const QMatrix* nw, int exact) {
+#ifndef FOCUS_DOUBLE
+    if (nw) {
+        qmatmul(y, ldy, nw, x, n, b, exact);
+        return;
+    }
+#endif
+    (void)nw, (void)ldy, (void)exact;
+    matmul_forward(y, x, w, b, (size_t)n, in, out);
+}
+
+/* How layer l attends while decoding: everything, the token's groups and window (the router's
+ * or random groups), or sinks and window only. */
+enum { KEYS_DENSE = 0, KEYS_GROUPS = 1, KEYS_WINDOW = 2, KEYS_BLOCKS = 3 };
+static int layer_keys(const Model* m, int l) {
+    const AttnMode a = model_layer_attn(m, l);
+    return a == ATTN_HARD || a == ATTN_RANDOM    ? KEYS_GROUPS
+           : a == ATTN_WINDOW || a == ATTN_LOCAL ? KEYS_WINDOW
+           : a >= ATTN_BLOCKS                    ? KEYS_BLOCKS
+                                                 : KEYS_DENSE;
+}
+
+/* The band of KEYS_WINDOW on layer l: the window pattern's w and sinks, or a sliding-window
+ * layer's own window without sinks. */
+static void layer_band(const Model* m, int l, int* w, int* sinks) {
+    if (model_layer_attn(m, l) == ATTN_LOCAL) {
+        *w = model_layer_spec(&m->cfg, l).window, *sinks = 0;
+        return;
+    }
+    *w = m->fc.w, *sinks = m->fc.sinks;
+}
+
+/* The group mask of the token at position n of layer l (KEYS_GROUPS): the router's top-k of
+ * its causal group distribution G, or the random control's groups; a router with a query
+ * projection: the top-1 group of G (as a key, key = 1), the top-k of its query groups G (as a
+ * query, key = 0). */
+static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key) {
+    const FocusConfig* f = &m->fc;
+    uint32_t mi = 0;
+    if (f->attn == ATTN_RANDOM)
+        routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n, focus_random_seed(f, l));
+    else if (key && m->router.wq)
+        routing_topk_mask(&mi, G, 1, 1, f->K, 1, 0, f->sinks, n);
+    else
+        routing_topk_mask(&mi, G, 1, 1, f->K, f->topk, f->topp, f->sinks, n);
+    return mi;
+}
+
+/* Token n of layer l joins its groups (mask mi; KEYS_GROUPS): the cache's lists of each group's
+ * positions ascend. */
+static void token_join(KVCache* c, const Model* m, int l, int n, uint32_t mi) {
+    const int K = m->fc.K;
+    int* gn = c->gn + (size_t)l * K;
+    int* gpos = c->gpos + (size_t)l * K * c->cap;
+    c->mask[(size_t)l * c->cap + n] = mi;
+    for (int g = 0; g < K; g++)
+        if ((mi >> g) & 1) gpos[(size_t)g * c->cap + gn[g]++] = n;
+}
+
+/* The keys token n of layer l attends to (it joined its groups already, mask mi), into keys:
+ * its groups' earlier tokens before the window, each taken in the lowest group it shares, then
+ * the window (everything when dense; KEYS_WINDOW: the sinks before the window, then the window).
+ * Tokens after n in the lists (a prompt's later rows) are not read. Returns their number. */
+static int token_keys(const KVCache* c, const Model* m, int l, int n, uint32_t mi, int kind,
+                      int* keys) {
+    const FocusConfig* f = &m->fc;
+    int bw, bsinks; /* KEYS_WINDOW's band */
+    layer_band(m, l, &bw, &bsinks);
+    const int K = f->K;
+    const uint32_t* cm = c->mask + (size_t)l * c->cap;
+    const int* gn = c->gn + (size_t)l * K;
+    const int* gpos = c->gpos + (size_t)l * K * c->cap;
+    int lo = 0, nk = 0;
+    if (kind == KEYS_GROUPS) {
+        lo = n - f->w < 0 ? 0 : n - f->w;
+        for (int g = 0; g < K; g++) {
+            if (!((mi >> g) & 1)) continue;
+            const int* gp = gpos + (size_t)g * c->cap;
+            for (int t = 0; t < gn[g] && gp[t] < lo; t++)
+                if (!(cm[gp[t]] & mi & ((1u << g) - 1))) keys[nk++] = gp[t];
+        }
+    }
+    if (kind == KEYS_WINDOW) {
+        lo = n - bw < 0 ? 0 : n - bw;
+        for (int j = 0; j < bsinks && j < lo; j++) keys[nk++] = j;
+    }
+    for (int j = lo; j <= n; j++) keys[nk++] = j;
+    return nk;
+}
+
+/* ---- the cache's rows: real, or IEEE half precision (c->half: half the bytes a token reads;
+ * the row kernels are kernels/quant.c's, float only, so the double build converts here) */
+
+/* row `row` of layer l's keys (vals = 0) or values (1) := src (kvw values) */
+static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int kvw) {
+    const size_t at = ((size_t)l * c->cap + row) * kvw;
+    if (!c->half) {
+        memcpy((real*)(vals ? c->v : c->k) + at, src, sizeof(real) * kvw);
+        return;
+    }
+    uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
+#ifdef FOCUS_DOUBLE
+    for (int e = 0; e < kvw; e++) dst[e] = f32_to_f16((float)src[e], 1);
+#else
+    f16_row_put(dst, src, kvw);
+#endif
+}
+
+/* row `row` of layer l := the key and value heads of one qkv row (after its A query values) */
+static void kv_put_row(KVCache* c, int l, int row, const real* qkv_row, int A, int kvw) {
+    kv_put(c, 0, l, row, qkv_row + A, kvw);
+    kv_put(c, 1, l, row, qkv_row + A + kvw, kvw);
+}
+
+static real dot_kv(const real* q, const void* k, int half, int n) {
+    if (!half) {
+        const real* kr = k;
+        real s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int e = 0; e < n; e++) s += q[e] * kr[e];
+        return s;
+    }
+#ifdef FOCUS_DOUBLE
+    const uint16_t* kh = k;
+    real s = 0;
+    for (int e = 0; e < n; e++) s += q[e] * f16_to_f32(kh[e]);
+    return s;
+#else
+    return f16_row_dot(q, k, n);
+#endif
+}
+
+static void axpy_kv(real* o, real p, const void* v, int half, int n) {
+    if (!half) {
+        const real* vr = v;
+#pragma omp simd
+        for (int e = 0; e < n; e++) o[e] += p * vr[e];
+        return;
+    }
+#ifdef FOCUS_DOUBLE
+    const uint16_t* vh = v;
+    for (int e = 0; e < n; e++) o[e] += p * f16_to_f32(vh[e]);
+#else
+    f16_row_axpy(o, p, v, n);
+#endif
+}
+
+/* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
+ * keys[g] of its key/value head g (one list for every g but in the block patterns). The keys
+ * are split into parts (each part's keys and values read once for the rep query heads of a KV
+ * head, keeping its own running maximum, sum and output per head), which the threads share; the
+ * parts are then merged in order, rescaled to the common maximum. The parts depend on the key
+ * count only (one below c->split_min keys, else one per 2 split_min keys, 2 .. c->nparts of
+ * them), never on the thread count,
+ * so a token's arithmetic is the same on any number of threads. Scores go to sc (NH, cap), the
+ * parts to partbuf (c->nparts, NH, hs + 2). */
+static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
+                        const int* nk, const ModelConfig* mc, real* sc, real* partbuf) {
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
+    const int half = c->half;
+    const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
+    const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+    const char* vc = (const char*)c->v + (size_t)l * c->cap * kvw * es;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    const int threads = omp_get_max_threads();
+    int most = 0;
+    for (int g = 0; g < NKV; g++) most = nk[g] > most ? nk[g] : most;
+    /* one part per 2 split_min keys, at least two, at most nparts */
+    const int parts = most < c->split_min                     ? 1
+                      : most / (2 * c->split_min) < 2         ? 2
+                      : most / (2 * c->split_min) > c->nparts ? c->nparts
+                                                              : most / (2 * c->split_min);
+#pragma omp parallel for schedule(static, 1) \
+    num_threads(threads < parts ? threads : parts) if (parts > 1 && threads > 1)
+    for (int id = 0; id < parts; id++) {
+        const int np = parts;
+        real* part = partbuf + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
+        int halves_done = 0;
+#ifndef FOCUS_DOUBLE
+        if (half) { /* the rep heads of a KV head together: each key and value row converted once */
+            for (int g = 0; g < NKV; g++) {
+                const int t0 = (int)((long)nk[g] * id / np);
+                const int t1 = (int)((long)nk[g] * (id + 1) / np);
+                const uint16_t* kb = (const uint16_t*)kc + (size_t)g * hs;
+                const uint16_t* vb = (const uint16_t*)vc + (size_t)g * hs;
+                real* sg = sc + (size_t)g * rep * c->cap;
+                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, keys[g], t0,
+                                t1, hs, scale);
+                for (int r = 0; r < rep; r++) {
+                    real* sh = sg + (size_t)r * c->cap;
+                    real mx = -INFINITY, sum = 0;
+                    for (int t = t0; t < t1; t++) mx = sh[t] > mx ? sh[t] : mx;
+                    for (int t = t0; t < t1; t++) sum += sh[t] = expf(sh[t] - mx);
+                    real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+                    ph[0] = mx, ph[1] = sum;
+                    for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+                }
+                f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep, vb,
+                             kvw, keys[g], t0, t1, hs);
+            }
+            halves_done = 1;
+        }
+#endif
+        for (int g = 0; g < NKV && !halves_done; g++) {
+            const int t0 = (int)((long)nk[g] * id / np), t1 = (int)((long)nk[g] * (id + 1) / np);
+            for (int r = 0; r < rep; r++) {
+                const int hh = g * rep + r;
+                const real* q = qkv + hh * hs;
+                real* sh = sc + (size_t)hh * c->cap;
+                real mx = -INFINITY;
+                for (int t = t0; t < t1; t++) {
+                    const void* kj = kc + ((size_t)keys[g][t] * kvw + g * hs) * es;
+                    sh[t] = dot_kv(q, kj, half, hs) * scale;
+                    mx = sh[t] > mx ? sh[t] : mx;
+                }
+                real* ph = part + (size_t)hh * (hs + 2);
+                ph[0] = mx, ph[1] = 0;
+                for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+            }
+            for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
+                const void* vj = vc + ((size_t)keys[g][t] * kvw + g * hs) * es;
+                for (int r = 0; r < rep; r++) {
+                    const int hh = g * rep + r;
+                    real* ph = part + (size_t)hh * (hs + 2);
+#ifdef FOCUS_DOUBLE
+                    const real pj = exp(sc[(size_t)hh * c->cap + t] - ph[0]);
+#else
+                    const real pj = expf(sc[(size_t)hh * c->cap + t] - ph[0]);
+#endif
+                    ph[1] += pj;
+                    axpy_kv(ph + 2, pj, vj, half, hs);
+                }
+            }
+        }
+    }
+    for (int hh = 0; hh < NH; hh++) { /* merge the parts */
+        real mx = -INFINITY, sum = 0;
+        for (int id = 0; id < parts; id++) {
+            const real* ph = partbuf + ((size_t)id * NH + hh) * (hs + 2);
+            if (ph[1] > 0 && ph[0] > mx) mx = ph[0];
+        }
+        real* o = att + hh * hs;
+        for (int e = 0; e < hs; e++) o[e] = 0;
+        for (int id = 0; id < parts; id++) {
+            const real* ph = partbuf + ((size_t)id * NH + hh) * (hs + 2);
+            if (!(ph[1] > 0)) continue; /* no keys in this part */
+            const real wgt = (real)exp((double)(ph[0] - mx));
+            sum += wgt * ph[1];
+            for (int e = 0; e < hs; e++) o[e] += wgt * ph[2 + e];
+        }
+        for (int e = 0; e < hs; e++) o[e] /= sum;
+    }
+}
+
+/* ---- the block patterns (blocks, blocks_mean, blocks_learned) over the cache: each layer and
+ * key/value head keeps the statistics of every complete key block (kernels/sparse.h), made when
+ * its last key is cached; a query chooses among the complete blocks of its distant keys through
+ * block_select, as attention_blocks_forward does (w >= block - 1: a candidate block is then
+ * complete). */
+
+/* The cache's block part, made on first use. */
+static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
+    if (c->bstat && c->bs == bs) return;
+    free(c->bstat), free(c->bkeys);
+    const int hs = model_head_size(mc);
+    c->bs = bs, c->nbcap = c->cap / bs + 1;
+    c->bstat = mallocCheck(sizeof(real) * (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs));
+    c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
+}
+
+/* Key n of layer l is cached: the statistics of the block it completes, from the cached rows. */
+static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
+    if ((n + 1) % c->bs) return;
+    const int NKV = mc->NKV, hs = model_head_size(mc), kvw = NKV * hs, b = n / c->bs;
+    const int j0 = b * c->bs;
+    real* rows = mallocCheck(sizeof(real) * (size_t)c->bs * hs);
+    for (int g = 0; g < NKV; g++) {
+        for (int j = j0; j <= n; j++) {
+            const size_t at = ((size_t)l * c->cap + j) * kvw + (size_t)g * hs;
+            real* r = rows + (size_t)(j - j0) * hs;
+            if (c->half)
+                for (int e = 0; e < hs; e++) r[e] = f16_to_f32(((const uint16_t*)c->k)[at + e]);
+            else
+                memcpy(r, (const real*)c->k + at, sizeof(real) * hs);
+        }
+        blockgate_key_stats(c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STATS(hs),
+                            rows, hs, 0, c->bs, hs);
+    }
+    free(rows);
+}
+
+/* The distant blocks the query heads of key/value head g choose at position n of layer l (q:
+ * their rep queries; lb: their band log-sum-exps, blocks_learned only) into sel; returns their
+ * number. sc, p: nbcap scratch each. */
+static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                      const real* lb, int* sel, real* sc, real* p) {
+    const FocusConfig* f = &m->fc;
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
+    const real* st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
+    const real* gate = f->attn == ATTN_BLOCKS_LEARNED
+                           ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
+                           : NULL;
+    return block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n, f->w,
+                        f->sinks, f->block, model_layer_blocks(m, l), hs, sc, p);
+}
+
+/* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
+ * queries) into c->bkeys + g cap: the sinks before the window, the distant keys of the chosen
+ * blocks, the window. Returns their number. sel, sc, p: nbcap scratch each. */
+static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                      int* keys, real* sb, int* sel, real* sc, real* p) {
+    const FocusConfig* f = &m->fc;
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
+    const int lo = n - f->w < 0 ? 0 : n - f->w, bs = f->block;
+    real lb[64];
+    if (f->attn == ATTN_BLOCKS_LEARNED) { /* the band's log-sum-exp per query head */
+        if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
+        const real scale = (real)(1.0 / sqrt((double)hs));
+        const size_t es = c->half ? 2 : sizeof(real);
+        const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+        for (int r = 0; r < rep; r++) {
+            real mx = -INFINITY;
+            double sum = 0;
+            int nb = 0;
+            for (int j = 0; j <= n; j++) {
+                if (j >= f->sinks && j < lo) j = lo;
+                sb[nb] =
+                    dot_kv(q + (size_t)r * hs, kc + ((size_t)j * kvw + g * hs) * es, c->half, hs) *
+                    scale;
+                mx = sb[nb] > mx ? sb[nb] : mx;
+                nb++;
+            }
+            for (int t = 0; t < nb; t++) sum += exp((double)(sb[t] - mx));
+            lb[r] = mx + (real)log(sum);
+        }
+    }
+    const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p);
+    int nk = 0;
+    for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
+    for (int s = 0; s < ns; s++) {
+        const int j0 = sel[s] * bs > f->sinks ? sel[s] * bs : f->sinks;
+        const int j1 = (sel[s] + 1) * bs < n - f->w ? (sel[s] + 1) * bs : n - f->w;
+        for (int j = j0; j < j1; j++) keys[nk++] = j;
+    }
+    for (int j = lo; j <= n; j++) keys[nk++] = j;
+    return nk;
+}
+
+/* A prompt's rows (one cache, positions pos0 ..) on a block pattern's layer l: the band and the
+ * sinks tiled over the cache, then each row's chosen distant blocks, a block read once for the
+ * rows of a tile that chose it (kernels/sparse.c); each row's bits whatever rows are beside it.
+ * Returns the pairs evaluated. */
+static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, const real* qkv,
+                               real* att) {
+    const ModelConfig* mc = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV,
+              Q = cached_qkv_width(mc), kvw = NKV * hs, A = NH * hs, bs = f->block,
+              nbmax = c->nbcap;
+    if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
+    const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
+    const char *kc = (const char*)c->k + at, *vc = (const char*)c->v + at;
+    real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
+    attention_cached_forward(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, NH, NKV,
+                             hs);
+    int* sel = mallocCheck(sizeof(int) * (size_t)n * NKV * nbmax);
+    int* nsel = mallocCheck(sizeof(int) * (size_t)n * NKV);
+    long pairs = 0;
+#pragma omp parallel reduction(+ : pairs)
+    {
+        real* sc = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
+        real* p = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
+#pragma omp for schedule(dynamic, 8)
+        for (int r = 0; r < n; r++) {
+            const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
+            pairs += (long)(i + 1 - lo + (f->sinks < lo ? f->sinks : lo)) * NH; /* the band */
+            for (int g = 0; g < NKV; g++) {
+                int* sg = sel + ((size_t)r * NKV + g) * nbmax;
+                const int ns = row_blocks(c, m, l, i, g, qkv + (size_t)r * Q + (size_t)g * rep * hs,
+                                          lse + (size_t)r * NH + g * rep, sg, sc, p);
+                for (int a = 1; a < ns; a++) /* ascending, as the merge reads them */
+                    for (int b = a; b > 0 && sg[b - 1] > sg[b]; b--) {
+                        const int t = sg[b];
+                        sg[b] = sg[b - 1], sg[b - 1] = t;
+                    }
+                nsel[(size_t)r * NKV + g] = ns;
+                for (int s = 0; s < ns; s++) {
+                    const int j0 = sg[s] * bs > f->sinks ? sg[s] * bs : f->sinks;
+                    const int j1 = (sg[s] + 1) * bs < i - f->w ? (sg[s] + 1) * bs : i - f->w;
+                    pairs += (long)(j1 > j0 ? j1 - j0 : 0) * rep;
+                }
+            }
+        }
+        free(sc), free(p);
+    }
+    attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
+                            nsel, nbmax, NH, NKV, hs);
+    free(lse), free(sel), free(nsel);
+    return pairs;
+}
+
+void kvcache_truncate(KVCache* c, int n) {
+    if (n < 0 || n > c->n) fatal("kvcache_truncate: %d tokens of %d cached", n, c->n);
+    /* each group's positions ascend: drop the tail at or after n */
+    for (int l = 0; l < c->L; l++)
+        for (int g = 0; g < c->K; g++) {
+            int* gn = c->gn + (size_t)l * c->K + g;
+            const int* gp = c->gpos + ((size_t)l * c->K + g) * c->cap;
+            while (*gn > 0 && gp[*gn - 1] >= n) (*gn)--;
+        }
+    c->n = n;
+}
+enum { PROMPT_ROWS = 64 };
+
+void rows_project(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
+                  int out, const QMatrix* nw, int exact, int per_row) {
+#ifndef FOCUS_DOUBLE
+    if (nw && per_row) {
+        qmatvec_rows(y, ldy, nw, x, n, b);
+        return;
+    }
+#endif
+    if (!nw && per_row) {
+        for (int i = 0; i < n; i++)
+            project_rows(y + (size_t)i * ldy, ldy, x + (size_t)i * in, 1, w, b, in, out, NULL, 0);
+        return;
+    }
+    if (nw && qmatmul_rows_alike(nw, exact)) { /* int8 products: rows independent already */
+        project_rows(y, ldy, x, n, w, b, in, out, nw, exact);
+        return;
+    }
+    /* the BLAS: products of PROMPT_ROWS rows each, zeros below the last rows, as a row can get
+     * other bits in a product of another row count (OpenBLAS's small-matrix kernels, measured) */
+    real* xp = mallocCheck(sizeof(real) * PROMPT_ROWS * in);
+    real* yp = mallocCheck(sizeof(real) * PROMPT_ROWS * out);
+    for (int i0 = 0; i0 < n; i0 += PROMPT_ROWS) {
+        const int k = n - i0 < PROMPT_ROWS ? n - i0 : PROMPT_ROWS;
+        memcpy(xp, x + (size_t)i0 * in, sizeof(real) * (size_t)k * in);
+        memset(xp + (size_t)k * in, 0, sizeof(real) * (size_t)(PROMPT_ROWS - k) * in);
+        project_rows(yp, out, xp, PROMPT_ROWS, w, b, in, out, nw, exact);
+        for (int i = 0; i < k; i++)
+            memcpy(y + (size_t)(i0 + i) * ldy, yp + (size_t)i * out, sizeof(real) * out);
+    }
+    free(xp), free(yp);
+}
+
+/* One row's scratch for row_attend: each key/value head's key list and length, the key lists
+ * (keys; bkeys: NKV of cap for the block patterns), the scores (NH, cap), attend_keys's parts,
+ * the block patterns' scratch. */
+typedef struct {
+    int** kl;
+    int* nkg;
+    int* keys;
+    int* bkeys;
+    real *scores, *part;
+    int* bsel;
+    real *bsc, *bp;
+} RowWork;
+
+/* The keys of the row at position p of cache c on layer l (mask mi: its groups, joined already)
+ * and its attention into att; returns the pairs it evaluated. */
+static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint32_t mi,
+                       const real* qrow, real* att, RowWork* w) {
+    const ModelConfig* mc = &m->cfg;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
+    long pairs = 0;
+    if (kind == KEYS_BLOCKS) {
+        for (int g = 0; g < NKV; g++) {
+            w->kl[g] = w->bkeys + (size_t)g * c->cap;
+            w->nkg[g] = block_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, w->kl[g], w->scores,
+                                   w->bsel, w->bsc, w->bp);
+            pairs += (long)w->nkg[g] * rep;
+        }
+    } else {
+        const int nk = token_keys(c, m, l, p, mi, kind, w->keys);
+        for (int g = 0; g < NKV; g++) w->kl[g] = w->keys, w->nkg[g] = nk;
+        pairs = (long)nk * NH;
+    }
+    attend_keys(att, qrow, l, c, w->kl, w->nkg, mc, w->scores, w->part);
+    return pairs;
+}
+
+void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
+                         real* att) {
+    const ModelConfig* mc = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int n = r->T, C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc),
+              Q = cached_qkv_width(mc), K = f->K, kvw = NKV * hs, A = NH * hs;
+    KVCache* const* cs = r->cs;
+    const int* pos = r->pos;
+    RowScratch* s = r->scratch;
+    const size_t lC = (size_t)l * C;
+    for (int i = 0; i < n; i++) kv_put_row(cs[i], l, pos[i], qkv + (size_t)i * Q, A, kvw);
+    const int kind = layer_keys(m, l);
+    if (!r->per_row && (kind == KEYS_DENSE || kind == KEYS_WINDOW)) {
+        /* a prompt's rows (one cache, positions pos[0] ..): tiled over the cached keys, each
+         * row's arithmetic independent of the chunk it is in */
+        KVCache* c = cs[0];
+        int bw = -1, bsinks = 0;
+        if (kind == KEYS_WINDOW) layer_band(m, l, &bw, &bsinks);
+        const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
+        attention_cached_forward(att, A, NULL, qkv, Q, pos[0], n, (const char*)c->k + at,
+                                 (const char*)c->v + at, c->half, bw, bsinks, NH, NKV, hs);
+        for (int i = 0; i < n; i++) {
+            const int lo = bw < 0 || pos[i] - bw < 0 ? 0 : pos[i] - bw;
+            c->pairs += (long)(pos[i] + 1 - lo + (bsinks < lo ? bsinks : lo)) * NH;
+        }
+        return;
+    }
+    if (kind == KEYS_BLOCKS)
+        for (int i = 0; i < n; i++) {
+            block_cache(cs[i], mc, f->block);
+            block_complete(cs[i], l, pos[i], mc);
+        }
+    if (!r->per_row && kind == KEYS_BLOCKS) {
+        cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, att);
+        return;
+    }
+    /* in order: each row's groups, joined (a cache's group lists grow row by row); mi: the
+     * groups each row keeps as a query */
+    uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
+    const int hard = f->attn == ATTN_HARD;
+    for (int i = 0; i < n && kind == KEYS_GROUPS; i++) {
+        const real* hi = h + (size_t)i * C;
+        const real* cent = m->router.cent + (size_t)l * K * f->dg;
+        if (hard) {
+            router_scores_forward(s->proj, s->S, hi, m->router.wg + lC * f->dg, cent, 1, C, f->dg,
+                                  K);
+            routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
+                            f->tau, f->iters);
+        }
+        /* a sink position (n < sinks) joins every group, so every later query keeps it */
+        mi[i] = token_mask(m, l, pos[i], s->G, 1);
+        token_join(cs[i], m, l, pos[i], mi[i]);
+        if (hard && m->router.wq) { /* the row's own groups as a query (model_cpu.c) */
+            router_scores_forward(s->proj, s->S, hi, m->router.wq + lC * f->dg, cent, 1, C, f->dg,
+                                  K);
+            routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
+                            f->tau, f->iters);
+            mi[i] = token_mask(m, l, pos[i], s->G, 0);
+        }
+    }
+    if (!r->per_row && kind == KEYS_GROUPS) {
+        /* a prompt's rows (one cache): the window tiled over the cache, then each row's groups'
+         * earlier tokens, a list tile gathered once for the rows in the group (kernels/sparse.c);
+         * each row's bits whatever rows are beside it */
+        KVCache* c = cs[0];
+        const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
+        const char *kc = (const char*)c->k + at, *vc = (const char*)c->v + at;
+        real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
+        attention_cached_forward(att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, 0, NH, NKV,
+                                 hs);
+        long pairs = 0;
+        for (int i = 0; i < n; i++) {
+            const int lo = pos[i] - f->w < 0 ? 0 : pos[i] - f->w;
+            pairs += (long)(pos[i] + 1 - lo) * NH;
+        }
+        pairs += attention_cached_groups(
+            att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
+            c->gpos + (size_t)l * K * c->cap, c->gn + (size_t)l * K, c->cap, K, NH, NKV, hs);
+        c->pairs += pairs;
+        free(lse);
+        free(mi);
+        return;
+    }
+    if (r->per_row) { /* decode: each row's cache's own scratch, the rows one after another */
+        for (int i = 0; i < n; i++) {
+            KVCache* c = cs[i];
+            RowWork w = {s->kl,   s->nkg,  c->keys, c->bkeys, c->scores,
+                         c->part, s->bsel, s->bsc,  s->bp};
+            c->pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
+                                   att + (size_t)i * A, &w);
+        }
+        free(mi);
+        return;
+    }
+    /* a prompt's rows (one cache): in parallel, each thread with its own scratch (a row's parts
+     * then run on its thread: the same arithmetic) */
+    KVCache* c = cs[0];
+    const int nbmax = c->cap / (f->block > 0 ? f->block : 1) + 1;
+    long pairs = 0;
+#pragma omp parallel reduction(+ : pairs)
+    {
+        RowWork w = {mallocCheck(sizeof(int*) * (size_t)NKV),
+                     mallocCheck(sizeof(int) * (size_t)NKV),
+                     mallocCheck(sizeof(int) * (size_t)c->cap),
+                     kind == KEYS_BLOCKS ? mallocCheck(sizeof(int) * (size_t)NKV * c->cap) : NULL,
+                     mallocCheck(sizeof(real) * (size_t)NH * c->cap),
+                     mallocCheck(sizeof(real) * (size_t)c->nparts * NH * (hs + 2)),
+                     mallocCheck(sizeof(int) * (size_t)nbmax),
+                     mallocCheck(sizeof(real) * (size_t)nbmax),
+                     mallocCheck(sizeof(real) * (size_t)nbmax)};
+#pragma omp for schedule(dynamic, 4)
+        for (int i = 0; i < n; i++)
+            pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
+                                att + (size_t)i * A, &w);
+        free(w.kl), free(w.nkg), free(w.keys), free(w.bkeys), free(w.scores), free(w.part);
+        free(w.bsel), free(w.bsc), free(w.bp);
+    }
+    c->pairs += pairs;
+    free(mi);
+}
