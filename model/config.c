@@ -438,6 +438,21 @@ static int rows_check(const Setting* rows, int n, const void* base, const char* 
     return 0;
 }
 
+int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
+    if (tp < 1) return snprintf(err, n, "tensor parallelism: tp=%d must be at least 1", tp), -1;
+    if (c->NH % tp)
+        return snprintf(err, n,
+                        "tensor parallelism: tp=%d does not divide the model's %d attention heads",
+                        tp, c->NH),
+               -1;
+    if (c->F % tp)
+        return snprintf(err, n,
+                        "tensor parallelism: tp=%d does not divide the feed-forward width F=%d", tp,
+                        c->F),
+               -1;
+    return 0;
+}
+
 int model_config_check(const ModelConfig* c, char* err, size_t n) {
     if (rows_check(model_settings, model_settings_count, c, "model config", err, n)) return -1;
     if (c->V < 2) return snprintf(err, n, "model config: V = %d, fewer than 2 tokens", c->V), -1;

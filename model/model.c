@@ -77,21 +77,6 @@ real model_embed_scale(const ModelConfig* c) {
     return c->arch == ARCH_GEMMA3 ? (real)sqrtf((float)c->C) : 1;
 }
 
-int model_tp_check(const ModelConfig* c, int tp, char* err, size_t n) {
-    if (tp < 1) return snprintf(err, n, "tensor parallelism: tp=%d must be at least 1", tp), -1;
-    if (c->NH % tp)
-        return snprintf(err, n,
-                        "tensor parallelism: tp=%d does not divide the model's %d attention heads",
-                        tp, c->NH),
-               -1;
-    if (c->F % tp)
-        return snprintf(err, n,
-                        "tensor parallelism: tp=%d does not divide the feed-forward width F=%d", tp,
-                        c->F),
-               -1;
-    return 0;
-}
-
 /* name, per layer, cut, projection, native, init, GGUF name */
 #define PARTS(...) \
     { __VA_ARGS__ }
