@@ -624,10 +624,9 @@ void model_lora_init(Model* m, const LoraConfig* lc, uint64_t seed) {
     model_carve((real**)&m->lg, m->lora_grads_mem, m->lora_sizes, NUM_LORA_TENSORS);
     Rng rng;
     rng_seed(&rng, seed);
-    real** w = (real**)&m->lw;
     for (int k = 0; k < 4; k++) /* A ~ N(0, 1/in); B stays zero */
         for (size_t i = 0; i < m->lora_sizes[2 * k]; i++)
-            w[2 * k][i] = (real)(rng_normal(&rng) / sqrt((double)in[k]));
+            lora_a(&m->lw, k)[i] = (real)(rng_normal(&rng) / sqrt((double)in[k]));
 }
 
 void model_lora_merge(Model* m) {
@@ -638,13 +637,12 @@ void model_lora_merge(Model* m) {
     size_t s[NUM_LORA_TENSORS];
     lora_shapes(m, s, in, out);
     real* W[4] = {m->params.qkvw, m->params.attprojw, m->params.fcw, m->params.fcprojw};
-    real** w = (real**)&m->lw;
     const double scale = m->lora.alpha / r;
     for (int k = 0; k < 4; k++) {
         if (!s[2 * k]) continue;
         for (int l = 0; l < c->L; l++) {
-            const real* A = w[2 * k] + (size_t)l * r * in[k];
-            const real* B = w[2 * k + 1] + (size_t)l * out[k] * r;
+            const real* A = lora_a(&m->lw, k) + (size_t)l * r * in[k];
+            const real* B = lora_b(&m->lw, k) + (size_t)l * out[k] * r;
             real* Wl = W[k] + (size_t)l * out[k] * in[k];
             for (int o = 0; o < out[k]; o++)
                 for (int i = 0; i < in[k]; i++) {
@@ -1040,8 +1038,8 @@ MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, 
         p.weights += 4 * most;
     }
     ActSizes a = model_act_sizes(c, f, B, T, KEEP_ROUTER);
-    p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.n[20] * R;
-    p.logits = a.n[20] * R;
+    p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.logits * R;
+    p.logits = a.logits * R;
     /* router tensors, gradients and AdamW's two moments */
     const size_t router = (size_t)c->L * ((size_t)c->C * f->dg + (size_t)f->K * f->dg + 2);
     p.router = 4 * router * R;
@@ -1059,7 +1057,7 @@ MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, in
     MemoryPlan p = model_memory_plan(c, f, 1, T, 0, 0, w);
     const size_t R = sizeof(real), Ts = (size_t)T, C = (size_t)c->C, K = (size_t)f->K;
     ActSizes a = model_act_sizes(c, f, 1, T, 0);
-    p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.n[20] * R;
+    p.activations = model_sum_sizes(a.n, NUM_ACT_TENSORS) * R - a.logits * R;
     p.logits = 0; /* allocated, never touched: the teacher's pass has no head */
     const size_t chunk = Ts * C * 2 + (size_t)queries * 8 + (size_t)queries * keys * 8;
     p.teacher = (size_t)layers * chunk + (size_t)threads * 3 * 64 * Ts * R;

@@ -300,6 +300,10 @@ typedef struct {
     real *fc_a, *fc_b;         /* (L, r, C), (L, FC, r) */
     real *fcproj_a, *fcproj_b; /* (L, r, F), (L, C, r) */
 } LoraParams;
+/* Adapter k's matrices (k: 0 qkv, 1 o, 2 fc, 3 fcproj; the order of LoRA targets): A (L, r, in)
+ * and B (L, out, r). */
+static inline real* lora_a(const LoraParams* p, int k) { return ((real* const*)p)[2 * k]; }
+static inline real* lora_b(const LoraParams* p, int k) { return ((real* const*)p)[2 * k + 1]; }
 
 typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1, GRAD_LORA = 2 } GradMode;
 

@@ -38,21 +38,20 @@ static real* lora_scratch(Model* m, size_t n) {
 static void lora_add(Model* m, int k, int l, real* out, const real* x, size_t BT, int IC, int OC) {
     if (!((m->lora.targets >> k) & 1)) return;
     const int r = m->lora.rank;
-    real** w = (real**)&m->lw;
-    lora_forward(out, x, w[2 * k] + (size_t)l * r * IC, w[2 * k + 1] + (size_t)l * OC * r, BT, IC,
-                 OC, r, (real)(m->lora.alpha / r), lora_scratch(m, BT * r));
+    lora_forward(out, x, lora_a(&m->lw, k) + (size_t)l * r * IC,
+                 lora_b(&m->lw, k) + (size_t)l * OC * r, BT, IC, OC, r, (real)(m->lora.alpha / r),
+                 lora_scratch(m, BT * r));
 }
 
 static void lora_grad(Model* m, int k, int l, real* dx, const real* dout, const real* x, size_t BT,
                       int IC, int OC) {
     if (!((m->lora.targets >> k) & 1)) return;
     const int r = m->lora.rank;
-    real** w = (real**)&m->lw;
-    real** g = (real**)&m->lg;
     real* t = lora_scratch(m, 2 * BT * r);
-    lora_backward(dx, g[2 * k] + (size_t)l * r * IC, g[2 * k + 1] + (size_t)l * OC * r, dout, x,
-                  w[2 * k] + (size_t)l * r * IC, w[2 * k + 1] + (size_t)l * OC * r, BT, IC, OC, r,
-                  (real)(m->lora.alpha / r), t, t + BT * r);
+    lora_backward(dx, lora_a(&m->lg, k) + (size_t)l * r * IC,
+                  lora_b(&m->lg, k) + (size_t)l * OC * r, dout, x,
+                  lora_a(&m->lw, k) + (size_t)l * r * IC, lora_b(&m->lw, k) + (size_t)l * OC * r,
+                  BT, IC, OC, r, (real)(m->lora.alpha / r), t, t + BT * r);
 }
 
 void cpu_norm(const Model* m, const LayerSpec* S, real* out, real* mean, real* rstd,
