@@ -547,8 +547,10 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
         for (int c = 0; c < K; c++) start[c + 1] = start[c] + count[c];
         int total = start[K];
         int* idx = mallocCheck(sizeof(int) * (total + 1));
-        uint32_t* gq = mallocCheck(sizeof(uint32_t) * (total + 1) * 2);
-        uint32_t* gk = gq + total + 1;
+        /* the masks each group's sequence is filtered by: one array when queries and keys share
+         * their masks */
+        uint32_t* gq = mallocCheck(sizeof(uint32_t) * (total + 1) * (own ? 2 : 1));
+        uint32_t* gk = own ? gq + total + 1 : gq;
         {
             int* fill = mallocCheck(sizeof(int) * (K + 1));
             memcpy(fill, start, sizeof(int) * (K + 1));
@@ -558,7 +560,8 @@ void attention_hard_forward(real* out, real* lse, const real* qkv, const uint32_
                     const uint32_t lower = (1u << c) - 1;
                     idx[fill[c]] = i;
                     gq[fill[c]] = own ? (qb[i] & lower) | OUT : qb[i];
-                    gk[fill[c]++] = own ? (kb[i] & lower) | ((kb[i] >> c) & 1 ? 0 : OUT) : kb[i];
+                    if (own) gk[fill[c]] = (kb[i] & lower) | ((kb[i] >> c) & 1 ? 0 : OUT);
+                    fill[c]++;
                 }
             free(fill);
         }
