@@ -816,8 +816,9 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const real*
 }
 
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                                int nsel, BlockScore score, const real* gate, int B, int T, int NH,
-                                int NKV, int hs) {
+                                int nsel, BlockScore score, const real* gate, const uint32_t* qmask,
+                                const uint32_t* kmask, int K, int B, int T, int NH, int NKV,
+                                int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const real scale = (real)(1.0 / sqrt((double)hs));
     const int per = BLOCKGATE_STATS(hs); /* block statistics per block */
@@ -825,9 +826,18 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
     flash_all(out, lse, qkv, NULL, NULL, 0, w, sinks, B, T, NH, NKV, hs);
     double kept = 0;
     real* st = mallocCheck(sizeof(real) * ((size_t)NKV * nb * per + 1));
+    /* the group keys (qmask given): each group's distant keys, ascending, per sequence */
+    int* gpos = qmask ? mallocCheck(sizeof(int) * ((size_t)K * T + 1)) : NULL;
+    int gn[32] = {0};
     for (int b = 0; b < B; b++) {
         const real* base = qkv + (size_t)b * T * QKV;
         real* ob = out + (size_t)b * T * C;
+        if (qmask) {
+            for (int c = 0; c < K; c++) gn[c] = 0;
+            for (int j = sinks; j < T; j++)
+                for (int c = 0; c < K; c++)
+                    if ((kmask[(size_t)b * T + j] >> c) & 1) gpos[(size_t)c * T + gn[c]++] = j;
+        }
         if (score != BLOCKS_ORACLE) {
 #pragma omp parallel for schedule(static)
             for (int t = 0; t < NKV * nb; t++) {
@@ -841,8 +851,14 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             int* sel = mallocCheck(sizeof(int) * (nb + 1));
             real* p = mallocCheck(sizeof(real) * (T + 1));
             /* the chosen keys' scores and the outputs of the rep heads */
-            const int ldS = (nsel < 1 ? 1 : nsel < nb ? nsel : nb) * bs; /* at most every block */
+            const int ldS = (nsel < 1 ? 1 : nsel < nb ? nsel : nb) * bs /* at most every block */
+                            + (qmask ? T : 0);                          /* and the group keys */
             real* S = mallocCheck(sizeof(real) * (size_t)rep * ldS);
+            /* the group keys outside the chosen blocks: their positions, keys and values */
+            int* ex = qmask ? mallocCheck(sizeof(int) * (T + 1)) : NULL;
+            real* kx = qmask ? mallocCheck(sizeof(real) * ((size_t)T * hs + 1)) : NULL;
+            real* vx = qmask ? mallocCheck(sizeof(real) * ((size_t)T * hs + 1)) : NULL;
+            unsigned char* chosen = qmask ? callocCheck(nb + 1, 1) : NULL;
             real* ot = mallocCheck(sizeof(real) * (size_t)rep * hs);
             real* rmax = mallocCheck(sizeof(real) * (size_t)rep * 2);
             real* rsum = rmax + rep;
@@ -856,7 +872,30 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                                  gate ? gate + (size_t)kvh * rep * BLOCKGATE_WIDTH(hs) : NULL,
                                  lse + ((size_t)b * NH + kvh * rep) * T + i, (size_t)T,
                                  base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, hs, sc, p);
-                if (ns) { /* the rep query heads against the chosen blocks' distant keys */
+                /* the distant keys of the query's groups that no chosen block holds, each in the
+                 * lowest group it shares with the query */
+                int nx = 0;
+                if (qmask) {
+                    const uint32_t mq = qmask[(size_t)b * T + i];
+                    for (int t2 = 0; t2 < ns; t2++) chosen[sel[t2]] = 1;
+                    for (int c = 0; c < K; c++) {
+                        if (!((mq >> c) & 1)) continue;
+                        const int* gp = gpos + (size_t)c * T;
+                        const uint32_t lower = (1u << c) - 1;
+                        for (int e = 0; e < gn[c] && gp[e] < far_end; e++) {
+                            const int j = gp[e];
+                            if (chosen[j / bs] || (kmask[(size_t)b * T + j] & mq & lower)) continue;
+                            memcpy(kx + (size_t)nx * hs, base + (size_t)j * QKV + C + kvh * hs,
+                                   sizeof(real) * hs);
+                            memcpy(vx + (size_t)nx * hs,
+                                   base + (size_t)j * QKV + C + NKV * hs + kvh * hs,
+                                   sizeof(real) * hs);
+                            ex[nx++] = j;
+                        }
+                    }
+                    for (int t2 = 0; t2 < ns; t2++) chosen[sel[t2]] = 0;
+                }
+                if (ns || nx) { /* the rep query heads against the chosen blocks' distant keys */
                     const real* q = base + (size_t)i * QKV + kvh * rep * hs;
                     int nk = 0;
                     for (int t2 = 0; t2 < ns; t2++) { /* S (rep, nk) = scale q k^T, by block */
@@ -867,6 +906,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                              base + (size_t)j0 * QKV + C + kvh * hs, QKV, 0, S + nk, ldS);
                         nk += j1 - j0;
                     }
+                    if (nx) gemm(0, 1, rep, nx, hs, scale, q, hs, kx, hs, 0, S + nk, ldS);
+                    nk += nx;
                     keys += (double)nk * rep;
                     for (int r = 0; r < rep; r++) {
                         real* sr = S + (size_t)r * ldS;
@@ -889,6 +930,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                              hs);
                         nk += j1 - j0;
                     }
+                    if (nx) gemm(0, 0, rep, hs, nx, 1, S + nk, ldS, vx, hs, ns ? 1 : 0, ot, hs);
                     for (int r = 0; r < rep; r++) {
                         const int h = kvh * rep + r;
                         real* o = ot + (size_t)r * hs;
@@ -905,8 +947,13 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             free(ot);
             free(S);
             free(rmax);
+            free(ex);
+            free(kx);
+            free(vx);
+            free(chosen);
         }
     }
     free(st);
+    free(gpos);
     return kept;
 }

@@ -106,10 +106,14 @@ void blockgate_init(real* wgt, int n, int hs);
  * its query heads summed; a query with at most nsel candidate blocks keeps them all. gate: the
  * learned selector's weights of this layer (NH x BLOCKGATE_WIDTH(hs)) for BLOCKS_LEARNED, else
  * unused. Returns the pairs kept, summed over the queries of all B sequences (a query's pairs
- * averaged over its heads). */
+ * averaged over its heads). qmask, kmask (B, T; NULL: none): token groups (K of them) as in
+ * attention_hard_forward; a query also keeps the distant keys [sinks, i - w) that share a group
+ * with it and lie in no block it chose (the centroids with blocks: a key is taken once, in the
+ * lowest group it shares with the query). */
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                                int nsel, BlockScore score, const real* gate, int B, int T, int NH,
-                                int NKV, int hs);
+                                int nsel, BlockScore score, const real* gate, const uint32_t* qmask,
+                                const uint32_t* kmask, int K, int B, int T, int NH, int NKV,
+                                int hs);
 
 /* The key blocks that query i keeps beyond its band for one key/value head, into sel (in the
  * order chosen); returns their number. The candidates are the blocks holding distant keys

@@ -365,6 +365,10 @@ typedef struct {
      * scaled to other budgets (model_layer_blocks); NULL: blocks in every layer */
     int* blockgate_blocks;
     int blockgate_n0;
+    /* the centroids with the blocks (--router SELECTOR.h5,ROUTER.h5): a block pattern's query also
+     * keeps the distant keys it shares a token group with (kernels/sparse.h,
+     * attention_blocks_forward); full passes only, the decode step refuses it */
+    int blocks_with_groups;
     /* called by the CPU forward pass over whole sequences after each layer's attention, when set,
      * with that layer's normalised input h (B, T, C: the router's input), its q, k, v (B, T, QKV;
      * RoPE applied) and the attention's log-sum-exps lse (B, NH, T): how `focus fit-blocks` and

@@ -257,6 +257,19 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
      * training and the soft gate */
     AttnGate gate = model_layer_gate(m, l, la);
     double kept = 0; /* the block kernels' count */
+    /* the centroids with a block selector: the router's groups beside the chosen blocks */
+    const int with_groups =
+        model_attn_kernel(mode, r->keep) == ATTN_KERNEL_BLOCKS && m->blocks_with_groups;
+    if (with_groups) { /* causal routing, as the hard mode evaluates */
+        router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
+                              m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
+        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, ROUTE_CAUSAL, B,
+                        T, f->K, f->tau, f->iters);
+        if (m->router.wq)
+            query_masks(m, l, la, B, T);
+        else
+            routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
+    }
     switch (model_attn_kernel(mode, r->keep)) {
         case ATTN_KERNEL_SPARSE:
             attention_hard_forward(la->att, la->lse, la->qkv, la->qmask, la->mask, f->K, f->w, B, T,
@@ -280,8 +293,9 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
             kept = attention_blocks_forward(
                 la->att, la->lse, la->qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
                 attn_block_score(mode),
-                m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL, B, T,
-                NH, NKV, hs);
+                m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL,
+                with_groups ? la->qmask : NULL, with_groups ? la->mask : NULL, f->K, B, T, NH, NKV,
+                hs);
             break;
     }
     m->pattern_kept += kept;

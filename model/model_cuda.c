@@ -56,6 +56,8 @@ static void cuda_attach(Model* m) {
               m->source[0] ? m->source : "the model");
     if (m->fc.qproj)
         fatal("a router with a query projection (qproj = 1) runs on the CPU (--device cpu)");
+    if (m->blocks_with_groups)
+        fatal("a block selector with a token router's groups runs on the CPU (--device cpu)");
     cuda_init(0);
     struct CudaModel* g = callocCheck(1, sizeof(*g));
     size_t np = carve_aligned(NULL, NULL, m->param_sizes, NUM_PARAM_TENSORS);

@@ -190,8 +190,8 @@ static void learned_scores(double* sc, const real* base, const double* s, const 
  * chosen blocks' distant keys. Returns the pairs kept; *mass (unless NULL) gains the dense
  * attention mass the kept pairs hold, summed over queries and heads. */
 static double blocks_reference(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                               int nsel, BlockScore score, const real* gate, int B, int T,
-                               double* mass) {
+                               int nsel, BlockScore score, const real* gate, const uint32_t* qm,
+                               const uint32_t* km, int B, int T, double* mass) {
     const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const double scale = 1 / sqrt((double)HS);
     double kept = 0;
@@ -250,6 +250,9 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                     for (int j = best * bs; j < (best + 1) * bs && j < i - w; j++)
                         if (j >= sinks) keep[j] = 1;
                 }
+                /* the groups: every distant key sharing a group with the query */
+                for (int j = sinks; qm && j < i - w; j++)
+                    if (qm[(size_t)b * T + i] & km[(size_t)b * T + j]) keep[j] = 1;
                 for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
                     double mx = -INFINITY, sum = 0, o[HS] = {0};
                     for (int j = 0; j <= i; j++)
@@ -273,8 +276,18 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
     return kept;
 }
 
+/* groups: 0 none; else token groups beside the blocks (K = 6: each key in one group, each
+ * query in `groups` of them) */
 static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, BlockScore score,
-                       Rng* rng) {
+                       int groups, Rng* rng) {
+    const int K = 6;
+    uint32_t* qm = groups ? mallocCheck(sizeof(uint32_t) * B * T) : NULL;
+    uint32_t* km = groups ? mallocCheck(sizeof(uint32_t) * B * T) : NULL;
+    for (int t = 0; groups && t < B * T; t++) {
+        km[t] = 1u << (rng_u64(rng) % K);
+        qm[t] = 0;
+        while (__builtin_popcount(qm[t]) < groups) qm[t] |= 1u << (rng_u64(rng) % K);
+    }
     real gate[NH * BLOCKGATE_WIDTH(HS)];
     blockgate_init(gate, NH, HS);
     for (int t = 0; t < NH * BLOCKGATE_WIDTH(HS); t++) gate[t] += 0.3 * rng_normal(rng);
@@ -284,20 +297,21 @@ static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, BlockSc
     real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
     real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
     tu_randn(qkv, nqkv, 1.5, rng);
-    double want = blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, score, gate, B, T, NULL);
-    double kept = attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, score, gate, B, T,
-                                           NH, NKV, HS);
+    double want =
+        blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, score, gate, qm, km, B, T, NULL);
+    double kept = attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, score, gate, qm, km,
+                                           K, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
     printf(
-        "  blocks (%s) vs per-query reference: B=%d T=%4d w=%3d sinks=%d bs=%d nsel=%d  out "
-        "%.1e  lse %.1e  pairs %.4f\n",
-        block_score_name(score), B, T, w, sinks, bs, nsel, eo, el,
+        "  blocks (%s) vs per-query reference: B=%d T=%4d w=%3d sinks=%d bs=%d nsel=%d "
+        "groups=%d  out %.1e  lse %.1e  pairs %.4f\n",
+        block_score_name(score), B, T, w, sinks, bs, nsel, groups, eo, el,
         kept / (B * (double)T * (T + 1) / 2));
     CHECK(eo < 2e-5 && el < 2e-5, "blocks (%s) differ (out %g, lse %g) at T=%d w=%d nsel=%d",
           block_score_name(score), eo, el, T, w, nsel);
     CHECK(fabs(kept - want) < 1e-6 * want, "blocks (%s) count %.3f pairs, the reference %.3f",
           block_score_name(score), kept, want);
-    free(qkv), free(ref), free(got), free(lref), free(lgot);
+    free(qkv), free(ref), free(got), free(lref), free(lgot), free(qm), free(km);
 }
 
 /* At the same budget the oracle's blocks hold at least the dense mass of Quest's and the mean
@@ -312,8 +326,9 @@ static void oracle_is_ceiling(Rng* rng) {
     tu_randn(qkv, nqkv, 1.5, rng);
     double mass[3] = {0, 0, 0}, band = 0;
     for (int s = 0; s < 3; s++)
-        blocks_reference(o, l, qkv, w, sinks, bs, nsel, (BlockScore)s, NULL, B, T, &mass[s]);
-    blocks_reference(o, l, qkv, w, sinks, bs, 0, BLOCKS_QUEST, NULL, B, T, &band);
+        blocks_reference(o, l, qkv, w, sinks, bs, nsel, (BlockScore)s, NULL, NULL, NULL, B, T,
+                         &mass[s]);
+    blocks_reference(o, l, qkv, w, sinks, bs, 0, BLOCKS_QUEST, NULL, NULL, NULL, B, T, &band);
     printf("  dense mass kept (of %d): band %.1f, Quest %.1f, mean keys %.1f, oracle %.1f\n",
            T * NH, band, mass[0], mass[1], mass[2]);
     CHECK(
@@ -479,12 +494,17 @@ int main(void) {
     run_band(1, 1, 5, 2, &rng);
     /* block selection: every score, partial blocks, T not a multiple of bs, nsel 0 (the band)
      * and nsel past the candidates (dense) */
-    for (int s = 0; s < 4; s++) run_blocks(2, 300, 24, 4, 16, 3, (BlockScore)s, &rng);
-    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_LEARNED, &rng);
-    run_blocks(1, 257, 40, 1, 64, 1, BLOCKS_LEARNED, &rng);
-    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, &rng);
-    run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, &rng);
-    run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_QUEST, &rng);
+    for (int s = 0; s < 4; s++) run_blocks(2, 300, 24, 4, 16, 3, (BlockScore)s, 0, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_LEARNED, 0, &rng);
+    run_blocks(1, 257, 40, 1, 64, 1, BLOCKS_LEARNED, 0, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, 0, &rng);
+    run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, 0, &rng);
+    run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_QUEST, 0, &rng);
+    /* token groups beside the blocks: one or two groups per query, none chosen blocks too */
+    run_blocks(2, 300, 24, 4, 16, 3, BLOCKS_LEARNED, 1, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, 2, &rng);
+    run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, 2, &rng);
+    run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_ORACLE, 1, &rng);
     oracle_is_ceiling(&rng);
     /* pairs kept by group masks, counted through the distinct masks, against every pair */
     for (int k = 1; k <= 3; k++) {

@@ -137,11 +137,50 @@ void path_join(char* out, size_t n, const char* dir, const char* name) {
     snprintf(out, n, "%s/%s", dir, name);
 }
 
+/* A token router's stored settings (SET_ROUTER in settings.h) and weights onto m; keep_band:
+ * its w and sinks are not read (a block selector's band stays). */
+static void load_token_router(Model* m, const char* router, int keep_band) {
+    FocusConfig* f = &m->fc;
+    char* text = router_read_config(router);
+    /* a router stored without sinks or dense_layers was trained before they existed: none */
+    if (!keep_band) f->sinks = 0;
+    memset(f->dense_layers, 0, sizeof f->dense_layers);
+    for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char key[64], val[256];
+        if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
+        if (keep_band && (!strcmp(key, "w") || !strcmp(key, "sinks"))) continue;
+        const Setting* st = setting_find(focus_settings, focus_settings_count, key);
+        if (st && st->flags & SET_ROUTER && setting_parse(st, f, val))
+            fatal("%s: stored setting %s = %s is not valid", router, key, val);
+    }
+    free(text);
+    model_set_router_config(m, f);
+    router_load(router, m, NULL, NULL, model_fingerprint(m));
+}
+
 /* Apply --router/--attn/--topk/--routing to a loaded model. Reads K and dg from the run's
- * config.conf next to router.h5 when there is one (the router's shape). */
+ * config.conf next to router.h5 when there is one (the router's shape). --router
+ * SELECTOR.h5,ROUTER.h5: a block selector and a token router whose groups join its blocks. */
 void apply_router_options(Model* m, const char* router, const char* attn, const char* topk,
                           const char* routing) {
     FocusConfig* f = &m->fc;
+    char pair[4096];
+    const char* groups = NULL;
+    if (router && strchr(router, ',')) {
+        if (strlen(router) >= sizeof pair) fatal("--router: '%.40s...' is too long", router);
+        strcpy(pair, router);
+        char* comma = strchr(pair, ',');
+        *comma = 0;
+        router = pair, groups = comma + 1;
+        if (!blockgate_file(router))
+            fatal(
+                "--router %s,%s: the first file must be a block selector (focus fit-blocks), the "
+                "second a token router",
+                router, groups);
+        if (blockgate_file(groups) || strchr(groups, ','))
+            fatal("--router %s,%s: the second file must be one token router (router.h5)", router,
+                  groups);
+    }
     if (router && blockgate_file(router)) {
         /* a block selector (focus fit-blocks): its block size and band, mode blocks_learned */
         BlockGateInfo bi;
@@ -149,22 +188,12 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
         f->block = bi.block, f->w = bi.w, f->sinks = bi.sinks;
         f->attn = ATTN_BLOCKS_LEARNED;
         router = NULL;
-    } else if (router) {
-        char* text = router_read_config(router);
-        /* the router's own settings (SET_ROUTER in settings.h) from the stored configuration; a
-         * router stored without sinks or dense_layers was trained before they existed: none */
-        f->sinks = 0;
-        memset(f->dense_layers, 0, sizeof f->dense_layers);
-        for (char* line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-            char key[64], val[256];
-            if (sscanf(line, " %63[^= ] = %255s", key, val) != 2) continue;
-            const Setting* st = setting_find(focus_settings, focus_settings_count, key);
-            if (st && st->flags & SET_ROUTER && setting_parse(st, f, val))
-                fatal("%s: stored setting %s = %s is not valid", router, key, val);
+        if (groups) { /* the token router's groups beside the blocks, in the selector's band */
+            load_token_router(m, groups, 1);
+            m->blocks_with_groups = 1;
         }
-        free(text);
-        model_set_router_config(m, f);
-        router_load(router, m, NULL, NULL, model_fingerprint(m));
+    } else if (router) {
+        load_token_router(m, router, 0);
         /* a router with a query projection has no soft gate: its default is hard top-k */
         f->attn = f->qproj ? ATTN_HARD : ATTN_SOFT;
     }
@@ -570,8 +599,13 @@ void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* 
     }
     model_load(m, model, &fc, info);
     /* a token router decodes hard top-k by default, a block selector its blocks */
-    const char* kind = router && blockgate_file(router) ? "blocks_learned" : "hard";
+    const char* kind = router && (strchr(router, ',') || blockgate_file(router)) ? "blocks_learned" : "hard";
     apply_router_options(m, router, router ? (attn ? attn : kind) : attn, topk, "causal");
+    if (m->blocks_with_groups)
+        fatal(
+            "--router %s: a block selector with a token router's groups is evaluated in full "
+            "passes (focus eval); the decode step does not run it yet",
+            router);
     set_native(m, model, weights);
     /* the router is checked against the fp32 weights: now the file's blocks suffice */
     model_drop_native_copies(m);
