@@ -417,10 +417,21 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
 /* the entries of a group's list in one tile */
 #define ET 64
 
+/* Whether position j is one of the distant keys of block choices x gives row r and key/value
+ * head g (the sinks count as chosen: the band holds them). */
+static int block_chosen(const ChosenBlocks* x, int r, int g, int NKV, int j) {
+    if (j < x->sinks) return 1;
+    const size_t rg = (size_t)r * NKV + g;
+    const int* s = x->sel + rg * x->nbmax;
+    for (int t = 0; t < x->nsel[rg]; t++)
+        if (s[t] == j / x->bs) return 1;
+    return 0;
+}
+
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const void* k, const void* v, int half, int w, const uint32_t* rmask,
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
-                             int NH, int NKV, int hs) {
+                             const ChosenBlocks* chosen, int NH, int NKV, int hs) {
     const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
     long pairs = 0;
@@ -459,10 +470,11 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         t.use[r] = 0;
                         for (int c = 0; c < ET; c++) {
                             const int j = c < cnt ? gp[t0 + c] : -1;
-                            o[c] =
-                                ((mr >> grp) & 1) && c < cnt && j < lo && !(cmask[j] & mr & lower);
+                            o[c] = ((mr >> grp) & 1) && c < cnt && j < lo &&
+                                   !(cmask[j] & mr & lower) &&
+                                   !(chosen && block_chosen(chosen, r0 + r, g, NKV, j));
                             t.use[r] |= o[c];
-                            pairs += g == 0 ? (long)o[c] * NH : 0;
+                            pairs += (long)o[c] * rep;
                         }
                         anyrow |= t.use[r];
                     }

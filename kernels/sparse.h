@@ -49,11 +49,18 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
  * as the decode step does. A group's list is read in tiles of 64 entries counted from its start,
  * each tile gathered and multiplied once for the 32-row tile of rows in the group; each row
  * merges only its own entries, so its bits do not depend on the other rows in the call. Returns
- * the pairs of these keys (per query head). */
+ * the pairs of these keys (summed over the query heads). chosen (NULL: none): the rows' block
+ * choices of attention_cached_blocks, whose keys (and the sinks) the groups then leave out: the
+ * centroids with the blocks, as attention_blocks_forward keeps them. */
+typedef struct {
+    int sinks, bs;
+    const int *sel, *nsel;
+    int nbmax;
+} ChosenBlocks;
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const void* k, const void* v, int half, int w, const uint32_t* rmask,
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
-                             int NH, int NKV, int hs);
+                             const ChosenBlocks* chosen, int NH, int NKV, int hs);
 
 /* qmask, kmask (B, T): each token's group bitmask as a query and as a key (the same array for a
  * router without a query projection: its top-k groups); the pair (i, j) beyond the window w is

@@ -359,7 +359,7 @@ static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, con
  * queries) into c->bkeys + g cap: the sinks before the window, the distant keys of the chosen
  * blocks, the window. Returns their number. sel, sc, p: nbcap scratch each. */
 static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
-                      int* keys, real* sb, int* sel, real* sc, real* p) {
+                      uint32_t mi, int* keys, real* sb, int* sel, real* sc, real* p) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
@@ -394,6 +394,20 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
         const int j1 = (sel[s] + 1) * bs < n - f->w ? (sel[s] + 1) * bs : n - f->w;
         for (int j = j0; j < j1; j++) keys[nk++] = j;
     }
+    /* the centroids with the blocks: the distant keys of the row's groups (mask mi) that no
+     * chosen block holds, each in the lowest group it shares with the row */
+    const uint32_t* cm = c->mask + (size_t)l * c->cap;
+    for (int grp = 0; m->blocks_with_groups && grp < f->K; grp++) {
+        if (!((mi >> grp) & 1)) continue;
+        const int* gp = c->gpos + ((size_t)l * f->K + grp) * c->cap;
+        const int len = c->gn[(size_t)l * f->K + grp];
+        for (int t = 0; t < len && gp[t] < n - f->w; t++) {
+            const int j = gp[t];
+            int in_block = j < f->sinks || (cm[j] & mi & ((1u << grp) - 1));
+            for (int s = 0; s < ns && !in_block; s++) in_block = sel[s] == j / bs;
+            if (!in_block) keys[nk++] = j;
+        }
+    }
     for (int j = lo; j <= n; j++) keys[nk++] = j;
     return nk;
 }
@@ -403,7 +417,7 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
  * rows of a tile that chose it (kernels/sparse.c); each row's bits whatever rows are beside it.
  * Returns the pairs evaluated. */
 static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, const real* qkv,
-                               real* att) {
+                               const uint32_t* mi, real* att) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV,
@@ -447,6 +461,14 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     }
     attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
                             nsel, nbmax, NH, NKV, hs);
+    if (m->blocks_with_groups) { /* the rows' groups, less the chosen blocks and the sinks */
+        const ChosenBlocks chosen = {f->sinks, bs, sel, nsel, nbmax};
+        pairs += attention_cached_groups(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, mi,
+                                         c->mask + (size_t)l * c->cap,
+                                         c->gpos + (size_t)l * f->K * c->cap,
+                                         c->gn + (size_t)l * f->K, c->cap, f->K, &chosen, NH, NKV,
+                                         hs);
+    }
     free(lse), free(sel), free(nsel);
     return pairs;
 }
@@ -519,8 +541,8 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     if (kind == KEYS_BLOCKS) {
         for (int g = 0; g < NKV; g++) {
             w->kl[g] = w->bkeys + (size_t)g * c->cap;
-            w->nkg[g] = block_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, w->kl[g], w->scores,
-                                   w->bsel, w->bsc, w->bp);
+            w->nkg[g] = block_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, mi, w->kl[g],
+                                   w->scores, w->bsel, w->bsc, w->bp);
             pairs += (long)w->nkg[g] * rep;
         }
     } else {
@@ -564,15 +586,12 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             block_cache(cs[i], mc, f->block);
             block_complete(cs[i], l, pos[i], mc);
         }
-    if (!r->per_row && kind == KEYS_BLOCKS) {
-        cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, att);
-        return;
-    }
     /* in order: each row's groups, joined (a cache's group lists grow row by row); mi: the
-     * groups each row keeps as a query */
+     * groups each row keeps as a query. The router's groups: hard mode, or beside the blocks */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
-    const int hard = f->attn == ATTN_HARD;
-    for (int i = 0; i < n && kind == KEYS_GROUPS; i++) {
+    const int grouped = kind == KEYS_GROUPS || (kind == KEYS_BLOCKS && m->blocks_with_groups);
+    const int hard = f->attn == ATTN_HARD || kind == KEYS_BLOCKS;
+    for (int i = 0; i < n && grouped; i++) {
         const real* hi = h + (size_t)i * C;
         const real* cent = m->router.cent + (size_t)l * K * f->dg;
         if (hard) {
@@ -592,6 +611,11 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             mi[i] = token_mask(m, l, pos[i], s->G, 0);
         }
     }
+    if (!r->per_row && kind == KEYS_BLOCKS) {
+        cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, mi, att);
+        free(mi);
+        return;
+    }
     if (!r->per_row && kind == KEYS_GROUPS) {
         /* a prompt's rows (one cache): the window tiled over the cache, then each row's groups'
          * earlier tokens, a list tile gathered once for the rows in the group (kernels/sparse.c);
@@ -609,7 +633,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         }
         pairs += attention_cached_groups(
             att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
-            c->gpos + (size_t)l * K * c->cap, c->gn + (size_t)l * K, c->cap, K, NH, NKV, hs);
+            c->gpos + (size_t)l * K * c->cap, c->gn + (size_t)l * K, c->cap, K, NULL, NH, NKV, hs);
         c->pairs += pairs;
         free(lse);
         free(mi);

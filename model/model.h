@@ -367,7 +367,7 @@ typedef struct {
     int blockgate_n0;
     /* the centroids with the blocks (--router SELECTOR.h5,ROUTER.h5): a block pattern's query also
      * keeps the distant keys it shares a token group with (kernels/sparse.h,
-     * attention_blocks_forward); full passes only, the decode step refuses it */
+     * attention_blocks_forward; the KV cache's group lists in decoding) */
     int blocks_with_groups;
     /* called by the CPU forward pass over whole sequences after each layer's attention, when set,
      * with that layer's normalised input h (B, T, C: the router's input), its q, k, v (B, T, QKV;

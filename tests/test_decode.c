@@ -137,6 +137,8 @@ static void check_chunks(Model* m, const int* tok, int half, const char* preset)
 static LocalLayers local_mode = LOCAL_WINDOW;
 /* a router with a query projection in the next runs (qproj) */
 static int qproj_mode = 0;
+/* the router's groups beside the blocks of a block pattern (--router SELECTOR.h5,ROUTER.h5) */
+static int groups_mode = 0;
 
 static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
@@ -165,6 +167,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
             m.blockgate_n0 = 2;
         }
     }
+    m.blocks_with_groups = blocks && groups_mode;
     model_init_backbone(&m, 31);
     for (size_t i = 0; i < m.num_params; i++)
         if (m.params_mem[i] != 1 && m.params_mem[i] != 0) m.params_mem[i] *= 10;
@@ -240,13 +243,13 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     free(all);
     double dense_pairs = (double)cfg.L * cfg.NH * T * (T + 1) / 2;
     printf(
-        "  %-10s %-5s%s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e "
+        "  %-10s %-5s%s%s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e "
         "(max "
         "|logit| %.1f), prefill %.2e, f16 cache %.1e, pairs %.3f of dense\n",
         preset,
         (const char*[]){"dense", "soft", "hard", "window", "random", "blocks", "blocks_mean",
                         "oracle", "blocks_learned"}[attn],
-        fc.qproj ? " (query projection)" : "", topk, (double)topp, sinks,
+        fc.qproj ? " (query projection)" : "", m.blocks_with_groups ? " + groups" : "", topk, (double)topp, sinks,
         dense0 ? " layer 0 dense" : "", worst, scale, wp, wh, c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
           "%s: decode path differs from the full pass by %g", preset, worst);
@@ -341,6 +344,14 @@ int main(void) {
     run("tiny-llama", ATTN_HARD, 1, 0, 0, 0);
     run("tiny-llama", ATTN_HARD, 2, 2, 0, 1);
     run("tiny-gemma3", ATTN_HARD, 2, 2, 0, 0);
+    /* the router's groups beside the blocks (a key in a chosen block is taken once), with and
+     * without a query projection */
+    groups_mode = 1;
+    run("tiny-llama", ATTN_BLOCKS_LEARNED, 1, 3, 0, 0);
+    run("tiny-gemma3", ATTN_BLOCKS_LEARNED, 1, 3, 0, 0);
     qproj_mode = 0;
+    run("tiny-llama", ATTN_BLOCKS_LEARNED, 1, 2, 0, 0);
+    run("tiny-gpt2", ATTN_BLOCKS, 1, 0, 0, 1);
+    groups_mode = 0;
     return tu_finish("test_decode");
 }

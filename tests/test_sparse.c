@@ -397,7 +397,8 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                         gn_now[g]++;
                 }
                 attention_cached_groups(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, w,
-                                        mask + p0, mask, gpos, gn_now, T, KG, NH, NKV, HS);
+                                        mask + p0, mask, gpos, gn_now, T, KG, NULL, NH, NKV,
+                                        HS);
             }
         }
         for (int i = 0; i < T; i++)

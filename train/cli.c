@@ -599,13 +599,9 @@ void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* 
     }
     model_load(m, model, &fc, info);
     /* a token router decodes hard top-k by default, a block selector its blocks */
-    const char* kind = router && (strchr(router, ',') || blockgate_file(router)) ? "blocks_learned" : "hard";
+    const char* kind =
+        router && (strchr(router, ',') || blockgate_file(router)) ? "blocks_learned" : "hard";
     apply_router_options(m, router, router ? (attn ? attn : kind) : attn, topk, "causal");
-    if (m->blocks_with_groups)
-        fatal(
-            "--router %s: a block selector with a token router's groups is evaluated in full "
-            "passes (focus eval); the decode step does not run it yet",
-            router);
     set_native(m, model, weights);
     /* the router is checked against the fp32 weights: now the file's blocks suffice */
     model_drop_native_copies(m);
