@@ -50,6 +50,11 @@ uint16_t f32_to_bf16(float f);
 void bf16_to_real_rows(real* dst, const uint16_t* src, size_t n);
 void real_to_bf16_rows(uint16_t* dst, const real* src, size_t n);
 
+/* FNV-1a: h advanced over the n bytes at p (start from FNV1A_START); the fingerprints and
+ * checksums of files and weights. */
+#define FNV1A_START 0xcbf29ce484222325ull
+uint64_t fnv1a(uint64_t h, const void* p, size_t n);
+
 void* malloc_check(size_t size, const char* file, int line);
 void* calloc_check(size_t n, size_t size, const char* file, int line);
 void* realloc_check(void* p, size_t size, const char* file, int line);

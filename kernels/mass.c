@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "cpu.h"
+#include "sparse.h"
 
 #define MQ 64 /* query rows per teacher task */
 
@@ -71,9 +72,59 @@ static void top_entries(int* idx, float* p, const real* a, int sinks, int far, i
     for (int e = n; e < m; e++) p[e] = 0, idx[e] = -1;
 }
 
+void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const real* gate,
+                        int nblocks, int T, int NH, int NKV, int hs, int w, int sinks) {
+    const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, bs = b->bs;
+    const int nb = (T + bs - 1) / bs, per = BLOCKGATE_STATS(hs);
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    real* st = mallocCheck(sizeof(real) * ((size_t)NKV * nb * per + 1));
+#pragma omp parallel for schedule(static)
+    for (int u = 0; u < NKV * nb; u++) {
+        const int g = u / nb, c = u % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
+        blockgate_key_stats(st + (size_t)u * per, qkv + C + g * hs, QKV, c * bs, j1, hs);
+    }
+#pragma omp parallel
+    {
+        real* sc = mallocCheck(sizeof(real) * (nb + 1));
+        real* p = mallocCheck(sizeof(real) * (T + 1));
+        real lb[64];
+#pragma omp for schedule(dynamic, 4)
+        for (int r = 0; r < t->nq; r++) {
+            const int i = t->rows[r], lo = i - w < 0 ? 0 : i - w;
+            for (int g = 0; g < NKV; g++) {
+                const real* q = qkv + (size_t)i * QKV + (size_t)g * rep * hs;
+                for (int h = 0; h < rep && h < 64; h++) { /* the band's log-sum-exp per head */
+                    real mx = -INFINITY;
+                    int n = 0;
+                    for (int j = 0; j <= i; j++) {
+                        if (j >= sinks && j < lo) j = lo;
+                        real d = 0;
+                        for (int e = 0; e < hs; e++)
+                            d += q[(size_t)h * hs + e] * qkv[(size_t)j * QKV + C + g * hs + e];
+                        p[n] = d * scale;
+                        mx = p[n] > mx ? p[n] : mx;
+                        n++;
+                    }
+                    double sum = 0;
+                    for (int e = 0; e < n; e++) sum += exp((double)(p[e] - mx));
+                    lb[h] = mx + (real)log(sum);
+                }
+                const size_t rg = (size_t)r * NKV + g;
+                b->nsel[rg] = block_select(
+                    b->sel + rg * b->nbmax, BLOCKS_LEARNED, q, rep, st + (size_t)g * nb * per,
+                    gate + (size_t)g * rep * BLOCKGATE_WIDTH(hs), lb, 1, NULL, 0, i, w, sinks, bs,
+                    nblocks, hs, sc, p);
+            }
+        }
+        free(sc), free(p);
+    }
+    free(st);
+}
+
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
-                  int w, int sinks) {
+                  int w, int sinks, const MassBlocks* b) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, m = t->m;
+    if (b && rep > 64) fatal("the teacher beside a selector takes at most 64 heads per KV head");
     const int ntask = (t->nq + MQ - 1) / MQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
@@ -81,6 +132,7 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
         real* q = mallocCheck(sizeof(real) * MQ * hs);
         real* S = mallocCheck(sizeof(real) * MQ * (size_t)T);
         real* A = mallocCheck(sizeof(real) * MQ * (size_t)T);
+        unsigned char* chosen = b ? callocCheck((size_t)T / b->bs + 2, 1) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask; task++) {
             const int r0 = task * MQ, nr = t->nq - r0 < MQ ? t->nq - r0 : MQ;
@@ -99,7 +151,17 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
                     const float li = (float)l[rows[r]];
                     real* s = S + (size_t)r * n;
                     real* a = A + (size_t)r * n;
-                    for (int j = sinks; j < far; j++) a[j] += exp_f((float)s[j] - li) / NH;
+                    if (!b) {
+                        for (int j = sinks; j < far; j++) a[j] += exp_f((float)s[j] - li) / NH;
+                        continue;
+                    }
+                    /* the mass the blocks of this head's key/value head miss */
+                    const size_t rg = (size_t)(r0 + r) * NKV + h / rep;
+                    const int* sg = b->sel + rg * b->nbmax;
+                    for (int e = 0; e < b->nsel[rg]; e++) chosen[sg[e]] = 1;
+                    for (int j = sinks; j < far; j++)
+                        if (!chosen[j / b->bs]) a[j] += exp_f((float)s[j] - li) / NH;
+                    for (int e = 0; e < b->nsel[rg]; e++) chosen[sg[e]] = 0;
                 }
             }
             for (int r = 0; r < nr; r++) {
@@ -115,6 +177,7 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
         free(q);
         free(S);
         free(A);
+        free(chosen);
     }
 }
 

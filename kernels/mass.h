@@ -36,10 +36,28 @@ typedef struct {
  * rows to rows, returns their number. */
 int mass_sample_rows(int* rows, int T, int w, int sinks, int every, uint64_t seed);
 
+/* The key blocks a block selector chooses for the rows of a teacher (what the centroids beside
+ * the blocks need not hold): sel (nq, NKV, nbmax) ascending-free block indices, nsel (nq, NKV)
+ * their counts, blocks of bs keys. */
+typedef struct {
+    int* sel;
+    int* nsel;
+    int nbmax, bs;
+} MassBlocks;
+
+/* The blocks the learned selector (gate: the layer's NH x BLOCKGATE_WIDTH(hs) weights) keeps for
+ * each row of t and key/value head, nblocks of them beyond the band [i - w, i] and the sinks, as
+ * attention_blocks_forward chooses them (kernels/sparse.h), into b (b->bs set; nbmax >= T / bs +
+ * 1). */
+void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const real* gate,
+                        int nblocks, int T, int NH, int NKV, int hs, int w, int sinks);
+
 /* The teacher of one sequence: for the rows of t (t->rows, t->nq set, ascending), far, idx and p
- * from qkv (T, (NH + 2 NKV) hs) after RoPE and lse (NH, T), the dense forward pass's. */
+ * from qkv (T, (NH + 2 NKV) hs) after RoPE and lse (NH, T), the dense forward pass's. With b
+ * (else NULL), a head's mass on the keys of the blocks b chose for its key/value head is left
+ * out: the teacher of the centroids beside a block selector (the mass the blocks miss). */
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
-                  int w, int sinks);
+                  int w, int sinks, const MassBlocks* b);
 
 /* The gate and the pairs' sample of the objective: lambda, b (METHOD.md section 3; lambda = 0:
  * the affinity G_i . G_j itself, top-1 routing's soft twin), nrand

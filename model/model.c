@@ -294,13 +294,6 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     alloc_router(m);
 }
 
-/* FNV-1a: h advanced over n bytes at p */
-static uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
-    const uint8_t* b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-#define FNV1A_START 0xcbf29ce484222325ull
 
 /* The hash's start for a model of shape c: the fields before the slice's, then for gemma3 the
  * fields after them (the other families' fingerprints are those they had before those fields) */

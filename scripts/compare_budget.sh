@@ -11,7 +11,9 @@
 # selection), and the router along its budgets (ROUTER_MODES_*: fixed k, mass coverage pP:k,
 # narrower windows; the window W_ROUTER_*) when ROUTER is given; the learned block
 # selector (blocks_learned at the BLOCKS_* budgets with the window W_BLOCKS*) when SELECTOR names
-# one (routers/smollm2-135m-pg19-blocks.h5, or a file of focus fit-blocks).
+# one (routers/smollm2-135m-pg19-blocks.h5, or a file of focus fit-blocks); the centroids with the
+# selector (--router SELECTOR,GROUPS: the token router GROUPS_ROUTER's groups beside the selector's blocks,
+# at the same BLOCKS_* budgets and window) when GROUPS_ROUTER names a token router.
 # Knobs (environment): TOKENS (16385: the first 16,384 scored tokens of each set), CTX_LONG
 # (8192), CTX_SHORT (1024), CURVES (a subset of "pg19_long pg19_short wiki_short"), RETRIEVAL=0
 # to skip retrieval, LENGTHS, DEPTHS, TRIALS, and the budget lists below. The random groups run
@@ -48,6 +50,9 @@ done
 [ -z "$router" ] || [ -f "$router" ] || { echo "compare_budget: router $router not found"; exit 1; }
 selector=${SELECTOR:-}
 [ -z "$selector" ] || [ -f "$selector" ] || { echo "compare_budget: selector $selector not found"; exit 1; }
+groups=${GROUPS_ROUTER:-}
+[ -z "$groups" ] || [ -n "$selector" ] || { echo "compare_budget: GROUPS_ROUTER goes with SELECTOR"; exit 1; }
+[ -z "$groups" ] || [ -f "$groups" ] || { echo "compare_budget: router $groups not found"; exit 1; }
 mkdir -p "$out"
 source scripts/blas_env.sh "$focus"
 { date -u +%FT%TZ; git rev-parse --short HEAD 2>/dev/null || true; grep -m1 "model name" /proc/cpuinfo;
@@ -82,6 +87,11 @@ curve() { # name data ctx windows blocks w_blocks w_router router_modes
         "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
             --router "$selector" --modes "$m" --set w="$6" \
             --out "$out/${name}_selector.tsv" 2> /dev/null | tee "$out/${name}_selector.log"
+        if [ -n "$groups" ]; then # the same budgets with the centroids' groups beside the blocks
+            "$focus" eval curve --model "$model" --data "$data" --ctx "$ctx" --max-tokens "$tokens" \
+                --router "$selector,$groups" --modes "$m" --set w="$6" \
+                --out "$out/${name}_centroids.tsv" 2> /dev/null | tee "$out/${name}_centroids.log"
+        fi
     fi
 }
 # CURVES: which of the three to run (all by default)
@@ -106,6 +116,12 @@ if [ "${RETRIEVAL:-1}" != 0 ]; then
             "$focus" eval passkey --model "$model" --task "$task" --router "$selector" --modes "blocks_learned:$n0" \
                 --set w="$W_BLOCKS" --lengths "$LENGTHS" --depths "$DEPTHS" --trials "$TRIALS" \
                 --out "$out/${task}_selector.tsv" 2> /dev/null | tee "$out/${task}_selector.log"
+            if [ -n "$groups" ]; then
+                "$focus" eval passkey --model "$model" --task "$task" --router "$selector,$groups" \
+                    --modes "blocks_learned:$n0" --set w="$W_BLOCKS" --lengths "$LENGTHS" \
+                    --depths "$DEPTHS" --trials "$TRIALS" \
+                    --out "$out/${task}_centroids.tsv" 2> /dev/null | tee "$out/${task}_centroids.log"
+            fi
         fi
     done
 fi

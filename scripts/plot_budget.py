@@ -17,7 +17,8 @@ from plotting import plt  # noqa: E402
 SETS = [("pg19_long", "PG-19 test"), ("pg19_short", "PG-19 test"), ("wiki_short", "WikiText-2 test")]
 LABELS = {"window": "sinks + window", "random": "random groups", "blocks": "Quest blocks",
           "blocks_mean": "mean-key blocks", "oracle": "oracle blocks", "hard": "Focus router",
-          "blocks_learned": "learned block selector"}
+          "blocks_learned": "learned block selector",
+          "centroids+blocks_learned": "centroids + learned selector"}
 
 
 def method(mode):
@@ -30,8 +31,14 @@ def method(mode):
 
 
 def read(path):
+    """a table's rows; in OUT/*_centroids.tsv (the selector with the centroids' groups, the same
+    mode names as the selector's) each mode is named centroids+MODE"""
     with open(path) as f:
-        return list(csv.DictReader(f, delimiter="\t"))
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    if path.endswith("_centroids.tsv"):
+        for r in rows:
+            r["mode"] = "centroids+" + r["mode"]
+    return rows
 
 
 def main():
@@ -85,7 +92,8 @@ def main():
     kept = {r["mode"]: float(r["pairs_kept"]) for r in curves.get("pg19_long", [])}
     tasks = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for p in sorted((glob.glob(os.path.join(out, "*_patterns.tsv")) + glob.glob(os.path.join(out, "*_router.tsv"))
-                    + glob.glob(os.path.join(out, "*_selector.tsv")))):
+                    + glob.glob(os.path.join(out, "*_selector.tsv"))
+                    + glob.glob(os.path.join(out, "*_centroids.tsv")))):
         rows = read(p)
         if not rows or "retrieved" not in rows[0]:
             continue

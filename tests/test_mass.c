@@ -9,13 +9,23 @@
 
 #include "../kernels/mass.h"
 #include "../kernels/router.h"
+#include "../kernels/sparse.h"
 #include "testutil.h"
 
 enum { NH = 4, NKV = 2, HS = 8, T = 320, WIN = 20, SINKS = 2, KEYS = 12, K = 4 };
 
 /* Dense causal attention's log-sum-exps (NH, T) and, for query i, each key's mass averaged over
  * the heads (a, T) restricted to the far keys. */
+static void direct_except(const real* qkv, real* lse, double* a, int i, const MassBlocks* b,
+                          int r_of_i);
 static void direct(const real* qkv, real* lse, double* a, int i) {
+    direct_except(qkv, lse, a, i, NULL, 0);
+}
+
+/* direct, each head's mass on the blocks b chose for row r_of_i and the head's key/value head
+ * left out (b NULL: none) */
+static void direct_except(const real* qkv, real* lse, double* a, int i, const MassBlocks* b,
+                          int r_of_i) {
     const int QKV = (NH + 2 * NKV) * HS, C = NH * HS, rep = NH / NKV;
     for (int j = 0; j < T; j++) a[j] = 0;
     for (int h = 0; h < NH; h++)
@@ -33,8 +43,13 @@ static void direct(const real* qkv, real* lse, double* a, int i) {
             for (int j = 0; j <= r; j++) z += exp(s[j] - mx);
             const double l = mx + log(z);
             if (lse) lse[(size_t)h * T + r] = (real)l;
-            if (i >= 0)
-                for (int j = SINKS; j < r - WIN; j++) a[j] += exp(s[j] - l) / NH;
+            if (i < 0) continue;
+            for (int j = SINKS; j < r - WIN; j++) {
+                int out = 0;
+                const size_t rg = (size_t)r_of_i * NKV + h / rep;
+                for (int e = 0; b && e < b->nsel[rg]; e++) out |= b->sel[rg * b->nbmax + e] == j / b->bs;
+                if (!out) a[j] += exp(s[j] - l) / NH;
+            }
         }
 }
 
@@ -58,7 +73,7 @@ static void check_teacher(Rng* rng) {
                   mallocCheck(sizeof(float) * nq),
                   mallocCheck(sizeof(int) * nq * KEYS),
                   mallocCheck(sizeof(float) * nq * KEYS)};
-    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS);
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, NULL);
     double worst_far = 0, worst_p = 0;
     int order_ok = 1;
     for (int r = 0; r < nq; r++) {
@@ -86,6 +101,63 @@ static void check_teacher(Rng* rng) {
     CHECK(worst_p < 1e-5, "entries off by %g", worst_p);
     CHECK(order_ok, "entries not the largest, largest first");
     free(qkv), free(lse), free(t.far), free(t.idx), free(t.p);
+}
+
+/* The teacher beside a block selector: the blocks chosen per row and key/value head are
+ * distinct candidates (distant keys past the sinks), as many as asked or every candidate; the far
+ * mass is the dense mass left on the other keys, head by head. */
+static void check_teacher_blocks(Rng* rng) {
+    const int QKV = (NH + 2 * NKV) * HS, bs = 16, want = 3;
+    real* qkv = mallocCheck(sizeof(real) * T * QKV);
+    tu_randn(qkv, (size_t)T * QKV, 1.0, rng);
+    real* lse = mallocCheck(sizeof(real) * NH * T);
+    double a[T];
+    direct(qkv, lse, a, -1);
+    int rows[T];
+    const int nq = mass_sample_rows(rows, T, WIN, SINKS, 2, 7);
+    real gate[NH * BLOCKGATE_WIDTH(HS)];
+    blockgate_init(gate, NH, HS);
+    for (int e = 0; e < NH * BLOCKGATE_WIDTH(HS); e++) gate[e] += 0.3 * rng_normal(rng);
+    MassRows t = {nq,
+                  KEYS,
+                  rows,
+                  mallocCheck(sizeof(float) * nq),
+                  mallocCheck(sizeof(int) * nq * KEYS),
+                  mallocCheck(sizeof(float) * nq * KEYS)};
+    MassBlocks b = {mallocCheck(sizeof(int) * nq * NKV * (T / bs + 1)),
+                    mallocCheck(sizeof(int) * nq * NKV), T / bs + 1, bs};
+    mass_choose_blocks(&b, &t, qkv, gate, want, T, NH, NKV, HS, WIN, SINKS);
+    int sel_ok = 1;
+    for (int r = 0; r < nq; r++)
+        for (int g = 0; g < NKV; g++) {
+            const int i = rows[r], c0 = SINKS / bs, c1 = (i - WIN - 1) / bs + 1;
+            const size_t rg = (size_t)r * NKV + g;
+            const int n = b.nsel[rg];
+            sel_ok &= n == (c1 - c0 < want ? c1 - c0 : want);
+            for (int e = 0; e < n; e++) {
+                const int c = b.sel[rg * b.nbmax + e];
+                sel_ok &= c >= c0 && c < c1;
+                for (int e2 = 0; e2 < e; e2++) sel_ok &= b.sel[rg * b.nbmax + e2] != c;
+            }
+        }
+    CHECK(sel_ok, "the chosen blocks are not %d distinct candidates per row and head", want);
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b);
+    double worst = 0, left = 0, all = 0;
+    for (int r = 0; r < nq; r++) {
+        const int i = rows[r];
+        direct_except(qkv, NULL, a, i, &b, r);
+        double M = 0;
+        for (int j = SINKS; j < i - WIN; j++) M += a[j];
+        worst = fmax(worst, fabs(M - t.far[r]));
+        left += M;
+        direct(qkv, NULL, a, i);
+        for (int j = SINKS; j < i - WIN; j++) all += a[j];
+    }
+    printf("  teacher beside %d blocks of %d: far mass %.3f of the dense far mass %.3f, off by %.1e\n",
+           want, bs, left, all, worst);
+    CHECK(worst < 1e-5, "far mass beside the blocks off by %g", worst);
+    CHECK(left < all, "the blocks left out no mass (%g of %g)", left, all);
+    free(qkv), free(lse), free(t.far), free(t.idx), free(t.p), free(b.sel), free(b.nsel);
 }
 
 /* A synthetic teacher: rows with random far keys and masses. */
@@ -216,6 +288,7 @@ int main(void) {
     Rng rng;
     rng_seed(&rng, 42);
     check_teacher(&rng);
+    check_teacher_blocks(&rng);
     check_gradient(&rng);
     check_gradient_qk(&rng);
     return tu_finish("test_mass");

@@ -21,6 +21,7 @@
  * after; the memory the plan predicts beside the measured peak at the end. CPU only: the teacher
  * reads the CPU forward pass's activations. */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 
 #include <omp.h>
 
+#include "../checkpoints/blockgate_h5.h"
 #include "../checkpoints/router_h5.h"
 #include "../io/io.h"
 #include "../kernels/adamw.h"
@@ -40,16 +42,21 @@
 #include "loop.h"
 
 #define MASS_MAGIC "FOCUSMT1"
-#define MASS_VERSION 1u
+#define MASS_VERSION 2u
 
 /* The fixed header of a teacher file, then `layers` int32 layer indices, then one chunk per
  * routed layer: h (T, C) bf16, rows (nq) int32, far (nq) f32, idx (nq, keys) int32, p (nq, keys)
- * f32. Little-endian, as written. */
+ * f32. Little-endian, as written. Version 2 adds the block selector the teacher leaves out
+ * (blocks per query, block size, a hash of its weights; 0 without one); a version 1 file (the
+ * header without them) is read as a teacher without a selector. */
 typedef struct {
     char magic[8];
     uint32_t version, T, C, layers, nq, keys, w, sinks;
     uint64_t fingerprint, offset;
+    uint32_t sel_blocks, sel_bs;
+    uint64_t sel_hash;
 } MassHeader;
+#define MASS_HEADER_V1 offsetof(MassHeader, sel_blocks)
 
 /* What one window holds: the sampled query rows are the same in every layer. */
 typedef struct {
@@ -58,6 +65,9 @@ typedef struct {
     uint16_t* h;       /* (nl, T, C) */
     MassRows* t;       /* (nl) */
     int* slot;         /* (L) index of each layer among the routed ones, -1 */
+    /* the block selector whose blocks the teacher leaves out (mass_selector; blocks 0: none) */
+    int sel_blocks, sel_bs;
+    uint64_t sel_hash;
 } Window;
 
 static size_t chunk_bytes(const Window* w) {
@@ -66,7 +76,7 @@ static size_t chunk_bytes(const Window* w) {
 
 static void window_alloc(Window* w, int nl, const int* layers, int* slot, int T, int C, int nq,
                          int keys) {
-    *w = (Window){nl, T, C, nq, keys, layers, NULL, NULL, slot};
+    *w = (Window){nl, T, C, nq, keys, layers, NULL, NULL, slot, 0, 0, 0};
     w->h = mallocCheck(sizeof(uint16_t) * (size_t)nl * T * C);
     w->t = mallocCheck(sizeof(MassRows) * nl);
     for (int s = 0; s < nl; s++) {
@@ -101,10 +111,27 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     const Window* w = o->win;
     const int s = w->slot[layer];
     if (s < 0 || B != 1) return;
-    const ModelConfig* c = &o->m->cfg;
+    const Model* m = o->m;
+    const ModelConfig* c = &m->cfg;
+    const int NH = model_heads(c), NKV = model_kv_heads(c), hs = model_head_size(c);
     real_to_bf16_rows(w->h + (size_t)s * T * c->C, h, (size_t)T * c->C);
-    mass_teacher(&w->t[s], qkv, lse, T, model_heads(c), model_kv_heads(c), model_head_size(c),
-                 o->m->fc.w, o->m->fc.sinks);
+    if (!w->sel_blocks) {
+        mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, NULL);
+        return;
+    }
+    /* beside a block selector: the blocks it keeps in this layer (its per-layer budget scaled
+     * to sel_blocks, as model_layer_blocks does) are left out of the teacher */
+    int n = w->sel_blocks;
+    if (m->blockgate_blocks && m->blockgate_n0 > 0)
+        n = (int)((2LL * m->blockgate_blocks[layer] * n + m->blockgate_n0) /
+                  (2LL * m->blockgate_n0));
+    MassBlocks b = {NULL, NULL, T / w->sel_bs + 1, w->sel_bs};
+    b.sel = mallocCheck(sizeof(int) * (size_t)w->nq * NKV * b.nbmax);
+    b.nsel = mallocCheck(sizeof(int) * (size_t)w->nq * NKV);
+    mass_choose_blocks(&b, &w->t[s], qkv, m->blockgate + (size_t)layer * NH * BLOCKGATE_WIDTH(hs),
+                       n, T, NH, NKV, hs, m->fc.w, m->fc.sinks);
+    mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, &b);
+    free(b.sel), free(b.nsel);
 }
 
 static void window_path(char* path, size_t n, const char* out, int k) {
@@ -118,7 +145,8 @@ static void window_write(const char* path, const Window* w, uint64_t fingerprint
     MassHeader hd = {MASS_MAGIC,        MASS_VERSION,    (uint32_t)w->T,
                      (uint32_t)w->C,    (uint32_t)w->nl, (uint32_t)w->nq,
                      (uint32_t)w->keys, (uint32_t)f->w,  (uint32_t)f->sinks,
-                     fingerprint,       offset};
+                     fingerprint,       offset,          (uint32_t)w->sel_blocks,
+                     (uint32_t)w->sel_bs, w->sel_hash};
     const int np = 2 + 5 * w->nl;
     const void** parts = mallocCheck(sizeof(void*) * np);
     size_t* sizes = mallocCheck(sizeof(size_t) * np);
@@ -137,8 +165,9 @@ static void window_write(const char* path, const Window* w, uint64_t fingerprint
     free(sizes);
 }
 
-/* 1 when path holds a teacher window of this run (header, layers and size as expected); 0 when
- * it does not exist; fatal, naming the file, when it exists but does not match. */
+/* The header's bytes (a version 1 file's are fewer) when path holds a teacher window of this
+ * run (header, layers and size as expected); 0 when it does not exist; fatal, naming the file,
+ * when it exists but does not match. */
 static int window_check(const char* path, const Window* w, uint64_t fingerprint,
                         const FocusConfig* f) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -146,15 +175,25 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
         if (errno == ENOENT) return 0;
         fatal("%s: cannot open: %s", path, strerror(errno));
     }
-    MassHeader hd;
+    MassHeader hd = {0};
     struct stat st;
-    const size_t want = sizeof hd + sizeof(int) * w->nl + chunk_bytes(w) * w->nl;
-    if (fstat(fd, &st) || pread(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+    if (fstat(fd, &st) || pread(fd, &hd, MASS_HEADER_V1, 0) != (ssize_t)MASS_HEADER_V1)
+        fatal("%s: truncated teacher file (%lld bytes); delete it and resume to collect it again",
+              path, (long long)st.st_size);
+    if (memcmp(hd.magic, MASS_MAGIC, 8) || hd.version < 1 || hd.version > MASS_VERSION)
+        fatal("%s: not a focus teacher file of version 1 to %u", path, MASS_VERSION);
+    const size_t head = hd.version == 1 ? MASS_HEADER_V1 : sizeof hd;
+    if (hd.version > 1 && pread(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
         fatal("%s: truncated teacher file (%lld bytes); delete it and resume to collect it again",
               path, (long long)st.st_size);
     close(fd);
-    if (memcmp(hd.magic, MASS_MAGIC, 8) || hd.version != MASS_VERSION)
-        fatal("%s: not a focus teacher file of version %u", path, MASS_VERSION);
+    const size_t want = head + sizeof(int) * w->nl + chunk_bytes(w) * w->nl;
+    if (hd.sel_blocks != (uint32_t)w->sel_blocks || hd.sel_bs != (uint32_t)w->sel_bs ||
+        hd.sel_hash != w->sel_hash)
+        fatal(
+            "%s: collected %s a block selector's blocks (%u per query) than this run (%d): use "
+            "another run folder, or delete the teacher",
+            path, hd.sel_blocks ? "beside other" : "without", hd.sel_blocks, w->sel_blocks);
     if (hd.fingerprint != fingerprint)
         fatal("%s: collected from another base model (fingerprint differs)", path);
     if (hd.T != (uint32_t)w->T || hd.C != (uint32_t)w->C || hd.layers != (uint32_t)w->nl ||
@@ -168,14 +207,14 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
     if ((size_t)st.st_size != want)
         fatal("%s: %lld bytes, expected %zu; delete it and resume to collect it again", path,
               (long long)st.st_size, want);
-    return 1;
+    return (int)head;
 }
 
 /* Layer s of window file fd into h (T, C) and t. */
-static void window_read_layer(int fd, const char* path, const Window* w, int s, real* h,
-                              uint16_t* hb, MassRows* t) {
+static void window_read_layer(int fd, int head, const char* path, const Window* w, int s,
+                              real* h, uint16_t* hb, MassRows* t) {
     const size_t nk = (size_t)w->nq * w->keys;
-    off_t off = (off_t)(sizeof(MassHeader) + sizeof(int) * w->nl + chunk_bytes(w) * s);
+    off_t off = (off_t)((size_t)head + sizeof(int) * w->nl + chunk_bytes(w) * s);
     void* dst[5] = {hb, t->rows, t->far, t->idx, t->p};
     const size_t sz[5] = {(size_t)w->T * w->C * 2, sizeof(int) * w->nq, sizeof(float) * w->nq,
                           sizeof(int) * nk, sizeof(float) * nk};
@@ -263,6 +302,7 @@ typedef struct {
     Model* m;
     const Window* w;
     const int* fds;
+    const int* heads; /* each window file's header bytes */
     const char* out;
     double* part; /* (nl, 3): each layer's loss, far mass and far pairs top-1 groups keep, summed
                    * over windows */
@@ -338,7 +378,8 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
             part[0] = part[1] = part[2] = 0;
             for (int b = 0; b < nw; b++) {
                 window_path(wpath, sizeof wpath, P->out, wins[b]);
-                window_read_layer(P->fds[wins[b]], wpath, w, s, h, x->hb, &x->t);
+                window_read_layer(P->fds[wins[b]], P->heads[wins[b]], wpath, w, s, h, x->hb,
+                                  &x->t);
                 router_scores_forward(x->proj, S, h, wg, cent, T, c->C, dg, K);
                 routing_forward(G, NULL, S, beta, r, 1, T, K, f->tau, f->iters);
                 memset(dG, 0, sizeof(real) * (size_t)T * K);
@@ -437,6 +478,23 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
               f->w, f->sinks);
     Window w;
     window_alloc(&w, nl, layers, slot, T, c->C, nq, rc->mass_keys);
+    if (rc->mass_selector[0]) { /* the teacher: the mass a block selector's blocks miss */
+        BlockGateInfo bi;
+        blockgate_load(rc->mass_selector, m, &bi, model_fingerprint(m));
+        const int NH = model_heads(c), hs = model_head_size(c);
+        if (f->w < bi.block - 1)
+            fatal("retrofit: mass_selector %s: w = %d is narrower than its blocks of %d less one",
+                  rc->mass_selector, f->w, bi.block);
+        w.sel_blocks = rc->mass_blocks, w.sel_bs = bi.block;
+        w.sel_hash = fnv1a(FNV1A_START, m->blockgate,
+                           sizeof(real) * (size_t)L * NH * BLOCKGATE_WIDTH(hs));
+        if (m->blockgate_blocks)
+            w.sel_hash = fnv1a(w.sel_hash, m->blockgate_blocks, sizeof(int) * (size_t)L);
+        printf(
+            "teacher: the attention mass beyond the window that %s's %d key blocks of %d per "
+            "query (its per-layer budgets) leave out\n",
+            rc->mass_selector, rc->mass_blocks, bi.block);
+    }
     /* the windows' offsets: from the seed alone, so a resumed run collects the same ones */
     uint64_t* offs = mallocCheck(sizeof(uint64_t) * rc->mass_windows);
     Rng wr;
@@ -498,9 +556,11 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     double* part = mallocCheck(sizeof(double) * 3 * nl); /* each layer's loss and kept shares */
     int* wins = mallocCheck(sizeof(int) * B);
     int* fds = mallocCheck(sizeof(int) * rc->mass_windows);
+    int* heads = mallocCheck(sizeof(int) * rc->mass_windows);
     char path[4096];
     for (int k = 0; k < rc->mass_windows; k++) {
         window_path(path, sizeof path, out, k);
+        heads[k] = window_check(path, &w, fp, f);
         fds[k] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[k] < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     }
@@ -508,6 +568,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     Pass P = {m,
               &w,
               fds,
+              heads,
               out,
               part,
               {rc->mass_gate ? f->lambda : 0, f->bias, rc->mass_pairs, f->w, f->sinks},

@@ -61,6 +61,10 @@
       "mass: 1 scores pairs by the soft gate (lambda, b), 0 by the affinity G_i . G_j itself")   \
     X(train, mass_pairs, INT, mass_pairs, "32", 0, 65536, 0,                                     \
       "mass: random far keys per query that measure the pairs kept (0: mass term only)")         \
+    X(train, mass_selector, STR, mass_selector, "", 0, 0, 0,                                     \
+      "mass: a block selector (fit-blocks); the teacher is then the mass its blocks miss")       \
+    X(train, mass_blocks, INT, mass_blocks, "8", 1, 65536, 0,                                    \
+      "mass: blocks per query of mass_selector the teacher leaves out")                          \
     X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")     \
     X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                        \
     X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0,                               \
