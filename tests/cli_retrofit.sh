@@ -188,6 +188,24 @@ err=$("$focus" eval curve "${fb[@]}" --max-tokens 300 --ctx 64 --router "$work/s
 [ $rc -ne 0 ] && echo "$err" | grep -q "needs --router" && ok "a token-router mode with a selector refused" || bad "hard:1 with selector: rc=$rc $err"
 err=$("$focus" eval ppl "${data[@]}" --attn blocks_learned 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "needs --router SELECTOR.h5" && ok "blocks_learned without a selector refused" || bad "blocks_learned alone: rc=$rc $err"
+# the centroids beside the selector: a qproj router trained on the mass the selector's blocks miss
+# (mass_selector), then --router SELECTOR,ROUTER evaluates the blocks with the groups' keys added
+# (more pairs than the blocks alone) and generates; a teacher collected beside other blocks, and
+# the files in the other order, are refused in one line
+ms=("${small[@]}" --set model="$work/full/base.gguf" --set objective=mass --set T=128 --set w=8 --set mass_windows=2 --set mass_every=1 --set mass_keys=8 --set steps=2 --set qproj=1 --set mass_selector="$work/sel.h5" --set mass_blocks=2)
+"$focus" retrofit --config configs/tiny.conf "${ms[@]}" --out "$work/msel" > "$work/msel.log" 2>&1
+o1=$("$focus" eval ppl "${data[@]}" --router "$work/sel.h5" --attn blocks_learned --set blocks=2 2>/dev/null)
+o2=$("$focus" eval ppl "${data[@]}" --router "$work/sel.h5,$work/msel/router.h5" --attn blocks_learned --set blocks=2 2>/dev/null)
+k1=$(echo "$o1" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p'); k2=$(echo "$o2" | sed -n 's/pairs kept \([0-9.]*\).*/\1/p')
+g=$("$focus" generate --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/sel.h5,$work/msel/router.h5" --prompt "To be, or not" -n 4 2>/dev/null)
+grep -q "key blocks of 8 per query .* leave out" "$work/msel.log" && grep -q "^step     2/2 | mass " "$work/msel.log" &&
+  [ -n "$k1" ] && [ -n "$k2" ] && awk -v a="$k1" -v b="$k2" 'BEGIN { exit !(b > a) }' && [ -n "$g" ] &&
+  ok "mass_selector: the centroids beside the blocks train, evaluate (pairs $k1 -> $k2) and generate" || { bad "mass_selector: '$k1' '$k2' '$g'"; tail -3 "$work/msel.log"; }
+err=$("$focus" retrofit --resume "$work/msel" --set mass_blocks=3 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "window_0000.bin: collected beside 2 blocks per query of a block selector (0: none), this run asks for 3" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a teacher beside other blocks refused: $err" || bad "teacher blocks mismatch: rc=$rc $err"
+err=$("$focus" eval ppl "${data[@]}" --router "$work/msel/router.h5,$work/sel.h5" 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "the first file must be a block selector" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "--router ROUTER,SELECTOR refused: $err" || bad "router order: rc=$rc $err"
+rm -rf "$work/msel"
 "$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_multikey --modes dense,window:16 --lengths 250 --depths 0.5 --trials 2 --out "$work/niah.tsv" > "$work/niah.log" 2>/dev/null
 [ "$(grep -c "niah_multikey" "$work/niah.tsv")" -eq 4 ] && grep -q "window:16: .* retrieved" "$work/niah.log" && ok "eval passkey --task niah_multikey" || { bad "niah"; cat "$work/niah.log"; }
 err=$("$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_colour --lengths 150 2>&1 >/dev/null); rc=$?

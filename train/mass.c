@@ -191,9 +191,10 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
     if (hd.sel_blocks != (uint32_t)w->sel_blocks || hd.sel_bs != (uint32_t)w->sel_bs ||
         hd.sel_hash != w->sel_hash)
         fatal(
-            "%s: collected %s a block selector's blocks (%u per query) than this run (%d): use "
-            "another run folder, or delete the teacher",
-            path, hd.sel_blocks ? "beside other" : "without", hd.sel_blocks, w->sel_blocks);
+            "%s: collected beside %u blocks per query of a block selector (0: none), this run "
+            "asks for %d%s: use another run folder, or delete its teacher",
+            path, hd.sel_blocks, w->sel_blocks,
+            hd.sel_blocks == (uint32_t)w->sel_blocks ? " of another selector" : "");
     if (hd.fingerprint != fingerprint)
         fatal("%s: collected from another base model (fingerprint differs)", path);
     if (hd.T != (uint32_t)w->T || hd.C != (uint32_t)w->C || hd.layers != (uint32_t)w->nl ||
