@@ -805,30 +805,60 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
 
 int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
-                 int w, int sinks, int bs, int nsel, int hs, real* sc, real* p) {
+                 int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p) {
     const int far_end = i - w;
     const int c0 = sinks / bs, c1 = far_end > sinks ? (far_end - 1) / bs + 1 : c0;
+    /* a fixed count, or with cover at most nsel blocks (nsel <= 0: any number) */
+    const int cap = cover > 0 && nsel <= 0 ? c1 - c0 : nsel;
     int ns = 0;
-    if (c1 - c0 <= nsel) {
+    if (cover <= 0 && c1 - c0 <= nsel) {
         for (int c = c0; c < c1; c++) sel[ns++] = c;
         return ns;
     }
-    if (nsel <= 0) return 0;
+    if (cap <= 0 || c1 <= c0) return 0;
+    const real scale = (real)(1.0 / sqrt((double)hs));
     block_scores(sc, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs, c0, c1, hs,
-                 (real)(1.0 / sqrt((double)hs)), p);
-    for (; ns < nsel; ns++) { /* the nsel best, ties to the earlier block */
+                 scale, p);
+    /* cover (Twilight's top-p): blocks in order of score until their estimated share of the
+     * attention mass reaches cover. The learned selector's and the oracle's scores are shares of
+     * each head's whole attention already (summed over the rep heads; what the blocks do not
+     * hold, the band and the sinks, counts as covered); Quest's bounds and the mean keys'
+     * products become shares of the distant mass by a softmax of the heads' mean score, each
+     * block weighted by its count of distant keys (into p) */
+    double covered = 0, target = cover;
+    const int shares = score == BLOCKS_LEARNED || score == BLOCKS_ORACLE;
+    if (cover > 0 && shares) {
+        double tot = 0;
+        for (int c = c0; c < c1; c++) tot += sc[c];
+        covered = rep - tot, target = (double)cover * rep;
+    } else if (cover > 0) {
+        real mx = -INFINITY;
+        for (int c = c0; c < c1; c++) {
+            int j0, j1;
+            distant_range(c, bs, sinks, far_end, &j0, &j1);
+            p[c] = scale * sc[c] / rep + logf((real)(j1 - j0));
+            mx = p[c] > mx ? p[c] : mx;
+        }
+        double z = 0;
+        for (int c = c0; c < c1; c++) z += exp_f(p[c] - mx);
+        for (int c = c0; c < c1; c++) p[c] = (real)(exp_f(p[c] - mx) / z);
+    }
+    for (; ns < cap; ns++) { /* the best first, ties to the earlier block */
+        if (cover > 0 && covered >= target) break;
         int best = -1;
         for (int c = c0; c < c1; c++)
             if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
         if (best < 0) break; /* only non-finite scores left */
         sel[ns] = best;
+        covered += shares ? sc[best] : p[best];
         sc[best] = -INFINITY;
     }
     return ns;
 }
 
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                                int nsel, BlockScore score, const real* gate, const uint32_t* qmask,
+                                int nsel, real cover, BlockScore score, const real* gate,
+                                const uint32_t* qmask,
                                 const uint32_t* kmask, int K, int B, int T, int NH, int NKV,
                                 int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nb = (T + bs - 1) / bs;
@@ -863,7 +893,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             int* sel = mallocCheck(sizeof(int) * (nb + 1));
             real* p = mallocCheck(sizeof(real) * (T + 1));
             /* the chosen keys' scores and the outputs of the rep heads */
-            const int ldS = (nsel < 1 ? 1 : nsel < nb ? nsel : nb) * bs /* at most every block */
+            const int most = cover > 0 && nsel <= 0 ? nb : nsel; /* blocks a query may keep */
+            const int ldS = (most < 1 ? 1 : most < nb ? most : nb) * bs /* at most every block */
                             + (qmask ? T : 0);                          /* and the group keys */
             real* S = mallocCheck(sizeof(real) * (size_t)rep * ldS);
             /* the group keys outside the chosen blocks: their positions, keys and values */
@@ -883,7 +914,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                                  st + (size_t)kvh * nb * per,
                                  gate ? gate + (size_t)kvh * rep * BLOCKGATE_WIDTH(hs) : NULL,
                                  lse + ((size_t)b * NH + kvh * rep) * T + i, (size_t)T,
-                                 base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, hs, sc, p);
+                                 base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, cover, hs,
+                                 sc, p);
                 /* the distant keys of the query's groups that no chosen block holds, each in the
                  * lowest group it shares with the query */
                 int nx = 0;

@@ -110,7 +110,9 @@ void blockgate_init(real* wgt, int n, int hs);
 
 /* Sinks, window and the nsel best key blocks (of bs positions, block c = [c bs, (c + 1) bs))
  * among each query's distant keys [sinks, i - w), chosen per key/value head from the scores of
- * its query heads summed; a query with at most nsel candidate blocks keeps them all. gate: the
+ * its query heads summed; a query with at most nsel candidate blocks keeps them all. cover > 0:
+ * instead the best blocks until they hold a share cover of the estimated attention mass (at most
+ * nsel of them; nsel <= 0: no limit), as block_select says. gate: the
  * learned selector's weights of this layer (NH x BLOCKGATE_WIDTH(hs)) for BLOCKS_LEARNED, else
  * unused. Returns the pairs kept, summed over the queries of all B sequences (a query's pairs
  * averaged over its heads). qmask, kmask (B, T; NULL: none): token groups (K of them) as in
@@ -118,7 +120,8 @@ void blockgate_init(real* wgt, int n, int hs);
  * with it and lie in no block it chose (the centroids with blocks: a key is taken once, in the
  * lowest group it shares with the query). */
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                                int nsel, BlockScore score, const real* gate, const uint32_t* qmask,
+                                int nsel, real cover, BlockScore score, const real* gate,
+                                const uint32_t* qmask,
                                 const uint32_t* kmask, int K, int B, int T, int NH, int NKV,
                                 int hs);
 
@@ -128,11 +131,16 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
  * earlier block) for the rep query heads q (stride hs) from the blocks' statistics st (per block
  * BLOCKGATE_STATS(hs), from block 0); gate, lband (stride ldl): BLOCKS_LEARNED's weights of the
  * rep heads and their band log-sum-exps; k (stride ldk): every key up to i, BLOCKS_ORACLE only
- * (else unused). Scratch: sc (a score per block), p (max(i + 1, blocks) values). The forward
+ * (else unused). cover > 0 (a mass-adaptive budget, Twilight's top-p): the best blocks until
+ * their estimated share of the attention mass reaches cover, at most nsel (nsel <= 0: any
+ * number): the learned selector's and the oracle's scores are shares of each head's whole
+ * attention (the band and sinks count as covered), Quest's and the mean keys' become shares of
+ * the distant mass by a softmax of the heads' mean score weighted by each block's key count.
+ * Scratch: sc (a score per block), p (max(i + 1, blocks) values). The forward
  * kernel above and the decode step (model/decode.c) choose through it. */
 int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
-                 int w, int sinks, int bs, int nsel, int hs, real* sc, real* p);
+                 int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p);
 
 /* Pairs that query i keeps from its band (window and sinks). */
 double band_pairs_kept(int i, int w, int sinks);

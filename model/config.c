@@ -163,10 +163,11 @@ static void format_float(char* buf, size_t n, float x) {
 
 /* "2": a fixed budget; "p0.9": groups until 90 % of G_i; "p0.9:2": the same, at most 2. The
  * budget and the cap are in [lo, hi]. */
-static int parse_topk(const char* v, FocusConfig* f, double lo, double hi) {
+/* A budget: a count n ("k"), or a share p with at most n ("pP:k") or no limit ("pP", n = 0) */
+static int parse_topk(const char* v, int* n, float* share, double lo, double hi) {
     if (v[0] != 'p') {
-        f->topp = 0;
-        return parse_int(v, &f->topk, lo, hi);
+        *share = 0;
+        return parse_int(v, n, lo, hi);
     }
     char* end;
     double p = strtod(v + 1, &end);
@@ -177,10 +178,14 @@ static int parse_topk(const char* v, FocusConfig* f, double lo, double hi) {
     } else if (*end) {
         return -2;
     }
-    f->topp = (float)p;
-    f->topk = cap;
+    *share = (float)p;
+    *n = cap;
     return 0;
 }
+/* the share lies right after its count in FocusConfig */
+_Static_assert(offsetof(FocusConfig, topp) == offsetof(FocusConfig, topk) + sizeof(int) &&
+                   offsetof(FocusConfig, blocks_p) == offsetof(FocusConfig, blocks) + sizeof(int),
+               "a budget's share follows its count");
 
 /* "none", or layer indices and ranges: "0,1,28-29" */
 static int parse_layers(const char* v, uint64_t* bits) {
@@ -276,8 +281,7 @@ int setting_parse(const Setting* s, void* base, const char* v) {
             *(LocalLayers*)field = (LocalLayers)i;
             return 0;
         case SETTING_TOPK:
-            return parse_topk(v, (FocusConfig*)((char*)field - offsetof(FocusConfig, topk)), s->lo,
-                              s->hi);
+            return parse_topk(v, field, (float*)((char*)field + sizeof(int)), s->lo, s->hi);
         case SETTING_LAYERS:
             return parse_layers(v, field);
     }
@@ -317,10 +321,9 @@ const char* setting_format(const Setting* s, const void* base, int exact, char* 
             break;
         case SETTING_TOPK: {
             char t[32];
-            snprintf(
-                buf, n, "%s",
-                focus_topk_str(
-                    (const FocusConfig*)((const char*)field - offsetof(FocusConfig, topk)), t));
+            snprintf(buf, n, "%s",
+                     budget_str(*(const int*)field,
+                                *(const float*)((const char*)field + sizeof(int)), t));
             break;
         }
         case SETTING_LAYERS: {
@@ -364,7 +367,7 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             snprintf(buf, n, "one of window, route, dense");
             break;
         case SETTING_TOPK:
-            snprintf(buf, n, "k, pP or pP:k with k from %g to %g and 0 < P <= 1", s->lo, s->hi);
+            snprintf(buf, n, "N, pP or pP:N with N from %g to %g and 0 < P <= 1", s->lo, s->hi);
             break;
         case SETTING_LAYERS:
             snprintf(buf, n, "none, or layers and ranges from 0 to 255 (0,1,28-29)");
@@ -523,14 +526,18 @@ void config_validate(const ModelConfig* c, const FocusConfig* f) {
     if (!(f->tau > 0)) fatal("focus config: tau=%g must be positive", (double)f->tau);
 }
 
-const char* focus_topk_str(const FocusConfig* f, char* buf) {
-    if (f->topp > 0 && f->topk > 0)
-        snprintf(buf, 32, "p%g:%d", (double)f->topp, f->topk);
-    else if (f->topp > 0)
-        snprintf(buf, 32, "p%g", (double)f->topp);
+const char* budget_str(int n, float p, char* buf) {
+    if (p > 0 && n > 0)
+        snprintf(buf, 32, "p%g:%d", (double)p, n);
+    else if (p > 0)
+        snprintf(buf, 32, "p%g", (double)p);
     else
-        snprintf(buf, 32, "%d", f->topk);
+        snprintf(buf, 32, "%d", n);
     return buf;
+}
+
+const char* focus_topk_str(const FocusConfig* f, char* buf) {
+    return budget_str(f->topk, f->topp, buf);
 }
 
 const char* focus_dense_layers_str(const FocusConfig* f, char* buf, size_t n) {

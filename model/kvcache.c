@@ -352,7 +352,7 @@ static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, con
                            ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
                            : NULL;
     return block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n, f->w,
-                        f->sinks, f->block, model_layer_blocks(m, l), hs, sc, p);
+                        f->sinks, f->block, model_layer_blocks(m, l), f->blocks_p, hs, sc, p);
 }
 
 /* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep

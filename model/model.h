@@ -141,6 +141,7 @@ typedef struct {
     int sinks;       /* the first `sinks` positions are kept by every query, every mode */
     int block;       /* blocks, blocks_mean, oracle: key block size */
     int blocks;      /* blocks, blocks_mean, oracle: key blocks kept per query beyond the band */
+    float blocks_p;  /* ... adaptive: until this share of the estimated mass (blocks: at most) */
     uint64_t dense_layers[4]; /* bitset: layers that keep dense attention (router unused) */
     float tau;                /* Sinkhorn / softmax temperature */
     float lambda, bias;       /* gate sharpness and offset (initial values if learned) */
@@ -485,6 +486,8 @@ AttnMode model_layer_attn(const Model* m, int l);
 int model_layer_routed(const Model* m, int l);
 /* "1", "2", or "p0.9" / "p0.9:2" for an adaptive budget (with a cap on k). buf: 32 bytes. */
 const char* focus_topk_str(const FocusConfig* f, char* buf);
+/* a budget as its setting reads: "n", "pP" (n = 0) or "pP:n"; buf of 32 bytes */
+const char* budget_str(int n, float p, char* buf);
 /* "0,1,29", or "none". buf: at least 1024 bytes. */
 const char* focus_dense_layers_str(const FocusConfig* f, char* buf, size_t n);
 /* The model shape c within its settings' ranges (settings.h) and consistent: 0, or -1 with a

@@ -292,7 +292,7 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
         case ATTN_KERNEL_BLOCKS:
             kept = attention_blocks_forward(
                 la->att, la->lse, la->qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
-                attn_block_score(mode),
+                f->blocks_p, attn_block_score(mode),
                 m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL,
                 with_groups ? la->qmask : NULL, with_groups ? la->mask : NULL, f->K, B, T, NH, NKV,
                 hs);

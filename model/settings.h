@@ -84,8 +84,9 @@
       "oracle (training-free patterns at the same budget) | blocks_learned (fit-blocks)")          \
     X(focus, block, INT, block, "64", 1, 1048576, SET_EVAL,                                        \
       "blocks, blocks_mean, oracle, blocks_learned: key block size")                               \
-    X(focus, blocks, INT, blocks, "8", 0, 1048576, SET_EVAL,                                       \
-      "blocks, blocks_mean, oracle: key blocks kept per query beyond sinks and window")            \
+    X(focus, blocks, TOPK, blocks, "8", 0, 1048576, SET_EVAL,                                      \
+      "block patterns: key blocks kept per query beyond sinks and window, N; or pP / pP:N the "    \
+      "best blocks until a share P of the estimated attention mass (at most N)")                   \
     X(focus, local, LOCAL, local, "window", 0, 0, SET_ROUTER,                                      \
       "a model's sliding-window layers (gemma3): window (their own), route (as the others), "      \
       "dense")
@@ -98,7 +99,7 @@ typedef enum {
     SETTING_ARCH,
     SETTING_ATTN,
     SETTING_ROUTING,
-    SETTING_TOPK,   /* topk and the topp after it in FocusConfig */
+    SETTING_TOPK,   /* a count and the share after it (topk, topp; blocks, blocks_p): k, pP, pP:k */
     SETTING_LAYERS, /* the dense_layers bitset */
     SETTING_LOCAL,  /* LocalLayers */
     SETTING_OBJECTIVE

@@ -139,6 +139,8 @@ static LocalLayers local_mode = LOCAL_WINDOW;
 static int qproj_mode = 0;
 /* the router's groups beside the blocks of a block pattern (--router SELECTOR.h5,ROUTER.h5) */
 static int groups_mode = 0;
+/* the block patterns' mass-adaptive budget in the next runs (blocks_p; 0: 2 blocks) */
+static float blocks_p = 0;
 
 static void run(const char* preset, AttnMode attn, int topk, int sinks, float topp, int dense0) {
     ModelConfig cfg;
@@ -150,7 +152,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     fc.sinks = sinks, fc.topp = topp, fc.local = local_mode, fc.qproj = qproj_mode;
     if (dense0) fc.dense_layers[0] = 1;
     const int blocks = attn >= ATTN_BLOCKS;
-    if (blocks) fc.block = 4, fc.blocks = 2; /* w = 6 >= block - 1 */
+    if (blocks) fc.block = 4, fc.blocks = blocks_p > 0 ? 3 : 2, fc.blocks_p = blocks_p; /* w = 6 >= block - 1 */
     Model m;
     model_build(&m, &cfg, &fc);
     if (attn == ATTN_BLOCKS_LEARNED) {
@@ -243,13 +245,14 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     free(all);
     double dense_pairs = (double)cfg.L * cfg.NH * T * (T + 1) / 2;
     printf(
-        "  %-10s %-5s%s%s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e "
+        "  %-10s %-5s%s%s%s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e "
         "(max "
         "|logit| %.1f), prefill %.2e, f16 cache %.1e, pairs %.3f of dense\n",
         preset,
         (const char*[]){"dense", "soft", "hard", "window", "random", "blocks", "blocks_mean",
                         "oracle", "blocks_learned"}[attn],
-        fc.qproj ? " (query projection)" : "", m.blocks_with_groups ? " + groups" : "", topk, (double)topp, sinks,
+        fc.qproj ? " (query projection)" : "", m.blocks_with_groups ? " + groups" : "",
+        blocks && fc.blocks_p > 0 ? " (blocks to p=0.7)" : "", topk, (double)topp, sinks,
         dense0 ? " layer 0 dense" : "", worst, scale, wp, wh, c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),
           "%s: decode path differs from the full pass by %g", preset, worst);
@@ -353,5 +356,10 @@ int main(void) {
     run("tiny-llama", ATTN_BLOCKS_LEARNED, 1, 2, 0, 0);
     run("tiny-gpt2", ATTN_BLOCKS, 1, 0, 0, 1);
     groups_mode = 0;
+    /* a mass-adaptive budget: blocks until 0.7 of the estimated mass, at most 3 */
+    blocks_p = 0.7f;
+    run("tiny-llama", ATTN_BLOCKS_LEARNED, 1, 3, 0, 0);
+    run("tiny-gemma3", ATTN_BLOCKS, 1, 2, 0, 0);
+    blocks_p = 0;
     return tu_finish("test_decode");
 }

@@ -190,8 +190,9 @@ static void learned_scores(double* sc, const real* base, const double* s, const 
  * chosen blocks' distant keys. Returns the pairs kept; *mass (unless NULL) gains the dense
  * attention mass the kept pairs hold, summed over queries and heads. */
 static double blocks_reference(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
-                               int nsel, BlockScore score, const real* gate, const uint32_t* qm,
-                               const uint32_t* km, int B, int T, double* mass) {
+                               int nsel, double cover, BlockScore score, const real* gate,
+                               const uint32_t* qm, const uint32_t* km, int B, int T,
+                               double* mass) {
     const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const double scale = 1 / sqrt((double)HS);
     double kept = 0;
@@ -242,10 +243,32 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                         }
                     }
                 }
-                for (int t = 0; t < nsel && t < c1 - c0; t++) {
+                /* cover: the best blocks until their estimated share of the mass reaches it
+                 * (shares of the whole attention for the learned and oracle scores, else a
+                 * softmax over the blocks of the heads' mean score plus log of the key count) */
+                const int shares = score == BLOCKS_LEARNED || score == BLOCKS_ORACLE;
+                double covered = 0, target = cover, share[T / 4 + 2];
+                if (cover > 0 && shares) {
+                    double tot = 0;
+                    for (int c = c0; c < c1; c++) tot += sc[c];
+                    covered = rep - tot, target = cover * rep;
+                } else if (cover > 0) {
+                    double z = 0;
+                    for (int c = c0; c < c1; c++) {
+                        int d = 0;
+                        for (int j = c * bs; j < (c + 1) * bs && j < i - w; j++) d += j >= sinks;
+                        share[c] = exp(scale * sc[c] / rep + log((double)d));
+                        z += share[c];
+                    }
+                    for (int c = c0; c < c1; c++) share[c] /= z;
+                }
+                const int cap = cover > 0 && nsel <= 0 ? c1 - c0 : nsel;
+                for (int t = 0; t < cap && t < c1 - c0; t++) {
+                    if (cover > 0 && covered >= target) break;
                     int best = -1;
                     for (int c = c0; c < c1; c++)
                         if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
+                    covered += shares ? sc[best] : share[best];
                     sc[best] = -INFINITY;
                     for (int j = best * bs; j < (best + 1) * bs && j < i - w; j++)
                         if (j >= sinks) keep[j] = 1;
@@ -278,8 +301,8 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
 
 /* groups: 0 none; else token groups beside the blocks (K = 6: each key in one group, each
  * query in `groups` of them) */
-static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, BlockScore score,
-                       int groups, Rng* rng) {
+static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, double cover,
+                       BlockScore score, int groups, Rng* rng) {
     const int K = 6;
     uint32_t* qm = groups ? mallocCheck(sizeof(uint32_t) * B * T) : NULL;
     uint32_t* km = groups ? mallocCheck(sizeof(uint32_t) * B * T) : NULL;
@@ -298,14 +321,14 @@ static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, BlockSc
     real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
     tu_randn(qkv, nqkv, 1.5, rng);
     double want =
-        blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, score, gate, qm, km, B, T, NULL);
-    double kept = attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, score, gate, qm, km,
-                                           K, B, T, NH, NKV, HS);
+        blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, cover, score, gate, qm, km, B, T, NULL);
+    double kept = attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, cover, score, gate,
+                                           qm, km, K, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
     printf(
-        "  blocks (%s) vs per-query reference: B=%d T=%4d w=%3d sinks=%d bs=%d nsel=%d "
+        "  blocks (%s) vs per-query reference: B=%d T=%4d w=%3d sinks=%d bs=%d nsel=%d p=%.2f "
         "groups=%d  out %.1e  lse %.1e  pairs %.4f\n",
-        block_score_name(score), B, T, w, sinks, bs, nsel, groups, eo, el,
+        block_score_name(score), B, T, w, sinks, bs, nsel, cover, groups, eo, el,
         kept / (B * (double)T * (T + 1) / 2));
     CHECK(eo < 2e-5 && el < 2e-5, "blocks (%s) differ (out %g, lse %g) at T=%d w=%d nsel=%d",
           block_score_name(score), eo, el, T, w, nsel);
@@ -326,9 +349,9 @@ static void oracle_is_ceiling(Rng* rng) {
     tu_randn(qkv, nqkv, 1.5, rng);
     double mass[3] = {0, 0, 0}, band = 0;
     for (int s = 0; s < 3; s++)
-        blocks_reference(o, l, qkv, w, sinks, bs, nsel, (BlockScore)s, NULL, NULL, NULL, B, T,
+        blocks_reference(o, l, qkv, w, sinks, bs, nsel, 0, (BlockScore)s, NULL, NULL, NULL, B, T,
                          &mass[s]);
-    blocks_reference(o, l, qkv, w, sinks, bs, 0, BLOCKS_QUEST, NULL, NULL, NULL, B, T, &band);
+    blocks_reference(o, l, qkv, w, sinks, bs, 0, 0, BLOCKS_QUEST, NULL, NULL, NULL, B, T, &band);
     printf("  dense mass kept (of %d): band %.1f, Quest %.1f, mean keys %.1f, oracle %.1f\n",
            T * NH, band, mass[0], mass[1], mass[2]);
     CHECK(
@@ -495,17 +518,21 @@ int main(void) {
     run_band(1, 1, 5, 2, &rng);
     /* block selection: every score, partial blocks, T not a multiple of bs, nsel 0 (the band)
      * and nsel past the candidates (dense) */
-    for (int s = 0; s < 4; s++) run_blocks(2, 300, 24, 4, 16, 3, (BlockScore)s, 0, &rng);
-    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_LEARNED, 0, &rng);
-    run_blocks(1, 257, 40, 1, 64, 1, BLOCKS_LEARNED, 0, &rng);
-    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, 0, &rng);
-    run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, 0, &rng);
-    run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_QUEST, 0, &rng);
+    for (int s = 0; s < 4; s++) run_blocks(2, 300, 24, 4, 16, 3, 0, (BlockScore)s, 0, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, 0, BLOCKS_LEARNED, 0, &rng);
+    run_blocks(1, 257, 40, 1, 64, 1, 0, BLOCKS_LEARNED, 0, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, 0, BLOCKS_QUEST, 0, &rng);
+    run_blocks(1, 257, 40, 1, 64, 0, 0, BLOCKS_MEAN, 0, &rng);
+    run_blocks(1, 200, 8, 4, 16, 100, 0, BLOCKS_QUEST, 0, &rng);
     /* token groups beside the blocks: one or two groups per query, none chosen blocks too */
-    run_blocks(2, 300, 24, 4, 16, 3, BLOCKS_LEARNED, 1, &rng);
-    run_blocks(1, 333, 0, 0, 32, 2, BLOCKS_QUEST, 2, &rng);
-    run_blocks(1, 257, 40, 1, 64, 0, BLOCKS_MEAN, 2, &rng);
-    run_blocks(1, 200, 8, 4, 16, 100, BLOCKS_ORACLE, 1, &rng);
+    run_blocks(2, 300, 24, 4, 16, 3, 0, BLOCKS_LEARNED, 1, &rng);
+    run_blocks(1, 333, 0, 0, 32, 2, 0, BLOCKS_QUEST, 2, &rng);
+    run_blocks(1, 257, 40, 1, 64, 0, 0, BLOCKS_MEAN, 2, &rng);
+    run_blocks(1, 200, 8, 4, 16, 100, 0, BLOCKS_ORACLE, 1, &rng);
+    /* a mass-adaptive budget (Twilight's top-p) over every score, with and without a limit */
+    for (int s = 0; s < 4; s++) run_blocks(2, 300, 24, 4, 16, 0, 0.6, (BlockScore)s, 0, &rng);
+    run_blocks(1, 333, 8, 2, 16, 3, 0.9, BLOCKS_LEARNED, 0, &rng);
+    run_blocks(1, 333, 8, 2, 16, 4, 0.95, BLOCKS_QUEST, 1, &rng);
     oracle_is_ceiling(&rng);
     /* pairs kept by group masks, counted through the distinct masks, against every pair */
     for (int k = 1; k <= 3; k++) {

@@ -452,9 +452,28 @@ void cli_apply_focus_sets(Model* m, const char* model, const char* router, const
     }
 }
 
+/* A block pattern's count of blocks: N, "up to N" or "any number of" with a share of the mass */
+static const char* blocks_budget(const FocusConfig* f, char* buf) {
+    if (f->blocks_p <= 0)
+        snprintf(buf, 48, "%d", f->blocks);
+    else if (f->blocks > 0)
+        snprintf(buf, 48, "up to %d", f->blocks);
+    else
+        snprintf(buf, 48, "any number of");
+    return buf;
+}
+
+/* ", the best until P of the estimated attention mass" after a block pattern's text */
+static void blocks_cover(const FocusConfig* f, char* buf, size_t n) {
+    const size_t used = strlen(buf);
+    if (f->blocks_p > 0 && used < n)
+        snprintf(buf + used, n - used, ", the best until %g of the estimated attention mass",
+                 (double)f->blocks_p);
+}
+
 const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
     static const char* names[] = {"dense", "soft", "hard"};
-    char tk[32], dl[1024];
+    char tk[32], dl[1024], nb[48];
     const FocusConfig* f = &m->fc;
     if (f->attn == ATTN_DENSE) {
         snprintf(buf, n, "dense (router off)");
@@ -473,20 +492,23 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
             return buf;
         case ATTN_BLOCKS_LEARNED:
             snprintf(buf, n,
-                     "blocks (learned selector): %d key blocks of %d per query and key/value "
-                     "head%s, sinks=%d, w=%d, dense layers %s",
-                     f->blocks, f->block,
+                     "blocks (learned selector): %s key blocks of %d per query and key/value "
+                     "head%s, sinks=%d, w=%d, dense layers %s%s",
+                     blocks_budget(f, nb), f->block,
                      m->blockgate_blocks ? " on average (per-layer budgets)" : "", f->sinks, f->w,
-                     dl);
+                     dl, m->blocks_with_groups ? ", with the token router's groups" : "");
+            blocks_cover(f, buf, n);
             return buf;
         case ATTN_BLOCKS:
         case ATTN_BLOCKS_MEAN:
         case ATTN_ORACLE:
             snprintf(buf, n,
-                     "%s (no router): %d key blocks of %d per query and key/value head by %s, "
-                     "sinks=%d, w=%d, dense layers %s",
-                     f->attn == ATTN_ORACLE ? "oracle blocks" : "blocks", f->blocks, f->block,
-                     block_score_name(attn_block_score(f->attn)), f->sinks, f->w, dl);
+                     "%s (no router): %s key blocks of %d per query and key/value head by %s, "
+                     "sinks=%d, w=%d, dense layers %s%s",
+                     f->attn == ATTN_ORACLE ? "oracle blocks" : "blocks", blocks_budget(f, nb),
+                     f->block, block_score_name(attn_block_score(f->attn)), f->sinks, f->w, dl,
+                     m->blocks_with_groups ? ", with the token router's groups" : "");
+            blocks_cover(f, buf, n);
             return buf;
         default:
             break;
