@@ -9,19 +9,13 @@
 
 #define FORMAT_VERSION 1
 
-static uint64_t fnv(uint64_t h, const void* v, size_t n) {
-    const unsigned char* p = v;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static uint64_t checksum(const real* w, size_t n, const BlockGateInfo* info, int L) {
     const int64_t s[4] = {info->block, info->w, info->sinks, info->n0};
-    uint64_t h = fnv(0xcbf29ce484222325ull, s, info->blocks ? sizeof s : 3 * sizeof s[0]);
-    h = fnv(h, w, n * sizeof(float));
+    uint64_t h = fnv1a(FNV1A_START, s, info->blocks ? sizeof s : 3 * sizeof s[0]);
+    h = fnv1a(h, w, n * sizeof(float));
     for (int l = 0; info->blocks && l < L; l++) {
         const int64_t b = info->blocks[l];
-        h = fnv(h, &b, sizeof b);
+        h = fnv1a(h, &b, sizeof b);
     }
     return h;
 }

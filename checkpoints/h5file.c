@@ -20,12 +20,6 @@
 #define USERBLOCK 512
 static const char seal_magic[8] = "FOCUSH5\n";
 
-static uint64_t fnv(const uint8_t* p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
 /* A bijection of 64-bit values (the splitmix64 finaliser): mix(a) == mix(b) exactly when a == b.
  * The seal's sums are compared through it so that the comparison never has the file's stored
  * value and the right one as its two sides. libFuzzer copies the sides of a comparison it traces
@@ -78,7 +72,7 @@ void h5_commit(hid_t f, const char* tmp, const char* path) {
     fatal_defer(free, b);
     if (H5Fget_file_image(f, b + USERBLOCK, (size_t)n) != n || H5Fclose(f) < 0)
         fatal("%s: building the checkpoint image failed", path);
-    uint64_t len = (uint64_t)n + USERBLOCK, sum = fnv(b + USERBLOCK, (size_t)n);
+    uint64_t len = (uint64_t)n + USERBLOCK, sum = fnv1a(FNV1A_START, b + USERBLOCK, (size_t)n);
     memcpy(b, seal_magic, 8);
     memcpy(b + 8, &len, 8);
     memcpy(b + 16, &sum, 8);
@@ -162,7 +156,7 @@ hid_t h5_open(const char* path, const char* what, int version_want) {
     if (b) memcpy(&len, b + 8, 8), memcpy(&sum, b + 16, 8);
     int sealed = b && !memcmp(b, seal_magic, 8);
     int intact = sealed && mix(len) == mix((uint64_t)st.st_size) &&
-                 mix(sum) == mix(fnv(b + USERBLOCK, (size_t)st.st_size - USERBLOCK));
+                 mix(sum) == mix(fnv1a(FNV1A_START, b + USERBLOCK, (size_t)st.st_size - USERBLOCK));
     free(b);
     /* files from before the seal (format 1 and 2 routers) are read only when asked: libhdf5 then
      * parses them unchecked */

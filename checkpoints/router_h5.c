@@ -14,14 +14,8 @@
  * which the state checksum covers too (an edited setting is refused). Both are read. */
 #define FORMAT_VERSION 2
 
-static uint64_t fnv_bytes(uint64_t h, const void* p, size_t n) {
-    const uint8_t* b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static uint64_t text_checksum(const char* text) {
-    return fnv_bytes(0xcbf29ce484222325ull, text, strlen(text));
+    return fnv1a(FNV1A_START, text, strlen(text));
 }
 
 /* The index of the first value of p[0..n) that is NaN or infinite, or n. */
@@ -43,15 +37,15 @@ int router_state_finite(const Model* m, const AdamW* opt) {
 static uint64_t state_checksum(const Model* m, int with_wq, const float* mom_m, const float* mom_v,
                                size_t nmom, uint64_t config_sum) {
     uint64_t h = 0xcbf29ce484222325ull;
-    if (config_sum) h = fnv_bytes(h, &config_sum, sizeof config_sum);
+    if (config_sum) h = fnv1a(h, &config_sum, sizeof config_sum);
     const size_t* s = m->router_sizes;
     const size_t head = s[ROUTER_WG] + s[ROUTER_CENT], wq = with_wq ? s[ROUTER_WQ] : 0;
-    h = fnv_bytes(h, m->router_mem, sizeof(real) * head); /* W_g, C */
-    if (wq) h = fnv_bytes(h, m->router.wq, sizeof(real) * wq);
-    h = fnv_bytes(h, m->router.gate, sizeof(real) * s[ROUTER_GATE]);
-    h = fnv_bytes(h, m->beta, sizeof(real) * (size_t)m->cfg.L * m->fc.K);
-    if (mom_m) h = fnv_bytes(h, mom_m, sizeof(float) * nmom);
-    if (mom_v) h = fnv_bytes(h, mom_v, sizeof(float) * nmom);
+    h = fnv1a(h, m->router_mem, sizeof(real) * head); /* W_g, C */
+    if (wq) h = fnv1a(h, m->router.wq, sizeof(real) * wq);
+    h = fnv1a(h, m->router.gate, sizeof(real) * s[ROUTER_GATE]);
+    h = fnv1a(h, m->beta, sizeof(real) * (size_t)m->cfg.L * m->fc.K);
+    if (mom_m) h = fnv1a(h, mom_m, sizeof(float) * nmom);
+    if (mom_v) h = fnv1a(h, mom_v, sizeof(float) * nmom);
     return h;
 }
 

@@ -97,14 +97,8 @@ static Tok unicode_to_bytes(const char* s, size_t n, const int* u2b) {
 
 /* ---------------------------------------------------------------- hash tables */
 
-static uint64_t fnv(const char* s, int n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
-    return h;
-}
-
 static int str_lookup(const Tokenizer* t, const char* s, int n) {
-    size_t i = fnv(s, n) & (t->str_cap - 1);
+    size_t i = fnv1a(FNV1A_START, s, (size_t)n) & (t->str_cap - 1);
     while (t->str_slots[i] >= 0) {
         const Tok* k = &t->tok[t->str_slots[i]];
         if (k->len == n && !memcmp(k->bytes, s, (size_t)n)) return t->str_slots[i];
@@ -116,7 +110,7 @@ static int str_lookup(const Tokenizer* t, const char* s, int n) {
 static void str_insert(Tokenizer* t, int id) {
     const Tok* k = &t->tok[id];
     if (str_lookup(t, k->bytes, k->len) >= 0) return; /* first id wins for duplicate strings */
-    size_t i = fnv(k->bytes, k->len) & (t->str_cap - 1);
+    size_t i = fnv1a(FNV1A_START, k->bytes, (size_t)k->len) & (t->str_cap - 1);
     while (t->str_slots[i] >= 0) i = (i + 1) & (t->str_cap - 1);
     t->str_slots[i] = id;
 }
