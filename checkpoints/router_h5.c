@@ -14,9 +14,7 @@
  * which the state checksum covers too (an edited setting is refused). Both are read. */
 #define FORMAT_VERSION 2
 
-static uint64_t text_checksum(const char* text) {
-    return fnv1a(FNV1A_START, text, strlen(text));
-}
+static uint64_t text_checksum(const char* text) { return fnv1a(FNV1A_START, text, strlen(text)); }
 
 /* The index of the first value of p[0..n) that is NaN or infinite, or n. */
 static size_t first_nonfinite(const float* p, size_t n) {

@@ -614,7 +614,8 @@ static void regex_pieces(const Tokenizer* t, const unsigned char* s, size_t n, O
     }
 }
 
-static atomic_size_t replaced_total; /* tokenizer_replaced_bytes (encode runs on many threads: serve) */
+static atomic_size_t
+    replaced_total; /* tokenizer_replaced_bytes (encode runs on many threads: serve) */
 
 size_t tokenizer_replaced_bytes(void) { return atomic_load(&replaced_total); }
 
@@ -809,10 +810,10 @@ int* tokenizer_encode(const Tokenizer* t, const char* text, size_t len, size_t* 
     }
     pcre2_match_data_free(md);
     if (o.replaced && !atomic_fetch_add(&replaced_total, o.replaced))
-            fprintf(stderr,
-                    "focus: warning: %zu bytes of the text have no token in this vocabulary (not "
-                    "UTF-8, or rare control characters); encoded as U+FFFD\n",
-                    o.replaced);
+        fprintf(stderr,
+                "focus: warning: %zu bytes of the text have no token in this vocabulary (not "
+                "UTF-8, or rare control characters); encoded as U+FFFD\n",
+                o.replaced);
     free(o.tok);
     free(o.prev);
     free(o.next);

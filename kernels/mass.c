@@ -110,10 +110,10 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
                     lb[h] = mx + (real)log(sum);
                 }
                 const size_t rg = (size_t)r * NKV + g;
-                b->nsel[rg] = block_select(
-                    b->sel + rg * b->nbmax, BLOCKS_LEARNED, q, rep, st + (size_t)g * nb * per,
-                    gate + (size_t)g * rep * BLOCKGATE_WIDTH(hs), lb, 1, NULL, 0, i, w, sinks, bs,
-                    nblocks, 0, hs, sc, p);
+                b->nsel[rg] = block_select(b->sel + rg * b->nbmax, BLOCKS_LEARNED, q, rep,
+                                           st + (size_t)g * nb * per,
+                                           gate + (size_t)g * rep * BLOCKGATE_WIDTH(hs), lb, 1,
+                                           NULL, 0, i, w, sinks, bs, nblocks, 0, hs, sc, p);
             }
         }
         free(sc), free(p);

@@ -858,9 +858,8 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const real*
 
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
                                 int nsel, real cover, BlockScore score, const real* gate,
-                                const uint32_t* qmask,
-                                const uint32_t* kmask, int K, int B, int T, int NH, int NKV,
-                                int hs) {
+                                const uint32_t* qmask, const uint32_t* kmask, int K, int B, int T,
+                                int NH, int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const real scale = (real)(1.0 / sqrt((double)hs));
     const int per = BLOCKGATE_STATS(hs); /* block statistics per block */
@@ -894,8 +893,11 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             real* p = mallocCheck(sizeof(real) * (T + 1));
             /* the chosen keys' scores and the outputs of the rep heads */
             const int most = cover > 0 && nsel <= 0 ? nb : nsel; /* blocks a query may keep */
-            const int ldS = (most < 1 ? 1 : most < nb ? most : nb) * bs /* at most every block */
-                            + (qmask ? T : 0);                          /* and the group keys */
+            const int ldS = (most < 1    ? 1
+                             : most < nb ? most
+                                         : nb) *
+                                bs             /* at most every block */
+                            + (qmask ? T : 0); /* and the group keys */
             real* S = mallocCheck(sizeof(real) * (size_t)rep * ldS);
             /* the group keys outside the chosen blocks: their positions, keys and values */
             int* ex = qmask ? mallocCheck(sizeof(int) * (T + 1)) : NULL;
@@ -914,8 +916,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                                  st + (size_t)kvh * nb * per,
                                  gate ? gate + (size_t)kvh * rep * BLOCKGATE_WIDTH(hs) : NULL,
                                  lse + ((size_t)b * NH + kvh * rep) * T + i, (size_t)T,
-                                 base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, cover, hs,
-                                 sc, p);
+                                 base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, cover, hs, sc, p);
                 /* the distant keys of the query's groups that no chosen block holds, each in the
                  * lowest group it shares with the query */
                 int nx = 0;

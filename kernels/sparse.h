@@ -121,9 +121,8 @@ void blockgate_init(real* wgt, int n, int hs);
  * lowest group it shares with the query). */
 double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
                                 int nsel, real cover, BlockScore score, const real* gate,
-                                const uint32_t* qmask,
-                                const uint32_t* kmask, int K, int B, int T, int NH, int NKV,
-                                int hs);
+                                const uint32_t* qmask, const uint32_t* kmask, int K, int B, int T,
+                                int NH, int NKV, int hs);
 
 /* The key blocks that query i keeps beyond its band for one key/value head, into sel (in the
  * order chosen); returns their number. The candidates are the blocks holding distant keys

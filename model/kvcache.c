@@ -463,11 +463,10 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
                             nsel, nbmax, NH, NKV, hs);
     if (m->blocks_with_groups) { /* the rows' groups, less the chosen blocks and the sinks */
         const ChosenBlocks chosen = {f->sinks, bs, sel, nsel, nbmax};
-        pairs += attention_cached_groups(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, mi,
-                                         c->mask + (size_t)l * c->cap,
-                                         c->gpos + (size_t)l * f->K * c->cap,
-                                         c->gn + (size_t)l * f->K, c->cap, f->K, &chosen, NH, NKV,
-                                         hs);
+        pairs += attention_cached_groups(
+            att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
+            c->gpos + (size_t)l * f->K * c->cap, c->gn + (size_t)l * f->K, c->cap, f->K, &chosen,
+            NH, NKV, hs);
     }
     free(lse), free(sel), free(nsel);
     return pairs;

@@ -294,7 +294,6 @@ void model_build(Model* m, const ModelConfig* cfg, const FocusConfig* fc) {
     alloc_router(m);
 }
 
-
 /* The hash's start for a model of shape c: the fields before the slice's, then for gemma3 the
  * fields after them (the other families' fingerprints are those they had before those fields) */
 static uint64_t shape_hash(const ModelConfig* c) {

@@ -263,8 +263,8 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
     if (with_groups) { /* causal routing, as the hard mode evaluates */
         router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
                               m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
-        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, ROUTE_CAUSAL, B,
-                        T, f->K, f->tau, f->iters);
+        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, ROUTE_CAUSAL, B, T,
+                        f->K, f->tau, f->iters);
         if (m->router.wq)
             query_masks(m, l, la, B, T);
         else

@@ -152,7 +152,9 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     fc.sinks = sinks, fc.topp = topp, fc.local = local_mode, fc.qproj = qproj_mode;
     if (dense0) fc.dense_layers[0] = 1;
     const int blocks = attn >= ATTN_BLOCKS;
-    if (blocks) fc.block = 4, fc.blocks = blocks_p > 0 ? 3 : 2, fc.blocks_p = blocks_p; /* w = 6 >= block - 1 */
+    if (blocks)
+        fc.block = 4, fc.blocks = blocks_p > 0 ? 3 : 2,
+        fc.blocks_p = blocks_p; /* w = 6 >= block - 1 */
     Model m;
     model_build(&m, &cfg, &fc);
     if (attn == ATTN_BLOCKS_LEARNED) {

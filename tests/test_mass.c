@@ -47,32 +47,42 @@ static void direct_except(const real* qkv, real* lse, double* a, int i, const Ma
             for (int j = SINKS; j < r - WIN; j++) {
                 int out = 0;
                 const size_t rg = (size_t)r_of_i * NKV + h / rep;
-                for (int e = 0; b && e < b->nsel[rg]; e++) out |= b->sel[rg * b->nbmax + e] == j / b->bs;
+                for (int e = 0; b && e < b->nsel[rg]; e++)
+                    out |= b->sel[rg * b->nbmax + e] == j / b->bs;
                 if (!out) a[j] += exp(s[j] - l) / NH;
             }
         }
 }
 
-static void check_teacher(Rng* rng) {
+/* A random sequence's q, k, v (qkv), its dense log-sum-exps (lse) and a teacher of its sampled
+ * rows (into rows), its entries not yet filled. */
+static MassRows teacher_input(Rng* rng, real** qkv, real** lse, int* rows) {
     const int QKV = (NH + 2 * NKV) * HS;
-    real* qkv = mallocCheck(sizeof(real) * T * QKV);
-    tu_randn(qkv, (size_t)T * QKV, 1.0, rng);
-    real* lse = mallocCheck(sizeof(real) * NH * T);
+    *qkv = mallocCheck(sizeof(real) * T * QKV);
+    tu_randn(*qkv, (size_t)T * QKV, 1.0, rng);
+    *lse = mallocCheck(sizeof(real) * NH * T);
     double a[T];
-    direct(qkv, lse, a, -1);
-    int rows[T];
+    direct(*qkv, *lse, a, -1);
     const int nq = mass_sample_rows(rows, T, WIN, SINKS, 2, 7);
+    return (MassRows){nq,
+                      KEYS,
+                      rows,
+                      mallocCheck(sizeof(float) * nq),
+                      mallocCheck(sizeof(int) * nq * KEYS),
+                      mallocCheck(sizeof(float) * nq * KEYS)};
+}
+
+static void check_teacher(Rng* rng) {
+    real *qkv, *lse;
+    double a[T];
+    int rows[T];
+    MassRows t = teacher_input(rng, &qkv, &lse, rows);
+    const int nq = t.nq;
     CHECK(nq > 0 && nq % 64 == 0, "sampled %d rows", nq);
     for (uint64_t seed = 1; seed < 6; seed++) {
         int other[T];
         CHECK(mass_sample_rows(other, T, WIN, SINKS, 2, seed) == nq, "row count depends on seed");
     }
-    MassRows t = {nq,
-                  KEYS,
-                  rows,
-                  mallocCheck(sizeof(float) * nq),
-                  mallocCheck(sizeof(int) * nq * KEYS),
-                  mallocCheck(sizeof(float) * nq * KEYS)};
     mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, NULL);
     double worst_far = 0, worst_p = 0;
     int order_ok = 1;
@@ -107,23 +117,15 @@ static void check_teacher(Rng* rng) {
  * distinct candidates (distant keys past the sinks), as many as asked or every candidate; the far
  * mass is the dense mass left on the other keys, head by head. */
 static void check_teacher_blocks(Rng* rng) {
-    const int QKV = (NH + 2 * NKV) * HS, bs = 16, want = 3;
-    real* qkv = mallocCheck(sizeof(real) * T * QKV);
-    tu_randn(qkv, (size_t)T * QKV, 1.0, rng);
-    real* lse = mallocCheck(sizeof(real) * NH * T);
+    const int bs = 16, want = 3;
+    real *qkv, *lse;
     double a[T];
-    direct(qkv, lse, a, -1);
     int rows[T];
-    const int nq = mass_sample_rows(rows, T, WIN, SINKS, 2, 7);
+    MassRows t = teacher_input(rng, &qkv, &lse, rows);
+    const int nq = t.nq;
     real gate[NH * BLOCKGATE_WIDTH(HS)];
     blockgate_init(gate, NH, HS);
     for (int e = 0; e < NH * BLOCKGATE_WIDTH(HS); e++) gate[e] += 0.3 * rng_normal(rng);
-    MassRows t = {nq,
-                  KEYS,
-                  rows,
-                  mallocCheck(sizeof(float) * nq),
-                  mallocCheck(sizeof(int) * nq * KEYS),
-                  mallocCheck(sizeof(float) * nq * KEYS)};
     MassBlocks b = {mallocCheck(sizeof(int) * nq * NKV * (T / bs + 1)),
                     mallocCheck(sizeof(int) * nq * NKV), T / bs + 1, bs};
     mass_choose_blocks(&b, &t, qkv, gate, want, T, NH, NKV, HS, WIN, SINKS);
@@ -153,8 +155,9 @@ static void check_teacher_blocks(Rng* rng) {
         direct(qkv, NULL, a, i);
         for (int j = SINKS; j < i - WIN; j++) all += a[j];
     }
-    printf("  teacher beside %d blocks of %d: far mass %.3f of the dense far mass %.3f, off by %.1e\n",
-           want, bs, left, all, worst);
+    printf(
+        "  teacher beside %d blocks of %d: far mass %.3f of the dense far mass %.3f, off by %.1e\n",
+        want, bs, left, all, worst);
     CHECK(worst < 1e-5, "far mass beside the blocks off by %g", worst);
     CHECK(left < all, "the blocks left out no mass (%g of %g)", left, all);
     free(qkv), free(lse), free(t.far), free(t.idx), free(t.p), free(b.sel), free(b.nsel);

@@ -191,8 +191,7 @@ static void learned_scores(double* sc, const real* base, const double* s, const 
  * attention mass the kept pairs hold, summed over queries and heads. */
 static double blocks_reference(real* out, real* lse, const real* qkv, int w, int sinks, int bs,
                                int nsel, double cover, BlockScore score, const real* gate,
-                               const uint32_t* qm, const uint32_t* km, int B, int T,
-                               double* mass) {
+                               const uint32_t* qm, const uint32_t* km, int B, int T, double* mass) {
     const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const double scale = 1 / sqrt((double)HS);
     double kept = 0;
@@ -320,8 +319,8 @@ static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, double 
     real *ref = mallocCheck(sizeof(real) * nout), *got = mallocCheck(sizeof(real) * nout);
     real *lref = mallocCheck(sizeof(real) * nl), *lgot = mallocCheck(sizeof(real) * nl);
     tu_randn(qkv, nqkv, 1.5, rng);
-    double want =
-        blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, cover, score, gate, qm, km, B, T, NULL);
+    double want = blocks_reference(ref, lref, qkv, w, sinks, bs, nsel, cover, score, gate, qm, km,
+                                   B, T, NULL);
     double kept = attention_blocks_forward(got, lgot, qkv, w, sinks, bs, nsel, cover, score, gate,
                                            qm, km, K, B, T, NH, NKV, HS);
     double eo = rel_err(got, ref, nout), el = rel_err(lgot, lref, nl);
@@ -420,8 +419,7 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                         gn_now[g]++;
                 }
                 attention_cached_groups(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, w,
-                                        mask + p0, mask, gpos, gn_now, T, KG, NULL, NH, NKV,
-                                        HS);
+                                        mask + p0, mask, gpos, gn_now, T, KG, NULL, NH, NKV, HS);
             }
         }
         for (int i = 0; i < T; i++)

@@ -142,10 +142,10 @@ static void window_path(char* path, size_t n, const char* out, int k) {
 
 static void window_write(const char* path, const Window* w, uint64_t fingerprint, uint64_t offset,
                          const FocusConfig* f) {
-    MassHeader hd = {MASS_MAGIC,        MASS_VERSION,    (uint32_t)w->T,
-                     (uint32_t)w->C,    (uint32_t)w->nl, (uint32_t)w->nq,
-                     (uint32_t)w->keys, (uint32_t)f->w,  (uint32_t)f->sinks,
-                     fingerprint,       offset,          (uint32_t)w->sel_blocks,
+    MassHeader hd = {MASS_MAGIC,          MASS_VERSION,    (uint32_t)w->T,
+                     (uint32_t)w->C,      (uint32_t)w->nl, (uint32_t)w->nq,
+                     (uint32_t)w->keys,   (uint32_t)f->w,  (uint32_t)f->sinks,
+                     fingerprint,         offset,          (uint32_t)w->sel_blocks,
                      (uint32_t)w->sel_bs, w->sel_hash};
     const int np = 2 + 5 * w->nl;
     const void** parts = mallocCheck(sizeof(void*) * np);
@@ -212,8 +212,8 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
 }
 
 /* Layer s of window file fd into h (T, C) and t. */
-static void window_read_layer(int fd, int head, const char* path, const Window* w, int s,
-                              real* h, uint16_t* hb, MassRows* t) {
+static void window_read_layer(int fd, int head, const char* path, const Window* w, int s, real* h,
+                              uint16_t* hb, MassRows* t) {
     const size_t nk = (size_t)w->nq * w->keys;
     off_t off = (off_t)((size_t)head + sizeof(int) * w->nl + chunk_bytes(w) * s);
     void* dst[5] = {hb, t->rows, t->far, t->idx, t->p};
@@ -379,8 +379,7 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
             part[0] = part[1] = part[2] = 0;
             for (int b = 0; b < nw; b++) {
                 window_path(wpath, sizeof wpath, P->out, wins[b]);
-                window_read_layer(P->fds[wins[b]], P->heads[wins[b]], wpath, w, s, h, x->hb,
-                                  &x->t);
+                window_read_layer(P->fds[wins[b]], P->heads[wins[b]], wpath, w, s, h, x->hb, &x->t);
                 router_scores_forward(x->proj, S, h, wg, cent, T, c->C, dg, K);
                 routing_forward(G, NULL, S, beta, r, 1, T, K, f->tau, f->iters);
                 memset(dG, 0, sizeof(real) * (size_t)T * K);
@@ -487,8 +486,8 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             fatal("retrofit: mass_selector %s: w = %d is narrower than its blocks of %d less one",
                   rc->mass_selector, f->w, bi.block);
         w.sel_blocks = rc->mass_blocks, w.sel_bs = bi.block;
-        w.sel_hash = fnv1a(FNV1A_START, m->blockgate,
-                           sizeof(real) * (size_t)L * NH * BLOCKGATE_WIDTH(hs));
+        w.sel_hash =
+            fnv1a(FNV1A_START, m->blockgate, sizeof(real) * (size_t)L * NH * BLOCKGATE_WIDTH(hs));
         if (m->blockgate_blocks)
             w.sel_hash = fnv1a(w.sel_hash, m->blockgate_blocks, sizeof(int) * (size_t)L);
         printf(
