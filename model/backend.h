@@ -108,7 +108,7 @@ static inline AttnKernel model_attn_kernel(AttnMode mode, int keep) {
     if (mode == ATTN_HARD || mode == ATTN_RANDOM) return ATTN_KERNEL_SPARSE;
     if (mode == ATTN_WINDOW || (mode == ATTN_LOCAL && !keep)) return ATTN_KERNEL_BAND;
     if (mode == ATTN_LOCAL) return ATTN_KERNEL_GATED; /* zero masks: the window (backward) */
-    if (mode >= ATTN_BLOCKS) return ATTN_KERNEL_BLOCKS;
+    if (attn_is_blocks(mode)) return ATTN_KERNEL_BLOCKS;
     if (mode == ATTN_DENSE && !keep) return ATTN_KERNEL_DENSE;
     return ATTN_KERNEL_GATED;
 }

@@ -234,9 +234,6 @@ static int word_index(const char* v, const char* const* names, int n) {
 }
 
 static const char* const arch_names[] = {"gpt2", "llama", "gemma3"};
-static const char* const attn_names[] = {"dense",       "soft",   "hard",
-                                         "window",      "random", "blocks",
-                                         "blocks_mean", "oracle", "blocks_learned"};
 static const char* const objective_names[] = {"lm", "kl", "attn", "kl+attn", "mass"};
 static const char* const local_names[] = {"window", "route", "dense"};
 
@@ -270,10 +267,12 @@ int setting_parse(const Setting* s, void* base, const char* v) {
             if ((i = word_index(v, arch_names, 3)) < 0) return -2;
             *(Arch*)field = (Arch)i;
             return 0;
-        case SETTING_ATTN:
-            if ((i = word_index(v, attn_names, 9)) < 0) return -2;
-            *(AttnMode*)field = (AttnMode)i;
+        case SETTING_ATTN: {
+            const AttnMethod* a = attn_method_named(v, strlen(v));
+            if (!a) return -2;
+            *(AttnMode*)field = a->mode;
             return 0;
+        }
         case SETTING_ROUTING:
             return routing_parse(v, field) ? -2 : 0;
         case SETTING_LOCAL:
@@ -311,7 +310,7 @@ const char* setting_format(const Setting* s, const void* base, int exact, char* 
             snprintf(buf, n, "%s", arch_names[*(const Arch*)field]);
             break;
         case SETTING_ATTN:
-            snprintf(buf, n, "%s", attn_names[*(const AttnMode*)field]);
+            snprintf(buf, n, "%s", attn_methods[*(const AttnMode*)field].name);
             break;
         case SETTING_ROUTING:
             snprintf(buf, n, "%s", routing_name(*(const Routing*)field));
@@ -356,9 +355,10 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
             snprintf(buf, n, "one of gpt2, llama, gemma3");
             break;
         case SETTING_ATTN:
-            snprintf(buf, n,
-                     "one of dense, soft, hard, window, random, blocks, blocks_mean, oracle, "
-                     "blocks_learned");
+        {
+            char names[256];
+            snprintf(buf, n, "one of %s", attn_method_list(names, sizeof names, ", "));
+        }
             break;
         case SETTING_ROUTING:
             snprintf(buf, n, "one of sinkhorn, causal, prefix_sinkhorn");

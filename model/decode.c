@@ -19,7 +19,7 @@ static void check_mode(const Model* m) {
         fatal(
             "generation runs dense, hard, window, random or block attention; oracle is an "
             "evaluation ceiling (it scores every key: eval ppl, passkey, curve)");
-    if (f->attn >= ATTN_BLOCKS && f->w < f->block - 1)
+    if (attn_is_blocks(f->attn) && f->w < f->block - 1)
         fatal(
             "generation with key blocks needs w >= block - 1 (got w = %d, block = %d): a query's "
             "candidate blocks must be complete",

@@ -59,16 +59,12 @@ static void project_rows(real* y, int ldy, const real* x, int n, const real* w, 
     matmul_forward(y, x, w, b, (size_t)n, in, out);
 }
 
-/* How layer l attends while decoding: everything, the token's groups and window (the router's
- * or random groups), or sinks and window only. */
-enum { KEYS_DENSE = 0, KEYS_GROUPS = 1, KEYS_WINDOW = 2, KEYS_BLOCKS = 3 };
-static int layer_keys(const Model* m, int l) {
-    const AttnMode a = model_layer_attn(m, l);
-    return a == ATTN_HARD || a == ATTN_RANDOM    ? KEYS_GROUPS
-           : a == ATTN_WINDOW || a == ATTN_LOCAL ? KEYS_WINDOW
-           : a >= ATTN_BLOCKS                    ? KEYS_BLOCKS
-                                                 : KEYS_DENSE;
-}
+/* How layer l attends while decoding (its method's row, model/methods.c): everything, the
+ * token's groups and window (the router's or random groups), sinks and window only, or the
+ * chosen key blocks. */
+enum { KEYS_DENSE = CACHE_ALL, KEYS_GROUPS = CACHE_GROUPS, KEYS_WINDOW = CACHE_WINDOW,
+       KEYS_BLOCKS = CACHE_BLOCKS };
+static int layer_keys(const Model* m, int l) { return attn_methods[model_layer_attn(m, l)].cache; }
 
 /* The band of KEYS_WINDOW on layer l: the window pattern's w and sinks, or a sliding-window
  * layer's own window without sinks. */

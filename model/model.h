@@ -117,17 +117,43 @@ typedef enum {
  * where a query's keys are not already bounded), as the global layers (the window replaced by
  * the mode's pattern), or dense. */
 typedef enum { LOCAL_WINDOW = 0, LOCAL_ROUTE = 1, LOCAL_DENSE = 2 } LocalLayers;
+/* What an attention method needs beside the frozen model. */
+typedef enum { NEEDS_NOTHING = 0, NEEDS_ROUTER = 1, NEEDS_SELECTOR = 2 } MethodNeeds;
+/* Which keys of the KV cache a decoded row attends to (model/kvcache.c): all, its groups' and
+ * its window, sinks and window, or the chosen key blocks and the band. */
+typedef enum { CACHE_ALL = 0, CACHE_GROUPS = 1, CACHE_WINDOW = 2, CACHE_BLOCKS = 3 } CacheKeys;
+
+/* One attention method, a row of attn_methods (model/methods.c), indexed by its AttnMode: the
+ * command line, eval --modes, serve and the settings read its name and budget from here, the
+ * executor and the KV cache what it keeps. */
+typedef struct {
+    AttnMode mode;
+    const char* name;       /* --attn, eval --modes NAME[:BUDGET], router.h5's settings */
+    const char* serve_name; /* what serve's /v1/models reports */
+    MethodNeeds needs;
+    const char* budget;     /* the setting NAME:V sets (w, topk, blocks), NULL: none */
+    const char* budget_arg; /* how the modes' list spells it ("W", "k", "N"), NULL: none */
+    int sparse;             /* keeps a subset of the causal pairs (reported with its share) */
+    int blocks;             /* a block pattern: per query and key/value head, chosen key blocks */
+    BlockScore score;       /* a block pattern's score of its candidate blocks */
+    CacheKeys cache;        /* the keys of a decoded row */
+    int cuda;               /* the CUDA path runs it */
+    int setting;            /* a value of the attn setting (ATTN_LOCAL is not) */
+} AttnMethod;
+extern const AttnMethod attn_methods[ATTN_LOCAL + 1];
+/* The method named by the first n characters of name (a setting's value), or NULL. */
+const AttnMethod* attn_method_named(const char* name, size_t n);
+/* "dense, soft, hard, ..." (sep between names) of every setting value, into buf */
+const char* attn_method_list(char* buf, size_t n, const char* sep);
+
 /* modes that keep a subset of the causal pairs (reported with the share they keep) */
-static inline int attn_is_sparse(AttnMode a) { return a >= ATTN_HARD; }
+static inline int attn_is_sparse(AttnMode a) { return attn_methods[a].sparse; }
 /* modes that read the trained router */
-static inline int attn_uses_router(AttnMode a) { return a == ATTN_SOFT || a == ATTN_HARD; }
+static inline int attn_uses_router(AttnMode a) { return attn_methods[a].needs == NEEDS_ROUTER; }
+/* block patterns (blocks, blocks_mean, oracle, blocks_learned) */
+static inline int attn_is_blocks(AttnMode a) { return attn_methods[a].blocks; }
 /* how a block pattern scores its candidate blocks */
-static inline BlockScore attn_block_score(AttnMode a) {
-    return a == ATTN_ORACLE           ? BLOCKS_ORACLE
-           : a == ATTN_BLOCKS_LEARNED ? BLOCKS_LEARNED
-           : a == ATTN_BLOCKS_MEAN    ? BLOCKS_MEAN
-                                      : BLOCKS_QUEST;
-}
+static inline BlockScore attn_block_score(AttnMode a) { return attn_methods[a].score; }
 
 typedef struct {
     AttnMode attn;   /* dense: router off; soft: gated (training); hard: top-k groups */

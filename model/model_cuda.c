@@ -175,7 +175,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
     struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
-    if (attn_is_sparse(f->attn) && f->attn != ATTN_HARD)
+    if (!attn_methods[f->attn].cuda)
         fatal(
             "--attn window / random / blocks / blocks_mean / oracle run on the CPU (no --device "
             "cuda)");

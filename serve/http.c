@@ -783,11 +783,9 @@ static enum MHD_Result models(Server* sv, struct MHD_Connection* c) {
     cJSON_AddNumberToObject(meta, "n_ctx", sv->o.ctx);
     cJSON_AddNumberToObject(meta, "n_vocab", sv->m->cfg.V);
     cJSON_AddNumberToObject(meta, "slots", sv->o.parallel);
-    static const char* const attn[] = {"dense",  "soft",        "router", "window",        "random",
-                                       "blocks", "blocks_mean", "oracle", "blocks_learned"};
     const AttnMode am = sv->m->fc.attn;
     cJSON_AddStringToObject(meta, "attention",
-                            am >= 0 && am < (int)(sizeof attn / sizeof *attn) ? attn[am] : "dense");
+                            am >= 0 && am <= ATTN_LOCAL ? attn_methods[am].serve_name : "dense");
     cJSON_AddStringToObject(meta, "chat_template", chat_template_name(&sv->ct));
     cJSON_AddItemToArray(a, m);
     return send_json(c, 200, r);

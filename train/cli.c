@@ -198,8 +198,11 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
         f->attn = f->qproj ? ATTN_HARD : ATTN_SOFT;
     }
     if (attn) {
-        if (config_set(&m->cfg, f, "attn", attn))
-            fatal("--attn must be dense, soft or hard, got '%s'", attn);
+        if (config_set(&m->cfg, f, "attn", attn)) {
+            char list[256];
+            fatal("--attn must be one of %s, got '%s'", attn_method_list(list, sizeof list, ", "),
+                  attn);
+        }
         if (attn_uses_router(f->attn) && !router)
             fatal(
                 "--attn %s needs --router router.h5 (window, random, blocks, blocks_mean and "
@@ -521,49 +524,52 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
     return buf;
 }
 
-/* mode NAME or NAME:N; N (when given) parsed into setting `key` */
-static int pattern_mode(Model* m, const char* mode, const char* name, AttnMode attn,
-                        const char* key) {
-    const size_t n = strlen(name);
-    if (strncmp(mode, name, n) || (mode[n] && mode[n] != ':')) return 0;
-    m->fc.attn = attn;
-    if (mode[n] == ':' && config_set(&m->cfg, &m->fc, key, mode + n + 1)) {
-        char w[96];
-        fatal("mode %s: %s must be %s", mode, key, setting_expect(config_find(key), w, sizeof w));
+/* The modes a method table row is spelt as in eval --modes: NAME, or NAME:BUDGET with a budget
+ * setting (hard:k, window:W, blocks:N, ...), into buf */
+static const char* mode_list(char* buf, size_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int a = 0; a <= ATTN_LOCAL && at < n; a++) {
+        const AttnMethod* am = &attn_methods[a];
+        if (!am->setting) continue;
+        at += (size_t)snprintf(buf + at, n - at, "%s%s%s%s%s", at ? ", " : "", am->name,
+                               am->budget_arg ? ":" : "", am->budget_arg ? am->budget_arg : "",
+                               am->needs == NEEDS_ROUTER     ? " (a token router)"
+                               : am->needs == NEEDS_SELECTOR ? " (a block selector)"
+                                                             : "");
     }
-    if (attn == ATTN_RANDOM && m->fc.topk > m->fc.K)
-        fatal("mode %s: k exceeds K = %d", mode, m->fc.K);
-    return 1;
+    return buf;
 }
 
+/* mode NAME or NAME:BUDGET of the method table (model/methods.c): the method, what it needs, its
+ * budget setting */
 static void set_mode_base(Model* m, const char* mode, int have_router) {
-    if (!strcmp(mode, "dense")) {
-        m->fc.attn = ATTN_DENSE;
-        return;
+    const char* colon = strchr(mode, ':');
+    const size_t n = colon ? (size_t)(colon - mode) : strlen(mode);
+    const AttnMethod* am = attn_method_named(mode, n);
+    if (!am || (colon && !am->budget) || (!colon && am->mode == ATTN_HARD)) {
+        char list[512];
+        fatal("unknown mode '%s' (%s; a budget k or N may be pP or pP:k)", mode,
+              mode_list(list, sizeof list));
     }
-    if (!strncmp(mode, "blocks_learned", 14) && !m->blockgate)
+    if (am->needs == NEEDS_SELECTOR && !m->blockgate)
         fatal("mode %s needs --router SELECTOR.h5, a block selector of focus fit-blocks", mode);
-    /* the training-free patterns: window:W, random:k, blocks:N, blocks_mean:N, oracle:N */
-    if (pattern_mode(m, mode, "window", ATTN_WINDOW, "w") ||
-        pattern_mode(m, mode, "random", ATTN_RANDOM, "topk") ||
-        pattern_mode(m, mode, "blocks_mean", ATTN_BLOCKS_MEAN, "blocks") ||
-        pattern_mode(m, mode, "blocks_learned", ATTN_BLOCKS_LEARNED, "blocks") ||
-        pattern_mode(m, mode, "blocks", ATTN_BLOCKS, "blocks") ||
-        pattern_mode(m, mode, "oracle", ATTN_ORACLE, "blocks"))
-        return;
-    if (!have_router) fatal("mode %s needs --router router.h5", mode);
-    if (!strcmp(mode, "soft")) {
-        m->fc.attn = ATTN_SOFT;
-    } else if (!strncmp(mode, "hard:", 5)) {
-        m->fc.attn = ATTN_HARD;
-        if (config_set(&m->cfg, &m->fc, "topk", mode + 5) || m->fc.topk > m->fc.K)
+    if (am->needs == NEEDS_ROUTER && !have_router)
+        fatal("mode %s needs --router router.h5", mode);
+    m->fc.attn = am->mode;
+    if (!colon) return;
+    if (am->mode == ATTN_HARD) { /* the router's groups: at most its K */
+        if (config_set(&m->cfg, &m->fc, "topk", colon + 1) || m->fc.topk > m->fc.K)
             fatal("mode %s: the budget must be 1..K=%d groups or pP / pP:k", mode, m->fc.K);
-    } else {
-        fatal(
-            "unknown mode '%s' (dense, soft, hard:k, hard:pP; window:W, random:k, blocks:N, "
-            "blocks_mean:N, oracle:N; blocks_learned:N with a block selector)",
-            mode);
+        return;
     }
+    if (config_set(&m->cfg, &m->fc, am->budget, colon + 1)) {
+        char w[96];
+        fatal("mode %s: %s must be %s", mode, am->budget,
+              setting_expect(config_find(am->budget), w, sizeof w));
+    }
+    if (am->mode == ATTN_RANDOM && m->fc.topk > m->fc.K)
+        fatal("mode %s: k exceeds K = %d", mode, m->fc.K);
 }
 
 void cli_set_mode(Model* m, const char* mode, int have_router) {
