@@ -27,6 +27,9 @@ def method(mode):
     base = mode.split("@")[0].split(":")[0]
     if base == "hard":
         return base
+    budget = mode.split("@")[0].split(":")[1:]
+    if base != "hard" and budget and budget[0].startswith("p"):
+        base += "~top-p"  # blocks:p0.9:40, a mass-adaptive budget: a curve of its own
     return base + ("@" + mode.split("@", 1)[1] if "@" in mode else "")
 
 
@@ -79,7 +82,8 @@ def main():
                 ax.axhline(pts[0][1], color="k", ls="--", label="dense")
                 continue
             base, _, extra = m.partition("@")
-            label = LABELS.get(base, base) + (f" ({extra})" if extra else "")
+            base, _, topp = base.partition("~")
+            label = LABELS.get(base, base) + (", top-p" if topp else "") + (f" ({extra})" if extra else "")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
         ax.set_title(f"{title}, ctx {rows[0]['ctx']}")
         ax.set_xlabel("share of causal pairs kept")
