@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The demo: install what is needed, build, fetch SmolLM2-135M and a public-domain text (the King
-# James Bible), and retrofit a router onto that text: the router the project ships (trained on
-# PG-19 books at ctx 8192) adapted with the mass objective, where each layer's groups learn where
-# the frozen model's own attention goes beyond the window (about a minute, no backward pass
-# through the model). Then, on held-out text at the same share of attention pairs: the router
-# before and after adaptation, against a sliding window with the same sinks, Quest's blocks and
-# random groups; and a passkey beyond the window. Every step says what it does.
+# James Bible), and retrofit the centroids onto that text: the token groups the project ships
+# beside its block selector (both trained on PG-19 books at ctx 8192), adapted with the mass
+# objective to the attention mass the selector's blocks miss on this text (about a minute, no
+# backward pass through the model). Then, on held-out text: the selector with the adapted groups,
+# with the shipped groups, and alone, against a sliding window with the same sinks, Quest's
+# blocks and random groups at about the same share of attention pairs; and a passkey beyond the
+# window. Every step says what it does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n== %s\n' "$*"; }
@@ -19,12 +20,13 @@ model=$(bash scripts/fetch_model.sh)
 text=$(bash scripts/fetch_text.sh)
 echo "model: $model"
 echo "text:  $text (train.txt, val.txt)"
-shipped=routers/smollm2-135m-pg19-8k.h5
-step "3/6 retrofitting the router onto the text: start from $shipped, collect the dense attention of 6 windows of 2,048 tokens (the teacher), 60 router steps (configs/demo.conf)"
+selector=routers/smollm2-135m-pg19-blocks.h5
+shipped=routers/smollm2-135m-pg19-8k-groups.h5
+step "3/6 retrofitting the centroids onto the text: start from $shipped (the groups beside $selector), collect the dense attention its 4 blocks per query miss in 6 windows of 2,048 tokens (the teacher), 60 router steps (configs/demo.conf)"
 run=runs/demo
 rm -rf "$run"
 ./build/focus retrofit --config configs/demo.conf --out "$run" > "$run.log"
-grep -E "^(teacher|before training|after training|router training|memory)|^  (before|after):|^step +(1|30|60)/" "$run.log"
+grep -E "^(teacher|before training|after training|router training|memory)|^step +(1|30|60)/" "$run.log"
 ctx=2048
 ev=(./build/focus eval ppl --model "$model" --data "$text/val.txt" --ctx $ctx --max-tokens 4097)
 field() { sed -n "s/^$1 \([0-9.]*\).*/\1/p"; }
@@ -39,28 +41,35 @@ match_blocks() { awk -v p="$1" -v T="$2" -v w="$3" -v s="$4" 'BEGIN { tot = T * 
         for (i = 0; i < T; i++) { f = i - w; far = f > s ? f - s : 0; b = n * 64
             k += (i < w ? i : w) + 1 + (f > 0 ? (f < s ? f : s) : 0) + (far < b ? far : b) }
         if (k / tot >= p) { print n; exit } } print T / 64 }'; }
-step "4/6 held-out text, ctx $ctx: perplexity at the same share of attention pairs (lower is better)"
+step "4/6 held-out text, ctx $ctx: perplexity at about the same share of attention pairs (lower is better)"
+blk=(--attn blocks_learned --set w=128)
 dense=$("${ev[@]}" 2>/dev/null | field perplexity)
-r0=$("${ev[@]}" --router "$shipped" --attn hard --topk 1 --set w=256 2>/dev/null)
-r1=$("${ev[@]}" --router "$run/router.h5" --attn hard --topk 1 2>/dev/null)
-p0=$(echo "$r0" | field perplexity); k0=$(echo "$r0" | field "pairs kept")
+r1=$("${ev[@]}" --router "$selector,$run/router.h5" "${blk[@]}" --set blocks=4 2>/dev/null)
+r0=$("${ev[@]}" --router "$selector,$shipped" "${blk[@]}" --set blocks=4 2>/dev/null)
+rs=$("${ev[@]}" --router "$selector" "${blk[@]}" --set blocks=4 2>/dev/null)
+rs5=$("${ev[@]}" --router "$selector" "${blk[@]}" --set blocks=5 2>/dev/null)
 p1=$(echo "$r1" | field perplexity); k1=$(echo "$r1" | field "pairs kept")
 w=$(match_w "$k1" $ctx 4)
-n=$(match_blocks "$k1" $ctx 256 4)
+n=$(match_blocks "$k1" $ctx 128 4)
 rw=$("${ev[@]}" --attn window --set w="$w" --set sinks=4 2>/dev/null)
-rq=$("${ev[@]}" --attn blocks --set w=256 --set blocks="$n" --set sinks=4 2>/dev/null)
+rq=$("${ev[@]}" --attn blocks --set w=128 --set blocks="$n" --set sinks=4 2>/dev/null)
 rx=$("${ev[@]}" --attn random --topk 1 --set w=256 --set sinks=4 2>/dev/null)
+row() { printf '| %s | %s | %s |\n' "$1" "$(echo "$2" | field "pairs kept")" "$(echo "$2" | field perplexity)"; }
 echo "dense attention: $dense"
-printf '| method (4 sinks) | pairs kept | perplexity |\n|---|---|---|\n'
-printf '| router adapted to this text (k = 1, w = 256) | %s | %s |\n' "$k1" "$p1"
-printf '| the shipped router before adapting (k = 1, w = 256) | %s | %s |\n' "$k0" "$p0"
-printf '| random groups (k = 1, w = 256, no training) | %s | %s |\n' "$(echo "$rx" | field "pairs kept")" "$(echo "$rx" | field perplexity)"
-printf '| sliding window (w = %s, no training) | %s | %s |\n' "$w" "$(echo "$rw" | field "pairs kept")" "$(echo "$rw" | field perplexity)"
-printf '| Quest blocks (%s blocks of 64 beyond w = 256, no training) | %s | %s |\n' "$n" "$(echo "$rq" | field "pairs kept")" "$(echo "$rq" | field perplexity)"
+printf '| method (4 sinks, window 128 unless said) | pairs kept | perplexity |\n|---|---|---|\n'
+row "the selector's 4 blocks + the centroids adapted to this text" "$r1"
+row "the selector's 4 blocks + the shipped centroids (before adapting)" "$r0"
+row "the selector alone, 4 blocks" "$rs"
+row "the selector alone, 5 blocks" "$rs5"
+row "random groups (K = 8, k = 1, window 256, no training)" "$rx"
+row "sliding window (w = $w, no training)" "$rw"
+row "Quest blocks ($n blocks of 64, no training)" "$rq"
 step "5/6 passkey at $ctx tokens: a 5-digit number hidden at three depths, beyond the window but at the last"
-./build/focus eval passkey --model "$model" --router "$run/router.h5" --modes dense,window:"$w",hard:1 \
-    --set sinks=4 --lengths $ctx --depths 0.25,0.5,0.75 --trials 1 2>/dev/null | grep "retrieved ("
+./build/focus eval passkey --model "$model" --modes dense,window:"$w" --set sinks=4 --lengths $ctx \
+    --depths 0.25,0.5,0.75 --trials 1 2>/dev/null | grep "retrieved ("
+./build/focus eval passkey --model "$model" --router "$selector,$run/router.h5" --modes blocks_learned:4 \
+    --set w=128 --lengths $ctx --depths 0.25,0.5,0.75 --trials 1 2>/dev/null | grep "retrieved ("
 step "6/6 done"
 echo "run files: $run/ (router.h5, metrics.jsonl, config.conf, teacher/), log: $run.log"
-echo "evaluate: ./build/focus eval ppl --model $model --data $text/val.txt --ctx $ctx --router $run/router.h5 --attn hard --topk 1,2"
+echo "evaluate: ./build/focus eval curve --model $model --data $text/val.txt --ctx $ctx --router $selector,$run/router.h5 --modes blocks_learned:2,blocks_learned:4,blocks_learned:8 --set w=128"
 echo "what the numbers are and how they were measured at larger scale: docs/RESULTS.md, docs/OBJECTIVE.md"
