@@ -899,8 +899,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                                 bs             /* at most every block */
                             + (qmask ? T : 0); /* and the group keys */
             real* S = mallocCheck(sizeof(real) * (size_t)rep * ldS);
-            /* the group keys outside the chosen blocks: their positions, keys and values */
-            int* ex = qmask ? mallocCheck(sizeof(int) * (T + 1)) : NULL;
+            /* the group keys outside the chosen blocks: their keys and values */
             real* kx = qmask ? mallocCheck(sizeof(real) * ((size_t)T * hs + 1)) : NULL;
             real* vx = qmask ? mallocCheck(sizeof(real) * ((size_t)T * hs + 1)) : NULL;
             unsigned char* chosen = qmask ? callocCheck(nb + 1, 1) : NULL;
@@ -935,7 +934,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                             memcpy(vx + (size_t)nx * hs,
                                    base + (size_t)j * QKV + C + NKV * hs + kvh * hs,
                                    sizeof(real) * hs);
-                            ex[nx++] = j;
+                            nx++;
                         }
                     }
                     for (int t2 = 0; t2 < ns; t2++) chosen[sel[t2]] = 0;
@@ -992,7 +991,6 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
             free(ot);
             free(S);
             free(rmax);
-            free(ex);
             free(kx);
             free(vx);
             free(chosen);

@@ -238,15 +238,19 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
               NKV = model_kv_heads(c);
     const size_t BT = (size_t)B * T, lC = (size_t)l * c->C;
     const AttnMode mode = model_layer_attn(m, l);
+    /* the centroids beside a block selector: the router's groups (causal routing, as the hard
+     * mode evaluates) join the chosen blocks */
+    const int with_groups =
+        model_attn_kernel(mode, r->keep) == ATTN_KERNEL_BLOCKS && m->blocks_with_groups;
     /* a dense layer's groups are still computed (reports and statistics read them) */
-    if (mode == ATTN_HARD || attn_uses_router(f->attn) || m->routed_dense) {
+    if (mode == ATTN_HARD || attn_uses_router(f->attn) || m->routed_dense || with_groups) {
         router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
                               m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
-        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, f->routing, B, T,
-                        f->K, f->tau, f->iters);
-        if (mode == ATTN_HARD && m->router.wq)
+        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K,
+                        with_groups ? ROUTE_CAUSAL : f->routing, B, T, f->K, f->tau, f->iters);
+        if ((mode == ATTN_HARD || with_groups) && m->router.wq)
             query_masks(m, l, la, B, T);
-        else if (mode == ATTN_HARD)
+        else if (mode == ATTN_HARD || with_groups)
             routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
     }
     if (mode == ATTN_RANDOM)
@@ -257,19 +261,6 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
      * training and the soft gate */
     AttnGate gate = model_layer_gate(m, l, la);
     double kept = 0; /* the block kernels' count */
-    /* the centroids with a block selector: the router's groups beside the chosen blocks */
-    const int with_groups =
-        model_attn_kernel(mode, r->keep) == ATTN_KERNEL_BLOCKS && m->blocks_with_groups;
-    if (with_groups) { /* causal routing, as the hard mode evaluates */
-        router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
-                              m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
-        routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K, ROUTE_CAUSAL, B, T,
-                        f->K, f->tau, f->iters);
-        if (m->router.wq)
-            query_masks(m, l, la, B, T);
-        else
-            routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
-    }
     switch (model_attn_kernel(mode, r->keep)) {
         case ATTN_KERNEL_SPARSE:
             attention_hard_forward(la->att, la->lse, la->qkv, la->qmask, la->mask, f->K, f->w, B, T,
