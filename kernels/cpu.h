@@ -24,11 +24,12 @@ void blas_check_core(char** argv);
  * polynomial (Cephes coefficients); about 1 ulp. Returns 0 below -87.3 (and for -inf), NaN for
  * NaN. */
 static inline float exp_f(float x) {
-    if (x != x) return x; /* NaN stays NaN (and is never converted to an integer below) */
-    if (x < -87.3f) return 0.0f;
-    if (x > 88.7f) x = 88.7f;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    /* without branches (selects), so that a loop of it vectorises */
+    const int nan = x != x, under = x < -87.3f;
+    float y = x > 88.7f ? 88.7f : x;
+    y = nan || under ? 0.0f : y; /* (never a NaN converted to an integer below) */
+    float n = floorf(y * 1.44269504088896341f + 0.5f);
+    float r = y - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -40,7 +41,8 @@ static inline float exp_f(float x) {
         uint32_t u;
         float f;
     } s = {(uint32_t)((int32_t)n + 127) << 23};
-    return p * s.f;
+    const float e = under ? 0.0f : p * s.f;
+    return nan ? x : e; /* NaN stays NaN */
 }
 
 /* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */

@@ -11,6 +11,8 @@
 
 #define BQ 64
 #define BK 256
+/* the key tiles of a band over the cache (attention_cached_forward) */
+#define BW 128
 
 /* Attention of the query rows [i0, i1) of one head over a sequence stored with row strides ldq /
  * ldk / ldv (keys and values of the same positions), with an online softmax over key tiles. Query
@@ -149,14 +151,6 @@ static void cached_rows(real* t, const void* src, int half, int kvw, int g, int 
     }
 }
 
-/* rows [j0, j0 + BK) of head g of a cache into t (BK, hs): the rows from `have` on (not cached
- * yet) are zeros */
-static void cached_tile(real* t, const void* src, int half, int kvw, int g, int hs, int j0,
-                        int have) {
-    const int cnt = have - j0 < 0 ? 0 : have - j0 > BK ? BK : have - j0;
-    cached_rows(t, src, half, kvw, g, hs, NULL, j0, cnt, BK);
-}
-
 /* The largest of s[c0 .. c1) and *mx into *mx (a vector max: the same value as any order). */
 static inline void keep_range(const real* s, int c0, int c1, real* mx) {
     real mt = *mx;
@@ -194,42 +188,45 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
             for (int R = 0; R < mq; R++) m[R] = -INFINITY, l[R] = 0;
             memset(acc, 0, sizeof(real) * (size_t)mq * hs);
             const int band_lo = w < 0 || i0 - w < 0 ? 0 : i0 - w; /* the block's lowest band key */
-            for (int j0 = 0; j0 < i1; j0 += BK) {
-                if (w >= 0 && j0 >= sinks && j0 + BK <= band_lo) continue; /* no key of any row */
-                cached_tile(kt, k, half, kvw, g, hs, j0, have);
-                cached_tile(vt, v, half, kvw, g, hs, j0, have);
-                gemm(0, 1, mq, BK, hs, scale, qs, hs, kt, hs, 0, S, BK);
+            /* key tiles at fixed positions (a row's tiles, and so its bits, whatever rows are
+             * beside it): dense, BK keys from 0; a band, the sinks [0, ns) in a tile of their
+             * own, then BW keys from ns on */
+            const int ns = w < 0 ? 0 : sinks, bk = w < 0 ? BK : BW;
+            for (int j0 = 0, nk; j0 < i1; j0 += nk) {
+                nk = j0 < ns ? (ns - j0 < BK ? ns - j0 : BK) : bk;
+                if (j0 >= ns && j0 + nk <= band_lo) { /* no key of any row: on to the band */
+                    nk = (band_lo - j0) / bk * bk;
+                    continue;
+                }
+                const int sink_tile = j0 < ns;
+                const int cnt = have - j0 < 0 ? 0 : have - j0 > nk ? nk : have - j0;
+                cached_rows(kt, k, half, kvw, g, hs, NULL, j0, cnt, nk);
+                cached_rows(vt, v, half, kvw, g, hs, NULL, j0, cnt, nk);
+                gemm(0, 1, mq, nk, hs, scale, qs, hs, kt, hs, 0, S, BK);
                 for (int R = 0; R < mq; R++) {
                     real* s = S + (size_t)R * BK;
                     const int r = R % CQ, i = i0 + r;
-                    if (r >= nq) {
-                        memset(s, 0, sizeof(real) * BK);
-                        continue;
-                    }
-                    /* the row's keys in the tile: [ca, cb) (the causal band, or all before it),
-                     * and with a band the sinks [0, sb) */
-                    const int ca = w < 0 || i - w <= j0 ? 0 : i - w - j0 < BK ? i - w - j0 : BK;
-                    const int cb = i - j0 + 1 < BK ? i - j0 + 1 : BK;
-                    int sb = w < 0 || sinks <= j0 ? 0 : sinks - j0;
-                    sb = sb < cb ? sb : cb;
-                    const int any = cb > ca || sb > 0;
-                    if (!any) {
-                        memset(s, 0, sizeof(real) * BK);
+                    /* the row's keys in the tile: [ca, cb) (every key up to the row's in dense
+                     * and sink tiles, its band's in the others) */
+                    const int cb = i - j0 + 1 < nk ? i - j0 + 1 : nk;
+                    const int ca = w < 0 || sink_tile || i - w <= j0 ? 0
+                                   : i - w - j0 < nk                ? i - w - j0
+                                                                    : nk;
+                    if (r >= nq || cb <= ca) {
+                        memset(s, 0, sizeof(real) * nk);
                         continue;
                     }
                     real mx = m[R];
-                    const int a1 = sb < ca ? sb : ca; /* the gap between the sinks and the band */
-                    keep_range(s, 0, sb, &mx);
                     keep_range(s, ca, cb, &mx);
-                    for (int c = a1 > sb ? a1 : sb; c < ca; c++) s[c] = -INFINITY;
-                    for (int c = cb > sb ? cb : sb; c < BK; c++) s[c] = -INFINITY;
                     const real alpha = exp_f(m[R] - mx);
                     real sum = 0;
+                    for (int c = 0; c < ca; c++) s[c] = 0;
 #pragma omp simd reduction(+ : sum)
-                    for (int c = 0; c < BK; c++) {
-                        s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
+                    for (int c = ca; c < cb; c++) {
+                        s[c] = exp_f(s[c] - mx);
                         sum += s[c];
                     }
+                    for (int c = cb; c < nk; c++) s[c] = 0;
                     l[R] = l[R] * alpha + sum;
                     m[R] = mx;
                     if (alpha != 1) {
@@ -237,7 +234,7 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                         for (int e = 0; e < hs; e++) a[e] *= alpha;
                     }
                 }
-                gemm(0, 0, mq, hs, BK, 1, S, BK, vt, hs, 1, acc, hs);
+                gemm(0, 0, mq, hs, nk, 1, S, BK, vt, hs, 1, acc, hs);
             }
             for (int hr = 0; hr < rep; hr++)
                 for (int r = 0; r < nq; r++) {
@@ -258,11 +255,13 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
  * rows' band (attention_cached_blocks, _groups): row R = hr CQ + r is query head g rep + hr of
  * row r0 + r (the rep heads stacked, as attention_cached_forward), with its online softmax (m,
  * l, acc) started from the band's (lse, 1, out); key tiles of up to ne keys, each row merging only
- * the keys ok[r ne + c] marks (use[r]: any). */
+ * the keys [ca[r], cb[r]) of the tile (use[r]: any), and of those with `masked` only the ones
+ * ok[r ne + c] marks. */
 typedef struct {
-    int rep, mq, ne, hs, nq, r0, g;
-    real *S, *pv, *kt, *vt, *qs, *m, *l, *acc;
+    int rep, mq, ne, hs, nq, r0, g, masked;
+    real *S, *pv, *kt, *vt, *qs, *m, *l, *acc, *alpha;
     unsigned char *ok, *use;
+    int *ca, *cb;
 } Stacked;
 
 static Stacked stacked_new(int rep, int ne, int hs) {
@@ -276,14 +275,17 @@ static Stacked stacked_new(int rep, int ne, int hs) {
     t.m = mallocCheck(sizeof(real) * (size_t)mq);
     t.l = mallocCheck(sizeof(real) * (size_t)mq);
     t.acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
+    t.alpha = mallocCheck(sizeof(real) * (size_t)mq);
     t.ok = mallocCheck((size_t)CQ * ne);
     t.use = mallocCheck(CQ);
+    t.ca = mallocCheck(sizeof(int) * CQ);
+    t.cb = mallocCheck(sizeof(int) * CQ);
     return t;
 }
 
 static void stacked_free(Stacked* t) {
     free(t->S), free(t->pv), free(t->kt), free(t->vt), free(t->qs), free(t->m), free(t->l);
-    free(t->acc), free(t->ok), free(t->use);
+    free(t->acc), free(t->alpha), free(t->ok), free(t->use), free(t->ca), free(t->cb);
 }
 
 /* the tile of rows r0 .. r0 + nq - 1 and key/value head g: queries stacked, the band's state */
@@ -304,25 +306,25 @@ static void stacked_start(Stacked* t, const real* out, int ldo, const real* lse,
         }
 }
 
-/* the key tile in t->kt, t->vt into the rows that use it (t->ok, t->use filled) */
+/* the key tile in t->kt, t->vt into the rows that use it (t->use, ca, cb and with t->masked
+ * t->ok filled). The rows that do not use it get products that nothing reads: a row's bits do
+ * not depend on the rows beside it. */
 static void stacked_merge(Stacked* t, real scale) {
     const int mq = t->mq, ne = t->ne, hs = t->hs;
     gemm(0, 1, mq, ne, hs, scale, t->qs, hs, t->kt, hs, 0, t->S, ne);
     for (int R = 0; R < mq; R++) {
-        real* s = t->S + (size_t)R * ne;
         const int r = R % CQ;
-        if (r >= t->nq || !t->use[r]) {
-            memset(s, 0, sizeof(real) * ne);
-            continue;
+        if (r >= t->nq || !t->use[r]) continue;
+        real* s = t->S + (size_t)R * ne;
+        const int ca = t->ca[r], cb = t->cb[r];
+        for (int c = 0; c < ca; c++) s[c] = -INFINITY;
+        for (int c = cb; c < ne; c++) s[c] = -INFINITY;
+        if (t->masked) {
+            const unsigned char* o = t->ok + (size_t)r * ne;
+            for (int c = ca; c < cb; c++) s[c] = o[c] ? s[c] : -INFINITY;
         }
-        const unsigned char* o = t->ok + (size_t)r * ne;
         real mx = t->m[R];
-#pragma omp simd reduction(max : mx)
-        for (int c = 0; c < ne; c++) { /* (a vector max: the same value in any order) */
-            const real x = o[c] ? s[c] : -INFINITY;
-            s[c] = x;
-            mx = x > mx ? x : mx;
-        }
+        keep_range(s, ca, cb, &mx);
         const real alpha = t->m[R] == -INFINITY ? 0 : exp_f(t->m[R] - mx);
         real sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -332,8 +334,7 @@ static void stacked_merge(Stacked* t, real scale) {
         }
         t->l[R] = t->l[R] * alpha + sum;
         t->m[R] = mx;
-        real* a = t->acc + (size_t)R * hs;
-        for (int e = 0; e < hs; e++) a[e] *= alpha;
+        t->alpha[R] = alpha;
     }
     gemm(0, 0, mq, hs, ne, 1, t->S, ne, t->vt, hs, 0, t->pv, hs);
     for (int R = 0; R < mq; R++) {
@@ -341,7 +342,8 @@ static void stacked_merge(Stacked* t, real scale) {
         if (r >= t->nq || !t->use[r]) continue;
         real* a = t->acc + (size_t)R * hs;
         const real* pr = t->pv + (size_t)R * hs;
-        for (int e = 0; e < hs; e++) a[e] += pr[e];
+        const real alpha = t->alpha[R];
+        for (int e = 0; e < hs; e++) a[e] = a[e] * alpha + pr[e];
     }
 }
 
@@ -367,7 +369,7 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
     {
-        Stacked t = stacked_new(rep, bs, hs);
+        Stacked t = stacked_new(rep, bs, hs); /* key ranges, no mask */
         int* at = mallocCheck(sizeof(int) * CQ); /* each row's next entry in its sorted list */
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)NKV * nblk; task++) {
@@ -398,8 +400,8 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                     /* the block's distant keys for this row: past the sinks, before its band */
                     const int i = p0 + r0 + r, lo = b * bs > sinks ? b * bs : sinks;
                     const int hi = (b + 1) * bs < i - w ? (b + 1) * bs : i - w;
-                    for (int c = 0; c < bs; c++)
-                        t.ok[(size_t)r * bs + c] = b * bs + c >= lo && b * bs + c < hi;
+                    t.ca[r] = lo - b * bs, t.cb[r] = hi - b * bs;
+                    t.use[r] &= t.cb[r] > t.ca[r];
                 }
                 /* (rows past the cached ones, p0 + n on, are zeros: no row keeps them) */
                 const int cnt = p0 + n - b * bs < bs ? p0 + n - b * bs : bs;
@@ -438,6 +440,7 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
 #pragma omp parallel reduction(+ : pairs)
     {
         Stacked t = stacked_new(rep, ET, hs);
+        t.masked = 1;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)NKV * nblk; task++) {
             const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
@@ -467,7 +470,7 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         const uint32_t mr = rmask[r0 + r];
                         const int lo = p0 + r0 + r - w;
                         unsigned char* o = t.ok + (size_t)r * ET;
-                        t.use[r] = 0;
+                        t.use[r] = 0, t.ca[r] = 0, t.cb[r] = cnt;
                         for (int c = 0; c < ET; c++) {
                             const int j = c < cnt ? gp[t0 + c] : -1;
                             o[c] = ((mr >> grp) & 1) && c < cnt && j < lo &&
@@ -704,16 +707,30 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
     for (int e = 0; e < hs; e++) var[e] /= n;
 }
 
-real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale) {
+void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale) {
     const real *a = wgt + 1, *b = a + hs, *g = b + hs;
-    const real *mean = st, *var = st + hs, *lo = st + 2 * hs, *hi = st + 3 * hs;
+    for (int e = 0; e < hs; e++) {
+        const real x = scale * q[e];
+        f[e] = a[e] * x, f[hs + e] = b[e] * x * x;
+        /* max(x lo, x hi) = x lo for x < 0, else x hi (lo <= hi) */
+        f[2 * hs + e] = x < 0 ? g[e] * x : 0;
+        f[3 * hs + e] = x < 0 ? 0 : g[e] * x;
+    }
+}
+
+/* f . st over n values (a vector sum: the same order for every caller) */
+static inline real feature_dot(const real* f, const real* st, int n) {
     real s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int e = 0; e < hs; e++) {
-        const real x = scale * q[e], ql = x * lo[e], qh = x * hi[e];
-        s += a[e] * x * mean[e] + b[e] * x * x * var[e] + g[e] * (ql > qh ? ql : qh);
-    }
-    return wgt[0] + s;
+    for (int e = 0; e < n; e++) s += f[e] * st[e];
+    return s;
+}
+
+real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale) {
+    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
+    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    blockgate_features(f, wgt, q, hs, scale);
+    return wgt[0] + feature_dot(f, st, BLOCKGATE_STATS(hs));
 }
 
 void blockgate_init(real* wgt, int n, int hs) {
@@ -741,6 +758,9 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
                          const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                          int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
                          real* p) {
+    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
+    const int per = BLOCKGATE_STATS(hs);
+    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     for (int c = c0; c < c1; c++) sc[c] = 0;
     for (int r = 0; r < rep; r++) {
         const real* qh = q + (size_t)r * hs;
@@ -770,11 +790,12 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
             const real* wg = gate + (size_t)r * BLOCKGATE_WIDTH(hs);
             const real lb = lband[(size_t)r * ldl];
             const real lfull = logf((real)bs); /* log n of a whole block */
+            blockgate_features(f, wg, qh, hs, scale);
             real mx = lb;
             for (int c = c0; c < c1; c++) {
                 int j0, j1;
                 distant_range(c, bs, sinks, i - w, &j0, &j1);
-                p[c] = blockgate_logit(wg, qh, st + (size_t)c * BLOCKGATE_STATS(hs), hs, scale) +
+                p[c] = wg[0] + feature_dot(f, st + (size_t)c * per, per) +
                        (j1 - j0 == bs ? lfull : logf((real)(j1 - j0)));
                 mx = p[c] > mx ? p[c] : mx;
             }
@@ -784,22 +805,15 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
             for (int c = c0; c < c1; c++) sc[c] += exp_f(p[c] - L);
             continue;
         }
-        for (int c = c0; c < c1; c++) {
-            real s = 0;
-            if (score == BLOCKS_QUEST) {
-                const real *lo = st + (size_t)c * BLOCKGATE_STATS(hs) + 2 * hs, *hi = lo + hs;
-#pragma omp simd reduction(+ : s)
-                for (int e = 0; e < hs; e++) {
-                    real a = qh[e] * lo[e], b = qh[e] * hi[e];
-                    s += a > b ? a : b;
-                }
-            } else {
-                const real* mean = st + (size_t)c * BLOCKGATE_STATS(hs);
-#pragma omp simd reduction(+ : s)
-                for (int e = 0; e < hs; e++) s += qh[e] * mean[e];
-            }
-            sc[c] += s;
-        }
+        /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products
+         * with the statistics too: q_e min_e where q_e < 0, q_e max_e elsewhere */
+        const int quest = score == BLOCKS_QUEST, f0 = quest ? 2 * hs : 0, n = quest ? 2 * hs : hs;
+        for (int e = 0; e < hs; e++)
+            if (quest)
+                f[e] = qh[e] < 0 ? qh[e] : 0, f[hs + e] = qh[e] < 0 ? 0 : qh[e];
+            else
+                f[e] = qh[e];
+        for (int c = c0; c < c1; c++) sc[c] += feature_dot(f, st + (size_t)c * per + f0, n);
     }
 }
 

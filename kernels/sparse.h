@@ -103,7 +103,13 @@ const char* block_score_name(BlockScore s);
 #define BLOCKGATE_WIDTH(hs) (1 + 3 * (hs))
 /* The statistics of keys [j0, j1) (rows of stride ldk) into st (BLOCKGATE_STATS(hs)). */
 void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int hs);
-/* The logit s_c above for query q (hs) against the statistics st of one block. */
+/* The logit s_c above is one product with the block's statistics: s_c = w_0 + f . st_c, the
+ * query's features f (BLOCKGATE_STATS(hs)) being a scale q, b (scale q)^2, and g scale q in the
+ * minimum's place where q_e < 0, else in the maximum's. blockgate_features fills f for query q
+ * (hs) and one head's weights; blockgate_logit is s_c against the statistics st of one block. A
+ * head size of at most BLOCKGATE_MAX_HS. */
+#define BLOCKGATE_MAX_HS 512
+void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale);
 real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale);
 /* Weights of the cumulant expansion (a = 1, b = 1/2, g = 0, w_0 = 0) for n query heads. */
 void blockgate_init(real* wgt, int n, int hs);

@@ -10,6 +10,15 @@
 
 #include "model.h"
 
+/* The parts of a decode step that KVCache.prof times, in order; the last three are the parts of
+ * the attention that a sparse pattern splits it into (PART_BAND ..): the window and the sinks,
+ * the choice of the distant keys (block scores, the router's groups), the distant keys. */
+#define DECODE_PARTS                                                                          \
+    "q k v", "attention", "output projection", "gate + up", "down", "norms, rope, residuals", \
+        "head (logits)", "embedding", "window and sinks", "selection", "distant keys"
+#define DECODE_NPARTS 11
+enum { PART_ATTENTION = 1, PART_BAND = 8, PART_SELECT = 9, PART_DISTANT = 10 };
+
 /* The thread governor (governor.c): on a machine busy with other work two threads can decode
  * slower than one, so the thread count of each step is chosen by measurement among max, max / 2,
  * ..., 1 (fewer threads are tried only while the steps stall). Off (on = 0), every step runs on
@@ -53,13 +62,8 @@ typedef struct {
     /* FOCUS_PROFILE=1: seconds of the decode steps (prof) and of the prompts' rows (pprof) by
      * part (DECODE_PARTS), summed */
     int profile;
-    double prof[8], pprof[8];
+    double prof[DECODE_NPARTS], pprof[DECODE_NPARTS];
 } KVCache;
-
-/* The parts of a decode step that KVCache.prof times, in order. */
-#define DECODE_PARTS                                                                          \
-    "q k v", "attention", "output projection", "gate + up", "down", "norms, rope, residuals", \
-        "head (logits)", "embedding"
 
 /* A cache for cap tokens; half: keys and values in half precision (half the memory and the
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */

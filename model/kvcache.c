@@ -352,39 +352,45 @@ static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, con
 }
 
 /* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
- * queries) into c->bkeys + g cap: the sinks before the window, the distant keys of the chosen
- * blocks, the window. Returns their number. sel, sc, p: nbcap scratch each. */
+ * queries) into keys: the sinks before the window, the window, the distant keys of the chosen
+ * blocks (and of the row's groups beside them). Returns their number. sb: scratch of rep (n + 1)
+ * scores; sel, sc, p: nbcap scratch each. */
 static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
                       uint32_t mi, int* keys, real* sb, int* sel, real* sc, real* p) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
     const int lo = n - f->w < 0 ? 0 : n - f->w, bs = f->block;
+    /* the band first: the sinks before the window, the window */
+    int nk = 0;
+    for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
+    for (int j = lo; j <= n; j++) keys[nk++] = j;
     real lb[64];
     if (f->attn == ATTN_BLOCKS_LEARNED) { /* the band's log-sum-exp per query head */
         if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
         const real scale = (real)(1.0 / sqrt((double)hs));
         const size_t es = c->half ? 2 : sizeof(real);
         const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+#ifndef FOCUS_DOUBLE
+        if (c->half) /* each key row converted once for the rep heads */
+            f16_rows_scores(sb, nk, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk,
+                            hs, scale);
+#endif
         for (int r = 0; r < rep; r++) {
+            real* sr = sb + (size_t)r * nk;
+            if (!c->half || sizeof(real) != sizeof(float))
+                for (int t = 0; t < nk; t++)
+                    sr[t] = dot_kv(q + (size_t)r * hs, kc + ((size_t)keys[t] * kvw + g * hs) * es,
+                                   c->half, hs) *
+                            scale;
             real mx = -INFINITY;
             double sum = 0;
-            int nb = 0;
-            for (int j = 0; j <= n; j++) {
-                if (j >= f->sinks && j < lo) j = lo;
-                sb[nb] =
-                    dot_kv(q + (size_t)r * hs, kc + ((size_t)j * kvw + g * hs) * es, c->half, hs) *
-                    scale;
-                mx = sb[nb] > mx ? sb[nb] : mx;
-                nb++;
-            }
-            for (int t = 0; t < nb; t++) sum += exp((double)(sb[t] - mx));
+            for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
+            for (int t = 0; t < nk; t++) sum += exp((double)(sr[t] - mx));
             lb[r] = mx + (real)log(sum);
         }
     }
     const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p);
-    int nk = 0;
-    for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
     for (int s = 0; s < ns; s++) {
         const int j0 = sel[s] * bs > f->sinks ? sel[s] * bs : f->sinks;
         const int j1 = (sel[s] + 1) * bs < n - f->w ? (sel[s] + 1) * bs : n - f->w;
@@ -404,7 +410,6 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
             if (!in_block) keys[nk++] = j;
         }
     }
-    for (int j = lo; j <= n; j++) keys[nk++] = j;
     return nk;
 }
 
@@ -413,7 +418,7 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
  * rows of a tile that chose it (kernels/sparse.c); each row's bits whatever rows are beside it.
  * Returns the pairs evaluated. */
 static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, const real* qkv,
-                               const uint32_t* mi, real* att) {
+                               const uint32_t* mi, real* att, const LayerRows* r) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV,
@@ -425,6 +430,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
     attention_cached_forward(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, NH, NKV,
                              hs);
+    profile_tick(r->prof, r->mark, PART_BAND);
     int* sel = mallocCheck(sizeof(int) * (size_t)n * NKV * nbmax);
     int* nsel = mallocCheck(sizeof(int) * (size_t)n * NKV);
     long pairs = 0;
@@ -455,6 +461,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
         }
         free(sc), free(p);
     }
+    profile_tick(r->prof, r->mark, PART_SELECT);
     attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
                             nsel, nbmax, NH, NKV, hs);
     if (m->blocks_with_groups) { /* the rows' groups, less the chosen blocks and the sinks */
@@ -464,6 +471,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
             c->gpos + (size_t)l * f->K * c->cap, c->gn + (size_t)l * f->K, c->cap, f->K, &chosen,
             NH, NKV, hs);
     }
+    profile_tick(r->prof, r->mark, PART_DISTANT);
     free(lse), free(sel), free(nsel);
     return pairs;
 }
@@ -527,9 +535,10 @@ typedef struct {
 } RowWork;
 
 /* The keys of the row at position p of cache c on layer l (mask mi: its groups, joined already)
- * and its attention into att; returns the pairs it evaluated. */
+ * and its attention into att; returns the pairs it evaluated. prof, mark: FOCUS_PROFILE's
+ * (choosing the keys, then attending), or NULL. */
 static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint32_t mi,
-                       const real* qrow, real* att, RowWork* w) {
+                       const real* qrow, real* att, RowWork* w, double* prof, double* mark) {
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     long pairs = 0;
@@ -545,7 +554,9 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
         for (int g = 0; g < NKV; g++) w->kl[g] = w->keys, w->nkg[g] = nk;
         pairs = (long)nk * NH;
     }
+    profile_tick(prof, mark, PART_SELECT);
     attend_keys(att, qrow, l, c, w->kl, w->nkg, mc, w->scores, w->part);
+    profile_tick(prof, mark, PART_ATTENTION);
     return pairs;
 }
 
@@ -570,6 +581,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
         attention_cached_forward(att, A, NULL, qkv, Q, pos[0], n, (const char*)c->k + at,
                                  (const char*)c->v + at, c->half, bw, bsinks, NH, NKV, hs);
+        profile_tick(r->prof, r->mark, kind == KEYS_WINDOW ? PART_BAND : PART_ATTENTION);
         for (int i = 0; i < n; i++) {
             const int lo = bw < 0 || pos[i] - bw < 0 ? 0 : pos[i] - bw;
             c->pairs += (long)(pos[i] + 1 - lo + (bsinks < lo ? bsinks : lo)) * NH;
@@ -581,6 +593,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             block_cache(cs[i], mc, f->block);
             block_complete(cs[i], l, pos[i], mc);
         }
+    profile_tick(r->prof, r->mark, PART_ATTENTION);
     /* in order: each row's groups, joined (a cache's group lists grow row by row); mi: the
      * groups each row keeps as a query. The router's groups: hard mode, or beside the blocks */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
@@ -606,8 +619,9 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             mi[i] = token_mask(m, l, pos[i], s->G, 0);
         }
     }
+    profile_tick(r->prof, r->mark, PART_SELECT);
     if (!r->per_row && kind == KEYS_BLOCKS) {
-        cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, mi, att);
+        cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, mi, att, r);
         free(mi);
         return;
     }
@@ -621,6 +635,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
         attention_cached_forward(att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, 0, NH, NKV,
                                  hs);
+        profile_tick(r->prof, r->mark, PART_BAND);
         long pairs = 0;
         for (int i = 0; i < n; i++) {
             const int lo = pos[i] - f->w < 0 ? 0 : pos[i] - f->w;
@@ -629,6 +644,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         pairs += attention_cached_groups(
             att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
             c->gpos + (size_t)l * K * c->cap, c->gn + (size_t)l * K, c->cap, K, NULL, NH, NKV, hs);
+        profile_tick(r->prof, r->mark, PART_DISTANT);
         c->pairs += pairs;
         free(lse);
         free(mi);
@@ -640,7 +656,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             RowWork w = {s->kl,   s->nkg,  c->keys, c->bkeys, c->scores,
                          c->part, s->bsel, s->bsc,  s->bp};
             c->pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
-                                   att + (size_t)i * A, &w);
+                                   att + (size_t)i * A, &w, r->prof, r->mark);
         }
         free(mi);
         return;
@@ -664,7 +680,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
 #pragma omp for schedule(dynamic, 4)
         for (int i = 0; i < n; i++)
             pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
-                                att + (size_t)i * A, &w);
+                                att + (size_t)i * A, &w, NULL, NULL);
         free(w.kl), free(w.nkg), free(w.keys), free(w.bkeys), free(w.scores), free(w.part);
         free(w.bsel), free(w.bsc), free(w.bp);
     }

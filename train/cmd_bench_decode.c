@@ -121,7 +121,7 @@ int cmd_bench_decode(int argc, char** argv) {
         memcpy(logits, all + (size_t)(ctx - 1) * m.cfg.V, sizeof(real) * m.cfg.V);
         free(all);
     }
-    long pairs0 = c.pairs;
+    long pairs0 = c.pairs; /* the prompt's pairs */
     memset(c.prof, 0, sizeof c.prof); /* FOCUS_PROFILE: the decoded tokens only */
     /* with --data each step's logits are kept and scored after the clock stops */
     real* kept = data ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)n) : NULL;
@@ -166,24 +166,35 @@ int cmd_bench_decode(int argc, char** argv) {
     }
     printf(
         "prompt %d tokens (%s%s): %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s "
-        "| pairs kept %.3f\n",
+        "| pairs kept %.3f (the prompt's rows: %.3f)\n",
         ctx,
         steps              ? "one at a time"
         : exact            ? "batched, fp32 products"
         : chunk && !scored ? "batched, in chunks"
                            : "batched",
         scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
-        (double)(c.pairs - pairs0) / dense_pairs);
+        (double)(c.pairs - pairs0) / dense_pairs,
+        (double)pairs0 / ((double)ctx * (ctx + 1) / 2 * m.cfg.NH * m.cfg.L));
     for (int k = 0; c.profile && k < 2; k++) { /* where a prompt's and a decode step's time goes */
         static const char* const parts[] = {DECODE_PARTS};
         const double* pr = k ? c.prof : c.pprof;
         double total = 0;
-        for (int i = 0; i < 8; i++) total += pr[i];
+        for (int i = 0; i < DECODE_NPARTS; i++) total += pr[i];
         if (!k && steps) continue; /* a prompt fed one token at a time is in the decode steps */
         printf("%s profile (FOCUS_PROFILE=1), %.3f ms a token:", k ? "decode" : "prompt",
                1e3 * total / (k ? n : ctx));
-        for (int i = 0; i < 8; i++)
-            printf("%s %s %.1f %%", i ? "," : "", parts[i], total > 0 ? 100 * pr[i] / total : 0);
+        const double att = pr[PART_ATTENTION] + pr[PART_BAND] + pr[PART_SELECT] + pr[PART_DISTANT];
+        for (int i = 0; i < PART_BAND; i++) {
+            const double t = i == PART_ATTENTION ? att : pr[i];
+            printf("%s %s %.1f %%", i ? "," : "", parts[i], total > 0 ? 100 * t / total : 0);
+            if (i == PART_ATTENTION && att > pr[PART_ATTENTION]) { /* its parts, where split */
+                printf(" (");
+                for (int j = PART_BAND; j <= PART_DISTANT; j++)
+                    if (pr[j] > 0)
+                        printf("%s %.1f %%, ", parts[j], total > 0 ? 100 * pr[j] / total : 0);
+                printf("the rest %.1f %%)", total > 0 ? 100 * pr[PART_ATTENTION] / total : 0);
+            }
+        }
         printf("\n");
     }
     if (data)
