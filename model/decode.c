@@ -119,9 +119,10 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                      .G = G,
                      .kl = mallocCheck(sizeof(int*) * (size_t)NKV),
                      .nkg = mallocCheck(sizeof(int) * (size_t)NKV),
-                     .bsel = mallocCheck(sizeof(int) * (size_t)nbmax),
-                     .bsc = mallocCheck(sizeof(real) * (size_t)nbmax),
-                     .bp = mallocCheck(sizeof(real) * (size_t)nbmax)};
+                     .bsel = mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
+                     .bsc = mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
+                     .bp = mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
+                     .npre = mallocCheck(sizeof(int) * (size_t)NKV)};
     /* FOCUS_PROFILE: the parts of the decode steps, and apart those of a prompt's rows */
     double* prof = c0->profile ? (per_row ? c0->prof : c0->pprof) : NULL;
     double mark = prof ? now_seconds() : 0;
@@ -188,7 +189,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     check_finite_acts(m, logits, (size_t)nr * mc->V, mc->L);
     profile_tick(prof, &mark, 6);
     for (int i = 0; i < n; i++) cs[i]->n++;
-    free(rs.kl), free(rs.nkg), free(rs.bsel), free(rs.bsc), free(rs.bp);
+    free(rs.kl), free(rs.nkg), free(rs.bsel), free(rs.bsc), free(rs.bp), free(rs.npre);
     free(mask);
     free(buf);
 }

@@ -191,6 +191,13 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
 #endif
 }
 
+/* Where part id of np starts among n keys whose first pre have their scores made already: the
+ * parts share the work, a key with its score made counting as half of one without. */
+static int part_bound(int n, int pre, int id, int np) {
+    const long work = (long)pre + 2L * (n - pre), at = work * id / np; /* in halves */
+    return at <= pre ? (int)at : pre + (int)((at - pre) / 2);
+}
+
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
  * keys[g] of its key/value head g (one list for every g but in the block patterns). The keys
  * are split into parts (each part's keys and values read once for the rep query heads of a KV
@@ -199,9 +206,11 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
  * count only (one below c->split_min keys, else one per 2 split_min keys, 2 .. c->nparts of
  * them), never on the thread count,
  * so a token's arithmetic is the same on any number of threads. Scores go to sc (NH, cap), the
- * parts to partbuf (c->nparts, NH, hs + 2). */
+ * parts to partbuf (c->nparts, NH, hs + 2); the first npre[g] scores of key/value head g's heads
+ * are there already (block_keys's band; npre NULL: none), made by the same arithmetic. */
 static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
-                        const int* nk, const ModelConfig* mc, real* sc, real* partbuf) {
+                        const int* nk, const int* npre, const ModelConfig* mc, real* sc,
+                        real* partbuf) {
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
     const int half = c->half;
     const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
@@ -225,12 +234,13 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
 #ifndef FOCUS_DOUBLE
         if (half) { /* the rep heads of a KV head together: each key and value row converted once */
             for (int g = 0; g < NKV; g++) {
-                const int t0 = (int)((long)nk[g] * id / np);
-                const int t1 = (int)((long)nk[g] * (id + 1) / np);
+                const int pre = npre ? npre[g] : 0;
+                const int t0 = part_bound(nk[g], pre, id, np), t1 = part_bound(nk[g], pre, id + 1, np);
                 const uint16_t* kb = (const uint16_t*)kc + (size_t)g * hs;
                 const uint16_t* vb = (const uint16_t*)vc + (size_t)g * hs;
                 real* sg = sc + (size_t)g * rep * c->cap;
-                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, keys[g], t0,
+                const int tp = npre && npre[g] > t0 ? (npre[g] < t1 ? npre[g] : t1) : t0;
+                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, keys[g], tp,
                                 t1, hs, scale);
                 for (int r = 0; r < rep; r++) {
                     real* sh = sg + (size_t)r * c->cap;
@@ -248,7 +258,8 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
         }
 #endif
         for (int g = 0; g < NKV && !halves_done; g++) {
-            const int t0 = (int)((long)nk[g] * id / np), t1 = (int)((long)nk[g] * (id + 1) / np);
+            const int pre = npre ? npre[g] : 0;
+            const int t0 = part_bound(nk[g], pre, id, np), t1 = part_bound(nk[g], pre, id + 1, np);
             for (int r = 0; r < rep; r++) {
                 const int hh = g * rep + r;
                 const real* q = qkv + hh * hs;
@@ -256,7 +267,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 real mx = -INFINITY;
                 for (int t = t0; t < t1; t++) {
                     const void* kj = kc + ((size_t)keys[g][t] * kvw + g * hs) * es;
-                    sh[t] = dot_kv(q, kj, half, hs) * scale;
+                    if (!npre || t >= npre[g]) sh[t] = dot_kv(q, kj, half, hs) * scale;
                     mx = sh[t] > mx ? sh[t] : mx;
                 }
                 real* ph = part + (size_t)hh * (hs + 2);
@@ -353,10 +364,12 @@ static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, con
 
 /* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
  * queries) into keys: the sinks before the window, the window, the distant keys of the chosen
- * blocks (and of the row's groups beside them). Returns their number. sb: scratch of rep (n + 1)
- * scores; sel, sc, p: nbcap scratch each. */
+ * blocks (and of the row's groups beside them). Returns their number. The learned selector needs
+ * the band's scores: they go to sb (head r's score of key t at sb[r ld + t], as attend_keys
+ * keeps them), *nband their count (else 0). sel, sc, p: nbcap scratch each. */
 static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
-                      uint32_t mi, int* keys, real* sb, int* sel, real* sc, real* p) {
+                      uint32_t mi, int* keys, real* sb, size_t ld, int* nband, int* sel, real* sc,
+                      real* p) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
@@ -366,6 +379,7 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
     for (int j = lo; j <= n; j++) keys[nk++] = j;
     real lb[64];
+    *nband = 0;
     if (f->attn == ATTN_BLOCKS_LEARNED) { /* the band's log-sum-exp per query head */
         if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
         const real scale = (real)(1.0 / sqrt((double)hs));
@@ -373,22 +387,24 @@ static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, con
         const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
 #ifndef FOCUS_DOUBLE
         if (c->half) /* each key row converted once for the rep heads */
-            f16_rows_scores(sb, nk, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk,
+            f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk,
                             hs, scale);
 #endif
         for (int r = 0; r < rep; r++) {
-            real* sr = sb + (size_t)r * nk;
+            real* sr = sb + (size_t)r * ld;
             if (!c->half || sizeof(real) != sizeof(float))
                 for (int t = 0; t < nk; t++)
                     sr[t] = dot_kv(q + (size_t)r * hs, kc + ((size_t)keys[t] * kvw + g * hs) * es,
                                    c->half, hs) *
                             scale;
-            real mx = -INFINITY;
-            double sum = 0;
+            real mx = -INFINITY, sum = 0;
+#pragma omp simd reduction(max : mx)
             for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
-            for (int t = 0; t < nk; t++) sum += exp((double)(sr[t] - mx));
-            lb[r] = mx + (real)log(sum);
+#pragma omp simd reduction(+ : sum)
+            for (int t = 0; t < nk; t++) sum += exp_f(sr[t] - mx);
+            lb[r] = mx + (real)log((double)sum);
         }
+        *nband = nk;
     }
     const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p);
     for (int s = 0; s < ns; s++) {
@@ -530,8 +546,9 @@ typedef struct {
     int* keys;
     int* bkeys;
     real *scores, *part;
-    int* bsel;
+    int* bsel; /* (NKV, nbcap) each: the block patterns' scratch */
     real *bsc, *bp;
+    int* npre; /* (NKV) the band scores block_keys made */
 } RowWork;
 
 /* The keys of the row at position p of cache c on layer l (mask mi: its groups, joined already)
@@ -542,11 +559,20 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     long pairs = 0;
+    int* npre = NULL;
     if (kind == KEYS_BLOCKS) {
+        /* the key/value heads' choices on the threads (a decode step; nested in a prompt's
+         * parallel rows, one thread), each with its own scratch: the same arithmetic */
+        const int threads = omp_get_max_threads(), nb = c->nbcap;
+        npre = w->npre;
+#pragma omp parallel for schedule(static, 1) reduction(+ : pairs) \
+    num_threads(threads < NKV ? threads : NKV) if (threads > 1 && NKV > 1)
         for (int g = 0; g < NKV; g++) {
             w->kl[g] = w->bkeys + (size_t)g * c->cap;
             w->nkg[g] = block_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, mi, w->kl[g],
-                                   w->scores, w->bsel, w->bsc, w->bp);
+                                   w->scores + (size_t)g * rep * c->cap, c->cap, &npre[g],
+                                   w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
+                                   w->bp + (size_t)g * nb);
             pairs += (long)w->nkg[g] * rep;
         }
     } else {
@@ -555,7 +581,7 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
         pairs = (long)nk * NH;
     }
     profile_tick(prof, mark, PART_SELECT);
-    attend_keys(att, qrow, l, c, w->kl, w->nkg, mc, w->scores, w->part);
+    attend_keys(att, qrow, l, c, w->kl, w->nkg, npre, mc, w->scores, w->part);
     profile_tick(prof, mark, PART_ATTENTION);
     return pairs;
 }
@@ -654,7 +680,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         for (int i = 0; i < n; i++) {
             KVCache* c = cs[i];
             RowWork w = {s->kl,   s->nkg,  c->keys, c->bkeys, c->scores,
-                         c->part, s->bsel, s->bsc,  s->bp};
+                         c->part, s->bsel, s->bsc,  s->bp,    s->npre};
             c->pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
                                    att + (size_t)i * A, &w, r->prof, r->mark);
         }
@@ -674,15 +700,16 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
                      kind == KEYS_BLOCKS ? mallocCheck(sizeof(int) * (size_t)NKV * c->cap) : NULL,
                      mallocCheck(sizeof(real) * (size_t)NH * c->cap),
                      mallocCheck(sizeof(real) * (size_t)c->nparts * NH * (hs + 2)),
-                     mallocCheck(sizeof(int) * (size_t)nbmax),
-                     mallocCheck(sizeof(real) * (size_t)nbmax),
-                     mallocCheck(sizeof(real) * (size_t)nbmax)};
+                     mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
+                     mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
+                     mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
+                     mallocCheck(sizeof(int) * (size_t)NKV)};
 #pragma omp for schedule(dynamic, 4)
         for (int i = 0; i < n; i++)
             pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
                                 att + (size_t)i * A, &w, NULL, NULL);
         free(w.kl), free(w.nkg), free(w.keys), free(w.bkeys), free(w.scores), free(w.part);
-        free(w.bsel), free(w.bsc), free(w.bp);
+        free(w.bsel), free(w.bsc), free(w.bp), free(w.npre);
     }
     c->pairs += pairs;
     free(mi);

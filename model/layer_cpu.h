@@ -25,8 +25,9 @@ typedef enum { ROWS_SEQUENCES = 0, ROWS_CACHED = 2 } RowsKind;
 typedef struct RowScratch {
     real *proj, *S, *G; /* one row's router projection, scores, groups */
     int **kl, *nkg;     /* each key/value head's key list and its length */
-    int* bsel;          /* the block patterns' scratch (nbmax each) */
+    int* bsel;          /* the block patterns' scratch (nbmax each per key/value head) */
     real *bsc, *bp;
+    int* npre; /* (NKV) the band scores the block selector made */
 } RowScratch;
 
 /* the width of a cached row's q k v (every head: the cached rows run unsliced) */

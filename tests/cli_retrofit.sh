@@ -71,8 +71,10 @@ close=$(awk -v a="${a##* }" -v b="${b##* }" 'BEGIN { d = a - b; if (d < 0) d = -
 out=$(FOCUS_PROFILE=1 "$focus" bench decode --model "$work/full/base.gguf" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 2>/dev/null)
 echo "$out" | grep -q "native (the file's blocks), attention hard top-k, KV cache f16" && echo "$out" | grep -q "pairs kept" && ok "bench decode with a router, native weights, f16 cache" || bad "bench decode: $out"
 # FOCUS_PROFILE=1: the prompt's parts and the decode steps' parts, each adding up to 100 %
-sums=$(echo "$out" | grep -E "^(prompt|decode) profile" | sed 's/.*token://' | tr ',' '\n' | grep -o "[0-9.]* %" | awk '{ s += $1 } NR % 8 == 0 { printf "%.0f ", s; s = 0 }')
-[ "$sums" = "100 100 " ] && ok "FOCUS_PROFILE=1: the prompt's and the decode steps' parts ($sums)" || bad "profile: '$sums' $out"
+# the parts add up to 100 %, and the attention's own parts (in brackets, where split) to its share
+sums=$(echo "$out" | grep -E "^(prompt|decode) profile" | sed 's/.*token://; s/([^)]*)//' | tr ',' '\n' | grep -o "[0-9.]* %" | awk '{ s += $1 } NR % 8 == 0 { printf "%.0f ", s; s = 0 }')
+split=$(echo "$out" | grep -E "^(prompt|decode) profile" | grep -o "attention [0-9.]* % ([^)]*)" | tr -d '(),' | awk '{ s = 0; for (i = 4; i <= NF; i++) if ($i == "%") s += $(i - 1); d = s - $2; printf "%s ", (d < 0.25 && d > -0.25) ? "ok" : "off" }')
+[ "$sums" = "100 100 " ] && [ -n "$split" ] && ! echo "$split" | grep -q off && ok "FOCUS_PROFILE=1: the prompt's and the decode steps' parts ($sums), the attention's parts ($split)" || bad "profile: '$sums' '$split' $out"
 out=$("$focus" generate --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --topk 1 --prompt "ROMEO: what light" -n 8 2>&1)
 echo "$out" | grep -q "hard top-k over the group KV cache" && ok "generate with a router" || bad "generate: $out"
 err=$("$focus" bench decode --model "$work/full/base.gguf" --kv f8 2>&1 >/dev/null); rc=$?
