@@ -86,7 +86,7 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
 #pragma omp parallel
     {
         real* sc = mallocCheck(sizeof(real) * (nb + 1));
-        real* p = mallocCheck(sizeof(real) * (T + 1));
+        real* p = mallocCheck(sizeof(real) * (T + 1 > rep * nb ? T + 1 : rep * nb));
         real lb[64];
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < t->nq; r++) {

@@ -718,11 +718,39 @@ void blockgate_features(real* f, const real* wgt, const real* q, int hs, real sc
     }
 }
 
-/* f . st over n values (a vector sum: the same order for every caller) */
+/* out[h] = f_h . st over n values for nh <= 4 feature rows f_h = f + h ldf: each block's
+ * statistics read once for the heads. Per head two vector running sums (independent chains: one
+ * sum would wait on each add), added in a fixed order: a head's arithmetic whatever heads are
+ * beside it. */
+typedef real vreal __attribute__((vector_size(32)));
+enum { VL = (int)(32 / sizeof(real)) };
+static inline void feature_dots(real* out, const real* f, size_t ldf, int nh, const real* st,
+                                int n) {
+    vreal a[4][2];
+    memset(a, 0, sizeof a);
+    int e = 0;
+    for (; e + 2 * VL <= n; e += 2 * VL)
+        for (int k = 0; k < 2; k++) {
+            vreal y;
+            memcpy(&y, st + e + k * VL, sizeof y);
+            for (int h = 0; h < nh; h++) {
+                vreal x;
+                memcpy(&x, f + h * ldf + e + k * VL, sizeof x);
+                a[h][k] += x * y;
+            }
+        }
+    for (int h = 0; h < nh; h++) {
+        const vreal t = a[h][0] + a[h][1];
+        real s = 0;
+        for (int k = 0; k < VL; k++) s += t[k];
+        for (int j = e; j < n; j++) s += f[h * ldf + j] * st[j];
+        out[h] = s;
+    }
+}
+
 static inline real feature_dot(const real* f, const real* st, int n) {
-    real s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int e = 0; e < n; e++) s += f[e] * st[e];
+    real s;
+    feature_dots(&s, f, 0, 1, st, n);
     return s;
 }
 
@@ -747,21 +775,77 @@ static inline void distant_range(int c, int bs, int sinks, int far_end, int* j0,
     *j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
 }
 
+/* The candidate blocks [c0, c1) of query i: those holding distant keys [sinks, i - w). */
+static inline void candidate_blocks(int i, int w, int sinks, int bs, int* c0, int* c1) {
+    const int far_end = i - w;
+    *c0 = sinks / bs, *c1 = far_end > sinks ? (far_end - 1) / bs + 1 : *c0;
+}
+
+void block_logits(real* p, const real* q, int rep, const real* st, const real* gate, int i, int w,
+                  int sinks, int bs, int hs) {
+    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
+    int c0, c1;
+    candidate_blocks(i, w, sinks, bs, &c0, &c1);
+    const int per = BLOCKGATE_STATS(hs), nc = c1 - c0;
+    const real scale = (real)(1.0 / sqrt((double)hs)), lfull = logf((real)bs);
+    real fh[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS)], d[4];
+    for (int r0 = 0; r0 < rep; r0 += 4) { /* four heads at a time against each block */
+        const int nh = rep - r0 < 4 ? rep - r0 : 4;
+        for (int h = 0; h < nh; h++)
+            blockgate_features(fh + (size_t)h * per, gate + (size_t)(r0 + h) * BLOCKGATE_WIDTH(hs),
+                               q + (size_t)(r0 + h) * hs, hs, scale);
+        for (int c = c0; c < c1; c++) {
+            int j0, j1;
+            distant_range(c, bs, sinks, i - w, &j0, &j1);
+            const real logn = j1 - j0 == bs ? lfull : logf((real)(j1 - j0)); /* log n_c */
+            feature_dots(d, fh, per, nh, st + (size_t)c * per, per);
+            for (int h = 0; h < nh; h++)
+                p[(size_t)(r0 + h) * nc + (c - c0)] =
+                    gate[(size_t)(r0 + h) * BLOCKGATE_WIDTH(hs)] + d[h] + logn;
+        }
+    }
+}
+
+/* block_scores of the learned selector from its logits p (block_logits): each head's share of
+ * its attention, summed over the heads into sc */
+static void learned_shares(real* sc, const real* p, int rep, const real* lband, size_t ldl,
+                           int c0, int c1) {
+    const int nc = c1 - c0;
+    for (int r = 0; r < rep; r++) {
+        const real* pr = p + (size_t)r * nc;
+        const real lb = lband[(size_t)r * ldl];
+        real mx = lb, sum = 0;
+#pragma omp simd reduction(max : mx)
+        for (int c = 0; c < nc; c++) mx = pr[c] > mx ? pr[c] : mx;
+#pragma omp simd reduction(+ : sum)
+        for (int c = 0; c < nc; c++) sum += exp_f(pr[c] - mx);
+        sum += lb > -INFINITY ? exp_f(lb - mx) : 0;
+        const real L = mx + (real)log((double)sum);
+#pragma omp simd
+        for (int c = 0; c < nc; c++) sc[c0 + c] += exp_f(pr[c] - L);
+    }
+}
+
 /* Scores of the candidate key blocks [c0, c1) for the rep query heads q (stride hs) of one key/
  * value head, query position i (keys k with stride ldk), from each block's statistics st
  * (BLOCKGATE_STATS per block: mean, variance, min, max): Quest's upper bound of q . k over the
  * block from its keys' elementwise min and max, the dot product with the block's mean key, the
  * oracle's share of each head's dense attention mass that falls on the block's distant keys
  * [sinks, i - w), or the learned selector's estimate of that share (gate: the rep heads'
- * weights; lband: their band log-sum-exps, stride ldl). p: scratch of max(i + 1, c1). */
+ * weights; lband: their band log-sum-exps, stride ldl). p: scratch of max(i + 1, rep c1). */
 static void block_scores(real* sc, BlockScore score, const real* q, int rep, const real* st,
                          const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                          int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
-                         real* p) {
+                         real* p, int made) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     const int per = BLOCKGATE_STATS(hs);
     real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     for (int c = c0; c < c1; c++) sc[c] = 0;
+    if (score == BLOCKS_LEARNED) { /* p: the logits, made already when made is set */
+        if (!made) block_logits(p, q, rep, st, gate, i, w, sinks, bs, hs);
+        learned_shares(sc, p, rep, lband, ldl, c0, c1);
+        return;
+    }
     for (int r = 0; r < rep; r++) {
         const real* qh = q + (size_t)r * hs;
         if (score == BLOCKS_ORACLE) {
@@ -786,25 +870,6 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
             }
             continue;
         }
-        if (score == BLOCKS_LEARNED) {
-            const real* wg = gate + (size_t)r * BLOCKGATE_WIDTH(hs);
-            const real lb = lband[(size_t)r * ldl];
-            const real lfull = logf((real)bs); /* log n of a whole block */
-            blockgate_features(f, wg, qh, hs, scale);
-            real mx = lb;
-            for (int c = c0; c < c1; c++) {
-                int j0, j1;
-                distant_range(c, bs, sinks, i - w, &j0, &j1);
-                p[c] = wg[0] + feature_dot(f, st + (size_t)c * per, per) +
-                       (j1 - j0 == bs ? lfull : logf((real)(j1 - j0)));
-                mx = p[c] > mx ? p[c] : mx;
-            }
-            double sum = lb > -INFINITY ? exp_f(lb - mx) : 0;
-            for (int c = c0; c < c1; c++) sum += exp_f(p[c] - mx);
-            const real L = mx + (real)log(sum);
-            for (int c = c0; c < c1; c++) sc[c] += exp_f(p[c] - L);
-            continue;
-        }
         /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products
          * with the statistics too: q_e min_e where q_e < 0, q_e max_e elsewhere */
         const int quest = score == BLOCKS_QUEST, f0 = quest ? 2 * hs : 0, n = quest ? 2 * hs : hs;
@@ -820,8 +885,17 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
 int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p) {
+    return block_select_made(sel, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs, nsel,
+                             cover, hs, sc, p, 0);
+}
+
+int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,
+                      const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
+                      int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,
+                      real* p, int made) {
     const int far_end = i - w;
-    const int c0 = sinks / bs, c1 = far_end > sinks ? (far_end - 1) / bs + 1 : c0;
+    int c0, c1;
+    candidate_blocks(i, w, sinks, bs, &c0, &c1);
     /* a fixed count, or with cover at most nsel blocks (nsel <= 0: any number) */
     const int cap = cover > 0 && nsel <= 0 ? c1 - c0 : nsel;
     int ns = 0;
@@ -832,7 +906,7 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const real*
     if (cap <= 0 || c1 <= c0) return 0;
     const real scale = (real)(1.0 / sqrt((double)hs));
     block_scores(sc, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs, c0, c1, hs,
-                 scale, p);
+                 scale, p, made);
     /* cover (Twilight's top-p): blocks in order of score until their estimated share of the
      * attention mass reaches cover. The learned selector's and the oracle's scores are shares of
      * each head's whole attention already (summed over the rep heads; what the blocks do not
@@ -904,7 +978,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
         {
             real* sc = mallocCheck(sizeof(real) * (nb + 1));
             int* sel = mallocCheck(sizeof(int) * (nb + 1));
-            real* p = mallocCheck(sizeof(real) * (T + 1));
+            real* p = mallocCheck(sizeof(real) * (T + 1 > rep * nb ? T + 1 : rep * nb));
             /* the chosen keys' scores and the outputs of the rep heads */
             const int most = cover > 0 && nsel <= 0 ? nb : nsel; /* blocks a query may keep */
             const int ldS = (most < 1    ? 1

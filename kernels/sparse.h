@@ -141,11 +141,20 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
  * number): the learned selector's and the oracle's scores are shares of each head's whole
  * attention (the band and sinks count as covered), Quest's and the mean keys' become shares of
  * the distant mass by a softmax of the heads' mean score weighted by each block's key count.
- * Scratch: sc (a score per block), p (max(i + 1, blocks) values). The forward
+ * Scratch: sc (a score per block), p (max(i + 1, rep x blocks) values). The forward
  * kernel above and the decode step (model/decode.c) choose through it. */
 int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p);
+/* The learned selector's logits of query i's candidate blocks (rep heads, the blocks' order) into
+ * p, as block_select makes them: a decode step makes them beside the band's scores, then
+ * block_select_made(..., made = 1) chooses from them (made = 0: block_select). */
+void block_logits(real* p, const real* q, int rep, const real* st, const real* gate, int i, int w,
+                  int sinks, int bs, int hs);
+int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,
+                      const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
+                      int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,
+                      real* p, int made);
 
 /* Pairs that query i keeps from its band (window and sinks). */
 double band_pairs_kept(int i, int w, int sinks);

@@ -121,7 +121,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                      .nkg = mallocCheck(sizeof(int) * (size_t)NKV),
                      .bsel = mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
                      .bsc = mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
-                     .bp = mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
+                     .bp = mallocCheck(sizeof(real) * (size_t)NH * nbmax),
                      .npre = mallocCheck(sizeof(int) * (size_t)NKV)};
     /* FOCUS_PROFILE: the parts of the decode steps, and apart those of a prompt's rows */
     double* prof = c0->profile ? (per_row ? c0->prof : c0->pprof) : NULL;

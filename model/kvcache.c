@@ -346,74 +346,86 @@ static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
     free(rows);
 }
 
-/* The distant blocks the query heads of key/value head g choose at position n of layer l (q:
- * their rep queries; lb: their band log-sum-exps, blocks_learned only) into sel; returns their
- * number. sc, p: nbcap scratch each. */
-static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
-                      const real* lb, int* sel, real* sc, real* p) {
-    const FocusConfig* f = &m->fc;
+/* The block statistics of key/value head g on layer l, and the learned selector's weights of its
+ * query heads (NULL for the other block scores). */
+static void selector_of(const KVCache* c, const Model* m, int l, int g, const real** st,
+                        const real** gate) {
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
-    const real* st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
-    const real* gate = f->attn == ATTN_BLOCKS_LEARNED
-                           ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
-                           : NULL;
-    return block_select(sel, attn_block_score(f->attn), q, rep, st, gate, lb, 1, NULL, 0, n, f->w,
-                        f->sinks, f->block, model_layer_blocks(m, l), f->blocks_p, hs, sc, p);
+    *st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
+    *gate = m->fc.attn == ATTN_BLOCKS_LEARNED
+                ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
+                : NULL;
 }
 
-/* The keys the query heads of key/value head g attend to at position n of layer l (q: their rep
- * queries) into keys: the sinks before the window, the window, the distant keys of the chosen
- * blocks (and of the row's groups beside them). Returns their number. The learned selector needs
- * the band's scores: they go to sb (head r's score of key t at sb[r ld + t], as attend_keys
- * keeps them), *nband their count (else 0). sel, sc, p: nbcap scratch each. */
-static int block_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
-                      uint32_t mi, int* keys, real* sb, size_t ld, int* nband, int* sel, real* sc,
-                      real* p) {
+/* The distant blocks the query heads of key/value head g choose at position n of layer l (q:
+ * their rep queries; lb: their band log-sum-exps, blocks_learned only) into sel; returns their
+ * number. made: p holds block_logits's logits already. sc: nbcap scratch, p: rep nbcap. */
+static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                      const real* lb, int* sel, real* sc, real* p, int made) {
+    const FocusConfig* f = &m->fc;
+    const real *st, *gate;
+    selector_of(c, m, l, g, &st, &gate);
+    return block_select_made(sel, attn_block_score(f->attn), q, m->cfg.NH / m->cfg.NKV, st, gate,
+                             lb, 1, NULL, 0, n, f->w, f->sinks, f->block, model_layer_blocks(m, l),
+                             f->blocks_p, model_head_size(&m->cfg), sc, p, made);
+}
+
+/* The band of the query heads of key/value head g at position n of layer l (q: their rep
+ * queries) into keys: the sinks before the window, the window; returns their number. The learned
+ * selector needs the band's log-sum-exp per head (into lb): its scores go to sb (head r's score of
+ * key t at sb[r ld + t], as attend_keys keeps them). */
+static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                     int* keys, real* sb, size_t ld, real* lb) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
-    const int lo = n - f->w < 0 ? 0 : n - f->w, bs = f->block;
-    /* the band first: the sinks before the window, the window */
+    const int lo = n - f->w < 0 ? 0 : n - f->w;
     int nk = 0;
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
     for (int j = lo; j <= n; j++) keys[nk++] = j;
-    real lb[64];
-    *nband = 0;
-    if (f->attn == ATTN_BLOCKS_LEARNED) { /* the band's log-sum-exp per query head */
-        if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
-        const real scale = (real)(1.0 / sqrt((double)hs));
-        const size_t es = c->half ? 2 : sizeof(real);
-        const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+    if (f->attn != ATTN_BLOCKS_LEARNED) return nk;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    const size_t es = c->half ? 2 : sizeof(real);
+    const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
 #ifndef FOCUS_DOUBLE
-        if (c->half) /* each key row converted once for the rep heads */
-            f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk,
-                            hs, scale);
+    if (c->half) /* each key row converted once for the rep heads */
+        f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk, hs,
+                        scale);
 #endif
-        for (int r = 0; r < rep; r++) {
-            real* sr = sb + (size_t)r * ld;
-            if (!c->half || sizeof(real) != sizeof(float))
-                for (int t = 0; t < nk; t++)
-                    sr[t] = dot_kv(q + (size_t)r * hs, kc + ((size_t)keys[t] * kvw + g * hs) * es,
-                                   c->half, hs) *
-                            scale;
-            real mx = -INFINITY, sum = 0;
+    for (int r = 0; r < rep; r++) {
+        real* sr = sb + (size_t)r * ld;
+        if (!c->half || sizeof(real) != sizeof(float))
+            for (int t = 0; t < nk; t++)
+                sr[t] = dot_kv(q + (size_t)r * hs, kc + ((size_t)keys[t] * kvw + g * hs) * es,
+                               c->half, hs) *
+                        scale;
+        real mx = -INFINITY, sum = 0;
 #pragma omp simd reduction(max : mx)
-            for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
+        for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
 #pragma omp simd reduction(+ : sum)
-            for (int t = 0; t < nk; t++) sum += exp_f(sr[t] - mx);
-            lb[r] = mx + (real)log((double)sum);
-        }
-        *nband = nk;
+        for (int t = 0; t < nk; t++) sum += exp_f(sr[t] - mx);
+        lb[r] = mx + (real)log((double)sum);
     }
-    const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p);
+    return nk;
+}
+
+/* After the nk keys of the band in keys, the distant keys of the blocks the query heads of key/
+ * value head g choose at position n of layer l (row_blocks), and with the centroids beside the
+ * blocks those of the row's groups (mask mi) that no chosen block holds. Returns the keys'
+ * number. sel, sc: nbcap scratch each, p: rep nbcap (made: the logits in it). */
+static int distant_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
+                        uint32_t mi, int* keys, int nk, const real* lb, int* sel, real* sc,
+                        real* p, int made) {
+    const FocusConfig* f = &m->fc;
+    const int bs = f->block;
+    const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p, made);
     for (int s = 0; s < ns; s++) {
         const int j0 = sel[s] * bs > f->sinks ? sel[s] * bs : f->sinks;
         const int j1 = (sel[s] + 1) * bs < n - f->w ? (sel[s] + 1) * bs : n - f->w;
         for (int j = j0; j < j1; j++) keys[nk++] = j;
     }
-    /* the centroids with the blocks: the distant keys of the row's groups (mask mi) that no
-     * chosen block holds, each in the lowest group it shares with the row */
+    /* each group key in the lowest group it shares with the row */
     const uint32_t* cm = c->mask + (size_t)l * c->cap;
     for (int grp = 0; m->blocks_with_groups && grp < f->K; grp++) {
         if (!((mi >> grp) & 1)) continue;
@@ -453,7 +465,8 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
 #pragma omp parallel reduction(+ : pairs)
     {
         real* sc = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
-        real* p = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
+        real* p = mallocCheck(sizeof(real) *
+                              (size_t)(rep * nbmax > c->cap + 1 ? rep * nbmax : c->cap + 1));
 #pragma omp for schedule(dynamic, 8)
         for (int r = 0; r < n; r++) {
             const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
@@ -461,7 +474,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
             for (int g = 0; g < NKV; g++) {
                 int* sg = sel + ((size_t)r * NKV + g) * nbmax;
                 const int ns = row_blocks(c, m, l, i, g, qkv + (size_t)r * Q + (size_t)g * rep * hs,
-                                          lse + (size_t)r * NH + g * rep, sg, sc, p);
+                                          lse + (size_t)r * NH + g * rep, sg, sc, p, 0);
                 for (int a = 1; a < ns; a++) /* ascending, as the merge reads them */
                     for (int b = a; b > 0 && sg[b - 1] > sg[b]; b--) {
                         const int t = sg[b];
@@ -546,7 +559,7 @@ typedef struct {
     int* keys;
     int* bkeys;
     real *scores, *part;
-    int* bsel; /* (NKV, nbcap) each: the block patterns' scratch */
+    int* bsel; /* the block patterns' scratch: (NKV, nbcap) each, bp (NH, nbcap) */
     real *bsc, *bp;
     int* npre; /* (NKV) the band scores block_keys made */
 } RowWork;
@@ -561,18 +574,38 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     long pairs = 0;
     int* npre = NULL;
     if (kind == KEYS_BLOCKS) {
-        /* the key/value heads' choices on the threads (a decode step; nested in a prompt's
-         * parallel rows, one thread), each with its own scratch: the same arithmetic */
+        /* on the threads (a decode step; nested in a prompt's parallel rows, one thread), each
+         * task with its own scratch, the same arithmetic: each key/value head's band and, beside
+         * them, the learned selector's logits of its blocks; then each one's choice */
+        const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
+        const int made = f->attn == ATTN_BLOCKS_LEARNED, tasks = (made ? 2 : 1) * NKV;
+        if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
+        real lb[1024];
         npre = w->npre;
+#pragma omp parallel for schedule(static, 1) \
+    num_threads(threads < tasks ? threads : tasks) if (threads > 1 && tasks > 1)
+        for (int t = 0; t < tasks; t++) {
+            const int g = t % NKV;
+            const real* qg = qrow + (size_t)g * rep * hs;
+            if (t < NKV) {
+                w->kl[g] = w->bkeys + (size_t)g * c->cap;
+                w->nkg[g] = band_keys(c, m, l, p, g, qg, w->kl[g],
+                                      w->scores + (size_t)g * rep * c->cap, c->cap, lb + g * rep);
+                npre[g] = made ? w->nkg[g] : 0;
+            } else {
+                const real *st, *gate;
+                selector_of(c, m, l, g, &st, &gate);
+                block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
+                             f->block, hs);
+            }
+        }
 #pragma omp parallel for schedule(static, 1) reduction(+ : pairs) \
     num_threads(threads < NKV ? threads : NKV) if (threads > 1 && NKV > 1)
         for (int g = 0; g < NKV; g++) {
-            w->kl[g] = w->bkeys + (size_t)g * c->cap;
-            w->nkg[g] = block_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, mi, w->kl[g],
-                                   w->scores + (size_t)g * rep * c->cap, c->cap, &npre[g],
-                                   w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
-                                   w->bp + (size_t)g * nb);
+            w->nkg[g] = distant_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, mi, w->kl[g],
+                                     w->nkg[g], lb + g * rep, w->bsel + (size_t)g * nb,
+                                     w->bsc + (size_t)g * nb, w->bp + (size_t)g * rep * nb, made);
             pairs += (long)w->nkg[g] * rep;
         }
     } else {
@@ -702,7 +735,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
                      mallocCheck(sizeof(real) * (size_t)c->nparts * NH * (hs + 2)),
                      mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
                      mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
-                     mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
+                     mallocCheck(sizeof(real) * (size_t)NH * nbmax),
                      mallocCheck(sizeof(int) * (size_t)NKV)};
 #pragma omp for schedule(dynamic, 4)
         for (int i = 0; i < n; i++)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# scripts/attn_shares.sh [OUT]: where a sparse method's attention time goes, against dense, at one
+# context (issue 41, item 1). Each method runs `FOCUS_PROFILE=1 focus bench decode --ctx CTX -n N`
+# on SmolLM2 (random token ids, as llama-bench's); the table gives, for the prompt's rows and
+# for the decoded tokens, the pairs kept p, the attention's milliseconds a token (selection
+# included), that time over dense attention's, and that ratio over p (the bound is 1.5), with
+# the attention's parts (window and sinks, selection, distant keys).
+# Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), CTX (8160),
+# N (32), THREADS (2). Writes OUT/table.md and each method's output in OUT/*.txt (default OUT:
+# runs/attn_shares).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-runs/attn_shares}
+model=${MODEL:-$(bash scripts/fetch_model.sh)}
+ctx=${CTX:-8160}
+n=${N:-32}
+threads=${THREADS:-2}
+mkdir -p "$out"
+rm -f "$out"/*.txt
+source scripts/blas_env.sh
+[ -x build/focus ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target focus >/dev/null
+
+# name, then the bench decode arguments of the method
+methods=(
+  "dense|"
+  "window w=1024|--attn window --set w=1024"
+  "Quest blocks (8 of 64, w=512)|--attn blocks --set w=512 --set blocks=8"
+  "shipped selector (8 of 64, w=512)|--router routers/smollm2-135m-pg19-blocks.h5"
+  "centroid router k=1 (w=512)|--router routers/smollm2-135m-pg19-8k.h5 --attn hard --topk 1 --set w=512"
+  "selector + centroids (14 of 64, w=128)|--router routers/smollm2-135m-pg19-blocks.h5,routers/smollm2-135m-pg19-8k-groups.h5 --set w=128 --set blocks=14"
+)
+for entry in "${methods[@]}"; do
+  name=${entry%%|*}
+  args=${entry#*|}
+  file=$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').txt
+  echo "$name" >&2
+  # shellcheck disable=SC2086
+  FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads build/focus bench decode --model "$model" --ctx "$ctx" \
+    -n "$n" $args >"$file"
+  printf '%s\n' "$name" >>"$file"
+done
+
+python3 - "$out" "$ctx" <<'EOF'
+import glob, os, re, sys
+out, ctx = sys.argv[1], sys.argv[2]
+rows = []
+for f in sorted(glob.glob(os.path.join(out, "*.txt")), key=os.path.getmtime):
+    t = open(f).read()
+    name = t.strip().splitlines()[-1]
+    m = re.search(r"prompt \d+ tokens \([^)]*\): ([\d.]+) tokens/s \| decode \d+ tokens at context \d+: ([\d.]+) tokens/s \| pairs kept ([\d.]+) \(the prompt's rows: ([\d.]+)\)", t)
+    if not m:
+        sys.exit("attn_shares: no speeds in %s" % f)
+    r = {"name": name, "tps": (float(m.group(1)), float(m.group(2))), "p": (float(m.group(4)), float(m.group(3)))}
+    for k, part in enumerate(("prompt", "decode")):
+        pm = re.search(part + r" profile \(FOCUS_PROFILE=1\), ([\d.]+) ms a token:(.*)", t)
+        ms, rest = float(pm.group(1)), pm.group(2)
+        am = re.search(r"attention ([\d.]+) %( \(([^)]*)\))?", rest)
+        r[part] = ms * float(am.group(1)) / 100
+        r[part + "_split"] = am.group(3) or ""
+    rows.append(r)
+dense = next(r for r in rows if r["name"] == "dense")
+isa = re.search(r"kernels: (\S+)", open(os.path.join(out, "dense.txt")).read()).group(1)
+lines = ["| method | prompt tokens/s | prompt p | prompt attention, ms a token | / dense | / (p dense) | decode tokens/s | decode p | decode attention, ms a token | / dense | / (p dense) |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+for r in rows:
+    cells = [r["name"]]
+    for k, part in enumerate(("prompt", "decode")):
+        rel = r[part] / dense[part]
+        cells += ["%.1f" % r["tps"][k], "%.3f" % r["p"][k], "%.3f" % r[part], "%.3f" % rel, "%.2f" % (rel / r["p"][k])]
+    lines.append("| " + " | ".join(cells) + " |")
+lines.append("")
+lines.append("The attention's parts (shares of the whole prompt or step time):")
+lines.append("")
+for r in rows:
+    if r["prompt_split"] or r["decode_split"]:
+        lines.append("- %s: prompt %s; decode %s" % (r["name"], r["prompt_split"] or "-", r["decode_split"] or "-"))
+text = "\n".join(lines) + "\n"
+open(os.path.join(out, "table.md"), "w").write("context %s, instruction set %s\n\n" % (ctx, isa) + text)
+print(text)
+EOF
