@@ -10,6 +10,7 @@
 #define FOCUS_CPU_H
 
 #include <math.h>
+#include <string.h>
 
 #include "common.h"
 
@@ -22,14 +23,18 @@ void blas_check_core(char** argv);
 
 /* exp for floats, vectorisable: 2^n * p(r) with r = x - n ln2 in [-ln2/2, ln2/2] and a degree-6
  * polynomial (Cephes coefficients); about 1 ulp. Returns 0 below -87.3 (and for -inf), NaN for
- * NaN. */
+ * NaN. Written without branches, float-to-int conversions or floorf (which GCC does not vectorise
+ * under the default -ftrapping-math): selects, and the integers as the low bits of 1.5 2^23 + n.
+ * The same values as the branching form (2^32 / 97 inputs compared). */
 static inline float exp_f(float x) {
-    /* without branches (selects), so that a loop of it vectorises */
     const int nan = x != x, under = x < -87.3f;
     float y = x > 88.7f ? 88.7f : x;
-    y = nan || under ? 0.0f : y; /* (never a NaN converted to an integer below) */
-    float n = floorf(y * 1.44269504088896341f + 0.5f);
-    float r = y - n * 0.693359375f + n * 2.12194440e-4f;
+    y = (nan | under) ? 0.0f : y; /* (the result is replaced below) */
+    const float t = y * 1.44269504088896341f + 0.5f, big = 12582912.0f; /* 1.5 2^23 */
+    float n = (t + big) - big; /* t to the nearest integer, */
+    const float n1 = n - 1.0f;
+    n = n > t ? n1 : n; /* then down: floor(t) */
+    const float r = y - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -37,12 +42,15 @@ static inline float exp_f(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union {
-        uint32_t u;
-        float f;
-    } s = {(uint32_t)((int32_t)n + 127) << 23};
-    const float e = under ? 0.0f : p * s.f;
-    return nan ? x : e; /* NaN stays NaN */
+    const float nb = n + big; /* n in the low bits of the mantissa */
+    int32_t ni;
+    memcpy(&ni, &nb, sizeof ni);
+    const int32_t u = (ni - 0x4B400000 + 127) * (1 << 23); /* 2^n */
+    float s;
+    memcpy(&s, &u, sizeof s);
+    const float ps = p * s;
+    const float e = under ? 0.0f : ps;
+    return nan ? x : e;
 }
 
 /* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */

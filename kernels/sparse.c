@@ -326,10 +326,10 @@ static void stacked_merge(Stacked* t, real scale) {
         real mx = t->m[R];
         keep_range(s, ca, cb, &mx);
         const real alpha = t->m[R] == -INFINITY ? 0 : exp_f(t->m[R] - mx);
-        real sum = 0;
+        real sum = 0; /* (mx is finite: a row here keeps a key; exp_f(-inf) = 0) */
 #pragma omp simd reduction(+ : sum)
         for (int c = 0; c < ne; c++) {
-            s[c] = s[c] == -INFINITY ? 0 : exp_f(s[c] - mx);
+            s[c] = exp_f(s[c] - mx);
             sum += s[c];
         }
         t->l[R] = t->l[R] * alpha + sum;
