@@ -23,8 +23,9 @@ void blas_check_core(char** argv);
 
 /* exp for floats, vectorisable: 2^n * p(r) with r = x - n ln2 in [-ln2/2, ln2/2] and a degree-6
  * polynomial (Cephes coefficients); about 1 ulp. Returns 0 below -87.3 (and for -inf), NaN for
- * NaN. Written without branches, float-to-int conversions or floorf (which GCC does not vectorise
- * under the default -ftrapping-math): selects, and the integers as the low bits of 1.5 2^23 + n.
+ * NaN, inf from about 88.4 (2^128). Written without branches, float-to-int conversions or
+ * floorf (which GCC does not vectorise under the default -ftrapping-math): selects, and the
+ * integers as the low bits of 1.5 2^23 + n.
  * The same values as the branching form (2^32 / 97 inputs compared). */
 static inline float exp_f(float x) {
     const int nan = x != x, under = x < -87.3f;

@@ -245,8 +245,10 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 for (int r = 0; r < rep; r++) {
                     real* sh = sg + (size_t)r * c->cap;
                     real mx = -INFINITY, sum = 0;
+#pragma omp simd reduction(max : mx)
                     for (int t = t0; t < t1; t++) mx = sh[t] > mx ? sh[t] : mx;
-                    for (int t = t0; t < t1; t++) sum += sh[t] = expf(sh[t] - mx);
+#pragma omp simd reduction(+ : sum)
+                    for (int t = t0; t < t1; t++) sum += sh[t] = exp_f(sh[t] - mx);
                     real* ph = part + (size_t)(g * rep + r) * (hs + 2);
                     ph[0] = mx, ph[1] = sum;
                     for (int e = 0; e < hs; e++) ph[2 + e] = 0;
