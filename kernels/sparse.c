@@ -709,12 +709,13 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
 
 void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale) {
     const real *a = wgt + 1, *b = a + hs, *g = b + hs;
-    for (int e = 0; e < hs; e++) {
-        const real x = scale * q[e];
+#pragma omp simd
+    for (int e = 0; e < hs; e++) { /* (selects of values made before: it vectorises) */
+        const real x = scale * q[e], gx = g[e] * x;
         f[e] = a[e] * x, f[hs + e] = b[e] * x * x;
         /* max(x lo, x hi) = x lo for x < 0, else x hi (lo <= hi) */
-        f[2 * hs + e] = x < 0 ? g[e] * x : 0;
-        f[3 * hs + e] = x < 0 ? 0 : g[e] * x;
+        f[2 * hs + e] = x < 0 ? gx : 0;
+        f[3 * hs + e] = x < 0 ? 0 : gx;
     }
 }
 
@@ -802,6 +803,40 @@ void block_logits(real* p, const real* q, int rep, const real* st, const real* g
             for (int h = 0; h < nh; h++)
                 p[(size_t)(r0 + h) * nc + (c - c0)] =
                     gate[(size_t)(r0 + h) * BLOCKGATE_WIDTH(hs)] + d[h] + logn;
+        }
+    }
+}
+
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
+                       const real* st, const real* gate, int w, int sinks, int bs, int rep, int hs,
+                       real* F, real* L) {
+    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
+    const int TR = BLOCK_TILE_ROWS, TB = BLOCK_TILE_BLOCKS;
+    const int per = BLOCKGATE_STATS(hs), mq = rep * TR, W = BLOCKGATE_WIDTH(hs);
+    const real scale = (real)(1.0 / sqrt((double)hs)), lfull = logf((real)bs);
+    /* row R = h TR + r: head h of row r's features (zeros past nq) */
+    memset(F, 0, sizeof(real) * (size_t)mq * per);
+    for (int h = 0; h < rep; h++)
+        for (int r = 0; r < nq; r++)
+            blockgate_features(F + ((size_t)h * TR + r) * per, gate + (size_t)h * W,
+                               q + (size_t)r * ldq + (size_t)h * hs, hs, scale);
+    int c0, c1max;
+    candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
+    for (int j0 = 0; j0 < c1max; j0 += TB) {
+        if (j0 + TB <= c0) continue;
+        gemm(0, 1, mq, TB, per, 1, F, per, st + (size_t)j0 * per, per, 0, L, TB);
+        for (int r = 0; r < nq; r++) {
+            int a, c1;
+            candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);
+            const int nc = c1 - c0;
+            for (int c = j0 > c0 ? j0 : c0; c < c1 && c < j0 + TB; c++) {
+                int k0, k1;
+                distant_range(c, bs, sinks, i0 + r - w, &k0, &k1);
+                const real logn = k1 - k0 == bs ? lfull : logf((real)(k1 - k0));
+                for (int h = 0; h < rep; h++)
+                    p[(size_t)r * ldp + (size_t)h * nc + (c - c0)] =
+                        gate[(size_t)h * W] + L[((size_t)h * TR + r) * TB + (c - j0)] + logn;
+            }
         }
     }
 }

@@ -151,6 +151,17 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const real*
  * block_select_made(..., made = 1) chooses from them (made = 0: block_select). */
 void block_logits(real* p, const real* q, int rep, const real* st, const real* gate, int i, int w,
                   int sinks, int bs, int hs);
+/* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
+ * ldq: the rep heads of one key/value head), row r's into p + r ldp: made as products of one
+ * shape (BLOCK_TILE_ROWS rows' features against BLOCK_TILE_BLOCKS blocks' statistics, a row's
+ * values whatever rows are beside it), faster than block_logits row by row; the two may differ in
+ * the last bits. st: the statistics of BLOCK_TILE_BLOCKS ceil(candidates / BLOCK_TILE_BLOCKS)
+ * blocks at least (zeros past the complete ones). Scratch: F (rep BLOCK_TILE_ROWS
+ * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS). */
+enum { BLOCK_TILE_ROWS = 32, BLOCK_TILE_BLOCKS = 32 };
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
+                       const real* st, const real* gate, int w, int sinks, int bs, int rep, int hs,
+                       real* F, real* L);
 int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,

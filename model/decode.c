@@ -111,7 +111,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     /* the cached rows' scratch: each key/value head's key list, the block patterns' */
     int nbmax = 1;
     for (int i = 0; i < (per_row ? n : 1); i++) { /* a prompt's one cache */
-        const int nb = cs[i]->cap / (f->block > 0 ? f->block : 1) + 1;
+        const int nb = kvcache_block_cap(cs[i]->cap, f->block);
         nbmax = nb > nbmax ? nb : nbmax;
     }
     RowScratch rs = {.proj = proj,

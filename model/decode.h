@@ -65,6 +65,9 @@ typedef struct {
     double prof[DECODE_NPARTS], pprof[DECODE_NPARTS];
 } KVCache;
 
+/* The blocks of bs positions a cache of cap tokens keeps statistics for (KVCache.nbcap): every
+ * block, rounded up to whole products of block_logits_tile (kernels/sparse.h). */
+int kvcache_block_cap(int cap, int bs);
 /* A cache for cap tokens; half: keys and values in half precision (half the memory and the
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */
 void kvcache_init(KVCache* c, const Model* m, int cap, int half);

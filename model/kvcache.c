@@ -317,13 +317,19 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
  * block_select, as attention_blocks_forward does (w >= block - 1: a candidate block is then
  * complete). */
 
+int kvcache_block_cap(int cap, int bs) {
+    const int n = cap / (bs > 0 ? bs : 1) + 1; /* (a partial block at the end) */
+    return (n + BLOCK_TILE_BLOCKS - 1) / BLOCK_TILE_BLOCKS * BLOCK_TILE_BLOCKS;
+}
+
 /* The cache's block part, made on first use. */
 static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
     if (c->bstat && c->bs == bs) return;
     free(c->bstat), free(c->bkeys);
     const int hs = model_head_size(mc);
-    c->bs = bs, c->nbcap = c->cap / bs + 1;
-    c->bstat = mallocCheck(sizeof(real) * (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs));
+    /* whole products of block_logits_tile: zeros past the complete blocks */
+    c->bs = bs, c->nbcap = kvcache_block_cap(c->cap, bs);
+    c->bstat = callocCheck((size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs), sizeof(real));
     c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
 }
 
@@ -464,19 +470,37 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     int* sel = mallocCheck(sizeof(int) * (size_t)n * NKV * nbmax);
     int* nsel = mallocCheck(sizeof(int) * (size_t)n * NKV);
     long pairs = 0;
+    /* each tile of rows and key/value head: the learned selector's logits for the tile at once
+     * (block_logits_tile), then each row's choice */
+    const int learned = f->attn == ATTN_BLOCKS_LEARNED, TR = BLOCK_TILE_ROWS;
+    const int ntile = (n + TR - 1) / TR, per = BLOCKGATE_STATS(hs);
+    const size_t ldp = (size_t)rep * nbmax; /* a row's logits */
 #pragma omp parallel reduction(+ : pairs)
     {
         real* sc = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
-        real* p = mallocCheck(sizeof(real) *
-                              (size_t)(rep * nbmax > c->cap + 1 ? rep * nbmax : c->cap + 1));
-#pragma omp for schedule(dynamic, 8)
-        for (int r = 0; r < n; r++) {
-            const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
-            pairs += (long)(i + 1 - lo + (f->sinks < lo ? f->sinks : lo)) * NH; /* the band */
-            for (int g = 0; g < NKV; g++) {
+        const size_t np = TR * ldp > (size_t)c->cap + 1 ? TR * ldp : (size_t)c->cap + 1;
+        real* p = mallocCheck(sizeof(real) * np);
+        real* F = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * per) : NULL;
+        real* L = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * BLOCK_TILE_BLOCKS) : NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)ntile * NKV; task++) {
+            const int g = (int)(task % NKV), r0 = (int)(task / NKV) * TR;
+            const int nq = n - r0 < TR ? n - r0 : TR;
+            const real* qg = qkv + (size_t)r0 * Q + (size_t)g * rep * hs;
+            if (learned) {
+                const real *st, *gate;
+                selector_of(c, m, l, g, &st, &gate);
+                block_logits_tile(p, ldp, qg, Q, pos0 + r0, nq, st, gate, f->w, f->sinks, bs, rep,
+                                  hs, F, L);
+            }
+            for (int r = r0; r < r0 + nq; r++) {
+                const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
+                if (g == 0) /* the band */
+                    pairs += (long)(i + 1 - lo + (f->sinks < lo ? f->sinks : lo)) * NH;
                 int* sg = sel + ((size_t)r * NKV + g) * nbmax;
-                const int ns = row_blocks(c, m, l, i, g, qkv + (size_t)r * Q + (size_t)g * rep * hs,
-                                          lse + (size_t)r * NH + g * rep, sg, sc, p, 0);
+                const int ns = row_blocks(c, m, l, i, g, qg + (size_t)(r - r0) * Q,
+                                          lse + (size_t)r * NH + g * rep, sg, sc,
+                                          learned ? p + (size_t)(r - r0) * ldp : p, learned);
                 for (int a = 1; a < ns; a++) /* ascending, as the merge reads them */
                     for (int b = a; b > 0 && sg[b - 1] > sg[b]; b--) {
                         const int t = sg[b];
@@ -490,7 +514,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
                 }
             }
         }
-        free(sc), free(p);
+        free(sc), free(p), free(F), free(L);
     }
     profile_tick(r->prof, r->mark, PART_SELECT);
     attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
@@ -725,7 +749,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     /* a prompt's rows (one cache): in parallel, each thread with its own scratch (a row's parts
      * then run on its thread: the same arithmetic) */
     KVCache* c = cs[0];
-    const int nbmax = c->cap / (f->block > 0 ? f->block : 1) + 1;
+    const int nbmax = kvcache_block_cap(c->cap, f->block);
     long pairs = 0;
 #pragma omp parallel reduction(+ : pairs)
     {
