@@ -259,10 +259,14 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
  * ok[r ne + c] marks. */
 typedef struct {
     int rep, mq, ne, hs, nq, r0, g, masked;
+    const int* rows; /* the tile's rows (NULL: r0 .. r0 + nq - 1) */
     real *S, *pv, *kt, *vt, *qs, *m, *l, *acc, *alpha;
     unsigned char *ok, *use;
     int *ca, *cb;
 } Stacked;
+
+/* row r of the tile */
+static inline int stacked_row(const Stacked* t, int r) { return t->rows ? t->rows[r] : t->r0 + r; }
 
 static Stacked stacked_new(int rep, int ne, int hs) {
     const int mq = rep * CQ;
@@ -290,18 +294,18 @@ static void stacked_free(Stacked* t) {
 
 /* the tile of rows r0 .. r0 + nq - 1 and key/value head g: queries stacked, the band's state */
 static void stacked_start(Stacked* t, const real* out, int ldo, const real* lse, const real* q,
-                          int ldq, int r0, int nq, int g, int NH) {
+                          int ldq, int r0, const int* rows, int nq, int g, int NH) {
     const int hs = t->hs;
-    t->r0 = r0, t->nq = nq, t->g = g;
+    t->r0 = r0, t->rows = rows, t->nq = nq, t->g = g;
     memset(t->qs, 0, sizeof(real) * (size_t)t->mq * hs);
     for (int hr = 0; hr < t->rep; hr++)
         for (int r = 0; r < nq; r++) {
-            const int R = hr * CQ + r, h = g * t->rep + hr;
-            memcpy(t->qs + (size_t)R * hs, q + (size_t)(r0 + r) * ldq + (size_t)h * hs,
+            const int R = hr * CQ + r, h = g * t->rep + hr, row = stacked_row(t, r);
+            memcpy(t->qs + (size_t)R * hs, q + (size_t)row * ldq + (size_t)h * hs,
                    sizeof(real) * hs);
-            t->m[R] = lse[(size_t)(r0 + r) * NH + h];
+            t->m[R] = lse[(size_t)row * NH + h];
             t->l[R] = t->m[R] == -INFINITY ? 0 : 1;
-            memcpy(t->acc + (size_t)R * hs, out + (size_t)(r0 + r) * ldo + (size_t)h * hs,
+            memcpy(t->acc + (size_t)R * hs, out + (size_t)row * ldo + (size_t)h * hs,
                    sizeof(real) * hs);
         }
 }
@@ -352,12 +356,12 @@ static void stacked_finish(const Stacked* t, real* out, int ldo, real* lse, int 
     const int hs = t->hs;
     for (int hr = 0; hr < t->rep; hr++)
         for (int r = 0; r < t->nq; r++) {
-            const int R = hr * CQ + r, h = t->g * t->rep + hr;
+            const int R = hr * CQ + r, h = t->g * t->rep + hr, row = stacked_row(t, r);
             const real lr = t->l[R], inv = lr > 0 ? 1 / lr : 0;
-            real* o = out + (size_t)(t->r0 + r) * ldo + (size_t)h * hs;
+            real* o = out + (size_t)row * ldo + (size_t)h * hs;
             const real* a = t->acc + (size_t)R * hs;
             for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
-            lse[(size_t)(t->r0 + r) * NH + h] =
+            lse[(size_t)row * NH + h] =
                 lr > 0 ? t->m[R] + (real)log((double)lr) : -INFINITY;
         }
 }
@@ -381,7 +385,7 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                 any |= nsel[(size_t)(r0 + r) * NKV + g] > 0;
             }
             if (!any) continue;
-            stacked_start(&t, out, ldo, lse, q, ldq, r0, nq, g, NH);
+            stacked_start(&t, out, ldo, lse, q, ldq, r0, NULL, nq, g, NH);
             /* the rows' blocks in ascending order: each block once for the rows that chose it */
             for (;;) {
                 int b = -1;
@@ -419,78 +423,90 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
 /* the entries of a group's list in one tile */
 #define ET 64
 
-/* Whether position j is one of the distant keys of block choices x gives row r and key/value
- * head g (the sinks count as chosen: the band holds them). */
-static int block_chosen(const ChosenBlocks* x, int r, int g, int NKV, int j) {
-    if (j < x->sinks) return 1;
-    const size_t rg = (size_t)r * NKV + g;
-    const int* s = x->sel + rg * x->nbmax;
-    for (int t = 0; t < x->nsel[rg]; t++)
-        if (s[t] == j / x->bs) return 1;
-    return 0;
-}
-
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const void* k, const void* v, int half, int w, const uint32_t* rmask,
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
                              const ChosenBlocks* chosen, int NH, int NKV, int hs) {
-    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
+    const int rep = NH / NKV, kvw = NKV * hs;
     const real scale = (real)(1.0 / sqrt((double)hs));
+    /* each group's rows (ascending) that have keys before their window: the tiles are made of the
+     * rows of one group, so that a tile's product serves each of its rows */
+    int* cnt = callocCheck((size_t)K + 1, sizeof(int));
+    for (int r = 0; r < n; r++)
+        for (int grp = 0; grp < K && p0 + r - w > 0; grp++) cnt[grp + 1] += (rmask[r] >> grp) & 1;
+    for (int grp = 0; grp < K; grp++) cnt[grp + 1] += cnt[grp];
+    int* rows = mallocCheck(sizeof(int) * (size_t)(cnt[K] > 0 ? cnt[K] : 1));
+    int* fill = mallocCheck(sizeof(int) * (size_t)K);
+    memcpy(fill, cnt, sizeof(int) * (size_t)K);
+    for (int r = 0; r < n; r++)
+        for (int grp = 0; grp < K && p0 + r - w > 0; grp++)
+            if ((rmask[r] >> grp) & 1) rows[fill[grp]++] = r;
+    free(fill);
     long pairs = 0;
+    const int nbyte = chosen ? (chosen->nbmax + 7) / 8 : 0; /* a row's chosen blocks as bits */
 #pragma omp parallel reduction(+ : pairs)
     {
         Stacked t = stacked_new(rep, ET, hs);
         t.masked = 1;
+        unsigned char* bits = chosen ? mallocCheck((size_t)CQ * nbyte) : NULL;
+        /* the groups one after another (a row in two merges the lower first, as decoding) */
+        for (int grp = 0; grp < K; grp++) {
+            const int nr = cnt[grp + 1] - cnt[grp], ntile = (nr + CQ - 1) / CQ;
+            const int* gp = gpos + (size_t)grp * cap;
+            const uint32_t lower = (1u << grp) - 1;
 #pragma omp for schedule(dynamic, 1)
-        for (long task = 0; task < (long)NKV * nblk; task++) {
-            const int blk = nblk - 1 - (int)(task % nblk), g = (int)(task / nblk);
-            const int r0 = blk * CQ, nq = n - r0 < CQ ? n - r0 : CQ;
-            uint32_t U = 0;
-            int far = 0; /* the tile's largest window start: entries before it may be kept */
-            for (int r = 0; r < nq; r++) {
-                U |= rmask[r0 + r];
-                const int lo = p0 + r0 + r - w;
-                far = lo > far ? lo : far;
-            }
-            if (!U || far <= 0) continue;
-            stacked_start(&t, out, ldo, lse, q, ldq, r0, nq, g, NH);
-            /* each group of the rows in ascending order, its list in tiles of ET entries counted
-             * from the list's start: a row keeps an entry of a group it is in, before its
-             * window, not in a lower group it shares (token_keys's keys) */
-            for (int grp = 0; grp < K; grp++) {
-                if (!((U >> grp) & 1)) continue;
-                const int* gp = gpos + (size_t)grp * cap;
+            for (long task = 0; task < (long)ntile * NKV; task++) {
+                const int tile = ntile - 1 - (int)(task / NKV), g = (int)(task % NKV);
+                const int* tr = rows + cnt[grp] + tile * CQ;
+                const int nq = nr - tile * CQ < CQ ? nr - tile * CQ : CQ;
+                const int far = p0 + tr[nq - 1] - w; /* entries before it may be kept */
                 int len = 0;
                 while (len < gn[grp] && gp[len] < far) len++;
-                const uint32_t lower = (1u << grp) - 1;
+                stacked_start(&t, out, ldo, lse, q, ldq, 0, tr, nq, g, NH);
+                for (int r = 0; chosen && r < nq; r++) {
+                    unsigned char* b = bits + (size_t)r * nbyte;
+                    const size_t rg = (size_t)tr[r] * NKV + g;
+                    memset(b, 0, (size_t)nbyte);
+                    for (int x = 0; x < chosen->nsel[rg]; x++) {
+                        const int c = chosen->sel[rg * chosen->nbmax + x];
+                        b[c / 8] |= (unsigned char)(1u << (c % 8));
+                    }
+                }
+                /* the list in tiles of ET entries counted from its start: a row keeps an entry
+                 * before its window, not in a lower group it shares (token_keys's keys) */
                 for (int t0 = 0; t0 < len; t0 += ET) {
-                    const int cnt = len - t0 < ET ? len - t0 : ET;
+                    const int ce = len - t0 < ET ? len - t0 : ET;
                     int anyrow = 0;
                     for (int r = 0; r < nq; r++) {
-                        const uint32_t mr = rmask[r0 + r];
-                        const int lo = p0 + r0 + r - w;
+                        const int row = tr[r];
+                        const uint32_t mr = rmask[row];
+                        const int lo = p0 + row - w;
                         unsigned char* o = t.ok + (size_t)r * ET;
-                        t.use[r] = 0, t.ca[r] = 0, t.cb[r] = cnt;
+                        const unsigned char* b = chosen ? bits + (size_t)r * nbyte : NULL;
+                        t.use[r] = 0, t.ca[r] = 0, t.cb[r] = ce;
                         for (int c = 0; c < ET; c++) {
-                            const int j = c < cnt ? gp[t0 + c] : -1;
-                            o[c] = ((mr >> grp) & 1) && c < cnt && j < lo &&
-                                   !(cmask[j] & mr & lower) &&
-                                   !(chosen && block_chosen(chosen, r0 + r, g, NKV, j));
+                            const int j = c < ce ? gp[t0 + c] : -1;
+                            /* (with blocks: not a sink, not in a chosen block) */
+                            o[c] = c < ce && j < lo && !(cmask[j] & mr & lower) &&
+                                   !(b && (j < chosen->sinks ||
+                                           ((b[j / chosen->bs / 8] >> (j / chosen->bs % 8)) & 1)));
                             t.use[r] |= o[c];
                             pairs += (long)o[c] * rep;
                         }
                         anyrow |= t.use[r];
                     }
                     if (!anyrow) continue;
-                    cached_rows(t.kt, k, half, kvw, g, hs, gp + t0, 0, cnt, ET);
-                    cached_rows(t.vt, v, half, kvw, g, hs, gp + t0, 0, cnt, ET);
+                    cached_rows(t.kt, k, half, kvw, g, hs, gp + t0, 0, ce, ET);
+                    cached_rows(t.vt, v, half, kvw, g, hs, gp + t0, 0, ce, ET);
                     stacked_merge(&t, scale);
                 }
+                stacked_finish(&t, out, ldo, lse, NH);
             }
-            stacked_finish(&t, out, ldo, lse, NH);
         }
         stacked_free(&t);
+        free(bits);
     }
+    free(cnt), free(rows);
     return pairs;
 }
 
