@@ -7,10 +7,12 @@
 #   focus:     `focus bench decode` (native weights, f16 KV cache): the prompt of 1024 tokens,
 #              64 tokens decoded after a 1-token prompt, 64 decoded after the 1024-token prompt.
 # With DEPTH=1 a depth sweep too (issue 41): llama-bench pp$DEPTH_CTX and tg32 at depth
-# $DEPTH_CTX (default 8160: SmolLM2's context is 8192) against focus dense, with the shipped
-# block selector (routers/smollm2-135m-pg19-blocks.h5, its default 8 blocks beyond w = 512) and
-# with the shipped centroid router (routers/smollm2-135m-pg19-8k.h5, k = 1); DEPTH_ROUTERS=0
-# leaves the routers out (another model than SmolLM2).
+# $DEPTH_CTX (default 8160: SmolLM2's context is 8192) against focus dense, the window (w = 1024),
+# Quest's blocks (8 beyond w = 512), the shipped block selector
+# (routers/smollm2-135m-pg19-blocks.h5, its default 8 blocks beyond w = 512), the shipped
+# centroid router (routers/smollm2-135m-pg19-8k.h5, k = 1) and the selector with the shipped
+# groups beside it (14 blocks beyond w = 128); DEPTH_ROUTERS=0 leaves the routers out (another
+# model than SmolLM2).
 # With BUSY=1 a second table: the same decode runs while a busy loop holds one core, focus
 # with its thread governor, with --threads THREADS and with --threads 1, llama.cpp with
 # -t THREADS and -t 1.
@@ -92,6 +94,13 @@ if [ "${DEPTH:-0}" = 1 ]; then
     read -r p d < <(FB_N=32 fbench 0 "$dctx")
     row "$r" depth "focus dense" "pp$dctx" "$threads" "$p"
     row "$r" depth "focus dense" "tg32 at depth $dctx" "$threads" "$d"
+    # the training-free methods at about the selector's pairs (0.23 of a prompt's at 8K)
+    read -r p d < <(FB_N=32 fbench 0 "$dctx" --attn window --set w=1024)
+    row "$r" depth "focus window w=1024" "pp$dctx" "$threads" "$p"
+    row "$r" depth "focus window w=1024" "tg32 at depth $dctx" "$threads" "$d"
+    read -r p d < <(FB_N=32 fbench 0 "$dctx" --attn blocks --set w=512 --set blocks=8)
+    row "$r" depth "focus Quest 8 blocks" "pp$dctx" "$threads" "$p"
+    row "$r" depth "focus Quest 8 blocks" "tg32 at depth $dctx" "$threads" "$d"
     if [ "${DEPTH_ROUTERS:-1}" = 1 ]; then
       read -r p d < <(FB_N=32 fbench 0 "$dctx" --router routers/smollm2-135m-pg19-blocks.h5)
       row "$r" depth "focus selector" "pp$dctx" "$threads" "$p"
@@ -99,6 +108,11 @@ if [ "${DEPTH:-0}" = 1 ]; then
       read -r p d < <(FB_N=32 fbench 0 "$dctx" --router routers/smollm2-135m-pg19-8k.h5 --topk 1)
       row "$r" depth "focus centroids k=1" "pp$dctx" "$threads" "$p"
       row "$r" depth "focus centroids k=1" "tg32 at depth $dctx" "$threads" "$d"
+      # the pair of routers/README.md: 14 selector blocks beyond w = 128 and the groups beside
+      read -r p d < <(FB_N=32 fbench 0 "$dctx" --set w=128 --set blocks=14 \
+        --router routers/smollm2-135m-pg19-blocks.h5,routers/smollm2-135m-pg19-8k-groups.h5)
+      row "$r" depth "focus selector + centroids" "pp$dctx" "$threads" "$p"
+      row "$r" depth "focus selector + centroids" "tg32 at depth $dctx" "$threads" "$d"
     fi
   done
 fi
