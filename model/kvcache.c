@@ -203,11 +203,11 @@ static int part_bound(int n, int pre, int id, int np) {
  * are split into parts (each part's keys and values read once for the rep query heads of a KV
  * head, keeping its own running maximum, sum and output per head), which the threads share; the
  * parts are then merged in order, rescaled to the common maximum. The parts depend on the key
- * count only (one below c->split_min keys, else one per 2 split_min keys, 2 .. c->nparts of
- * them), never on the thread count,
- * so a token's arithmetic is the same on any number of threads. Scores go to sc (NH, cap), the
+ * counts only (one below c->split_min keys, else one per 2 split_min keys, 2 .. c->nparts of
+ * them, their bounds by part_bound), never on the thread count, so a token's arithmetic is the
+ * same on any number of threads. Scores go to sc (NH, cap), the
  * parts to partbuf (c->nparts, NH, hs + 2); the first npre[g] scores of key/value head g's heads
- * are there already (block_keys's band; npre NULL: none), made by the same arithmetic. */
+ * are there already (band_keys's; npre NULL: none), made by the same arithmetic. */
 static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
                         const int* nk, const int* npre, const ModelConfig* mc, real* sc,
                         real* partbuf) {
@@ -587,7 +587,7 @@ typedef struct {
     real *scores, *part;
     int* bsel; /* the block patterns' scratch: (NKV, nbcap) each, bp (NH, nbcap) */
     real *bsc, *bp;
-    int* npre; /* (NKV) the band scores block_keys made */
+    int* npre; /* (NKV) the band scores band_keys made */
 } RowWork;
 
 /* The keys of the row at position p of cache c on layer l (mask mi: its groups, joined already)

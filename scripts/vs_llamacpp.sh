@@ -12,7 +12,7 @@
 # (routers/smollm2-135m-pg19-blocks.h5, its default 8 blocks beyond w = 512), the shipped
 # centroid router (routers/smollm2-135m-pg19-8k.h5, k = 1) and the selector with the shipped
 # groups beside it (14 blocks beyond w = 128); DEPTH_ROUTERS=0 leaves the routers out (another
-# model than SmolLM2).
+# model than SmolLM2), DEPTH_ROUTERS=gemma takes Gemma 3's (MODEL=its file, DEPTH_CTX=32736).
 # With BUSY=1 a second table: the same decode runs while a busy loop holds one core, focus
 # with its thread governor, with --threads THREADS and with --threads 1, llama.cpp with
 # -t THREADS and -t 1.
@@ -113,6 +113,16 @@ if [ "${DEPTH:-0}" = 1 ]; then
         --router routers/smollm2-135m-pg19-blocks.h5,routers/smollm2-135m-pg19-8k-groups.h5)
       row "$r" depth "focus selector + centroids" "pp$dctx" "$threads" "$p"
       row "$r" depth "focus selector + centroids" "tg32 at depth $dctx" "$threads" "$d"
+    elif [ "${DEPTH_ROUTERS:-1}" = gemma ]; then
+      # Gemma 3 270M: its shipped selector (32 blocks beyond w = 512 on the global layers) and
+      # its centroid router trained at 32K (k = 1)
+      read -r p d < <(FB_N=32 fbench 0 "$dctx" --router routers/gemma3-270m-pg19-blocks.h5 \
+        --set blocks=32)
+      row "$r" depth "focus selector" "pp$dctx" "$threads" "$p"
+      row "$r" depth "focus selector" "tg32 at depth $dctx" "$threads" "$d"
+      read -r p d < <(FB_N=32 fbench 0 "$dctx" --router routers/gemma3-270m-pg19-32k.h5 --topk 1)
+      row "$r" depth "focus centroids k=1" "pp$dctx" "$threads" "$p"
+      row "$r" depth "focus centroids k=1" "tg32 at depth $dctx" "$threads" "$d"
     fi
   done
 fi
