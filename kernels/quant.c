@@ -1010,9 +1010,55 @@ void f16_row_axpy(float* o, float p, const uint16_t* v, int n) {
 
 #if defined(__x86_64__)
 /* up to 4 heads at a time: a key's 8-lane chunks against each head's, one conversion */
+/* The 8-lane sums of a, b, c and d in lanes 0..3 (each vector's lanes added in the same order). */
+__attribute__((target("avx2"))) static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c,
+                                                            __m256 d) {
+    const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* f16_rows_scores for n a multiple of 8: four keys at a time for two heads, the four sums
+ * reduced together (a key's arithmetic is the same in any group: the last group repeats its last
+ * key) */
+__attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
+    float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
+    const int* keys, int t0, int t1, int n, float scale) {
+    const __m128 sv = _mm_set1_ps(scale);
+    for (int r0 = 0; r0 < nq; r0 += 2) {
+        const int nr = nq - r0 < 2 ? nq - r0 : 2;
+        for (int t = t0; t < t1; t += 4) {
+            const uint16_t* kp[4];
+            for (int u = 0; u < 4; u++)
+                kp[u] = base + (size_t)keys[t + u < t1 ? t + u : t1 - 1] * stride;
+            __m256 acc[2][4];
+            for (int r = 0; r < 2; r++)
+                for (int u = 0; u < 4; u++) acc[r][u] = _mm256_setzero_ps();
+            for (int e = 0; e < n; e += 8) {
+                __m256 kv[4];
+                for (int u = 0; u < 4; u++)
+                    kv[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(kp[u] + e)));
+                for (int r = 0; r < nr; r++) {
+                    const __m256 qv = _mm256_loadu_ps(q + (size_t)(r0 + r) * n + e);
+                    for (int u = 0; u < 4; u++) acc[r][u] = _mm256_fmadd_ps(qv, kv[u], acc[r][u]);
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                float s4[4];
+                _mm_storeu_ps(s4, _mm_mul_ps(hsum4x8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]),
+                                             sv));
+                for (int u = 0; u < 4 && t + u < t1; u++) sc[(size_t)(r0 + r) * ld + t + u] = s4[u];
+            }
+        }
+    }
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
     float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
     const int* keys, int t0, int t1, int n, float scale) {
+    if (n % 8 == 0) {
+        f16_scores4_avx2(sc, ld, q, nq, base, stride, keys, t0, t1, n, scale);
+        return;
+    }
     for (int r0 = 0; r0 < nq; r0 += 4) {
         const int nr = nq - r0 < 4 ? nq - r0 : 4;
         for (int t = t0; t < t1; t++) {
