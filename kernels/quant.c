@@ -1009,10 +1009,9 @@ void f16_row_axpy(float* o, float p, const uint16_t* v, int n) {
 }
 
 #if defined(__x86_64__)
-/* up to 4 heads at a time: a key's 8-lane chunks against each head's, one conversion */
 /* The 8-lane sums of a, b, c and d in lanes 0..3 (each vector's lanes added in the same order). */
 __attribute__((target("avx2"))) static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c,
-                                                            __m256 d) {
+                                                             __m256 d) {
     const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
@@ -1044,14 +1043,16 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
             }
             for (int r = 0; r < nr; r++) {
                 float s4[4];
-                _mm_storeu_ps(s4, _mm_mul_ps(hsum4x8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]),
-                                             sv));
+                _mm_storeu_ps(s4,
+                              _mm_mul_ps(hsum4x8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sv));
                 for (int u = 0; u < 4 && t + u < t1; u++) sc[(size_t)(r0 + r) * ld + t + u] = s4[u];
             }
         }
     }
 }
 
+/* up to 4 heads at a time: a key's 8-lane chunks against each head's, one conversion (n a
+ * multiple of 8: f16_scores4_avx2) */
 __attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
     float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
     const int* keys, int t0, int t1, int n, float scale) {

@@ -210,8 +210,8 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                      * and sink tiles, its band's in the others) */
                     const int cb = i - j0 + 1 < nk ? i - j0 + 1 : nk;
                     const int ca = w < 0 || sink_tile || i - w <= j0 ? 0
-                                   : i - w - j0 < nk                ? i - w - j0
-                                                                    : nk;
+                                   : i - w - j0 < nk                 ? i - w - j0
+                                                                     : nk;
                     if (r >= nq || cb <= ca) {
                         memset(s, 0, sizeof(real) * nk);
                         continue;
@@ -361,8 +361,7 @@ static void stacked_finish(const Stacked* t, real* out, int ldo, real* lse, int 
             real* o = out + (size_t)row * ldo + (size_t)h * hs;
             const real* a = t->acc + (size_t)R * hs;
             for (int e = 0; e < hs; e++) o[e] = a[e] * inv;
-            lse[(size_t)row * NH + h] =
-                lr > 0 ? t->m[R] + (real)log((double)lr) : -INFINITY;
+            lse[(size_t)row * NH + h] = lr > 0 ? t->m[R] + (real)log((double)lr) : -INFINITY;
         }
 }
 
@@ -373,7 +372,7 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
     {
-        Stacked t = stacked_new(rep, bs, hs); /* key ranges, no mask */
+        Stacked t = stacked_new(rep, bs, hs);    /* key ranges, no mask */
         int* at = mallocCheck(sizeof(int) * CQ); /* each row's next entry in its sorted list */
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)NKV * nblk; task++) {
@@ -792,6 +791,13 @@ static inline void distant_range(int c, int bs, int sinks, int far_end, int* j0,
     *j1 = (c + 1) * bs < far_end ? (c + 1) * bs : far_end;
 }
 
+/* log n_c, the log of block c's count of distant keys for query i (lfull: log bs) */
+static inline real block_logn(int c, int bs, int sinks, int i, int w, real lfull) {
+    int j0, j1;
+    distant_range(c, bs, sinks, i - w, &j0, &j1);
+    return j1 - j0 == bs ? lfull : logf((real)(j1 - j0));
+}
+
 /* The candidate blocks [c0, c1) of query i: those holding distant keys [sinks, i - w). */
 static inline void candidate_blocks(int i, int w, int sinks, int bs, int* c0, int* c1) {
     const int far_end = i - w;
@@ -812,9 +818,7 @@ void block_logits(real* p, const real* q, int rep, const real* st, const real* g
             blockgate_features(fh + (size_t)h * per, gate + (size_t)(r0 + h) * BLOCKGATE_WIDTH(hs),
                                q + (size_t)(r0 + h) * hs, hs, scale);
         for (int c = c0; c < c1; c++) {
-            int j0, j1;
-            distant_range(c, bs, sinks, i - w, &j0, &j1);
-            const real logn = j1 - j0 == bs ? lfull : logf((real)(j1 - j0)); /* log n_c */
+            const real logn = block_logn(c, bs, sinks, i, w, lfull);
             feature_dots(d, fh, per, nh, st + (size_t)c * per, per);
             for (int h = 0; h < nh; h++)
                 p[(size_t)(r0 + h) * nc + (c - c0)] =
@@ -823,9 +827,9 @@ void block_logits(real* p, const real* q, int rep, const real* st, const real* g
     }
 }
 
-void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
-                       const real* st, const real* gate, int w, int sinks, int bs, int rep, int hs,
-                       real* F, real* L) {
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq, const real* st,
+                       const real* gate, int w, int sinks, int bs, int rep, int hs, real* F,
+                       real* L) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     const int TR = BLOCK_TILE_ROWS, TB = BLOCK_TILE_BLOCKS;
     const int per = BLOCKGATE_STATS(hs), mq = rep * TR, W = BLOCKGATE_WIDTH(hs);
@@ -846,9 +850,7 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
             candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);
             const int nc = c1 - c0;
             for (int c = j0 > c0 ? j0 : c0; c < c1 && c < j0 + TB; c++) {
-                int k0, k1;
-                distant_range(c, bs, sinks, i0 + r - w, &k0, &k1);
-                const real logn = k1 - k0 == bs ? lfull : logf((real)(k1 - k0));
+                const real logn = block_logn(c, bs, sinks, i0 + r, w, lfull);
                 for (int h = 0; h < rep; h++)
                     p[(size_t)r * ldp + (size_t)h * nc + (c - c0)] =
                         gate[(size_t)h * W] + L[((size_t)h * TR + r) * TB + (c - j0)] + logn;
@@ -859,8 +861,8 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
 
 /* block_scores of the learned selector from its logits p (block_logits): each head's share of
  * its attention, summed over the heads into sc */
-static void learned_shares(real* sc, const real* p, int rep, const real* lband, size_t ldl,
-                           int c0, int c1) {
+static void learned_shares(real* sc, const real* p, int rep, const real* lband, size_t ldl, int c0,
+                           int c1) {
     const int nc = c1 - c0;
     for (int r = 0; r < rep; r++) {
         const real* pr = p + (size_t)r * nc;
@@ -936,8 +938,8 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
 int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p) {
-    return block_select_made(sel, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs, nsel,
-                             cover, hs, sc, p, 0);
+    return block_select_made(sel, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs,
+                             nsel, cover, hs, sc, p, 0);
 }
 
 int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,

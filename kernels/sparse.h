@@ -159,9 +159,9 @@ void block_logits(real* p, const real* q, int rep, const real* st, const real* g
  * blocks at least (zeros past the complete ones). Scratch: F (rep BLOCK_TILE_ROWS
  * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS). */
 enum { BLOCK_TILE_ROWS = 32, BLOCK_TILE_BLOCKS = 32 };
-void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
-                       const real* st, const real* gate, int w, int sinks, int bs, int rep, int hs,
-                       real* F, real* L);
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq, const real* st,
+                       const real* gate, int w, int sinks, int bs, int rep, int hs, real* F,
+                       real* L);
 int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,

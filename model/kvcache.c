@@ -235,11 +235,12 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
         if (half) { /* the rep heads of a KV head together: each key and value row converted once */
             for (int g = 0; g < NKV; g++) {
                 const int pre = npre ? npre[g] : 0;
-                const int t0 = part_bound(nk[g], pre, id, np), t1 = part_bound(nk[g], pre, id + 1, np);
+                const int t0 = part_bound(nk[g], pre, id, np),
+                          t1 = part_bound(nk[g], pre, id + 1, np);
                 const uint16_t* kb = (const uint16_t*)kc + (size_t)g * hs;
                 const uint16_t* vb = (const uint16_t*)vc + (size_t)g * hs;
                 real* sg = sc + (size_t)g * rep * c->cap;
-                const int tp = npre && npre[g] > t0 ? (npre[g] < t1 ? npre[g] : t1) : t0;
+                const int tp = pre > t0 ? (pre < t1 ? pre : t1) : t0; /* scores to make */
                 f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, keys[g], tp,
                                 t1, hs, scale);
                 for (int r = 0; r < rep; r++) {
@@ -396,14 +397,17 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
     const real scale = (real)(1.0 / sqrt((double)hs));
     const size_t es = c->half ? 2 : sizeof(real);
     const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+    int made = 0; /* as attend_keys makes them */
 #ifndef FOCUS_DOUBLE
-    if (c->half) /* each key row converted once for the rep heads */
+    if (c->half) { /* each key row converted once for the rep heads */
         f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk, hs,
                         scale);
+        made = 1;
+    }
 #endif
     for (int r = 0; r < rep; r++) {
         real* sr = sb + (size_t)r * ld;
-        if (!c->half || sizeof(real) != sizeof(float))
+        if (!made)
             for (int t = 0; t < nk; t++)
                 sr[t] = dot_kv(q + (size_t)r * hs, kc + ((size_t)keys[t] * kvw + g * hs) * es,
                                c->half, hs) *
@@ -423,8 +427,8 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
  * blocks those of the row's groups (mask mi) that no chosen block holds. Returns the keys'
  * number. sel, sc: nbcap scratch each, p: rep nbcap (made: the logits in it). */
 static int distant_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
-                        uint32_t mi, int* keys, int nk, const real* lb, int* sel, real* sc,
-                        real* p, int made) {
+                        uint32_t mi, int* keys, int nk, const real* lb, int* sel, real* sc, real* p,
+                        int made) {
     const FocusConfig* f = &m->fc;
     const int bs = f->block;
     const int ns = row_blocks(c, m, l, n, g, q, lb, sel, sc, p, made);

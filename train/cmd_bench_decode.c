@@ -121,7 +121,7 @@ int cmd_bench_decode(int argc, char** argv) {
         memcpy(logits, all + (size_t)(ctx - 1) * m.cfg.V, sizeof(real) * m.cfg.V);
         free(all);
     }
-    long pairs0 = c.pairs; /* the prompt's pairs */
+    long pairs0 = c.pairs;            /* the prompt's pairs */
     memset(c.prof, 0, sizeof c.prof); /* FOCUS_PROFILE: the decoded tokens only */
     /* with --data each step's logits are kept and scored after the clock stops */
     real* kept = data ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)n) : NULL;
