@@ -6,20 +6,24 @@
 #   io           whole-file reads, atomic writes, the GGUF container
 #   checkpoints  model import (GGUF, safetensors, llm.c), HDF5 router checkpoints
 #   data         tokenizer, token shards, text cleaning
+#   eval         perplexity, continuation scoring, routing statistics
 #   serve        the HTTP server: slots, continuous batching, the OpenAI API
-#   train        the focus command line
+#   train        the training loops (router, mass objective, baselines) and the run settings
+#   cli          the focus command line: one file per command
 # Run as a script: cmake -DFOCUS_ROOT=<source dir> -P cmake/layers.cmake
 if(CMAKE_SCRIPT_MODE_FILE)
   cmake_minimum_required(VERSION 3.22)
 endif()
-set(FOCUS_LAYERS kernels model io checkpoints data serve train)
+set(FOCUS_LAYERS kernels model io checkpoints data eval serve train cli)
 set(FOCUS_ALLOW_kernels kernels)
 set(FOCUS_ALLOW_model kernels model)
 set(FOCUS_ALLOW_io kernels io)
 set(FOCUS_ALLOW_checkpoints kernels model io checkpoints)
 set(FOCUS_ALLOW_data kernels io data)
 set(FOCUS_ALLOW_serve kernels model io data serve)
-set(FOCUS_ALLOW_train kernels model io checkpoints data serve train)
+set(FOCUS_ALLOW_eval kernels model eval)
+set(FOCUS_ALLOW_train kernels model io checkpoints data eval train)
+set(FOCUS_ALLOW_cli kernels model io checkpoints data eval serve train cli)
 
 function(focus_check_layers root)
   foreach(layer ${FOCUS_LAYERS})

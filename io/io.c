@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -174,4 +175,48 @@ void write_file_atomic(const char* path, const void* const* parts, const size_t*
         fatal("%s: rename failed: %s", path, strerror(e));
     }
     fsync_parent_dir(path);
+}
+
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+static double start_rss_mib = -1;
+
+long proc_status_kb(const char* key) {
+    FILE* fp = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = 0;
+    const size_t n = strlen(key);
+    while (fp && fgets(line, sizeof line, fp))
+        if (!strncmp(line, key, n) && line[n] == ':' && sscanf(line + n + 1, "%ld", &kb) == 1)
+            break;
+    if (fp) fclose(fp);
+    return kb;
+}
+
+double rss_mib(void) { return proc_status_kb("VmRSS") / 1024.0; }
+
+void mark_start_rss(void) { start_rss_mib = rss_mib(); }
+
+double peak_rss_growth_mib(void) {
+    return peak_rss_mib() - (start_rss_mib > 0 ? start_rss_mib : 0);
+}
+
+int make_dirs(const char* path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char* p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+void path_join(char* out, size_t n, const char* dir, const char* name) {
+    snprintf(out, n, "%s/%s", dir, name);
 }

@@ -35,4 +35,19 @@ void write_file_atomic(const char* path, const void* const* parts, const size_t*
 /* fsync the folder that holds path (after a rename). */
 void fsync_parent_dir(const char* path);
 
+/* Peak resident memory of this process in MiB. */
+double peak_rss_mib(void);
+/* A kB line of /proc/self/status (RssAnon...), or 0. */
+long proc_status_kb(const char* key);
+/* Resident memory now (MiB); mark_start_rss notes it (main does, before any command);
+ * peak_rss_growth_mib is the peak since then, the program and its libraries left out. */
+double rss_mib(void);
+void mark_start_rss(void);
+double peak_rss_growth_mib(void);
+
+/* mkdir -p; 0 on success. */
+int make_dirs(const char* path);
+/* out = dir/name */
+void path_join(char* out, size_t n, const char* dir, const char* name);
+
 #endif

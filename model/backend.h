@@ -88,29 +88,11 @@ static inline real* model_slice(const real* t, int l, size_t n) {
     return t ? (real*)t + (size_t)l * n : NULL;
 }
 
-/* Which attention kernel a layer runs, the same choice on every backend:
- *   SPARSE  hard top-k: the executor that skips dropped pairs
- *   DENSE   dense attention with no backward to follow (evaluation): the backend's fastest
- *           exact dense kernel (CPU: attention_flash_forward; GPU: the fp32 kernel, no gate)
- *   GATED   the reference kernel with the layer's gate, whose backward exists (training, and
- *           soft evaluation)
- *   BAND    sinks and window only (the window pattern; a sliding-window layer's own window
- *           without sinks; CPU)
- *   BLOCKS  sinks, window and the best key blocks per query (blocks, blocks_mean, oracle; CPU) */
-typedef enum {
-    ATTN_KERNEL_SPARSE = 0,
-    ATTN_KERNEL_DENSE = 1,
-    ATTN_KERNEL_GATED = 2,
-    ATTN_KERNEL_BAND = 3,
-    ATTN_KERNEL_BLOCKS = 4
-} AttnKernel;
+/* Which attention kernel (AttnKernel, model.h) a layer in mode `mode` runs over whole sequences,
+ * the same choice on every backend: its method's row says, for a pass kept for a backward (keep)
+ * or not. */
 static inline AttnKernel model_attn_kernel(AttnMode mode, int keep) {
-    if (mode == ATTN_HARD || mode == ATTN_RANDOM) return ATTN_KERNEL_SPARSE;
-    if (mode == ATTN_WINDOW || (mode == ATTN_LOCAL && !keep)) return ATTN_KERNEL_BAND;
-    if (mode == ATTN_LOCAL) return ATTN_KERNEL_GATED; /* zero masks: the window (backward) */
-    if (attn_is_blocks(mode)) return ATTN_KERNEL_BLOCKS;
-    if (mode == ATTN_DENSE && !keep) return ATTN_KERNEL_DENSE;
-    return ATTN_KERNEL_GATED;
+    return keep ? attn_methods[mode]->kernel_train : attn_methods[mode]->kernel;
 }
 
 #endif

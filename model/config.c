@@ -310,7 +310,7 @@ const char* setting_format(const Setting* s, const void* base, int exact, char* 
             snprintf(buf, n, "%s", arch_names[*(const Arch*)field]);
             break;
         case SETTING_ATTN:
-            snprintf(buf, n, "%s", attn_methods[*(const AttnMode*)field].name);
+            snprintf(buf, n, "%s", attn_methods[*(const AttnMode*)field]->name);
             break;
         case SETTING_ROUTING:
             snprintf(buf, n, "%s", routing_name(*(const Routing*)field));
@@ -354,12 +354,10 @@ const char* setting_expect(const Setting* s, char* buf, size_t n) {
         case SETTING_ARCH:
             snprintf(buf, n, "one of gpt2, llama, gemma3");
             break;
-        case SETTING_ATTN:
-        {
+        case SETTING_ATTN: {
             char names[256];
             snprintf(buf, n, "one of %s", attn_method_list(names, sizeof names, ", "));
-        }
-            break;
+        } break;
         case SETTING_ROUTING:
             snprintf(buf, n, "one of sinkhorn, causal, prefix_sinkhorn");
             break;
@@ -407,6 +405,16 @@ void settings_help(FILE* f, const Setting* rows, int n) {
 const Setting* config_find(const char* key) {
     const Setting* s = setting_find(model_settings, model_settings_count, key);
     return s ? s : setting_find(focus_settings, focus_settings_count, key);
+}
+
+const char* config_split_setting(const char* kv, char* key, size_t keycap) {
+    const char* eq = strchr(kv, '=');
+    if (!eq) fatal("--set expects key=value, got '%s'", kv);
+    size_t n = (size_t)(eq - kv);
+    if (n >= keycap) fatal("--set: key too long in '%s'", kv);
+    memcpy(key, kv, n);
+    key[n] = 0;
+    return eq + 1;
 }
 
 int config_set(ModelConfig* c, FocusConfig* f, const char* key, const char* v) {

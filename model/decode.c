@@ -13,18 +13,13 @@
 
 static void check_mode(const Model* m) {
     const FocusConfig* f = &m->fc;
-    if (f->attn == ATTN_SOFT)
-        fatal("generation runs dense or hard top-k attention, not the soft gate");
-    if (f->attn == ATTN_ORACLE)
-        fatal(
-            "generation runs dense, hard, window, random or block attention; oracle is an "
-            "evaluation ceiling (it scores every key: eval ppl, passkey, curve)");
+    if (attn_methods[f->attn]->no_decode) fatal("%s", attn_methods[f->attn]->no_decode);
     if (attn_is_blocks(f->attn) && f->w < f->block - 1)
         fatal(
             "generation with key blocks needs w >= block - 1 (got w = %d, block = %d): a query's "
             "candidate blocks must be complete",
             f->w, f->block);
-    if (f->attn == ATTN_HARD && f->routing != ROUTE_CAUSAL)
+    if (attn_methods[f->attn]->causal_routing && f->routing != ROUTE_CAUSAL)
         fatal("generation needs causal routing (got %s)", routing_name(f->routing));
 }
 

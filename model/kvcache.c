@@ -62,14 +62,18 @@ static void project_rows(real* y, int ldy, const real* x, int n, const real* w, 
 /* How layer l attends while decoding (its method's row, model/methods.c): everything, the
  * token's groups and window (the router's or random groups), sinks and window only, or the
  * chosen key blocks. */
-enum { KEYS_DENSE = CACHE_ALL, KEYS_GROUPS = CACHE_GROUPS, KEYS_WINDOW = CACHE_WINDOW,
-       KEYS_BLOCKS = CACHE_BLOCKS };
-static int layer_keys(const Model* m, int l) { return attn_methods[model_layer_attn(m, l)].cache; }
+enum {
+    KEYS_DENSE = CACHE_ALL,
+    KEYS_GROUPS = CACHE_GROUPS,
+    KEYS_WINDOW = CACHE_WINDOW,
+    KEYS_BLOCKS = CACHE_BLOCKS
+};
+static int layer_keys(const Model* m, int l) { return attn_methods[model_layer_attn(m, l)]->cache; }
 
 /* The band of KEYS_WINDOW on layer l: the window pattern's w and sinks, or a sliding-window
  * layer's own window without sinks. */
 static void layer_band(const Model* m, int l, int* w, int* sinks) {
-    if (model_layer_attn(m, l) == ATTN_LOCAL) {
+    if (attn_methods[model_layer_attn(m, l)]->own_window) {
         *w = model_layer_spec(&m->cfg, l).window, *sinks = 0;
         return;
     }
@@ -83,7 +87,7 @@ static void layer_band(const Model* m, int l, int* w, int* sinks) {
 static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key) {
     const FocusConfig* f = &m->fc;
     uint32_t mi = 0;
-    if (f->attn == ATTN_RANDOM)
+    if (attn_methods[f->attn]->masks == MASKS_RANDOM)
         routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n, focus_random_seed(f, l));
     else if (key && m->router.wq)
         routing_topk_mask(&mi, G, 1, 1, f->K, 1, 0, f->sinks, n);
@@ -362,7 +366,7 @@ static void selector_of(const KVCache* c, const Model* m, int l, int g, const re
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     *st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
-    *gate = m->fc.attn == ATTN_BLOCKS_LEARNED
+    *gate = attn_block_score(m->fc.attn) == BLOCKS_LEARNED
                 ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
                 : NULL;
 }
@@ -393,7 +397,7 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
     int nk = 0;
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
     for (int j = lo; j <= n; j++) keys[nk++] = j;
-    if (f->attn != ATTN_BLOCKS_LEARNED) return nk;
+    if (attn_block_score(f->attn) != BLOCKS_LEARNED) return nk;
     const real scale = (real)(1.0 / sqrt((double)hs));
     const size_t es = c->half ? 2 : sizeof(real);
     const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
@@ -476,7 +480,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     long pairs = 0;
     /* each tile of rows and key/value head: the learned selector's logits for the tile at once
      * (block_logits_tile), then each row's choice */
-    const int learned = f->attn == ATTN_BLOCKS_LEARNED, TR = BLOCK_TILE_ROWS;
+    const int learned = attn_block_score(f->attn) == BLOCKS_LEARNED, TR = BLOCK_TILE_ROWS;
     const int ntile = (n + TR - 1) / TR, per = BLOCKGATE_STATS(hs);
     const size_t ldp = (size_t)rep * nbmax; /* a row's logits */
 #pragma omp parallel reduction(+ : pairs)
@@ -609,7 +613,7 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
          * them, the learned selector's logits of its blocks; then each one's choice */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
-        const int made = f->attn == ATTN_BLOCKS_LEARNED, tasks = (made ? 2 : 1) * NKV;
+        const int made = attn_block_score(f->attn) == BLOCKS_LEARNED, tasks = (made ? 2 : 1) * NKV;
         if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
         real lb[1024];
         npre = w->npre;
@@ -687,7 +691,8 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
      * groups each row keeps as a query. The router's groups: hard mode, or beside the blocks */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
     const int grouped = kind == KEYS_GROUPS || (kind == KEYS_BLOCKS && m->blocks_with_groups);
-    const int hard = f->attn == ATTN_HARD || kind == KEYS_BLOCKS;
+    /* the router's groups, computed per row (the random control's come from a hash) */
+    const int hard = attn_methods[f->attn]->masks != MASKS_RANDOM;
     for (int i = 0; i < n && grouped; i++) {
         const real* hi = h + (size_t)i * C;
         const real* cent = m->router.cent + (size_t)l * K * f->dg;

@@ -1,40 +1,32 @@
-/* methods.c: the attention methods as data (model.h, AttnMethod): one row per AttnMode. */
+/* methods.c: the attention methods as data (model.h, AttnMethod): the table of their rows, one
+ * per AttnMode, each defined in its own file (model/methods/NAME.c), and what reads the table
+ * as a whole (names, lists, help). */
 #include <stdio.h>
 #include <string.h>
 
 #include "model.h"
 
-#define ROW(mode, name, serve, needs, budget, arg, sparse, blocks, score, cache, cuda, setting) \
-    [mode] = {mode, name, serve, needs, budget, arg, sparse, blocks, score, cache, cuda, setting}
-const AttnMethod attn_methods[ATTN_LOCAL + 1] = {
-    /* mode, name, serve's name, needs, budget setting and its spelling, sparse, block pattern,
-     * block score, the KV cache's keys, CUDA, a setting value */
-    ROW(ATTN_DENSE, "dense", "dense", NEEDS_NOTHING, NULL, NULL, 0, 0, BLOCKS_QUEST, CACHE_ALL,
-        1, 1),
-    ROW(ATTN_SOFT, "soft", "soft", NEEDS_ROUTER, NULL, NULL, 0, 0, BLOCKS_QUEST, CACHE_ALL, 1, 1),
-    ROW(ATTN_HARD, "hard", "router", NEEDS_ROUTER, "topk", "k", 1, 0, BLOCKS_QUEST, CACHE_GROUPS,
-        1, 1),
-    ROW(ATTN_WINDOW, "window", "window", NEEDS_NOTHING, "w", "W", 1, 0, BLOCKS_QUEST,
-        CACHE_WINDOW, 0, 1),
-    ROW(ATTN_RANDOM, "random", "random", NEEDS_NOTHING, "topk", "k", 1, 0, BLOCKS_QUEST,
-        CACHE_GROUPS, 0, 1),
-    ROW(ATTN_BLOCKS, "blocks", "blocks", NEEDS_NOTHING, "blocks", "N", 1, 1, BLOCKS_QUEST,
-        CACHE_BLOCKS, 0, 1),
-    ROW(ATTN_BLOCKS_MEAN, "blocks_mean", "blocks_mean", NEEDS_NOTHING, "blocks", "N", 1, 1,
-        BLOCKS_MEAN, CACHE_BLOCKS, 0, 1),
-    ROW(ATTN_ORACLE, "oracle", "oracle", NEEDS_NOTHING, "blocks", "N", 1, 1, BLOCKS_ORACLE,
-        CACHE_BLOCKS, 0, 1),
-    ROW(ATTN_BLOCKS_LEARNED, "blocks_learned", "blocks_learned", NEEDS_SELECTOR, "blocks", "N", 1,
-        1, BLOCKS_LEARNED, CACHE_BLOCKS, 0, 1),
-    ROW(ATTN_LOCAL, "local", "local", NEEDS_NOTHING, NULL, NULL, 1, 0, BLOCKS_QUEST, CACHE_WINDOW,
-        0, 0),
+/* each row in its own file, model/methods/NAME.c */
+extern const AttnMethod attn_method_dense, attn_method_soft, attn_method_hard, attn_method_window, attn_method_random, attn_method_blocks, attn_method_blocks_mean, attn_method_oracle, attn_method_blocks_learned, attn_method_local;
+
+const AttnMethod* const attn_methods[ATTN_LOCAL + 1] = {
+    [ATTN_DENSE] = &attn_method_dense,
+    [ATTN_SOFT] = &attn_method_soft,
+    [ATTN_HARD] = &attn_method_hard,
+    [ATTN_WINDOW] = &attn_method_window,
+    [ATTN_RANDOM] = &attn_method_random,
+    [ATTN_BLOCKS] = &attn_method_blocks,
+    [ATTN_BLOCKS_MEAN] = &attn_method_blocks_mean,
+    [ATTN_ORACLE] = &attn_method_oracle,
+    [ATTN_BLOCKS_LEARNED] = &attn_method_blocks_learned,
+    [ATTN_LOCAL] = &attn_method_local,
 };
 
 const AttnMethod* attn_method_named(const char* name, size_t n) {
     for (int a = 0; a <= ATTN_LOCAL; a++)
-        if (attn_methods[a].setting && strlen(attn_methods[a].name) == n &&
-            !strncmp(attn_methods[a].name, name, n))
-            return &attn_methods[a];
+        if (attn_methods[a]->setting && strlen(attn_methods[a]->name) == n &&
+            !strncmp(attn_methods[a]->name, name, n))
+            return attn_methods[a];
     return NULL;
 }
 
@@ -42,7 +34,60 @@ const char* attn_method_list(char* buf, size_t n, const char* sep) {
     size_t at = 0;
     buf[0] = 0;
     for (int a = 0; a <= ATTN_LOCAL && at < n; a++)
-        if (attn_methods[a].setting)
-            at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? sep : "", attn_methods[a].name);
+        if (attn_methods[a]->setting)
+            at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? sep : "", attn_methods[a]->name);
     return buf;
+}
+
+static const char* needs_text[] = {"", "a token router (--router ROUTER.h5)",
+                                   "a block selector (--router SELECTOR.h5)"};
+
+const char* attn_mode_list(char* buf, size_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int a = 0; a <= ATTN_LOCAL && at < n; a++) {
+        const AttnMethod* t = attn_methods[a];
+        if (!t->setting) continue;
+        at += (size_t)snprintf(buf + at, n - at, "%s%s%s%s", at ? ", " : "", t->name,
+                               t->budget_arg ? ":" : "", t->budget_arg ? t->budget_arg : "");
+    }
+    return buf;
+}
+
+void attn_methods_help(FILE* f, int markdown) {
+    if (markdown)
+        fprintf(f,
+                "| method (`--attn`, `eval --modes`) | needs | a query keeps | decodes over the KV "
+                "cache | CUDA |\n|---|---|---|---|---|\n");
+    for (int a = 0; a <= ATTN_LOCAL; a++) {
+        const AttnMethod* t = attn_methods[a];
+        if (!t->setting) continue;
+        char name[48];
+        snprintf(name, sizeof name, "%s%s%s", t->name, t->budget_arg ? ":" : "",
+                 t->budget_arg ? t->budget_arg : "");
+        const char* needs = t->needs == NEEDS_NOTHING ? "nothing" : needs_text[t->needs];
+        if (markdown) {
+            fprintf(f, "| `%s` | %s | %s | %s | %s |\n", name, needs, t->about,
+                    t->no_decode ? "no" : "yes", t->cuda ? "yes" : "no");
+            continue;
+        }
+        /* NAME, then what it keeps and needs in lines of at most 100 characters */
+        char line[512];
+        snprintf(line, sizeof line, "%s%s%s%s%s", t->about, t->needs ? "; needs " : "",
+                 t->needs ? needs : "", t->no_decode ? "; no decoding" : "",
+                 t->cuda ? "" : "; CPU only");
+        fprintf(f, "  %-18s", name);
+        const int width = 100 - 21;
+        for (const char* p = line; *p;) {
+            int n = (int)strlen(p);
+            if (n > width) {
+                n = width;
+                while (n > 0 && p[n] != ' ') n--;
+                if (!n) n = width;
+            }
+            fprintf(f, "%s%.*s\n", p == line ? " " : "                     ", n, p);
+            p += n;
+            while (*p == ' ') p++;
+        }
+    }
 }

@@ -811,15 +811,13 @@ LayerActs model_layer_acts(const Model* m, const Acts* a, uint32_t* rmask, int l
 
 AttnGate model_layer_gate(const Model* m, int l, const LayerActs* a) {
     AttnGate g = {GATE_NONE, m->fc.K, m->fc.w, a->rG, a->mask, 0, 0, m->fc.sinks};
-    AttnMode mode = model_layer_attn(m, l);
-    if (mode == ATTN_LOCAL) { /* the layer's own window: a hard gate whose masks are all 0 */
-        g.mode = GATE_HARD;
+    const AttnMethod* t = attn_methods[model_layer_attn(m, l)];
+    g.mode = t->gate;
+    if (t->own_window) { /* the layer's own window: a hard gate whose masks are all 0 */
         g.w = model_layer_spec(&m->cfg, l).window;
         g.sinks = 0;
         return g;
     }
-    if (mode == ATTN_SOFT) g.mode = GATE_SOFT;
-    if (mode == ATTN_HARD || mode == ATTN_RANDOM) g.mode = GATE_HARD;
     if (m->router.gate) {
         g.lambda = m->router.gate[2 * l];
         g.bias = m->router.gate[2 * l + 1];

@@ -123,9 +123,42 @@ typedef enum { NEEDS_NOTHING = 0, NEEDS_ROUTER = 1, NEEDS_SELECTOR = 2 } MethodN
  * its window, sinks and window, or the chosen key blocks and the band. */
 typedef enum { CACHE_ALL = 0, CACHE_GROUPS = 1, CACHE_WINDOW = 2, CACHE_BLOCKS = 3 } CacheKeys;
 
-/* One attention method, a row of attn_methods (model/methods.c), indexed by its AttnMode: the
- * command line, eval --modes, serve and the settings read its name and budget from here, the
- * executor and the KV cache what it keeps. */
+/* Which attention kernel a layer runs over whole sequences (prefill, evaluation, training), the
+ * same choice on every backend:
+ *   SPARSE  hard top-k: the executor that skips dropped pairs
+ *   DENSE   dense attention with no backward to follow (evaluation): the backend's fastest
+ *           exact dense kernel (CPU: attention_flash_forward; GPU: the fp32 kernel, no gate)
+ *   GATED   the reference kernel with the layer's gate, whose backward exists (training, and
+ *           soft evaluation)
+ *   BAND    sinks and window only (the window pattern; a sliding-window layer's own window
+ *           without sinks; CPU)
+ *   BLOCKS  sinks, window and the best key blocks per query (the block patterns; CPU) */
+typedef enum {
+    ATTN_KERNEL_SPARSE = 0,
+    ATTN_KERNEL_DENSE = 1,
+    ATTN_KERNEL_GATED = 2,
+    ATTN_KERNEL_BAND = 3,
+    ATTN_KERNEL_BLOCKS = 4
+} AttnKernel;
+/* The masks a method's kernel reads over whole sequences: none, the router's groups (top-k, or
+ * a query projection's), the random control's groups, or all zero (no group: the band alone). */
+typedef enum { MASKS_NONE = 0, MASKS_ROUTER = 1, MASKS_RANDOM = 2, MASKS_ZERO = 3 } MaskKind;
+/* How the pairs a method keeps are counted (Model.pattern_kept): every causal pair, the band's,
+ * from the masks, by its kernel, or, for the router's groups, by evaluate.c from the groups (from
+ * the masks when the router has a query projection). */
+typedef enum {
+    COUNT_ALL = 0,
+    COUNT_BAND = 1,
+    COUNT_MASKS = 2,
+    COUNT_KERNEL = 3,
+    COUNT_GROUPS = 4
+} PairCount;
+
+/* One attention method, a row of attn_methods (model/methods.c), indexed by its AttnMode, each
+ * row defined in its own file (model/methods/NAME.c): the command line, eval --modes, serve and
+ * the settings read its name and budget from here; the passes over whole sequences, the KV cache
+ * and the pair counts what it keeps. No code outside the rows names a method to decide how it
+ * runs. */
 typedef struct {
     AttnMode mode;
     const char* name;       /* --attn, eval --modes NAME[:BUDGET], router.h5's settings */
@@ -134,26 +167,43 @@ typedef struct {
     const char* budget;     /* the setting NAME:V sets (w, topk, blocks), NULL: none */
     const char* budget_arg; /* how the modes' list spells it ("W", "k", "N"), NULL: none */
     int sparse;             /* keeps a subset of the causal pairs (reported with its share) */
-    int blocks;             /* a block pattern: per query and key/value head, chosen key blocks */
-    BlockScore score;       /* a block pattern's score of its candidate blocks */
-    CacheKeys cache;        /* the keys of a decoded row */
-    int cuda;               /* the CUDA path runs it */
     int setting;            /* a value of the attn setting (ATTN_LOCAL is not) */
+    const char* about;      /* what a query keeps, for focus settings, --help and the README */
+    /* over whole sequences (training, evaluation, a prompt into an empty cache) */
+    AttnKernel kernel;       /* the kernel with no backward to follow */
+    AttnKernel kernel_train; /* the kernel of a pass kept for a backward */
+    GateMode gate;           /* the reference kernel's gate (GATE_SOFT: differentiable) */
+    MaskKind masks;          /* the masks its kernel reads */
+    int blocks;              /* a block pattern: per query and key/value head, chosen key blocks */
+    BlockScore score;        /* a block pattern's score of its candidate blocks */
+    int own_window;          /* its band is the layer's own sliding window, without sinks */
+    PairCount count;         /* how its pairs kept are counted */
+    /* over the KV cache (a decoded token, a prompt after cached tokens) */
+    CacheKeys cache;        /* the keys of a decoded row */
+    const char* no_decode;  /* why it cannot decode, NULL: it can */
+    int causal_routing;     /* decoding needs causal routing (its groups must not see ahead) */
+    int cuda;               /* the CUDA path runs it */
 } AttnMethod;
-extern const AttnMethod attn_methods[ATTN_LOCAL + 1];
+extern const AttnMethod* const attn_methods[ATTN_LOCAL + 1];
 /* The method named by the first n characters of name (a setting's value), or NULL. */
 const AttnMethod* attn_method_named(const char* name, size_t n);
 /* "dense, soft, hard, ..." (sep between names) of every setting value, into buf */
 const char* attn_method_list(char* buf, size_t n, const char* sep);
+/* "dense, soft, hard:k, ..." (a method with a budget spelt NAME:ARG) of every setting value, and
+ * what each needs when it needs something: the modes of eval --modes, into buf */
+const char* attn_mode_list(char* buf, size_t n);
+/* The methods as one line each (name, what it needs, what a query keeps), or (markdown) as the
+ * README's table: what focus settings prints. */
+void attn_methods_help(FILE* f, int markdown);
 
 /* modes that keep a subset of the causal pairs (reported with the share they keep) */
-static inline int attn_is_sparse(AttnMode a) { return attn_methods[a].sparse; }
+static inline int attn_is_sparse(AttnMode a) { return attn_methods[a]->sparse; }
 /* modes that read the trained router */
-static inline int attn_uses_router(AttnMode a) { return attn_methods[a].needs == NEEDS_ROUTER; }
+static inline int attn_uses_router(AttnMode a) { return attn_methods[a]->needs == NEEDS_ROUTER; }
 /* block patterns (blocks, blocks_mean, oracle, blocks_learned) */
-static inline int attn_is_blocks(AttnMode a) { return attn_methods[a].blocks; }
+static inline int attn_is_blocks(AttnMode a) { return attn_methods[a]->blocks; }
 /* how a block pattern scores its candidate blocks */
-static inline BlockScore attn_block_score(AttnMode a) { return attn_methods[a].score; }
+static inline BlockScore attn_block_score(AttnMode a) { return attn_methods[a]->score; }
 
 typedef struct {
     AttnMode attn;   /* dense: router off; soft: gated (training); hard: top-k groups */
@@ -494,6 +544,9 @@ void focus_config_default(FocusConfig* fc);
 /* Set one key of MODEL_SETTINGS or FOCUS_SETTINGS (settings.h; e.g. "K", "tau", "routing",
  * "attn", "L", "arch") from a string. 0 on success, -1 unknown key, -2 bad value. */
 int config_set(ModelConfig* cfg, FocusConfig* fc, const char* key, const char* value);
+/* Split a --set "key=value" into key (NUL-terminated, at most keycap - 1 bytes) and the returned
+ * value; fatal on a malformed pair. */
+const char* config_split_setting(const char* kv, char* key, size_t keycap);
 /* The MODEL_SETTINGS or FOCUS_SETTINGS row called key, or NULL. */
 const Setting* config_find(const char* key);
 /* Layer l keeps dense attention (listed in dense_layers). */

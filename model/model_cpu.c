@@ -139,28 +139,26 @@ void check_finite_acts(const Model* m, const real* x, size_t n, int l) {
     }
 }
 
-/* Pairs kept by one layer of a training-free pattern (the blocks kernels count their own) or of a
- * router with a query projection (masks qmask and mask), and the causal pairs, into
- * m->pattern_kept / pattern_pairs. */
-static void pattern_count(Model* m, AttnMode mode, const uint32_t* qmask, const uint32_t* mask,
-                          int B, int T, int window) {
+/* Pairs kept by one layer of method t over B sequences of T (its row's count: every pair, the
+ * band, the masks qmask and mask; a kernel that counts its own adds nothing here), and the
+ * causal pairs, into m->pattern_kept / pattern_pairs. */
+static void pattern_count(Model* m, const AttnMethod* t, const uint32_t* qmask,
+                          const uint32_t* mask, int B, int T, int window) {
     const FocusConfig* f = &m->fc;
     const double causal = (double)T * (T + 1) / 2;
+    const int w = t->own_window ? window : f->w, sinks = t->own_window ? 0 : f->sinks;
     m->pattern_pairs += B * causal;
-    if (mode == ATTN_DENSE)
+    if (t->count == COUNT_ALL)
         m->pattern_kept += B * causal;
-    else if (mode == ATTN_WINDOW)
-        for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, f->w, f->sinks);
-    else if (mode == ATTN_LOCAL)
-        for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, window, 0);
-    else if (mode == ATTN_RANDOM)
+    else if (t->count == COUNT_BAND)
+        for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, w, sinks);
+    else if (t->count == COUNT_MASKS || t->count == COUNT_GROUPS)
+        /* the sinks are in every group of the masks: counted in the band or through the masks
+         * alike. The random control's masks serve queries and keys both. */
         for (int b = 0; b < B; b++)
             m->pattern_kept +=
-                mask_pairs_kept(mask + (size_t)b * T, mask + (size_t)b * T, T, f->w, f->sinks);
-    else if (mode == ATTN_HARD) /* the sinks are in every group of the masks */
-        for (int b = 0; b < B; b++)
-            m->pattern_kept +=
-                mask_pairs_kept(qmask + (size_t)b * T, mask + (size_t)b * T, T, f->w, 0);
+                mask_pairs_kept((t->masks == MASKS_RANDOM ? mask : qmask) + (size_t)b * T,
+                                mask + (size_t)b * T, T, w, sinks);
 }
 
 /* Projection k of layer l (0 q k v, 1 attention output, 2 gate + up or fc, 3 down or fc
@@ -237,31 +235,31 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
     const int B = r->B, T = r->T, hs = model_head_size(c), NH = model_heads(c),
               NKV = model_kv_heads(c);
     const size_t BT = (size_t)B * T, lC = (size_t)l * c->C;
-    const AttnMode mode = model_layer_attn(m, l);
+    /* the layer's method (model_layer_attn: a dense or sliding-window layer has its own) */
+    const AttnMethod* t = attn_methods[model_layer_attn(m, l)];
+    const AttnKernel kernel = model_attn_kernel(t->mode, r->keep);
     /* the centroids beside a block selector: the router's groups (causal routing, as the hard
      * mode evaluates) join the chosen blocks */
-    const int with_groups =
-        model_attn_kernel(mode, r->keep) == ATTN_KERNEL_BLOCKS && m->blocks_with_groups;
+    const int with_groups = kernel == ATTN_KERNEL_BLOCKS && m->blocks_with_groups;
+    const MaskKind masks = with_groups ? MASKS_ROUTER : t->masks;
     /* a dense layer's groups are still computed (reports and statistics read them) */
-    if (mode == ATTN_HARD || attn_uses_router(f->attn) || m->routed_dense || with_groups) {
+    if (masks == MASKS_ROUTER || attn_uses_router(f->attn) || m->routed_dense) {
         router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
                               m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
         routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K,
                         with_groups ? ROUTE_CAUSAL : f->routing, B, T, f->K, f->tau, f->iters);
-        if ((mode == ATTN_HARD || with_groups) && m->router.wq)
+        if (masks == MASKS_ROUTER && m->router.wq)
             query_masks(m, l, la, B, T);
-        else if (mode == ATTN_HARD || with_groups)
+        else if (masks == MASKS_ROUTER)
             routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
     }
-    if (mode == ATTN_RANDOM)
+    if (masks == MASKS_RANDOM)
         routing_random_mask(la->mask, B, T, f->K, f->topk, f->sinks, 0, focus_random_seed(f, l));
-    if (mode == ATTN_LOCAL) memset(la->mask, 0, sizeof(uint32_t) * BT); /* no groups */
-    /* the kernel for this layer's mode (backend.h): the sparse executor for hard top-k, the
-     * flash kernel for dense evaluation, the reference kernel (whose backward exists) for
-     * training and the soft gate */
+    if (masks == MASKS_ZERO) memset(la->mask, 0, sizeof(uint32_t) * BT); /* no groups */
+    /* the method's kernel (model.h, AttnKernel) */
     AttnGate gate = model_layer_gate(m, l, la);
     double kept = 0; /* the block kernels' count */
-    switch (model_attn_kernel(mode, r->keep)) {
+    switch (kernel) {
         case ATTN_KERNEL_SPARSE:
             attention_hard_forward(la->att, la->lse, la->qkv, la->qmask, la->mask, f->K, f->w, B, T,
                                    NH, NKV, hs);
@@ -270,7 +268,7 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
             attention_flash_forward(la->att, la->lse, la->qkv, B, T, NH, NKV, hs);
             break;
         case ATTN_KERNEL_GATED:
-            if (m->router.wq && mode == ATTN_SOFT)
+            if (m->router.wq && t->gate == GATE_SOFT)
                 fatal(
                     "a router with a query projection (qproj = 1) runs in hard mode for "
                     "evaluation and serving, and trains with objective = mass");
@@ -283,17 +281,17 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
         case ATTN_KERNEL_BLOCKS:
             kept = attention_blocks_forward(
                 la->att, la->lse, la->qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
-                f->blocks_p, attn_block_score(mode),
+                f->blocks_p, t->score,
                 m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL,
                 with_groups ? la->qmask : NULL, with_groups ? la->mask : NULL, f->K, B, T, NH, NKV,
                 hs);
             break;
     }
     m->pattern_kept += kept;
-    /* the pairs a pattern keeps (a router's without a query projection: evaluate.c counts them
-     * from the groups, on either backend) */
-    if (attn_is_sparse(f->attn) && (f->attn != ATTN_HARD || m->router.wq))
-        pattern_count(m, mode, la->qmask, la->mask, B, T, model_layer_spec(c, l).window);
+    /* the pairs a sparse method keeps (the router's groups without a query projection:
+     * evaluate.c counts them from the groups, on either backend) */
+    if (attn_is_sparse(f->attn) && (attn_methods[f->attn]->count != COUNT_GROUPS || m->router.wq))
+        pattern_count(m, t, la->qmask, la->mask, B, T, model_layer_spec(c, l).window);
 }
 
 void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerRows* r) {
@@ -499,7 +497,8 @@ static void cpu_backward(Model* m, GradMode mode) {
         fatal("a tensor-parallel model trains its router only (no weight or adapter gradients)");
     if (c->arch == ARCH_GEMMA3 && (all || lora))
         fatal("gemma3 trains its router only here (no weight or adapter gradients)");
-    const int router_on = f->attn == ATTN_SOFT; /* only the soft gate is differentiable */
+    /* only the soft gate is differentiable */
+    const int router_on = attn_methods[f->attn]->gate == GATE_SOFT;
     const Params* p = &m->params;
     Params* g = all ? &m->grads : &(Params){0};
     Acts* a = &m->acts;

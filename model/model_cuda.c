@@ -175,7 +175,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
     struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
-    if (!attn_methods[f->attn].cuda)
+    if (!attn_methods[f->attn]->cuda)
         fatal(
             "--attn window / random / blocks / blocks_mean / oracle run on the CPU (no --device "
             "cuda)");
@@ -313,7 +313,7 @@ static void cuda_backward(Model* m, GradMode mode) {
     const int B = g->B, T = g->T, C = c->C, hs = model_head_size(c), QKV = model_qkv_width(c),
               FC = model_fc_width(c);
     const size_t BT = (size_t)B * T;
-    const int router_on = f->attn == ATTN_SOFT;
+    const int router_on = attn_methods[f->attn]->gate == GATE_SOFT;
     const Params* p = &g->params;
     Acts* a = &g->acts;
     /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);

@@ -80,8 +80,7 @@
       "beta balances causal routing itself (0: EMA of Sinkhorn's offsets)")                        \
     X(focus, seed, U64, seed, "1234", 0, 1.8446744073709552e19, 0, "router initialisation")        \
     X(focus, attn, ATTN, attn, "soft", 0, 0, SET_EVAL,                                             \
-      "dense | soft (the gate) | hard (top-k groups) | window | random | blocks | blocks_mean | "  \
-      "oracle (training-free patterns at the same budget) | blocks_learned (fit-blocks)")          \
+      "the attention method: one of those listed below (attention methods)")                       \
     X(focus, block, INT, block, "64", 1, 1048576, SET_EVAL,                                        \
       "blocks, blocks_mean, oracle, blocks_learned: key block size")                               \
     X(focus, blocks, TOPK, blocks, "8", 0, 1048576, SET_EVAL,                                      \

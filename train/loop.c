@@ -30,8 +30,8 @@
 #include "../data/tokenizer.h"
 #include "../io/io.h"
 #include "../kernels/adamw.h"
-#include "cli.h"
-#include "evaluate.h"
+#include "../data/corpus.h"
+#include "../eval/evaluate.h"
 
 /* Next micro-batch: B rows of T+1 consecutive tokens starting at random offsets drawn from the
  * data sampler r (its state is checkpointed, so a resumed run draws the same batches). A model

@@ -37,8 +37,7 @@
 #include "../kernels/adamw.h"
 #include "../kernels/mass.h"
 #include "../kernels/router.h"
-#include "cli.h"
-#include "evaluate.h"
+#include "../eval/evaluate.h"
 #include "loop.h"
 
 #define MASS_MAGIC "FOCUSMT1"

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "../io/io.h"
-#include "cli.h"
 
 /* The run's own settings, in the columns of settings.h; the [model] shape and [focus] router
  * rows come from MODEL_SETTINGS and FOCUS_SETTINGS. Written in this order, section by section. */
@@ -153,7 +152,7 @@ void runconfig_load_text(RunConfig* rc, const char* text, const char* what) {
 
 void runconfig_set(RunConfig* rc, const char* kv) {
     char key[128];
-    const char* value = cli_split_set(kv, key, sizeof key);
+    const char* value = config_split_setting(kv, key, sizeof key);
     const char* dot = strchr(key, '.');
     const char* name = dot ? dot + 1 : key; /* "section.key" or "key" */
     int r = set_key(rc, name, value);

@@ -47,7 +47,13 @@ int cmd_generate(int argc, char** argv) {
     if (strcmp(kv, "f16") && strcmp(kv, "f32"))
         fatal("generate: --kv must be f16 or f32, got '%s'", kv);
     Model m;
-    cli_load_decoder(&m, NULL, model, router, attn, topk, weights);
+    cli_open_model(&m, NULL,
+                   &(ModelRequest){.model = model,
+                                   .router = router,
+                                   .attn = attn,
+                                   .topk = topk,
+                                   .decode = 1,
+                                   .weights = weights});
     m.prefill_exact = !strcmp(prefill, "exact");
     Tokenizer* t = tokenizer_load(tok ? tok : model);
     size_t np;

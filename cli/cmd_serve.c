@@ -59,8 +59,15 @@ typedef struct {
 static void* load_for_serving(void* arg) {
     Loading* ld = arg;
     Model* m = ld->m;
-    cli_load_decoder(m, ld->info, ld->model, ld->router, ld->attn, ld->topk, ld->weights);
-    cli_apply_focus_sets(m, ld->model, ld->router, ld->sets); /* e.g. a wider window */
+    /* --set: e.g. a wider window */
+    cli_open_model(m, ld->info,
+                   &(ModelRequest){.model = ld->model,
+                                   .router = ld->router,
+                                   .attn = ld->attn,
+                                   .topk = ld->topk,
+                                   .sets = ld->sets,
+                                   .decode = 1,
+                                   .weights = ld->weights});
     cli_check_context(m, ld->ctx ? ld->ctx : m->cfg.maxT, "serve", "--ctx");
     ld->t = tokenizer_load(ld->tok ? ld->tok : ld->model);
     /* one token through the decode path: a mode it cannot serve stops here, not a request */

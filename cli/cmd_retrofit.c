@@ -16,7 +16,7 @@
 #include "../kernels/comm.h"
 #include "cli.h"
 #include "commands.h"
-#include "loop.h"
+#include "../train/loop.h"
 
 static const char retrofit_usage[] =
     "usage: focus retrofit --config FILE [--set key=value]... --out RUN_DIR [--stop-after N]\n"

@@ -22,7 +22,7 @@
 #include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
-#include "evaluate.h"
+#include "../eval/evaluate.h"
 
 static const char tasks_usage[] =
     "usage: focus eval tasks --model M [--tokenizer T] [--tasks "
@@ -217,7 +217,7 @@ int cmd_eval_tasks(int argc, char** argv) {
         list[0] = 0;
         for (int i = 0; i < files.n; i++) {
             char key[64];
-            cli_split_set(files.v[i], key, sizeof key);
+            config_split_setting(files.v[i], key, sizeof key);
             size_t used = strlen(list);
             snprintf(list + used, sizeof list - used, "%s%s", used ? "," : "", key);
         }
@@ -226,7 +226,7 @@ int cmd_eval_tasks(int argc, char** argv) {
     }
     for (int i = 0; i < files.n; i++) { /* a --task for a task that is not run is a mistake */
         char key[64], padded[1100], want[80];
-        cli_split_set(files.v[i], key, sizeof key);
+        config_split_setting(files.v[i], key, sizeof key);
         snprintf(padded, sizeof padded, ",%s,", list);
         snprintf(want, sizeof want, ",%s,", key);
         if (!strstr(padded, want))
@@ -243,7 +243,7 @@ int cmd_eval_tasks(int argc, char** argv) {
         int np = 0;
         for (int i = 0; i < files.n; i++) { /* --task NAME=FILE[,FILE] */
             char key[64];
-            const char* v = cli_split_set(files.v[i], key, sizeof key);
+            const char* v = config_split_setting(files.v[i], key, sizeof key);
             if (strcmp(key, name)) continue;
             np = 0;
             const char* s = v;
@@ -263,7 +263,13 @@ int cmd_eval_tasks(int argc, char** argv) {
     if (!ntasks) fatal("eval tasks: no task given");
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, router, attn, topk, NULL, &sets, 0, lora);
+    cli_open_model(&m, &info,
+                   &(ModelRequest){.model = model,
+                                   .router = router,
+                                   .attn = attn,
+                                   .topk = topk,
+                                   .sets = &sets,
+                                   .lora = lora});
     free(sets.v);
     free(files.v);
     const int maxlen = ctx ? ctx : m.cfg.maxT;

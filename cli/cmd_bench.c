@@ -15,7 +15,7 @@
 #include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
-#include "evaluate.h"
+#include "../eval/evaluate.h"
 
 #ifdef FOCUS_CUDA
 #include "../kernels/cuda/cuda.h"

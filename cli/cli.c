@@ -1,24 +1,18 @@
 /* cli.c: what every command of the `focus` binary shares: option values, --set and --device,
- * run-folder paths, loading a router onto a model, reading tokens (see cli.h). */
+ * loading a model and a router for a command, evaluation modes (see cli.h). */
 #include "cli.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 
 #include "../checkpoints/load.h"
 #include "../checkpoints/lora_h5.h"
 #include "../checkpoints/blockgate_h5.h"
 #include "../checkpoints/router_h5.h"
-#include "../data/shard.h"
-#include "../data/text.h"
-#include "../data/tokenizer.h"
 #include "../io/io.h"
 
 const char* cli_value(int argc, char** argv, int i) {
@@ -58,19 +52,9 @@ double cli_float(const char* opt, const char* v) {
     return cli_float_range(opt, v, -HUGE_VAL, HUGE_VAL);
 }
 
-const char* cli_split_set(const char* kv, char* key, size_t keycap) {
-    const char* eq = strchr(kv, '=');
-    if (!eq) fatal("--set expects key=value, got '%s'", kv);
-    size_t n = (size_t)(eq - kv);
-    if (n >= keycap) fatal("--set: key too long in '%s'", kv);
-    memcpy(key, kv, n);
-    key[n] = 0;
-    return eq + 1;
-}
-
 void cli_apply_set(ModelConfig* cfg, FocusConfig* fc, const char* kv) {
     char key[128];
-    const char* value = cli_split_set(kv, key, sizeof key);
+    const char* value = config_split_setting(kv, key, sizeof key);
     int r = config_set(cfg, fc, key, value);
     if (r == -1) fatal("--set: unknown setting '%s'", key);
     char w[96];
@@ -91,50 +75,6 @@ int cli_device(const char* v) {
     const char* why;
     if (!model_device_usable(v, &why)) fatal("--device %s: %s", v, why);
     return strcmp(v, "cpu") != 0;
-}
-
-double peak_rss_mib(void) {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024.0;
-}
-
-static double start_rss_mib = -1;
-
-long proc_status_kb(const char* key) {
-    FILE* fp = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = 0;
-    const size_t n = strlen(key);
-    while (fp && fgets(line, sizeof line, fp))
-        if (!strncmp(line, key, n) && line[n] == ':' && sscanf(line + n + 1, "%ld", &kb) == 1)
-            break;
-    if (fp) fclose(fp);
-    return kb;
-}
-
-double rss_mib(void) { return proc_status_kb("VmRSS") / 1024.0; }
-
-void mark_start_rss(void) { start_rss_mib = rss_mib(); }
-
-double peak_rss_growth_mib(void) {
-    return peak_rss_mib() - (start_rss_mib > 0 ? start_rss_mib : 0);
-}
-
-int make_dirs(const char* path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char* p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0755) && errno != EEXIST ? -1 : 0;
-}
-
-void path_join(char* out, size_t n, const char* dir, const char* name) {
-    snprintf(out, n, "%s/%s", dir, name);
 }
 
 /* A token router's stored settings (SET_ROUTER in settings.h) and weights onto m; keep_band:
@@ -225,115 +165,10 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
         fatal("--routing must be causal, sinkhorn or prefix_sinkhorn, got '%s'", routing);
 }
 
-/* *.txt files of a folder, sorted. */
-static int list_text_files(const char* dir, char*** out) {
-    DIR* d = opendir(dir);
-    if (!d) fatal("%s: cannot open: folder not readable", dir);
-    int n = 0;
-    char** v = NULL;
-    struct dirent* e;
-    while ((e = readdir(d))) {
-        size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 4, ".txt")) continue;
-        v = reallocCheck(v, sizeof(char*) * (size_t)(n + 1));
-        size_t need = strlen(dir) + l + 2;
-        v[n] = mallocCheck(need);
-        snprintf(v[n++], need, "%s/%s", dir, e->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (strcmp(v[i], v[j]) > 0) {
-                char* t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-            }
-    *out = v;
-    return n;
-}
-
 void cli_check_context(const Model* m, long n, const char* cmd, const char* what) {
     if (n > m->cfg.maxT)
         fatal("%s: %s is %ld tokens, more than the model's context of %d tokens", cmd, what, n,
               m->cfg.maxT);
-}
-
-int* load_tokens(const char* path, const char* prefix, const char* tok_path, int clean, size_t* n) {
-    struct stat st;
-    if (stat(path, &st)) fatal("%s: data not found", path);
-    if (S_ISDIR(st.st_mode)) {
-        char** paths;
-        int k = shard_list(path, prefix, &paths);
-        if (!k) {
-            free(paths);
-            k = shard_list(path, "", &paths);
-        }
-        if (k) {
-            int* all = NULL;
-            *n = 0;
-            int V0 = -1;
-            for (int i = 0; i < k; i++) {
-                size_t m;
-                int V;
-                int* ids = shard_read(paths[i], &m, &V);
-                if (V0 >= 0 && V != V0)
-                    fatal("%s: vocabulary size %d differs from the other shards' %d", paths[i], V,
-                          V0);
-                V0 = V;
-                all = reallocCheck(all, sizeof(int) * (*n + m + 1));
-                memcpy(all + *n, ids, sizeof(int) * m);
-                *n += m;
-                free(ids);
-                free(paths[i]);
-            }
-            free(paths);
-            return all;
-        }
-        free(paths);
-        char** files;
-        int nf = list_text_files(path, &files);
-        if (!nf) fatal("%s: no token shards (*.bin) or text files (*.txt) in this folder", path);
-        if (!tok_path) fatal("%s: text data needs a tokenizer", path);
-        Tokenizer* t = tokenizer_load(tok_path);
-        int eot = tokenizer_eot(t);
-        int* all = NULL;
-        *n = 0;
-        for (int i = 0; i < nf; i++) {
-            size_t len, m;
-            char* text = read_file(files[i], &len);
-            text_check(files[i], text, len);
-            len = text_clean(text, len); /* a folder of documents is always cleaned */
-            int* ids = tokenizer_encode(t, text, len, &m);
-            all = reallocCheck(all, sizeof(int) * (*n + m + 2));
-            if (eot >= 0) all[(*n)++] = eot;
-            memcpy(all + *n, ids, sizeof(int) * m);
-            *n += m;
-            free(ids);
-            free(text);
-            free(files[i]);
-        }
-        free(files);
-        tokenizer_free(t);
-        return all;
-    }
-    if (shard_is_shard(path)) {
-        int V;
-        return shard_read(path, n, &V);
-    }
-    if (!tok_path) fatal("%s: text data needs a tokenizer", path);
-    Tokenizer* t = tokenizer_load(tok_path);
-    size_t len;
-    char* text = read_file(path, &len);
-    text_check(path, text, len);
-    if (clean) len = text_clean(text, len);
-    int* ids = tokenizer_encode(t, text, len, n);
-    free(text);
-    tokenizer_free(t);
-    return ids;
-}
-
-int* load_eval_tokens(const char* data, const char* model_path, const char* tok_path, size_t* n) {
-    return load_tokens(data, "val_", tok_path ? tok_path : model_path, 0, n);
 }
 
 int cli_parse(const char* cmd, int argc, char** argv, int first, const char* help, const char* spec,
@@ -373,6 +208,10 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
         const char* a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(help, stdout);
+            if (strstr(spec, "--attn:") || strstr(spec, "--modes:")) { /* from the table */
+                printf("Attention methods (--attn NAME; in a list of modes NAME:BUDGET):\n");
+                attn_methods_help(stdout, 0);
+            }
             return 1;
         }
         const int positional = a[0] != '-' || !a[1];
@@ -411,36 +250,16 @@ int cli_parse(const char* cmd, int argc, char** argv, int first, const char* hel
     return 0;
 }
 
-void cli_load_model(Model* m, ModelInfo* info, const char* model, const char* router,
-                    const char* attn, const char* topk, const char* routing, const CliList* sets,
-                    int device, const char* lora) {
-    FocusConfig fc = cli_serving_focus();
-    model_load(m, model, &fc, info);
-    apply_router_options(m, router, attn, topk, routing);
-    if (lora) { /* after the router, whose base-model check reads the weights as loaded */
-        lora_load(lora, m, model_fingerprint(m));
-        const int rank = m->lora.rank;
-        model_lora_merge(m);
-        if (info) { /* every output names what it measured */
-            size_t used = strlen(info->name);
-            snprintf(info->name + used, sizeof info->name - used, " + LoRA %s (rank %d)", lora,
-                     rank);
-        }
-    }
-    cli_apply_focus_sets(m, model, router, sets);
-    model_place(m, device ? "cuda" : "cpu");
-}
-
 /* --set key=value on a loaded model: the model's own settings come from its file and the
  * router's shape from router.h5, so only the other Focus keys take effect (w, sinks, topk, ...) */
-void cli_apply_focus_sets(Model* m, const char* model, const char* router, const CliList* sets) {
+static void apply_focus_sets(Model* m, const char* model, const char* router, const CliList* sets) {
     for (int i = 0; sets && i < sets->n; i++) {
         ModelConfig from_file = m->cfg;
         FocusConfig want = m->fc;
         cli_apply_set(&from_file, &want, sets->v[i]);
         if (memcmp(&from_file, &m->cfg, sizeof from_file)) {
             char key[128];
-            cli_split_set(sets->v[i], key, sizeof key);
+            config_split_setting(sets->v[i], key, sizeof key);
             fatal("--set %s: %s is the model's own setting, decided by %s", sets->v[i], key, model);
         }
         if (want.K != m->fc.K || want.dg != m->fc.dg)
@@ -530,7 +349,7 @@ static const char* mode_list(char* buf, size_t n) {
     size_t at = 0;
     buf[0] = 0;
     for (int a = 0; a <= ATTN_LOCAL && at < n; a++) {
-        const AttnMethod* am = &attn_methods[a];
+        const AttnMethod* am = attn_methods[a];
         if (!am->setting) continue;
         at += (size_t)snprintf(buf + at, n - at, "%s%s%s%s%s", at ? ", " : "", am->name,
                                am->budget_arg ? ":" : "", am->budget_arg ? am->budget_arg : "",
@@ -554,8 +373,7 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
     }
     if (am->needs == NEEDS_SELECTOR && !m->blockgate)
         fatal("mode %s needs --router SELECTOR.h5, a block selector of focus fit-blocks", mode);
-    if (am->needs == NEEDS_ROUTER && !have_router)
-        fatal("mode %s needs --router router.h5", mode);
+    if (am->needs == NEEDS_ROUTER && !have_router) fatal("mode %s needs --router router.h5", mode);
     m->fc.attn = am->mode;
     if (!colon) return;
     if (am->mode == ATTN_HARD) { /* the router's groups: at most its K */
@@ -586,7 +404,7 @@ void cli_set_mode(Model* m, const char* mode, int have_router) {
         at = strchr(kv, '@');
         if (at) *at = 0;
         char key[64];
-        const char* v = cli_split_set(kv, key, sizeof key);
+        const char* v = config_split_setting(kv, key, sizeof key);
         if (!strcmp(key, "K") || !strcmp(key, "dg"))
             fatal("mode %s: %s is the router's shape, not a setting of one evaluation", mode, key);
         const Setting* st = config_find(key);
@@ -600,7 +418,8 @@ void cli_set_mode(Model* m, const char* mode, int have_router) {
     }
 }
 
-/* Native weights on top of a fp32 load, as cli_load_decoder says (weights already checked). */
+/* Native weights on top of a fp32 load, as cli_open_model says for decoding (weights already
+ * checked). */
 static void set_native(Model* m, const char* model, const char* weights) {
     if (weights && !strcmp(weights, "f32")) return;
     char why[600];
@@ -613,24 +432,50 @@ static void set_native(Model* m, const char* model, const char* weights) {
     fprintf(stderr, "decoding from fp32 weights (%s)\n", why);
 }
 
-void cli_load_decoder(Model* m, ModelInfo* info, const char* model, const char* router,
-                      const char* attn, const char* topk, const char* weights) {
+/* For decoding: without a router and unless the weights are "f32", only the file's blocks; else
+ * fp32 weights and the router, with the file's blocks on top where they serve. */
+static void open_decoder(Model* m, ModelInfo* info, const ModelRequest* r) {
     FocusConfig fc = cli_serving_focus();
+    const char* weights = r->weights;
     if (weights && strcmp(weights, "native") && strcmp(weights, "f32"))
         fatal("--weights must be native or f32, got '%s'", weights);
     char why[600];
     /* without a router nothing needs the fp32 weights: keep only the file's blocks */
-    if (!router && !(weights && !strcmp(weights, "f32")) &&
-        !model_load_lean(m, model, &fc, info, why, sizeof why)) {
-        apply_router_options(m, NULL, attn, topk, "causal");
+    if (!r->router && !(weights && !strcmp(weights, "f32")) &&
+        !model_load_lean(m, r->model, &fc, info, why, sizeof why)) {
+        apply_router_options(m, NULL, r->attn, r->topk, "causal");
         return;
     }
-    model_load(m, model, &fc, info);
+    model_load(m, r->model, &fc, info);
     /* a token router decodes hard top-k by default, a block selector its blocks */
+    const char* router = r->router;
     const char* kind =
         router && (strchr(router, ',') || blockgate_file(router)) ? "blocks_learned" : "hard";
-    apply_router_options(m, router, router ? (attn ? attn : kind) : attn, topk, "causal");
-    set_native(m, model, weights);
+    apply_router_options(m, router, router ? (r->attn ? r->attn : kind) : r->attn, r->topk,
+                         "causal");
+    set_native(m, r->model, weights);
     /* the router is checked against the fp32 weights: now the file's blocks suffice */
     model_drop_native_copies(m);
+}
+
+void cli_open_model(Model* m, ModelInfo* info, const ModelRequest* r) {
+    if (r->decode) {
+        open_decoder(m, info, r);
+    } else {
+        FocusConfig fc = cli_serving_focus();
+        model_load(m, r->model, &fc, info);
+        apply_router_options(m, r->router, r->attn, r->topk, r->routing);
+    }
+    if (r->lora) { /* after the router, whose base-model check reads the weights as loaded */
+        lora_load(r->lora, m, model_fingerprint(m));
+        const int rank = m->lora.rank;
+        model_lora_merge(m);
+        if (info) { /* every output names what it measured */
+            size_t used = strlen(info->name);
+            snprintf(info->name + used, sizeof info->name - used, " + LoRA %s (rank %d)", r->lora,
+                     rank);
+        }
+    }
+    apply_focus_sets(m, r->model, r->router, r->sets);
+    if (!r->decode) model_place(m, r->device ? "cuda" : "cpu");
 }

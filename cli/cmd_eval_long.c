@@ -24,7 +24,7 @@
 #include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
-#include "evaluate.h"
+#include "../eval/evaluate.h"
 
 static const char passkey_usage[] =
     "usage: focus eval passkey --model M [--tokenizer T] [--router router.h5] [--modes "
@@ -38,9 +38,8 @@ static const char passkey_usage[] =
     "question) of filler text of each length in tokens; retrieved when greedy decoding would\n"
     "write it. One line per mode with the accuracy by length and depth; --out writes every trial\n"
     "(mode, length, depth, trial, key, retrieved, task) for scripts/plot_passkey.py. Modes:\n"
-    "dense, soft, hard:k, hard:pP (the router's modes need --router; routing is causal), and\n"
-    "the training-free patterns window:W, random:k, blocks:N, blocks_mean:N, oracle:N;\n"
-    "blocks_learned:N with --router SELECTOR.h5 (a block selector of focus fit-blocks).\n"
+    "the methods below, NAME:BUDGET (hard:pP too; blocks:pP, a share of the estimated mass);\n"
+    "what a method needs comes with --router; routing is causal.\n"
     "--task niah_*: RULER's needle in a haystack (a 7-digit number or a word under a two-word\n"
     "key; multikey: three distractor needles with other keys), in RULER's noise sentences or in\n"
     "the text of --haystack (a text file, cycled as needed).\n";
@@ -89,7 +88,10 @@ static int load_for_modes(Model* m, ModelInfo* info, const char* model, const ch
                           char** modes) {
     snprintf(buf, 512, "%s", modes_s ? modes_s : router ? "dense,soft,hard:1" : "dense");
     const int nm = split_modes(buf, modes);
-    cli_load_model(m, info, model, router, NULL, NULL, "causal", sets, 0, lora);
+    cli_open_model(
+        m, info,
+        &(ModelRequest){
+            .model = model, .router = router, .routing = "causal", .sets = sets, .lora = lora});
     free(sets->v);
     const FocusConfig keep = m->fc;
     for (int k = 0; k < nm; k++) cli_set_mode(m, modes[k], router != NULL);

@@ -24,7 +24,9 @@ int cmd_export(int argc, char** argv) {
     Model m;
     ModelInfo info;
     CliList sets = {0};
-    cli_load_model(&m, &info, model, router, NULL, NULL, "causal", &sets, 0, NULL);
+    cli_open_model(
+        &m, &info,
+        &(ModelRequest){.model = model, .router = router, .routing = "causal", .sets = &sets});
     RouterState st;
     router_load(router, &m, NULL, &st, model_fingerprint(&m)); /* the step, data position, ... */
     char* conf = router_read_config(router);

@@ -14,7 +14,7 @@
 #include "../io/io.h"
 #include "cli.h"
 #include "commands.h"
-#include "evaluate.h"
+#include "../eval/evaluate.h"
 
 enum { CLS_SPACE_WORD, CLS_PIECE, CLS_PUNCT, CLS_DIGIT, CLS_SPACE, CLS_OTHER, NCLS };
 static const char* CLS_NAMES[NCLS] = {"space+word", "word piece", "punctuation",
@@ -99,11 +99,10 @@ int cmd_groups(int argc, char** argv) {
                  slash ? "/" : "");
         out = beside;
     }
-    FocusConfig fc;
-    focus_config_default(&fc);
     Model m;
-    model_load(&m, model, &fc, NULL);
-    apply_router_options(&m, router, "soft", NULL, "causal");
+    cli_open_model(
+        &m, NULL,
+        &(ModelRequest){.model = model, .router = router, .attn = "soft", .routing = "causal"});
     Tokenizer* t = tokenizer_load(tok ? tok : model);
     size_t n;
     int* ids = load_tokens(data, "val_", tok ? tok : model, 1, &n);

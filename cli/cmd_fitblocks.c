@@ -128,7 +128,9 @@ int cmd_fitblocks(int argc, char** argv) {
     if (!windows) iters = 0;
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, NULL, "dense", NULL, "causal", &sets, 0, NULL);
+    cli_open_model(
+        &m, &info,
+        &(ModelRequest){.model = model, .attn = "dense", .routing = "causal", .sets = &sets});
     free(sets.v);
     const FocusConfig f = m.fc;
     if (floor < 0) floor = f.blocks / 2; /* the per-layer budgets' least */

@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "commands.h"
-#include "loop.h"
+#include "../train/loop.h"
 
 static const char finetune_usage[] =
     "usage: focus finetune --config FILE [--set key=value]... --out RUN_DIR\n"

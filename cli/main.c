@@ -45,7 +45,8 @@ static const Command commands[] = {
     {"plan", cmd_plan,
      "plan            the memory of a training run from the model's shape (before running it)"},
     {"settings", cmd_settings,
-     "settings        every configuration setting, its default and meaning"},
+     "settings        every configuration setting, its default and meaning; every attention "
+     "method (--methods: as the README's table)"},
     {"export", cmd_export,
      "export          a trained router for sharing, without its optimizer moments"},
     {"fit-blocks", cmd_fitblocks,

@@ -72,8 +72,14 @@ int cmd_bench_decode(int argc, char** argv) {
     resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
     ModelInfo info;
-    cli_load_decoder(&m, &info, model, router, attn, topk, weights);
-    cli_apply_focus_sets(&m, model, router, &sets);
+    cli_open_model(&m, &info,
+                   &(ModelRequest){.model = model,
+                                   .router = router,
+                                   .attn = attn,
+                                   .topk = topk,
+                                   .sets = &sets,
+                                   .decode = 1,
+                                   .weights = weights});
     free(sets.v);
     m.prefill_exact = exact;
     cli_check_context(&m, (long)ctx + n, "bench decode", "--ctx + -n");

@@ -7,7 +7,7 @@
 
 #include "cli.h"
 #include "commands.h"
-#include "loop.h"
+#include "../train/loop.h"
 
 static const char pretrain_usage[] =
     "usage: focus pretrain --config FILE --out RUN_DIR [--attn dense|focus] [--set key=value]...\n"

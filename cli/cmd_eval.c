@@ -12,7 +12,7 @@
 #include "../model/decode.h"
 #include "cli.h"
 #include "commands.h"
-#include "evaluate.h"
+#include "../eval/evaluate.h"
 
 /* `focus eval layers`: how much each layer's sparse attention costs on its own (every other
  * layer dense), so a user can choose dense_layers. */
@@ -86,12 +86,9 @@ static const char eval_usage[] =
     "90 % of its group mass is covered (p0.9:2: at most 2 groups). The router's sinks and "
     "dense_layers apply; --set sinks=N, --set\n"
     "dense_layers=0,1 or --set w=N override them for this evaluation.\n"
-    "The training-free patterns need no router (the same sinks, --set w=N, and for the block\n"
-    "ones --set block=64 --set blocks=8): window keeps each query's sinks and window; random\n"
-    "random groups of K with --topk k; blocks / blocks_mean the best key blocks per query and\n"
-    "key/value head by Quest's bounds / by mean keys; oracle those holding the most dense mass.\n"
-    "--router SELECTOR.h5 (a block selector of focus fit-blocks) --attn blocks_learned: the\n"
-    "blocks of most attention mass by the learned selector (its block size, w and sinks).\n"
+    "The training-free methods below need no router (the same sinks, --set w=N, and for the\n"
+    "block ones --set block=64 --set blocks=8; random: --topk k). --attn blocks_learned reads\n"
+    "a block selector of focus fit-blocks (--router SELECTOR.h5: its block size, w and sinks).\n"
     "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
     "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n";
 
@@ -148,8 +145,15 @@ int cmd_eval(int argc, char** argv) {
         fatal("eval ppl: --llama-perplexity scores windows that do not overlap (--stride = --ctx)");
     Model m;
     ModelInfo info;
-    cli_load_model(&m, &info, model, router, attn, topk && !strchr(topk, ',') ? topk : NULL,
-                   routing, &sets, device, lora);
+    cli_open_model(&m, &info,
+                   &(ModelRequest){.model = model,
+                                   .router = router,
+                                   .attn = attn,
+                                   .topk = topk && !strchr(topk, ',') ? topk : NULL,
+                                   .routing = routing,
+                                   .sets = &sets,
+                                   .device = device,
+                                   .lora = lora});
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > (size_t)max_tokens) n = (size_t)max_tokens;

@@ -1,0 +1,28 @@
+/* blocks.c: the attention method `blocks` (AttnMethod, model/model.h; the table: model/methods.c).
+ * Quest's block selection: beyond the sinks and the window, each query and key/value head keeps
+ * the N key blocks whose per-channel key bounds promise the largest score (or, with a budget
+ * pP, blocks until a share P of the estimated mass). The blocks kernel counts its pairs. */
+#include "../model.h"
+
+const AttnMethod attn_method_blocks = {
+    .mode = ATTN_BLOCKS,
+    .name = "blocks",
+    .serve_name = "blocks",
+    .needs = NEEDS_NOTHING,
+    .budget = "blocks",
+    .budget_arg = "N",
+    .sparse = 1,
+    .setting = 1,
+    .about =
+        "the sinks, the window and N key blocks per query and key/value head by Quest's bounds "
+        "(training-free)",
+    .kernel = ATTN_KERNEL_BLOCKS,
+    .kernel_train = ATTN_KERNEL_BLOCKS,
+    .gate = GATE_NONE,
+    .masks = MASKS_NONE,
+    .blocks = 1,
+    .score = BLOCKS_QUEST,
+    .count = COUNT_KERNEL,
+    .cache = CACHE_BLOCKS,
+    .cuda = 0,
+};

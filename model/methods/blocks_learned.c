@@ -1,0 +1,30 @@
+/* blocks_learned.c: the attention method `blocks_learned` (AttnMethod, model/model.h; the table:
+ * model/methods.c). The learned block selector (focus fit-blocks, kernels/blockgate.c): each block
+ * scored by a per-layer, per-query-head estimate of its attention mass from its keys' statistics.
+ * With
+ * --router SELECTOR.h5,ROUTER.h5 a query also keeps the distant tokens of its token group that
+ * its blocks miss (Model.blocks_with_groups). */
+#include "../model.h"
+
+const AttnMethod attn_method_blocks_learned = {
+    .mode = ATTN_BLOCKS_LEARNED,
+    .name = "blocks_learned",
+    .serve_name = "blocks_learned",
+    .needs = NEEDS_SELECTOR,
+    .budget = "blocks",
+    .budget_arg = "N",
+    .sparse = 1,
+    .setting = 1,
+    .about =
+        "the sinks, the window and N key blocks by the learned selector's estimate of their mass; "
+        "with --router SELECTOR.h5,ROUTER.h5 also the tokens of its group",
+    .kernel = ATTN_KERNEL_BLOCKS,
+    .kernel_train = ATTN_KERNEL_BLOCKS,
+    .gate = GATE_NONE,
+    .masks = MASKS_NONE,
+    .blocks = 1,
+    .score = BLOCKS_LEARNED,
+    .count = COUNT_KERNEL,
+    .cache = CACHE_BLOCKS,
+    .cuda = 0,
+};

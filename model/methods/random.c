@@ -1,0 +1,24 @@
+/* random.c: the attention method `random` (AttnMethod, model/model.h; the table: model/methods.c).
+ * The random control: the router's executor with k of K groups drawn per token from a seeded
+ * hash (focus_random_seed), the same in the full pass and in decoding. What trained groups must
+ * beat. */
+#include "../model.h"
+
+const AttnMethod attn_method_random = {
+    .mode = ATTN_RANDOM,
+    .name = "random",
+    .serve_name = "random",
+    .needs = NEEDS_NOTHING,
+    .budget = "topk",
+    .budget_arg = "k",
+    .sparse = 1,
+    .setting = 1,
+    .about = "the sinks, the window and the tokens of k of K untrained random groups",
+    .kernel = ATTN_KERNEL_SPARSE,
+    .kernel_train = ATTN_KERNEL_SPARSE,
+    .gate = GATE_HARD,
+    .masks = MASKS_RANDOM,
+    .count = COUNT_MASKS,
+    .cache = CACHE_GROUPS,
+    .cuda = 0,
+};

@@ -1,0 +1,23 @@
+/* window.c: the attention method `window` (AttnMethod, model/model.h; the table: model/methods.c).
+ * Sinks and a sliding window (StreamingLLM): the training-free baseline whose pairs are fixed by
+ * w and sinks. */
+#include "../model.h"
+
+const AttnMethod attn_method_window = {
+    .mode = ATTN_WINDOW,
+    .name = "window",
+    .serve_name = "window",
+    .needs = NEEDS_NOTHING,
+    .budget = "w",
+    .budget_arg = "W",
+    .sparse = 1,
+    .setting = 1,
+    .about = "the sinks and the last W tokens (training-free)",
+    .kernel = ATTN_KERNEL_BAND,
+    .kernel_train = ATTN_KERNEL_BAND,
+    .gate = GATE_NONE,
+    .masks = MASKS_NONE,
+    .count = COUNT_BAND,
+    .cache = CACHE_WINDOW,
+    .cuda = 0,
+};
