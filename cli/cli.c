@@ -148,7 +148,7 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
                 "--attn %s needs --router router.h5 (window, random, blocks, blocks_mean and "
                 "oracle need none)",
                 attn);
-        if (f->attn == ATTN_BLOCKS_LEARNED && !m->blockgate)
+        if (attn_methods[f->attn]->needs == NEEDS_SELECTOR && !m->blockgate)
             fatal(
                 "--attn blocks_learned needs --router SELECTOR.h5, a block selector of focus "
                 "fit-blocks");
@@ -274,72 +274,8 @@ static void apply_focus_sets(Model* m, const char* model, const char* router, co
     }
 }
 
-/* A block pattern's count of blocks: N, "up to N" or "any number of" with a share of the mass */
-static const char* blocks_budget(const FocusConfig* f, char* buf) {
-    if (f->blocks_p <= 0)
-        snprintf(buf, 48, "%d", f->blocks);
-    else if (f->blocks > 0)
-        snprintf(buf, 48, "up to %d", f->blocks);
-    else
-        snprintf(buf, 48, "any number of");
-    return buf;
-}
-
-/* ", the best until P of the estimated attention mass" after a block pattern's text */
-static void blocks_cover(const FocusConfig* f, char* buf, size_t n) {
-    const size_t used = strlen(buf);
-    if (f->blocks_p > 0 && used < n)
-        snprintf(buf + used, n - used, ", the best until %g of the estimated attention mass",
-                 (double)f->blocks_p);
-}
-
 const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
-    static const char* names[] = {"dense", "soft", "hard"};
-    char tk[32], dl[1024], nb[48];
-    const FocusConfig* f = &m->fc;
-    if (f->attn == ATTN_DENSE) {
-        snprintf(buf, n, "dense (router off)");
-        return buf;
-    }
-    focus_dense_layers_str(f, dl, sizeof dl);
-    switch (f->attn) {
-        case ATTN_WINDOW:
-            snprintf(buf, n, "window (no router): sinks=%d, w=%d, dense layers %s", f->sinks, f->w,
-                     dl);
-            return buf;
-        case ATTN_RANDOM:
-            snprintf(buf, n,
-                     "random groups (no router): K=%d, k=%s, w=%d, sinks=%d, dense layers %s", f->K,
-                     focus_topk_str(f, tk), f->w, f->sinks, dl);
-            return buf;
-        case ATTN_BLOCKS_LEARNED:
-            snprintf(buf, n,
-                     "blocks (learned selector): %s key blocks of %d per query and key/value "
-                     "head%s, sinks=%d, w=%d, dense layers %s%s",
-                     blocks_budget(f, nb), f->block,
-                     m->blockgate_blocks ? " on average (per-layer budgets)" : "", f->sinks, f->w,
-                     dl, m->blocks_with_groups ? ", with the token router's groups" : "");
-            blocks_cover(f, buf, n);
-            return buf;
-        case ATTN_BLOCKS:
-        case ATTN_BLOCKS_MEAN:
-        case ATTN_ORACLE:
-            snprintf(buf, n,
-                     "%s (no router): %s key blocks of %d per query and key/value head by %s, "
-                     "sinks=%d, w=%d, dense layers %s%s",
-                     f->attn == ATTN_ORACLE ? "oracle blocks" : "blocks", blocks_budget(f, nb),
-                     f->block, block_score_name(attn_block_score(f->attn)), f->sinks, f->w, dl,
-                     m->blocks_with_groups ? ", with the token router's groups" : "");
-            blocks_cover(f, buf, n);
-            return buf;
-        default:
-            break;
-    }
-    snprintf(buf, n, "%s%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s%s%s",
-             names[m->fc.attn], m->fc.attn == ATTN_HARD ? " top-k" : "",
-             routing_name(m->fc.routing), m->fc.K, m->fc.w, m->fc.sinks,
-             focus_dense_layers_str(&m->fc, dl, sizeof dl), m->fc.attn == ATTN_HARD ? ", k=" : "",
-             m->fc.attn == ATTN_HARD ? focus_topk_str(&m->fc, tk) : "");
+    attn_methods[m->fc.attn]->describe(m, buf, n);
     return buf;
 }
 
@@ -366,7 +302,8 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
     const char* colon = strchr(mode, ':');
     const size_t n = colon ? (size_t)(colon - mode) : strlen(mode);
     const AttnMethod* am = attn_method_named(mode, n);
-    if (!am || (colon && !am->budget) || (!colon && am->mode == ATTN_HARD)) {
+    /* the router's top-k needs its budget k (hard:k) */
+    if (!am || (colon && !am->budget) || (!colon && am->masks == MASKS_ROUTER)) {
         char list[512];
         fatal("unknown mode '%s' (%s; a budget k or N may be pP or pP:k)", mode,
               mode_list(list, sizeof list));
@@ -376,7 +313,7 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
     if (am->needs == NEEDS_ROUTER && !have_router) fatal("mode %s needs --router router.h5", mode);
     m->fc.attn = am->mode;
     if (!colon) return;
-    if (am->mode == ATTN_HARD) { /* the router's groups: at most its K */
+    if (am->masks == MASKS_ROUTER) { /* the router's groups: at most its K */
         if (config_set(&m->cfg, &m->fc, "topk", colon + 1) || m->fc.topk > m->fc.K)
             fatal("mode %s: the budget must be 1..K=%d groups or pP / pP:k", mode, m->fc.K);
         return;
@@ -386,7 +323,7 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
         fatal("mode %s: %s must be %s", mode, am->budget,
               setting_expect(config_find(am->budget), w, sizeof w));
     }
-    if (am->mode == ATTN_RANDOM && m->fc.topk > m->fc.K)
+    if (am->masks == MASKS_RANDOM && m->fc.topk > m->fc.K)
         fatal("mode %s: k exceeds K = %d", mode, m->fc.K);
 }
 

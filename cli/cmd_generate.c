@@ -95,13 +95,16 @@ int cmd_generate(int argc, char** argv) {
     }
     double dt = now_seconds() - t0;
     char desc[1400];
+    const AttnMethod* am = attn_methods[m.fc.attn];
+    if (am->brief) /* "dense over the KV cache", "hard top-k over the group KV cache" */
+        snprintf(desc, sizeof desc, "%s over the %sKV cache", am->brief,
+                 am->cache == CACHE_GROUPS ? "group " : "");
+    else
+        cli_attention_desc(&m, desc, sizeof desc);
     printf("\n");
     if (full) fprintf(stderr, "[stopped at the model's context of %d tokens]\n", m.cfg.maxT);
     fprintf(stderr, "[%zu prompt + %zu generated tokens in %.1f s, %.1f tokens/s; attention %s]\n",
-            prompt_len, len - prompt_len, dt, (len) / dt,
-            m.fc.attn == ATTN_HARD    ? "hard top-k over the group KV cache"
-            : m.fc.attn == ATTN_DENSE ? "dense over the KV cache"
-                                      : cli_attention_desc(&m, desc, sizeof desc));
+            prompt_len, len - prompt_len, dt, (len) / dt, desc);
     free(ids);
     free(logits);
     kvcache_free(&c);

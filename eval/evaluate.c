@@ -14,13 +14,13 @@ double hard_pairs_kept(const Model* m) {
     for (int l = 0; l < m->cfg.L; l++) {
         const double causal = (double)T * (T + 1) / 2;
         total += B * causal;
-        const AttnMode a = model_layer_attn(m, l);
-        if (a == ATTN_LOCAL) { /* a sliding-window layer keeps its own window, not the router's */
+        const AttnMethod* a = attn_methods[model_layer_attn(m, l)];
+        if (a->own_window) { /* a sliding-window layer keeps its own window, not the router's */
             const int window = model_layer_spec(&m->cfg, l).window;
             for (int i = 0; i < T; i++) kept += B * band_pairs_kept(i, window, 0);
             continue;
         }
-        if (a == ATTN_DENSE) {
+        if (a->count == COUNT_ALL) { /* a dense layer */
             kept += B * causal;
             continue;
         }
@@ -63,8 +63,9 @@ PplResult eval_perplexity_llama(Model* m, const int* ids, size_t n, int ctx, int
         if (m->bos >= 0) in[0] = m->bos;
         model_forward(m, in, tgt, 1, T, 0);
         if (attn_is_sparse(m->fc.attn)) {
-            r.kept += m->fc.attn == ATTN_HARD && !m->router.wq ? hard_pairs_kept(m)
-                                                               : m->pattern_kept / m->pattern_pairs;
+            r.kept += attn_methods[m->fc.attn]->count == COUNT_GROUPS && !m->router.wq
+                          ? hard_pairs_kept(m)
+                          : m->pattern_kept / m->pattern_pairs;
             windows++;
         }
         for (int i = 0; i < T; i++) {

@@ -95,4 +95,11 @@ static inline AttnKernel model_attn_kernel(AttnMode mode, int keep) {
     return keep ? attn_methods[mode]->kernel_train : attn_methods[mode]->kernel;
 }
 
+/* What model.c, params.c and router_params.c share: the parameter tensors' sizes for shape c
+ * (model_params order), the router's buffers (re)allocated and initialised for m->fc, and the
+ * file's native blocks given back (m has none afterwards). */
+void model_param_sizes(size_t* s, const ModelConfig* c);
+void model_alloc_router(Model* m);
+void model_release_native(Model* m);
+
 #endif

@@ -5,9 +5,12 @@
 #include <string.h>
 
 #include "model.h"
+#include "methods/methods.h"
 
 /* each row in its own file, model/methods/NAME.c */
-extern const AttnMethod attn_method_dense, attn_method_soft, attn_method_hard, attn_method_window, attn_method_random, attn_method_blocks, attn_method_blocks_mean, attn_method_oracle, attn_method_blocks_learned, attn_method_local;
+extern const AttnMethod attn_method_dense, attn_method_soft, attn_method_hard, attn_method_window,
+    attn_method_random, attn_method_blocks, attn_method_blocks_mean, attn_method_oracle,
+    attn_method_blocks_learned, attn_method_local;
 
 const AttnMethod* const attn_methods[ATTN_LOCAL + 1] = {
     [ATTN_DENSE] = &attn_method_dense,
@@ -90,4 +93,57 @@ void attn_methods_help(FILE* f, int markdown) {
             while (*p == ' ') p++;
         }
     }
+}
+
+/* A block pattern's count of blocks: N, "up to N" or "any number of" with a share of the mass */
+static const char* blocks_budget(const FocusConfig* f, char* buf) {
+    if (f->blocks_p <= 0)
+        snprintf(buf, 48, "%d", f->blocks);
+    else if (f->blocks > 0)
+        snprintf(buf, 48, "up to %d", f->blocks);
+    else
+        snprintf(buf, 48, "any number of");
+    return buf;
+}
+
+/* ", the best until P of the estimated attention mass" after a block pattern's text */
+static void blocks_cover(const FocusConfig* f, char* buf, size_t n) {
+    const size_t used = strlen(buf);
+    if (f->blocks_p > 0 && used < n)
+        snprintf(buf + used, n - used, ", the best until %g of the estimated attention mass",
+                 (double)f->blocks_p);
+}
+
+void attn_describe_router(const Model* m, const char* what, int with_k, char* buf, size_t n) {
+    const FocusConfig* f = &m->fc;
+    char tk[32], dl[1024];
+    snprintf(buf, n, "%s, routing %s, K=%d, w=%d, sinks=%d, dense layers %s%s%s", what,
+             routing_name(f->routing), f->K, f->w, f->sinks,
+             focus_dense_layers_str(f, dl, sizeof dl), with_k ? ", k=" : "",
+             with_k ? focus_topk_str(f, tk) : "");
+}
+
+void attn_describe_blocks(const Model* m, const char* what, char* buf, size_t n) {
+    const FocusConfig* f = &m->fc;
+    char dl[1024], nb[48];
+    snprintf(buf, n,
+             "%s (no router): %s key blocks of %d per query and key/value head by %s, sinks=%d, "
+             "w=%d, dense layers %s%s",
+             what, blocks_budget(f, nb), f->block, block_score_name(attn_block_score(f->attn)),
+             f->sinks, f->w, focus_dense_layers_str(f, dl, sizeof dl),
+             m->blocks_with_groups ? ", with the token router's groups" : "");
+    blocks_cover(f, buf, n);
+}
+
+void attn_describe_learned(const Model* m, char* buf, size_t n) {
+    const FocusConfig* f = &m->fc;
+    char dl[1024], nb[48];
+    snprintf(buf, n,
+             "blocks (learned selector): %s key blocks of %d per query and key/value head%s, "
+             "sinks=%d, w=%d, dense layers %s%s",
+             blocks_budget(f, nb), f->block,
+             m->blockgate_blocks ? " on average (per-layer budgets)" : "", f->sinks, f->w,
+             focus_dense_layers_str(f, dl, sizeof dl),
+             m->blocks_with_groups ? ", with the token router's groups" : "");
+    blocks_cover(f, buf, n);
 }

@@ -154,6 +154,7 @@ typedef enum {
     COUNT_GROUPS = 4
 } PairCount;
 
+struct Model;
 /* One attention method, a row of attn_methods (model/methods.c), indexed by its AttnMode, each
  * row defined in its own file (model/methods/NAME.c): the command line, eval --modes, serve and
  * the settings read its name and budget from here; the passes over whole sequences, the KV cache
@@ -179,10 +180,15 @@ typedef struct {
     int own_window;          /* its band is the layer's own sliding window, without sinks */
     PairCount count;         /* how its pairs kept are counted */
     /* over the KV cache (a decoded token, a prompt after cached tokens) */
-    CacheKeys cache;        /* the keys of a decoded row */
-    const char* no_decode;  /* why it cannot decode, NULL: it can */
-    int causal_routing;     /* decoding needs causal routing (its groups must not see ahead) */
-    int cuda;               /* the CUDA path runs it */
+    CacheKeys cache;       /* the keys of a decoded row */
+    const char* no_decode; /* why it cannot decode, NULL: it can */
+    int causal_routing;    /* decoding needs causal routing (its groups must not see ahead) */
+    int cuda;              /* the CUDA path runs it */
+    /* its short name in the reports of decoding, NULL: its description */
+    const char* brief;
+    /* the method and its settings on model m in one line, for reports ("window (no router):
+     * sinks=4, w=512, ...") */
+    void (*describe)(const struct Model* m, char* buf, size_t n);
 } AttnMethod;
 extern const AttnMethod* const attn_methods[ATTN_LOCAL + 1];
 /* The method named by the first n characters of name (a setting's value), or NULL. */
@@ -414,7 +420,7 @@ typedef struct {
 } NativePart;
 extern const NativePart model_native[NATIVE_PER_LAYER];
 
-typedef struct {
+typedef struct Model {
     ModelConfig cfg;
     FocusConfig fc;
     Params params;
@@ -530,7 +536,9 @@ typedef struct {
  * blockgate_n0, rounded). */
 static inline int model_layer_blocks(const Model* m, int l) {
     const int n = m->fc.blocks;
-    if (!m->blockgate_blocks || m->fc.attn != ATTN_BLOCKS_LEARNED || m->blockgate_n0 <= 0) return n;
+    if (!m->blockgate_blocks || attn_block_score(m->fc.attn) != BLOCKS_LEARNED ||
+        m->blockgate_n0 <= 0)
+        return n;
     const long long b = m->blockgate_blocks[l];
     return (int)((2 * b * n + m->blockgate_n0) / (2 * (long long)m->blockgate_n0));
 }

@@ -208,7 +208,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
             cuda_prof_mark("fwd routing");
             routing_forward_cuda(la.rG, la.colofs, la.rS, g->beta + (size_t)l * f->K, f->routing, B,
                                  T, f->K, f->tau, f->iters);
-            if (mode == ATTN_HARD)
+            if (attn_methods[mode]->masks == MASKS_ROUTER)
                 routing_topk_mask_cuda(la.mask, la.rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
         }
         cuda_prof_mark("fwd attention");

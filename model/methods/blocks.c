@@ -2,7 +2,13 @@
  * Quest's block selection: beyond the sinks and the window, each query and key/value head keeps
  * the N key blocks whose per-channel key bounds promise the largest score (or, with a budget
  * pP, blocks until a share P of the estimated mass). The blocks kernel counts its pairs. */
-#include "../model.h"
+#include <stdio.h>
+
+#include "methods.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    attn_describe_blocks(m, "blocks", buf, n);
+}
 
 const AttnMethod attn_method_blocks = {
     .mode = ATTN_BLOCKS,
@@ -25,4 +31,5 @@ const AttnMethod attn_method_blocks = {
     .count = COUNT_KERNEL,
     .cache = CACHE_BLOCKS,
     .cuda = 0,
+    .describe = describe,
 };

@@ -4,7 +4,11 @@
  * With
  * --router SELECTOR.h5,ROUTER.h5 a query also keeps the distant tokens of its token group that
  * its blocks miss (Model.blocks_with_groups). */
-#include "../model.h"
+#include <stdio.h>
+
+#include "methods.h"
+
+static void describe(const Model* m, char* buf, size_t n) { attn_describe_learned(m, buf, n); }
 
 const AttnMethod attn_method_blocks_learned = {
     .mode = ATTN_BLOCKS_LEARNED,
@@ -27,4 +31,5 @@ const AttnMethod attn_method_blocks_learned = {
     .count = COUNT_KERNEL,
     .cache = CACHE_BLOCKS,
     .cuda = 0,
+    .describe = describe,
 };

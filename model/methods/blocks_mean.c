@@ -1,7 +1,13 @@
 /* blocks_mean.c: the attention method `blocks_mean` (AttnMethod, model/model.h; the table:
  * model/methods.c). Block selection by each block's mean key (the query's score against it), the
  * other training-free block score. */
-#include "../model.h"
+#include <stdio.h>
+
+#include "methods.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    attn_describe_blocks(m, "blocks", buf, n);
+}
 
 const AttnMethod attn_method_blocks_mean = {
     .mode = ATTN_BLOCKS_MEAN,
@@ -22,4 +28,5 @@ const AttnMethod attn_method_blocks_mean = {
     .count = COUNT_KERNEL,
     .cache = CACHE_BLOCKS,
     .cuda = 0,
+    .describe = describe,
 };

@@ -2,7 +2,14 @@
  * Dense causal attention, the frozen model as it was trained: the reference every method is
  * measured against. Evaluation runs the fastest exact kernel, training the gated reference
  * kernel (whose backward exists) with no gate. */
+#include <stdio.h>
+
 #include "../model.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    (void)m;
+    snprintf(buf, n, "dense (router off)");
+}
 
 const AttnMethod attn_method_dense = {
     .mode = ATTN_DENSE,
@@ -19,4 +26,6 @@ const AttnMethod attn_method_dense = {
     .count = COUNT_ALL,
     .cache = CACHE_ALL,
     .cuda = 1,
+    .brief = "dense",
+    .describe = describe,
 };

@@ -4,7 +4,13 @@
  * groups that are among the query's k). The sparse executor skips the dropped pairs; decoding
  * reads the cache's group lists, so its routing must be causal. The pairs are counted from the
  * groups by evaluate.c (from the masks with a query projection). */
-#include "../model.h"
+#include <stdio.h>
+
+#include "methods.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    attn_describe_router(m, "hard top-k", 1, buf, n);
+}
 
 const AttnMethod attn_method_hard = {
     .mode = ATTN_HARD,
@@ -24,4 +30,6 @@ const AttnMethod attn_method_hard = {
     .cache = CACHE_GROUPS,
     .causal_routing = 1,
     .cuda = 1,
+    .brief = "hard top-k",
+    .describe = describe,
 };

@@ -3,7 +3,14 @@
  * without sinks, whatever the mode of the others (model_layer_attn). Training runs it as the
  * reference kernel with a hard gate whose masks are all zero (the window), so its backward
  * exists. */
+#include <stdio.h>
+
 #include "../model.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    (void)m;
+    snprintf(buf, n, "a sliding-window layer's own window");
+}
 
 const AttnMethod attn_method_local = {
     .mode = ATTN_LOCAL,
@@ -21,4 +28,5 @@ const AttnMethod attn_method_local = {
     .count = COUNT_BAND,
     .cache = CACHE_WINDOW,
     .cuda = 0,
+    .describe = describe,
 };

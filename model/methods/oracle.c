@@ -2,7 +2,13 @@
  * The oracle blocks: the N key blocks that hold the most dense attention mass, which only the
  * whole dense attention can tell. A ceiling for block selection in evaluation; it cannot
  * decode. */
-#include "../model.h"
+#include <stdio.h>
+
+#include "methods.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    attn_describe_blocks(m, "oracle blocks", buf, n);
+}
 
 const AttnMethod attn_method_oracle = {
     .mode = ATTN_ORACLE,
@@ -28,4 +34,5 @@ const AttnMethod attn_method_oracle = {
         "generation runs dense, hard, window, random or block attention; oracle is an "
         "evaluation ceiling (it scores every key: eval ppl, passkey, curve)",
     .cuda = 0,
+    .describe = describe,
 };

@@ -2,7 +2,16 @@
  * The random control: the router's executor with k of K groups drawn per token from a seeded
  * hash (focus_random_seed), the same in the full pass and in decoding. What trained groups must
  * beat. */
+#include <stdio.h>
+
 #include "../model.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    const FocusConfig* f = &m->fc;
+    char tk[32], dl[1024];
+    snprintf(buf, n, "random groups (no router): K=%d, k=%s, w=%d, sinks=%d, dense layers %s", f->K,
+             focus_topk_str(f, tk), f->w, f->sinks, focus_dense_layers_str(f, dl, sizeof dl));
+}
 
 const AttnMethod attn_method_random = {
     .mode = ATTN_RANDOM,
@@ -21,4 +30,5 @@ const AttnMethod attn_method_random = {
     .count = COUNT_MASKS,
     .cache = CACHE_GROUPS,
     .cuda = 0,
+    .describe = describe,
 };

@@ -2,7 +2,13 @@
  * The router's soft gate (METHOD.md section 3): every pair is computed, a distant pair weighted
  * by log sigmoid(lambda (G_i . G_j - b)). What router training differentiates through; it does
  * not decode (a decoded token would read every key anyway). */
-#include "../model.h"
+#include <stdio.h>
+
+#include "methods.h"
+
+static void describe(const Model* m, char* buf, size_t n) {
+    attn_describe_router(m, "soft", 0, buf, n);
+}
 
 const AttnMethod attn_method_soft = {
     .mode = ATTN_SOFT,
@@ -22,4 +28,5 @@ const AttnMethod attn_method_soft = {
     .cache = CACHE_ALL,
     .no_decode = "generation runs dense or hard top-k attention, not the soft gate",
     .cuda = 1,
+    .describe = describe,
 };
