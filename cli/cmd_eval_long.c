@@ -82,10 +82,11 @@ static int split_modes(char* s, char** modes) {
 }
 
 /* Load the model (with --router / --lora / --set, causal routing) and split the mode list
- * (default: dense, soft and hard:1 with a router, dense without), checking every mode now. */
+ * (default: dense, soft and hard:1 with a router, dense without), checking every mode and the nl
+ * lengths lens now. */
 static int load_for_modes(Model* m, ModelInfo* info, const char* model, const char* router,
                           const char* lora, CliList* sets, const char* modes_s, char* buf,
-                          char** modes) {
+                          char** modes, const double* lens, int nl, double lo, const char* what) {
     snprintf(buf, 512, "%s", modes_s ? modes_s : router ? "dense,soft,hard:1" : "dense");
     const int nm = split_modes(buf, modes);
     cli_open_model(
@@ -96,6 +97,11 @@ static int load_for_modes(Model* m, ModelInfo* info, const char* model, const ch
     const FocusConfig keep = m->fc;
     for (int k = 0; k < nm; k++) cli_set_mode(m, modes[k], router != NULL);
     m->fc = keep;
+    /* the lengths (what: "eval curve: --ctx") within lo .. the model's context */
+    for (int l = 0; l < nl; l++)
+        if (lens[l] < lo || lens[l] > m->cfg.maxT)
+            fatal("%s %g is outside %g .. the model's context of %d tokens", what, lens[l], lo,
+                  m->cfg.maxT);
     return nm;
 }
 
@@ -312,14 +318,9 @@ int cmd_eval_passkey(int argc, char** argv) {
     char modes_buf[512], *modes[16];
     Model m;
     ModelInfo info;
-    const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes);
-    for (int l = 0; l < nl; l++)
-        if (lens[l] < 64 || lens[l] > m.cfg.maxT)
-            fatal("eval passkey: length %g is outside 64 .. the model's context %d", lens[l],
-                  m.cfg.maxT);
+    const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes,
+                                  lens, nl, 64, "eval passkey: length");
     const FocusConfig keep = m.fc;
-    for (int k = 0; k < nm; k++)
-        cli_set_mode(&m, modes[k], router != NULL); /* check them all first */
     Tokenizer* tok = tokenizer_load(tok_path ? tok_path : model);
     size_t nhay = 0;
     int* hay = task == TASK_PASSKEY ? NULL : niah_haystack(tok, haystack, &nhay);
@@ -401,11 +402,8 @@ int cmd_eval_curve(int argc, char** argv) {
     char modes_buf[512], *modes[16];
     Model m;
     ModelInfo info;
-    const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes);
-    for (int c = 0; c < nc; c++)
-        if (ctxs[c] < 2 || ctxs[c] > m.cfg.maxT)
-            fatal("eval curve: --ctx %g is outside 2 .. the model's context of %d tokens", ctxs[c],
-                  m.cfg.maxT);
+    const int nm = load_for_modes(&m, &info, model, router, lora, &sets, modes_s, modes_buf, modes,
+                                  ctxs, nc, 2, "eval curve: --ctx");
     const FocusConfig keep = m.fc;
     size_t n;
     int* ids = load_eval_tokens(data, model, tok_path, &n);

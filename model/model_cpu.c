@@ -465,10 +465,19 @@ static double cpu_attn_objective(Model* m, real weight, int backward) {
     return loss;
 }
 
-/* The beta under which causal routing gives every group 1/K of the routing mass on the N score
- * rows S (every `step`-th row): fixed-point steps beta_k -= log(K mean_t G_tk), G = softmax(S/tau
- * + beta) (Sinkhorn's column step, applied to beta instead of to each sequence), from the
- * current beta; centred. */
+/* layer_join's backward: d(branch output) from d(stream) dy, which the residual passes on
+ * whole; with sandwich norms through the norm of the branch output (its output normed, weight w,
+ * rstd), into scratch dpost. */
+static const real* join_backward(Model* m, const LayerSpec* S, real* dpost, const real* dy,
+                                 const real* normed, const real* w, const real* rstd, size_t BT) {
+    if (!S->sandwich) return dy;
+    memset(dpost, 0, sizeof(real) * BT * m->cfg.C);
+    norm_backward(m, S, dpost, NULL, NULL, dy, normed, w, NULL, rstd, BT);
+    return dpost;
+}
+
+/* The gradients a backward of this mode adds into set to zero (the full gradients allocated on
+ * first use; model_zero_grad zeroes the router's in every mode). */
 static void cpu_zero_grad(Model* m, GradMode mode) {
     if (mode == GRAD_LORA && m->lora_grads_mem)
         memset(m->lora_grads_mem, 0, sizeof(real) * m->num_lora);
@@ -549,13 +558,8 @@ static void cpu_backward(Model* m, GradMode mode) {
         /* MLP: dres holds d(layer output) = d(res3) = d(res2) via the residual. With tensor
          * parallelism dres is whole on every rank, and the input gradients of the column-parallel
          * products are partial sums: added up across the slices (tp_sum). */
-        const real* dmo = dres; /* d(MLP output); through its norm with sandwich norms */
-        if (S.sandwich) {
-            memset(dpost, 0, sizeof(real) * BT * C);
-            norm_backward(m, &S, dpost, NULL, NULL, dres, la.mlpp, p->pfn + lC, NULL, la.mlpp_rstd,
-                          BT);
-            dmo = dpost;
-        }
+        /* d(MLP output); through its norm with sandwich norms */
+        const real* dmo = join_backward(m, &S, dpost, dres, la.mlpp, p->pfn + lC, la.mlpp_rstd, BT);
         memset(dact, 0, sizeof(real) * BT * F);
         matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * F),
                         model_slice(g->fcprojb, l, C), dmo, la.fch_act,
@@ -572,13 +576,8 @@ static void cpu_backward(Model* m, GradMode mode) {
         norm_backward(m, &S, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
                       la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
         /* attention (dbuf: this slice's heads' d(att), (BT, A)) */
-        const real* dao = dres; /* d(attention output); through its norm with sandwich norms */
-        if (S.sandwich) {
-            memset(dpost, 0, sizeof(real) * BT * C);
-            norm_backward(m, &S, dpost, NULL, NULL, dres, la.attp, p->pan + lC, NULL, la.attp_rstd,
-                          BT);
-            dao = dpost;
-        }
+        /* d(attention output); through its norm with sandwich norms */
+        const real* dao = join_backward(m, &S, dpost, dres, la.attp, p->pan + lC, la.attp_rstd, BT);
         memset(dbuf, 0, sizeof(real) * BT * A);
         matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * A),
                         model_slice(g->attprojb, l, C), dao, la.att,
