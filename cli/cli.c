@@ -284,7 +284,7 @@ const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
 static const char* mode_list(char* buf, size_t n) {
     size_t at = 0;
     buf[0] = 0;
-    for (int a = 0; a <= ATTN_LOCAL && at < n; a++) {
+    for (int a = 0; a < NUM_ATTN_METHODS && at < n; a++) {
         const AttnMethod* am = attn_methods[a];
         if (!am->setting) continue;
         at += (size_t)snprintf(buf + at, n - at, "%s%s%s%s%s", at ? ", " : "", am->name,
@@ -323,7 +323,7 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
         fatal("mode %s: %s must be %s", mode, am->budget,
               setting_expect(config_find(am->budget), w, sizeof w));
     }
-    if (am->masks == MASKS_RANDOM && m->fc.topk > m->fc.K)
+    if (am->masks == MASKS_PATTERN && m->fc.topk > m->fc.K)
         fatal("mode %s: k exceeds K = %d", mode, m->fc.K);
 }
 

@@ -81,14 +81,15 @@ static void layer_band(const Model* m, int l, int* w, int* sinks) {
 }
 
 /* The group mask of the token at position n of layer l (KEYS_GROUPS): the router's top-k of
- * its causal group distribution G, or the random control's groups; a router with a query
- * projection: the top-1 group of G (as a key, key = 1), the top-k of its query groups G (as a
+ * its causal group distribution G, or a pattern's groups (its row's pattern_mask); a router with a
+ * query projection: the top-1 group of G (as a key, key = 1), the top-k of its query groups G (as a
  * query, key = 0). */
 static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key) {
     const FocusConfig* f = &m->fc;
     uint32_t mi = 0;
-    if (attn_methods[f->attn]->masks == MASKS_RANDOM)
-        routing_random_mask(&mi, 1, 1, f->K, f->topk, f->sinks, n, focus_random_seed(f, l));
+    const AttnMethod* t = attn_methods[f->attn];
+    if (t->masks == MASKS_PATTERN)
+        t->pattern_mask(&mi, 1, 1, m, l, n);
     else if (key && m->router.wq)
         routing_topk_mask(&mi, G, 1, 1, f->K, 1, 0, f->sinks, n);
     else
@@ -691,8 +692,8 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
      * groups each row keeps as a query. The router's groups: hard mode, or beside the blocks */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
     const int grouped = kind == KEYS_GROUPS || (kind == KEYS_BLOCKS && m->blocks_with_groups);
-    /* the router's groups, computed per row (the random control's come from a hash) */
-    const int hard = attn_methods[f->attn]->masks != MASKS_RANDOM;
+    /* the router's groups, computed per row (a pattern's come from its row) */
+    const int hard = attn_methods[f->attn]->masks != MASKS_PATTERN;
     for (int i = 0; i < n && grouped; i++) {
         const real* hi = h + (size_t)i * C;
         const real* cent = m->router.cent + (size_t)l * K * f->dg;

@@ -10,9 +10,9 @@
 /* each row in its own file, model/methods/NAME.c */
 extern const AttnMethod attn_method_dense, attn_method_soft, attn_method_hard, attn_method_window,
     attn_method_random, attn_method_blocks, attn_method_blocks_mean, attn_method_oracle,
-    attn_method_blocks_learned, attn_method_local;
+    attn_method_blocks_learned, attn_method_strided, attn_method_local;
 
-const AttnMethod* const attn_methods[ATTN_LOCAL + 1] = {
+const AttnMethod* const attn_methods[NUM_ATTN_METHODS] = {
     [ATTN_DENSE] = &attn_method_dense,
     [ATTN_SOFT] = &attn_method_soft,
     [ATTN_HARD] = &attn_method_hard,
@@ -22,11 +22,12 @@ const AttnMethod* const attn_methods[ATTN_LOCAL + 1] = {
     [ATTN_BLOCKS_MEAN] = &attn_method_blocks_mean,
     [ATTN_ORACLE] = &attn_method_oracle,
     [ATTN_BLOCKS_LEARNED] = &attn_method_blocks_learned,
+    [ATTN_STRIDED] = &attn_method_strided,
     [ATTN_LOCAL] = &attn_method_local,
 };
 
 const AttnMethod* attn_method_named(const char* name, size_t n) {
-    for (int a = 0; a <= ATTN_LOCAL; a++)
+    for (int a = 0; a < NUM_ATTN_METHODS; a++)
         if (attn_methods[a]->setting && strlen(attn_methods[a]->name) == n &&
             !strncmp(attn_methods[a]->name, name, n))
             return attn_methods[a];
@@ -36,7 +37,7 @@ const AttnMethod* attn_method_named(const char* name, size_t n) {
 const char* attn_method_list(char* buf, size_t n, const char* sep) {
     size_t at = 0;
     buf[0] = 0;
-    for (int a = 0; a <= ATTN_LOCAL && at < n; a++)
+    for (int a = 0; a < NUM_ATTN_METHODS && at < n; a++)
         if (attn_methods[a]->setting)
             at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? sep : "", attn_methods[a]->name);
     return buf;
@@ -48,7 +49,7 @@ static const char* needs_text[] = {"", "a token router (--router ROUTER.h5)",
 const char* attn_mode_list(char* buf, size_t n) {
     size_t at = 0;
     buf[0] = 0;
-    for (int a = 0; a <= ATTN_LOCAL && at < n; a++) {
+    for (int a = 0; a < NUM_ATTN_METHODS && at < n; a++) {
         const AttnMethod* t = attn_methods[a];
         if (!t->setting) continue;
         at += (size_t)snprintf(buf + at, n - at, "%s%s%s%s", at ? ", " : "", t->name,
@@ -62,7 +63,7 @@ void attn_methods_help(FILE* f, int markdown) {
         fprintf(f,
                 "| method (`--attn`, `eval --modes`) | needs | a query keeps | decodes over the KV "
                 "cache | CUDA |\n|---|---|---|---|---|\n");
-    for (int a = 0; a <= ATTN_LOCAL; a++) {
+    for (int a = 0; a < NUM_ATTN_METHODS; a++) {
         const AttnMethod* t = attn_methods[a];
         if (!t->setting) continue;
         char name[48];

@@ -107,9 +107,11 @@ typedef enum {
     ATTN_BLOCKS_MEAN = 6,
     ATTN_ORACLE = 7,
     ATTN_BLOCKS_LEARNED = 8,
+    ATTN_STRIDED = 9,
     /* not a setting: a local layer of a model with sliding-window layers keeping its own window
      * (LocalLayers, model_layer_attn) */
-    ATTN_LOCAL = 9
+    ATTN_LOCAL = 10,
+    NUM_ATTN_METHODS /* the rows of attn_methods */
 } AttnMode;
 
 /* How the sliding-window layers of a model that has them (gemma3) attend under Focus: their own
@@ -141,8 +143,9 @@ typedef enum {
     ATTN_KERNEL_BLOCKS = 4
 } AttnKernel;
 /* The masks a method's kernel reads over whole sequences: none, the router's groups (top-k, or
- * a query projection's), the random control's groups, or all zero (no group: the band alone). */
-typedef enum { MASKS_NONE = 0, MASKS_ROUTER = 1, MASKS_RANDOM = 2, MASKS_ZERO = 3 } MaskKind;
+ * a query projection's), a pattern's own groups (AttnMethod.pattern_mask: the random control's,
+ * the strided pattern's), or all zero (no group: the band alone). */
+typedef enum { MASKS_NONE = 0, MASKS_ROUTER = 1, MASKS_PATTERN = 2, MASKS_ZERO = 3 } MaskKind;
 /* How the pairs a method keeps are counted (Model.pattern_kept): every causal pair, the band's,
  * from the masks, by its kernel, or, for the router's groups, by evaluate.c from the groups (from
  * the masks when the router has a query projection). */
@@ -175,10 +178,14 @@ typedef struct {
     AttnKernel kernel_train; /* the kernel of a pass kept for a backward */
     GateMode gate;           /* the reference kernel's gate (GATE_SOFT: differentiable) */
     MaskKind masks;          /* the masks its kernel reads */
-    int blocks;              /* a block pattern: per query and key/value head, chosen key blocks */
-    BlockScore score;        /* a block pattern's score of its candidate blocks */
-    int own_window;          /* its band is the layer's own sliding window, without sinks */
-    PairCount count;         /* how its pairs kept are counted */
+    /* MASKS_PATTERN: the groups of T positions from pos0 (B sequences alike) of layer l, each
+     * token's mask serving it as a key and as a query; a sink (position < sinks) is in every
+     * group. The full pass and the KV cache call it alike. */
+    void (*pattern_mask)(uint32_t* mask, int B, int T, const struct Model* m, int l, int pos0);
+    int blocks;       /* a block pattern: per query and key/value head, chosen key blocks */
+    BlockScore score; /* a block pattern's score of its candidate blocks */
+    int own_window;   /* its band is the layer's own sliding window, without sinks */
+    PairCount count;  /* how its pairs kept are counted */
     /* over the KV cache (a decoded token, a prompt after cached tokens) */
     CacheKeys cache;       /* the keys of a decoded row */
     const char* no_decode; /* why it cannot decode, NULL: it can */
@@ -190,7 +197,7 @@ typedef struct {
      * sinks=4, w=512, ...") */
     void (*describe)(const struct Model* m, char* buf, size_t n);
 } AttnMethod;
-extern const AttnMethod* const attn_methods[ATTN_LOCAL + 1];
+extern const AttnMethod* const attn_methods[NUM_ATTN_METHODS];
 /* The method named by the first n characters of name (a setting's value), or NULL. */
 const AttnMethod* attn_method_named(const char* name, size_t n);
 /* "dense, soft, hard, ..." (sep between names) of every setting value, into buf */

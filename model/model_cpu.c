@@ -154,10 +154,10 @@ static void pattern_count(Model* m, const AttnMethod* t, const uint32_t* qmask,
         for (int i = 0; i < T; i++) m->pattern_kept += B * band_pairs_kept(i, w, sinks);
     else if (t->count == COUNT_MASKS || t->count == COUNT_GROUPS)
         /* the sinks are in every group of the masks: counted in the band or through the masks
-         * alike. The random control's masks serve queries and keys both. */
+         * alike. A pattern's masks serve queries and keys both. */
         for (int b = 0; b < B; b++)
             m->pattern_kept +=
-                mask_pairs_kept((t->masks == MASKS_RANDOM ? mask : qmask) + (size_t)b * T,
+                mask_pairs_kept((t->masks == MASKS_PATTERN ? mask : qmask) + (size_t)b * T,
                                 mask + (size_t)b * T, T, w, sinks);
 }
 
@@ -253,8 +253,7 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
         else if (masks == MASKS_ROUTER)
             routing_topk_mask(la->mask, la->rG, B, T, f->K, f->topk, f->topp, f->sinks, 0);
     }
-    if (masks == MASKS_RANDOM)
-        routing_random_mask(la->mask, B, T, f->K, f->topk, f->sinks, 0, focus_random_seed(f, l));
+    if (masks == MASKS_PATTERN) t->pattern_mask(la->mask, B, T, m, l, 0);
     if (masks == MASKS_ZERO) memset(la->mask, 0, sizeof(uint32_t) * BT); /* no groups */
     /* the method's kernel (model.h, AttnKernel) */
     AttnGate gate = model_layer_gate(m, l, la);

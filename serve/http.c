@@ -785,7 +785,7 @@ static enum MHD_Result models(Server* sv, struct MHD_Connection* c) {
     cJSON_AddNumberToObject(meta, "slots", sv->o.parallel);
     const AttnMode am = sv->m->fc.attn;
     cJSON_AddStringToObject(meta, "attention",
-                            am >= 0 && am <= ATTN_LOCAL ? attn_methods[am]->serve_name : "dense");
+                            am >= 0 && am < NUM_ATTN_METHODS ? attn_methods[am]->serve_name : "dense");
     cJSON_AddStringToObject(meta, "chat_template", chat_template_name(&sv->ct));
     cJSON_AddItemToArray(a, m);
     return send_json(c, 200, r);

@@ -151,7 +151,8 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     fc.K = 4, fc.dg = 8, fc.w = 6, fc.routing = ROUTE_CAUSAL, fc.attn = attn, fc.topk = topk;
     fc.sinks = sinks, fc.topp = topp, fc.local = local_mode, fc.qproj = qproj_mode;
     if (dense0) fc.dense_layers[0] = 1;
-    const int blocks = attn >= ATTN_BLOCKS;
+    const AttnMethod* am = attn_methods[attn];
+    const int blocks = attn_is_blocks(attn);
     if (blocks)
         fc.block = 4, fc.blocks = blocks_p > 0 ? 3 : 2,
         fc.blocks_p = blocks_p; /* w = 6 >= block - 1 */
@@ -186,7 +187,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     rng_seed(&rng, 3);
     int tok[T];
     for (int t = 0; t < T; t++) tok[t] = (int)(rng_u64(&rng) % cfg.V);
-    const int grouped = attn == ATTN_HARD || attn == ATTN_RANDOM;
+    const int grouped = am->masks == MASKS_ROUTER || am->masks == MASKS_PATTERN;
     model_forward(&m, tok, NULL, 1, T, 0);
     const double pattern_share = m.pattern_pairs > 0 ? m.pattern_kept / m.pattern_pairs : -1;
     real* full = mallocCheck(sizeof(real) * T * cfg.V);
@@ -251,8 +252,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
         "(max "
         "|logit| %.1f), prefill %.2e, f16 cache %.1e, pairs %.3f of dense\n",
         preset,
-        (const char*[]){"dense", "soft", "hard", "window", "random", "blocks", "blocks_mean",
-                        "oracle", "blocks_learned"}[attn],
+        am->name,
         fc.qproj ? " (query projection)" : "", m.blocks_with_groups ? " + groups" : "",
         blocks && fc.blocks_p > 0 ? " (blocks to p=0.7)" : "", topk, (double)topp, sinks,
         dense0 ? " layer 0 dense" : "", worst, scale, wp, wh, c.pairs / dense_pairs);
@@ -261,7 +261,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     if (attn_is_sparse(attn))
         CHECK(c.pairs < 0.9 * dense_pairs, "sparse decode should skip pairs (%ld)", c.pairs);
     /* the forward pass counts alike */
-    if (attn == ATTN_WINDOW || attn == ATTN_RANDOM || blocks || (attn == ATTN_HARD && fc.qproj))
+    if (attn_is_sparse(attn) && (am->count != COUNT_GROUPS || fc.qproj))
         CHECK(fabs(pattern_share - c.pairs / dense_pairs) < 1e-12,
               "%s: the forward pass keeps %.6f of the pairs, decoding %.6f", preset, pattern_share,
               c.pairs / dense_pairs);
@@ -310,9 +310,34 @@ static void check_governor(void) {
           c.seen[1]);
 }
 
+/* The strided pattern's groups (model/methods/strided.c): beyond the sinks, a query and a key
+ * share a group exactly when their distance is a multiple of K/k; a sink shares every group. */
+static void check_strided(void) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    focus_config_default(&m.fc);
+    m.fc.K = 8, m.fc.sinks = 3;
+    const int T = 80;
+    uint32_t mask[80];
+    for (int k = 1; k <= 8; k *= 2) {
+        m.fc.topk = k;
+        attn_methods[ATTN_STRIDED]->pattern_mask(mask, 1, T, &m, 0, 0);
+        int bad = 0;
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j <= i; j++) {
+                const int want = j < m.fc.sinks || i < m.fc.sinks || (i - j) % (8 / k) == 0;
+                bad += want != ((mask[i] & mask[j]) != 0);
+            }
+        printf("  strided k=%d of K=8: a query shares a group with the keys %d apart (%d wrong)\n",
+               k, 8 / k, bad);
+        CHECK(!bad, "strided k=%d: %d query-key pairs share a group wrongly", k, bad);
+    }
+}
+
 int main(void) {
     nthreads = omp_get_max_threads();
     check_governor();
+    check_strided();
     run("tiny-gpt2", ATTN_DENSE, 1, 0, 0, 0);
     run("tiny-llama", ATTN_DENSE, 1, 0, 0, 0);
     run("tiny-gpt2", ATTN_HARD, 1, 0, 0, 0);
@@ -327,6 +352,10 @@ int main(void) {
     run("tiny-llama", ATTN_WINDOW, 1, 3, 0, 1);
     run("tiny-llama", ATTN_RANDOM, 1, 2, 0, 0);
     run("tiny-gpt2", ATTN_RANDOM, 1, 0, 0, 1);
+    /* the strided pattern (model/methods/strided.c): every K-th, every (K/2)-th token */
+    run("tiny-llama", ATTN_STRIDED, 1, 2, 0, 0);
+    run("tiny-gpt2", ATTN_STRIDED, 2, 0, 0, 1);
+    run("tiny-gemma3", ATTN_STRIDED, 1, 3, 0, 0);
     /* key blocks chosen per query and key/value head from the cache's block statistics */
     run("tiny-llama", ATTN_BLOCKS, 1, 2, 0, 0);
     run("tiny-gpt2", ATTN_BLOCKS_MEAN, 1, 0, 0, 1);

@@ -13,6 +13,12 @@ static void describe(const Model* m, char* buf, size_t n) {
              focus_topk_str(f, tk), f->w, f->sinks, focus_dense_layers_str(f, dl, sizeof dl));
 }
 
+/* k of K groups per token, drawn from a hash of the layer's seed and the position */
+static void random_mask(uint32_t* mask, int B, int T, const Model* m, int l, int pos0) {
+    const FocusConfig* f = &m->fc;
+    routing_random_mask(mask, B, T, f->K, f->topk, f->sinks, pos0, focus_random_seed(f, l));
+}
+
 const AttnMethod attn_method_random = {
     .mode = ATTN_RANDOM,
     .name = "random",
@@ -26,7 +32,8 @@ const AttnMethod attn_method_random = {
     .kernel = ATTN_KERNEL_SPARSE,
     .kernel_train = ATTN_KERNEL_SPARSE,
     .gate = GATE_HARD,
-    .masks = MASKS_RANDOM,
+    .masks = MASKS_PATTERN,
+    .pattern_mask = random_mask,
     .count = COUNT_MASKS,
     .cache = CACHE_GROUPS,
     .cuda = 0,
