@@ -31,9 +31,9 @@ static void describe(const Model* m, char* buf, size_t n) {
     const int k = f->topk > 0 && f->topk < f->K ? f->topk : f->K;
     char dl[1024];
     snprintf(buf, n,
-             "strided (no router): every %d-th token beyond w=%d (K=%d, k=%d), sinks=%d, dense "
-             "layers %s",
-             f->K / k, f->w, f->K, k, f->sinks, focus_dense_layers_str(f, dl, sizeof dl));
+             "strided (no router): beyond w=%d the tokens a multiple of %d back (K=%d, k=%d), "
+             "sinks=%d, dense layers %s",
+             f->w, f->K / k, f->K, k, f->sinks, focus_dense_layers_str(f, dl, sizeof dl));
 }
 
 const AttnMethod attn_method_strided = {
