@@ -46,18 +46,6 @@ const char* attn_method_list(char* buf, size_t n, const char* sep) {
 static const char* needs_text[] = {"", "a token router (--router ROUTER.h5)",
                                    "a block selector (--router SELECTOR.h5)"};
 
-const char* attn_mode_list(char* buf, size_t n) {
-    size_t at = 0;
-    buf[0] = 0;
-    for (int a = 0; a < NUM_ATTN_METHODS && at < n; a++) {
-        const AttnMethod* t = attn_methods[a];
-        if (!t->setting) continue;
-        at += (size_t)snprintf(buf + at, n - at, "%s%s%s%s", at ? ", " : "", t->name,
-                               t->budget_arg ? ":" : "", t->budget_arg ? t->budget_arg : "");
-    }
-    return buf;
-}
-
 void attn_methods_help(FILE* f, int markdown) {
     if (markdown)
         fprintf(f,

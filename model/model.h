@@ -202,9 +202,6 @@ extern const AttnMethod* const attn_methods[NUM_ATTN_METHODS];
 const AttnMethod* attn_method_named(const char* name, size_t n);
 /* "dense, soft, hard, ..." (sep between names) of every setting value, into buf */
 const char* attn_method_list(char* buf, size_t n, const char* sep);
-/* "dense, soft, hard:k, ..." (a method with a budget spelt NAME:ARG) of every setting value, and
- * what each needs when it needs something: the modes of eval --modes, into buf */
-const char* attn_mode_list(char* buf, size_t n);
 /* The methods as one line each (name, what it needs, what a query keeps), or (markdown) as the
  * README's table: what focus settings prints. */
 void attn_methods_help(FILE* f, int markdown);

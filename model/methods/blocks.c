@@ -14,22 +14,11 @@ const AttnMethod attn_method_blocks = {
     .mode = ATTN_BLOCKS,
     .name = "blocks",
     .serve_name = "blocks",
+    BLOCK_PATTERN,
     .needs = NEEDS_NOTHING,
-    .budget = "blocks",
-    .budget_arg = "N",
-    .sparse = 1,
-    .setting = 1,
     .about =
         "the sinks, the window and N key blocks per query and key/value head by Quest's bounds "
         "(training-free)",
-    .kernel = ATTN_KERNEL_BLOCKS,
-    .kernel_train = ATTN_KERNEL_BLOCKS,
-    .gate = GATE_NONE,
-    .masks = MASKS_NONE,
-    .blocks = 1,
     .score = BLOCKS_QUEST,
-    .count = COUNT_KERNEL,
-    .cache = CACHE_BLOCKS,
-    .cuda = 0,
     .describe = describe,
 };

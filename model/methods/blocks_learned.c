@@ -14,22 +14,11 @@ const AttnMethod attn_method_blocks_learned = {
     .mode = ATTN_BLOCKS_LEARNED,
     .name = "blocks_learned",
     .serve_name = "blocks_learned",
+    BLOCK_PATTERN,
     .needs = NEEDS_SELECTOR,
-    .budget = "blocks",
-    .budget_arg = "N",
-    .sparse = 1,
-    .setting = 1,
     .about =
         "the sinks, the window and N key blocks by the learned selector's estimate of their mass; "
         "with --router SELECTOR.h5,ROUTER.h5 also the tokens of its group",
-    .kernel = ATTN_KERNEL_BLOCKS,
-    .kernel_train = ATTN_KERNEL_BLOCKS,
-    .gate = GATE_NONE,
-    .masks = MASKS_NONE,
-    .blocks = 1,
     .score = BLOCKS_LEARNED,
-    .count = COUNT_KERNEL,
-    .cache = CACHE_BLOCKS,
-    .cuda = 0,
     .describe = describe,
 };

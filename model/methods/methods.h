@@ -5,6 +5,13 @@
 
 #include "../model.h"
 
+/* The fields every block pattern shares: the blocks kernel with or without a backward, no gate
+ * and no masks, the pairs counted by the kernel, the chosen blocks over the KV cache, no CUDA. */
+#define BLOCK_PATTERN                                                                    \
+    .sparse = 1, .setting = 1, .budget = "blocks", .budget_arg = "N",                    \
+    .kernel = ATTN_KERNEL_BLOCKS, .kernel_train = ATTN_KERNEL_BLOCKS, .gate = GATE_NONE, \
+    .masks = MASKS_NONE, .blocks = 1, .count = COUNT_KERNEL, .cache = CACHE_BLOCKS, .cuda = 0
+
 /* "soft" / "hard top-k" (what), then the routing, K, w, sinks, dense layers (and k, with_k) */
 void attn_describe_router(const Model* m, const char* what, int with_k, char* buf, size_t n);
 /* a block pattern (what: "blocks", "oracle blocks") by its block score, and its budget */

@@ -14,25 +14,14 @@ const AttnMethod attn_method_oracle = {
     .mode = ATTN_ORACLE,
     .name = "oracle",
     .serve_name = "oracle",
+    BLOCK_PATTERN,
     .needs = NEEDS_NOTHING,
-    .budget = "blocks",
-    .budget_arg = "N",
-    .sparse = 1,
-    .setting = 1,
     .about =
         "the sinks, the window and the N key blocks of most dense attention mass (a bound: it "
         "needs the dense attention)",
-    .kernel = ATTN_KERNEL_BLOCKS,
-    .kernel_train = ATTN_KERNEL_BLOCKS,
-    .gate = GATE_NONE,
-    .masks = MASKS_NONE,
-    .blocks = 1,
     .score = BLOCKS_ORACLE,
-    .count = COUNT_KERNEL,
-    .cache = CACHE_BLOCKS,
     .no_decode =
         "generation runs dense, hard, window, random or block attention; oracle is an "
         "evaluation ceiling (it scores every key: eval ppl, passkey, curve)",
-    .cuda = 0,
     .describe = describe,
 };
