@@ -123,9 +123,9 @@ void blockgate_load(const char* path, Model* m, BlockGateInfo* info, uint64_t fi
     if (blocks) fatal_forget(blocks);
     fatal_forget(w);
     h5_close(f);
-    free(m->blockgate);
-    free(m->blockgate_blocks);
-    m->blockgate = w;
-    m->blockgate_blocks = blocks;
-    m->blockgate_n0 = info->n0;
+    free(m->method.selector);
+    free(m->method.selector_blocks);
+    m->method.selector = w;
+    m->method.selector_blocks = blocks;
+    m->method.selector_n0 = info->n0;
 }

@@ -23,8 +23,8 @@ void blockgate_save(const char* path, const Model* m, const real* wgt, const Blo
                     uint64_t fingerprint);
 /* 1 when path is a block selector file (the rest of its content unchecked), else 0. */
 int blockgate_file(const char* path);
-/* Load the selector onto m (m->blockgate and, when the file has them, m->blockgate_blocks and
- * blockgate_n0, allocated here) and its settings into info. */
+/* Load the selector onto m (m->method.selector and, when the file has them, its per-layer
+ * budgets selector_blocks and selector_n0, allocated here) and its settings into info. */
 void blockgate_load(const char* path, Model* m, BlockGateInfo* info, uint64_t fingerprint);
 
 #endif

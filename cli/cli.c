@@ -130,7 +130,7 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
         router = NULL;
         if (groups) { /* the token router's groups beside the blocks, in the selector's band */
             load_token_router(m, groups, 1);
-            m->blocks_with_groups = 1;
+            m->method.with_groups = 1;
         }
     } else if (router) {
         load_token_router(m, router, 0);
@@ -148,7 +148,7 @@ void apply_router_options(Model* m, const char* router, const char* attn, const 
                 "--attn %s needs --router router.h5 (window, random, blocks, blocks_mean and "
                 "oracle need none)",
                 attn);
-        if (attn_methods[f->attn]->needs == NEEDS_SELECTOR && !m->blockgate)
+        if (model_method(m)->needs == NEEDS_SELECTOR && !m->method.selector)
             fatal(
                 "--attn blocks_learned needs --router SELECTOR.h5, a block selector of focus "
                 "fit-blocks");
@@ -275,7 +275,7 @@ static void apply_focus_sets(Model* m, const char* model, const char* router, co
 }
 
 const char* cli_attention_desc(const Model* m, char* buf, size_t n) {
-    attn_methods[m->fc.attn]->describe(m, buf, n);
+    model_method(m)->describe(m, buf, n);
     return buf;
 }
 
@@ -308,7 +308,7 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
         fatal("unknown mode '%s' (%s; a budget k or N may be pP or pP:k)", mode,
               mode_list(list, sizeof list));
     }
-    if (am->needs == NEEDS_SELECTOR && !m->blockgate)
+    if (am->needs == NEEDS_SELECTOR && !m->method.selector)
         fatal("mode %s needs --router SELECTOR.h5, a block selector of focus fit-blocks", mode);
     if (am->needs == NEEDS_ROUTER && !have_router) fatal("mode %s needs --router router.h5", mode);
     m->fc.attn = am->mode;
@@ -328,7 +328,8 @@ static void set_mode_base(Model* m, const char* mode, int have_router) {
 }
 
 void cli_set_mode(Model* m, const char* mode, int have_router) {
-    if (m->blockgate) have_router = 0; /* --router gave a block selector, not a token router */
+    if (m->method.selector)
+        have_router = 0; /* --router gave a block selector, not a token router */
     char buf[256];
     if (strlen(mode) >= sizeof buf) fatal("mode '%.40s...' is too long", mode);
     strcpy(buf, mode);

@@ -153,8 +153,8 @@ int cmd_bench_decode(int argc, char** argv) {
     char desc[1400];
     printf("model %s (%s), weights %s, attention %s, KV cache %s, %d threads%s\n", info.name,
            info.format, m.native ? "native (the file's blocks)" : "fp32",
-           attn_methods[m.fc.attn]->brief ? attn_methods[m.fc.attn]->brief
-                                          : cli_attention_desc(&m, desc, sizeof desc),
+           model_method(&m)->brief ? model_method(&m)->brief
+                                   : cli_attention_desc(&m, desc, sizeof desc),
            c.half ? "f16" : "f32", omp_get_max_threads(),
            c.gov.on ? " at most (chosen per decode step)" : "");
     printf("kernels: %s (this CPU's best: %s; FOCUS_ISA forces a level)\n",

@@ -27,8 +27,7 @@ static void eval_layer_sensitivity(Model* m, const int* ids, size_t n, int ctx, 
     const double pd = exp(d.nll / d.count), pa = exp(all.nll / all.count);
     char tk[32];
     printf("layer sensitivity: %s attention, k=%s, sinks=%d, w=%d, ctx %d, %zu tokens\n",
-           attn_methods[m->fc.attn]->name, focus_topk_str(&m->fc, tk), m->fc.sinks, m->fc.w, ctx,
-           d.count);
+           model_method(m)->name, focus_topk_str(&m->fc, tk), m->fc.sinks, m->fc.w, ctx, d.count);
     printf("dense (router off) %.4f; every layer sparse %.4f (%+.2f %%)\n", pd, pa,
            100 * (pa / pd - 1));
     printf("%5s  %10s  %8s   (only this layer sparse, every other layer dense)\n", "layer",

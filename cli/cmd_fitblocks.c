@@ -176,7 +176,7 @@ int cmd_fitblocks(int argc, char** argv) {
                 "fit-blocks: %s was fitted with block %d, w %d, sinks %d; this run asks for %d, "
                 "%d, %d",
                 init_path, from.block, from.w, from.sinks, f.block, f.w, f.sinks);
-        memcpy(wgt, m.blockgate, sizeof(real) * (size_t)c->L * c->NH * W);
+        memcpy(wgt, m.method.selector, sizeof(real) * (size_t)c->L * c->NH * W);
     }
     double* before = mallocCheck(sizeof(double) * c->L * c->NH);
     double* after = mallocCheck(sizeof(double) * c->L * c->NH);

@@ -95,7 +95,7 @@ int cmd_generate(int argc, char** argv) {
     }
     double dt = now_seconds() - t0;
     char desc[1400];
-    const AttnMethod* am = attn_methods[m.fc.attn];
+    const AttnMethod* am = model_method(&m);
     if (am->brief) /* "dense over the KV cache", "hard top-k over the group KV cache" */
         snprintf(desc, sizeof desc, "%s over the %sKV cache", am->brief,
                  am->cache == CACHE_GROUPS ? "group " : "");

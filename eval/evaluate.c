@@ -63,7 +63,7 @@ PplResult eval_perplexity_llama(Model* m, const int* ids, size_t n, int ctx, int
         if (m->bos >= 0) in[0] = m->bos;
         model_forward(m, in, tgt, 1, T, 0);
         if (attn_is_sparse(m->fc.attn)) {
-            r.kept += attn_methods[m->fc.attn]->count == COUNT_GROUPS && !m->router.wq
+            r.kept += model_method(m)->count == COUNT_GROUPS && !m->router.wq
                           ? hard_pairs_kept(m)
                           : m->pattern_kept / m->pattern_pairs;
             windows++;

@@ -13,13 +13,13 @@
 
 static void check_mode(const Model* m) {
     const FocusConfig* f = &m->fc;
-    if (attn_methods[f->attn]->no_decode) fatal("%s", attn_methods[f->attn]->no_decode);
+    if (model_method(m)->no_decode) fatal("%s", model_method(m)->no_decode);
     if (attn_is_blocks(f->attn) && f->w < f->block - 1)
         fatal(
             "generation with key blocks needs w >= block - 1 (got w = %d, block = %d): a query's "
             "candidate blocks must be complete",
             f->w, f->block);
-    if (attn_methods[f->attn]->causal_routing && f->routing != ROUTE_CAUSAL)
+    if (model_method(m)->causal_routing && f->routing != ROUTE_CAUSAL)
         fatal("generation needs causal routing (got %s)", routing_name(f->routing));
 }
 

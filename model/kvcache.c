@@ -87,7 +87,7 @@ static void layer_band(const Model* m, int l, int* w, int* sinks) {
 static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key) {
     const FocusConfig* f = &m->fc;
     uint32_t mi = 0;
-    const AttnMethod* t = attn_methods[f->attn];
+    const AttnMethod* t = model_method(m);
     if (t->masks == MASKS_PATTERN)
         t->pattern_mask(&mi, 1, 1, m, l, n);
     else if (key && m->router.wq)
@@ -368,7 +368,7 @@ static void selector_of(const KVCache* c, const Model* m, int l, int g, const re
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     *st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
     *gate = attn_block_score(m->fc.attn) == BLOCKS_LEARNED
-                ? m->blockgate + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
+                ? m->method.selector + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
                 : NULL;
 }
 
@@ -444,7 +444,7 @@ static int distant_keys(const KVCache* c, const Model* m, int l, int n, int g, c
     }
     /* each group key in the lowest group it shares with the row */
     const uint32_t* cm = c->mask + (size_t)l * c->cap;
-    for (int grp = 0; m->blocks_with_groups && grp < f->K; grp++) {
+    for (int grp = 0; m->method.with_groups && grp < f->K; grp++) {
         if (!((mi >> grp) & 1)) continue;
         const int* gp = c->gpos + ((size_t)l * f->K + grp) * c->cap;
         const int len = c->gn[(size_t)l * f->K + grp];
@@ -528,7 +528,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     profile_tick(r->prof, r->mark, PART_SELECT);
     attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
                             nsel, nbmax, NH, NKV, hs);
-    if (m->blocks_with_groups) { /* the rows' groups, less the chosen blocks and the sinks */
+    if (m->method.with_groups) { /* the rows' groups, less the chosen blocks and the sinks */
         const ChosenBlocks chosen = {f->sinks, bs, sel, nsel, nbmax};
         pairs += attention_cached_groups(
             att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
@@ -691,9 +691,9 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     /* in order: each row's groups, joined (a cache's group lists grow row by row); mi: the
      * groups each row keeps as a query. The router's groups: hard mode, or beside the blocks */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
-    const int grouped = kind == KEYS_GROUPS || (kind == KEYS_BLOCKS && m->blocks_with_groups);
+    const int grouped = kind == KEYS_GROUPS || (kind == KEYS_BLOCKS && m->method.with_groups);
     /* the router's groups, computed per row (a pattern's come from its row) */
-    const int hard = attn_methods[f->attn]->masks != MASKS_PATTERN;
+    const int hard = model_method(m)->masks != MASKS_PATTERN;
     for (int i = 0; i < n && grouped; i++) {
         const real* hi = h + (size_t)i * C;
         const real* cent = m->router.cent + (size_t)l * K * f->dg;

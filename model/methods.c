@@ -120,7 +120,7 @@ void attn_describe_blocks(const Model* m, const char* what, char* buf, size_t n)
              "w=%d, dense layers %s%s",
              what, blocks_budget(f, nb), f->block, block_score_name(attn_block_score(f->attn)),
              f->sinks, f->w, focus_dense_layers_str(f, dl, sizeof dl),
-             m->blocks_with_groups ? ", with the token router's groups" : "");
+             m->method.with_groups ? ", with the token router's groups" : "");
     blocks_cover(f, buf, n);
 }
 
@@ -131,8 +131,8 @@ void attn_describe_learned(const Model* m, char* buf, size_t n) {
              "blocks (learned selector): %s key blocks of %d per query and key/value head%s, "
              "sinks=%d, w=%d, dense layers %s%s",
              blocks_budget(f, nb), f->block,
-             m->blockgate_blocks ? " on average (per-layer budgets)" : "", f->sinks, f->w,
+             m->method.selector_blocks ? " on average (per-layer budgets)" : "", f->sinks, f->w,
              focus_dense_layers_str(f, dl, sizeof dl),
-             m->blocks_with_groups ? ", with the token router's groups" : "");
+             m->method.with_groups ? ", with the token router's groups" : "");
     blocks_cover(f, buf, n);
 }

@@ -112,8 +112,8 @@ void model_free(Model* m) {
     free(m->tnegent);
     free(m->kl_losses);
     free(m->atarget);
-    free(m->blockgate);
-    free(m->blockgate_blocks);
+    free(m->method.selector);
+    free(m->method.selector_blocks);
     free(m->lora_mem);
     free(m->lora_grads_mem);
     free(m->lora_scratch);
@@ -259,11 +259,12 @@ void model_forward(Model* m, const int* inputs, const int* targets, int B, int T
             fatal("token id %d at position %d is outside the vocabulary (V=%d)", inputs[i], i,
                   c->V);
     }
-    if (m->kl_active && (B != m->B || T != m->T)) m->kl_active = 0; /* not this batch's teacher */
-    if (!m->routed_dense)
-        m->mass_ready = 0; /* the attn objective reads the teacher's activations */
-    /* router training on the CPU keeps only what its backward reads (model.h, lean_acts) */
-    if (keep && m->lean_acts && m->backend == &model_cpu_backend) keep = KEEP_ROUTER;
+    if (m->pass.kl_active && (B != m->B || T != m->T))
+        m->pass.kl_active = 0; /* not this batch's teacher */
+    if (!m->pass.routed_dense)
+        m->pass.mass_ready = 0; /* the attn objective reads the teacher's activations */
+    /* router training on the CPU keeps only what its backward reads (PassFlags.lean_acts) */
+    if (keep && m->pass.lean_acts && m->backend == &model_cpu_backend) keep = KEEP_ROUTER;
     m->backend->forward(m, inputs, targets, B, T, keep);
 }
 
@@ -271,12 +272,12 @@ void model_teacher_forward(Model* m, const int* inputs, int B, int T, int want_l
                            int want_mass) {
     AttnMode attn = m->fc.attn;
     m->fc.attn = ATTN_DENSE;
-    m->routed_dense = want_mass;
-    m->kl_active = 0;
-    m->mass_ready = want_mass;
+    m->pass.routed_dense = want_mass;
+    m->pass.kl_active = 0;
+    m->pass.mass_ready = want_mass;
     model_forward(m, inputs, NULL, B, T, 1);
     m->fc.attn = attn;
-    m->routed_dense = 0;
+    m->pass.routed_dense = 0;
     m->backend->teacher(m, want_logp, want_mass);
 }
 
@@ -287,7 +288,8 @@ double model_attn_objective_norm(const Model* m) {
 }
 
 double model_attn_objective(Model* m, real weight, int backward) {
-    if (!m->mass_ready) fatal("internal: model_attn_objective needs a teacher pass with want_mass");
+    if (!m->pass.mass_ready)
+        fatal("internal: model_attn_objective needs a teacher pass with want_mass");
     return m->backend->attn_objective(m, weight, backward);
 }
 

@@ -96,7 +96,7 @@ int model_fc_width(const ModelConfig* c);
  * only), random (random groups with the router's K and k), blocks / blocks_mean (per query and key/
  * value head the best key blocks by Quest's bounds / by mean keys), oracle (the blocks holding
  * the most dense attention mass: the ceiling of block selection); blocks_learned: the blocks
- * of most mass by the learned block selector (`focus fit-blocks`, Model.blockgate). */
+ * of most mass by the learned block selector (`focus fit-blocks`, Model.method.selector). */
 typedef enum {
     ATTN_DENSE = 0,
     ATTN_SOFT = 1,
@@ -424,6 +424,36 @@ typedef struct {
 } NativePart;
 extern const NativePart model_native[NATIVE_PER_LAYER];
 
+/* The state of the active attention method (Model.fc.attn, a row of attn_methods) that its
+ * settings do not hold: what the loader gave it. The token router's own parameters are
+ * Model.router. */
+typedef struct AttnState {
+    /* the learned block selector of blocks_learned (L, NH, BLOCKGATE_WIDTH(hs)), NULL unless
+     * loaded (checkpoints/blockgate_h5.h) */
+    real* selector;
+    /* its per-layer budgets (L): blocks kept per query in each layer when blocks = selector_n0,
+     * scaled to other budgets (model_layer_blocks); NULL: blocks in every layer */
+    int* selector_blocks;
+    int selector_n0;
+    /* the centroids with the blocks (--router SELECTOR.h5,ROUTER.h5): a block pattern's query
+     * also keeps the distant keys it shares a token group with (kernels/sparse.h,
+     * attention_blocks_forward; the KV cache's group lists in decoding) */
+    int with_groups;
+} AttnState;
+
+/* How the passes over whole sequences run: set by the training loops and teacher passes around
+ * the passes they make, not by the attention method. */
+typedef struct PassFlags {
+    int no_head;      /* forward passes stop after the last layer (no norm, head or loss) */
+    int kl_active;    /* tprob holds the teacher of the current (B, T): backward follows the KL */
+    int mass_ready;   /* the group mass of the last teacher pass is there (host or device) */
+    int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
+    /* A keep = 1 forward pass on the CPU keeps only what a router's backward reads (keep becomes
+     * KEEP_ROUTER: ln2 and the MLP activation are not kept per layer; they feed only weight
+     * gradients). Set by router training; a GRAD_ALL or GRAD_LORA backward is then refused. */
+    int lean_acts;
+} PassFlags;
+
 typedef struct Model {
     ModelConfig cfg;
     FocusConfig fc;
@@ -445,17 +475,8 @@ typedef struct Model {
     size_t lora_sizes[NUM_LORA_TENSORS], num_lora, lora_scratch_n;
     real* beta; /* (L, K) causal routing bias, an EMA of colofs; not a gradient parameter */
     long beta_updates;
-    /* the learned block selector of --attn blocks_learned (L, NH, BLOCKGATE_WIDTH(hs)), NULL
-     * unless loaded (checkpoints/blockgate_h5.h) */
-    real* blockgate;
-    /* its per-layer budgets (L): blocks kept per query in each layer when blocks = blockgate_n0,
-     * scaled to other budgets (model_layer_blocks); NULL: blocks in every layer */
-    int* blockgate_blocks;
-    int blockgate_n0;
-    /* the centroids with the blocks (--router SELECTOR.h5,ROUTER.h5): a block pattern's query also
-     * keeps the distant keys it shares a token group with (kernels/sparse.h,
-     * attention_blocks_forward; the KV cache's group lists in decoding) */
-    int blocks_with_groups;
+    /* the active method's state beside fc.attn: its block selector and whether groups join it */
+    AttnState method;
     /* called by the CPU forward pass over whole sequences after each layer's attention, when set,
      * with that layer's normalised input h (B, T, C: the router's input), its q, k, v (B, T, QKV;
      * RoPE applied) and the attention's log-sum-exps lse (B, NH, T): how `focus fit-blocks` and
@@ -463,7 +484,6 @@ typedef struct Model {
     void (*layer_observer)(void* ctx, int layer, const real* h, const real* qkv, const real* lse,
                            int B, int T);
     void* layer_observer_ctx;
-    int no_head; /* forward passes stop after the last layer (no norm, head or loss) */
     /* activations for the current (B, T); with keep == 0 every layer shares one slot */
     Acts acts;
     real* acts_mem;
@@ -481,21 +501,14 @@ typedef struct Model {
     real* tprob;     /* (B, T, V) the dense model's next-token probabilities */
     real* tnegent;   /* (B, T) sum_v p log p of each row of tprob */
     real* kl_losses; /* (B, T) KL(teacher || model) per token */
-    real mean_kl;    /* with kl_active and targets: the mean KL of the last forward */
-    int kl_active;   /* tprob holds the teacher of the current (B, T): backward follows the KL */
+    real mean_kl;    /* with pass.kl_active and targets: the mean KL of the last forward */
     real* atarget;   /* (L, B, T, K) dense attention mass beyond the window, by group */
     size_t teacher_bt, atarget_n; /* sizes of the teacher buffers */
-    int mass_ready;   /* the group mass of the last teacher pass is there (host or device) */
-    int routed_dense; /* set during a teacher pass: dense attention, routing still computed */
     /* pairs kept and causal pairs, summed over layers and sequences, of the last forward pass in
      * a training-free pattern (window, random, blocks, oracle; the router's hard mode is counted
      * from its masks by the caller) */
     double pattern_kept, pattern_pairs;
-    int have_dlogits;
-    /* A keep = 1 forward pass on the CPU keeps only what a router's backward reads (keep becomes
-     * KEEP_ROUTER: ln2 and the MLP activation are not kept per layer; they feed only weight
-     * gradients). Set by router training; a GRAD_ALL or GRAD_LORA backward is then refused. */
-    int lean_acts;
+    PassFlags pass; /* how the passes run, set by the training loops and teacher passes */
     /* backward scratch */
     real* scratch_mem;
     size_t scratch_size;
@@ -535,16 +548,24 @@ typedef struct Model {
     int bos;
 } Model;
 
+/* The row of the method the model runs (fc.attn; a sliding-window layer may run its own:
+ * model_layer_attn). */
+static inline const AttnMethod* model_method(const Model* m) { return attn_methods[m->fc.attn]; }
+
+/* The selector's budget of layer l scaled to n blocks a query keeps on average: its per-layer
+ * budget times n / method.selector_n0, rounded; n itself without per-layer budgets. */
+static inline int model_selector_budget(const Model* m, int l, int n) {
+    const AttnState* s = &m->method;
+    if (!s->selector_blocks || s->selector_n0 <= 0) return n;
+    const long long b = s->selector_blocks[l];
+    return (int)((2 * b * n + s->selector_n0) / (2 * (long long)s->selector_n0));
+}
+
 /* The key blocks layer l keeps per query in the block patterns: fc.blocks, or under the learned
- * selector with per-layer budgets its share of them (its budget of the layer times blocks /
- * blockgate_n0, rounded). */
+ * selector its budget of the layer (model_selector_budget). */
 static inline int model_layer_blocks(const Model* m, int l) {
-    const int n = m->fc.blocks;
-    if (!m->blockgate_blocks || attn_block_score(m->fc.attn) != BLOCKS_LEARNED ||
-        m->blockgate_n0 <= 0)
-        return n;
-    const long long b = m->blockgate_blocks[l];
-    return (int)((2 * b * n + m->blockgate_n0) / (2 * (long long)m->blockgate_n0));
+    if (attn_block_score(m->fc.attn) != BLOCKS_LEARNED) return m->fc.blocks;
+    return model_selector_budget(m, l, m->fc.blocks);
 }
 
 /* Named configurations: gpt2-124m, smollm2-135m, gemma3-270m, tiny-gpt2, tiny-llama, tiny-gemma3,
@@ -677,7 +698,7 @@ void model_init_router(Model* m, uint64_t seed);
  * learn_gate) lambda and b. */
 size_t model_router_trained(const Model* m, int learn_gate);
 
-/* model->keep after a keep = 1 pass with lean_acts (backend.h: model_act_sizes). */
+/* model->keep after a keep = 1 pass with pass.lean_acts (backend.h: model_act_sizes). */
 enum { KEEP_ROUTER = 2 };
 
 /* Forward pass over tokens (B, T). With targets (or NULL) it sets mean_loss. keep = 1 stores

@@ -240,10 +240,10 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
     const AttnKernel kernel = model_attn_kernel(t->mode, r->keep);
     /* the centroids beside a block selector: the router's groups (causal routing, as the hard
      * mode evaluates) join the chosen blocks */
-    const int with_groups = kernel == ATTN_KERNEL_BLOCKS && m->blocks_with_groups;
+    const int with_groups = kernel == ATTN_KERNEL_BLOCKS && m->method.with_groups;
     const MaskKind masks = with_groups ? MASKS_ROUTER : t->masks;
     /* a dense layer's groups are still computed (reports and statistics read them) */
-    if (masks == MASKS_ROUTER || attn_uses_router(f->attn) || m->routed_dense) {
+    if (masks == MASKS_ROUTER || attn_uses_router(f->attn) || m->pass.routed_dense) {
         router_scores_forward(la->rproj, la->rS, la->ln1, m->router.wg + lC * f->dg,
                               m->router.cent + (size_t)l * f->K * f->dg, BT, c->C, f->dg, f->K);
         routing_forward(la->rG, la->colofs, la->rS, m->beta + (size_t)l * f->K,
@@ -281,7 +281,8 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
             kept = attention_blocks_forward(
                 la->att, la->lse, la->qkv, f->w, f->sinks, f->block, model_layer_blocks(m, l),
                 f->blocks_p, t->score,
-                m->blockgate ? model_slice(m->blockgate, l, NH * BLOCKGATE_WIDTH(hs)) : NULL,
+                m->method.selector ? model_slice(m->method.selector, l, NH * BLOCKGATE_WIDTH(hs))
+                                   : NULL,
                 with_groups ? la->qmask : NULL, with_groups ? la->mask : NULL, f->K, B, T, NH, NKV,
                 hs);
             break;
@@ -289,7 +290,7 @@ static void layer_attention(Model* m, int l, const LayerActs* la, const LayerRow
     m->pattern_kept += kept;
     /* the pairs a sparse method keeps (the router's groups without a query projection:
      * evaluate.c counts them from the groups, on either backend) */
-    if (attn_is_sparse(f->attn) && (attn_methods[f->attn]->count != COUNT_GROUPS || m->router.wq))
+    if (attn_is_sparse(f->attn) && (model_method(m)->count != COUNT_GROUPS || m->router.wq))
         pattern_count(m, t, la->qmask, la->mask, B, T, model_layer_spec(c, l).window);
 }
 
@@ -359,13 +360,12 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         cpu_layer(m, l, x, &la, &rows);
         x = la.res3;
     }
-    m->have_dlogits = 0;
     m->mean_loss = -1;
-    if (m->no_head) return;
+    if (m->pass.no_head) return;
     const LayerSpec S0 = model_layer_spec(c, 0);
     cpu_norm(m, &S0, a->lnf, a->lnf_stat, a->lnf_stat + BT, x, p->lnfw, p->lnfb, BT);
     const size_t hr = model_head_rows(c, BT, keep); /* rows of logits held at once */
-    if (hr < BT && m->kl_active)
+    if (hr < BT && m->pass.kl_active)
         fatal("internal: the kl objective needs every row's logits (%zu rows)", BT);
     const real* head = c->tied ? p->wte : p->lmhead;
     for (size_t r0 = 0; r0 < BT; r0 += hr) { /* the head, a chunk of rows at a time */
@@ -388,7 +388,7 @@ static void cpu_forward(Model* m, const int* inputs, const int* targets, int B, 
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;
-        if (m->kl_active) {
+        if (m->pass.kl_active) {
             kl_forward(m->kl_losses, a->logits, m->tprob, m->tnegent, targets, BT, c->V);
             s = 0;
             for (size_t i = 0; i < BT; i++) s += m->kl_losses[i];
@@ -411,7 +411,7 @@ static void cpu_teacher(Model* m, int want_logp, int want_mass) {
         }
         memcpy(m->tprob, m->acts.logits, sizeof(real) * BT * c->V);
         teacher_probs_forward(m->tprob, m->tnegent, BT, c->V);
-        m->kl_active = 1;
+        m->pass.kl_active = 1;
     }
     if (want_mass) {
         if (m->atarget_n != (size_t)c->L * BT * f->K) {
@@ -506,7 +506,7 @@ static void cpu_backward(Model* m, GradMode mode) {
     if (c->arch == ARCH_GEMMA3 && (all || lora))
         fatal("gemma3 trains its router only here (no weight or adapter gradients)");
     /* only the soft gate is differentiable */
-    const int router_on = attn_methods[f->attn]->gate == GATE_SOFT;
+    const int router_on = model_method(m)->gate == GATE_SOFT;
     const Params* p = &m->params;
     Params* g = all ? &m->grads : &(Params){0};
     Acts* a = &m->acts;
@@ -532,13 +532,12 @@ static void cpu_backward(Model* m, GradMode mode) {
     /* d loss / d logits, in place over the logits */
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
-    if (m->kl_active)
+    if (m->pass.kl_active)
         kl_backward(a->logits, m->kl_losses, a->logits, m->tprob, m->tnegent, m->targets, BT, c->V,
                     (real)(1.0 / (valid ? valid : 1)));
     else
         crossentropy_backward(a->logits, m->losses, a->logits, m->targets, BT, c->V,
                               (real)(1.0 / (valid ? valid : 1)));
-    m->have_dlogits = 1;
 
     const real* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
     memset(dbuf, 0, sizeof(real) * BT * C);
@@ -628,7 +627,7 @@ static void cpu_backward(Model* m, GradMode mode) {
                       p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
     }
     if (all) encoder_backward(g->wte, g->wpe, dres, m->inputs, B, T, C);
-    m->kl_active = 0; /* the teacher's distributions served this backward pass */
+    m->pass.kl_active = 0; /* the teacher's distributions served this backward pass */
 }
 
 /* The CPU keeps no copies: the activations and router are the host's. */

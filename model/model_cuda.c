@@ -56,7 +56,7 @@ static void cuda_attach(Model* m) {
               m->source[0] ? m->source : "the model");
     if (m->fc.qproj)
         fatal("a router with a query projection (qproj = 1) runs on the CPU (--device cpu)");
-    if (m->blocks_with_groups)
+    if (m->method.with_groups)
         fatal("a block selector with a token router's groups runs on the CPU (--device cpu)");
     cuda_init(0);
     struct CudaModel* g = callocCheck(1, sizeof(*g));
@@ -175,7 +175,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
     struct CudaModel* g = G(m);
     const ModelConfig* c = &m->cfg;
     const FocusConfig* f = &m->fc;
-    if (!attn_methods[f->attn]->cuda)
+    if (!model_method(m)->cuda)
         fatal(
             "--attn window / random / blocks / blocks_mean / oracle run on the CPU (no --device "
             "cuda)");
@@ -200,7 +200,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
         if (c->arch == ARCH_LLAMA)
             rope_forward_cuda(la.qkv, B, T, c->NH, c->NKV, hs, c->rope_theta, 0);
         const AttnMode mode = focus_layer_attn(f, l);
-        if (f->attn != ATTN_DENSE || m->routed_dense) {
+        if (f->attn != ATTN_DENSE || m->pass.routed_dense) {
             cuda_prof_mark("fwd router scores");
             router_scores_forward_cuda(la.rproj, la.rS, la.ln1, g->router.wg + lC * f->dg,
                                        g->router.cent + (size_t)l * f->K * f->dg, BT, C, f->dg,
@@ -255,7 +255,6 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
     cuda_prof_mark("fwd lm head");
     matmul_forward_cuda(a->logits, a->lnf, c->tied ? p->wte : p->lmhead, NULL, BT, C, c->V);
     g->groups_fresh = 0;
-    m->have_dlogits = 0;
     m->mean_loss = -1;
     if (targets) {
         memcpy(m->targets, targets, sizeof(int) * BT);
@@ -269,7 +268,7 @@ static void cuda_forward(Model* m, const int* inputs, const int* targets, int B,
         double s = 0;
         for (size_t i = 0; i < BT; i++) s += m->losses[i];
         m->mean_loss = valid ? (real)(s / valid) : 0;
-        if (m->kl_active) {
+        if (m->pass.kl_active) {
             kl_forward_cuda(g->kl_losses, a->logits, g->tprob, g->tnegent, g->targets, BT, c->V);
             cuda_download(m->kl_losses, g->kl_losses, sizeof(float) * BT);
             s = 0;
@@ -313,7 +312,7 @@ static void cuda_backward(Model* m, GradMode mode) {
     const int B = g->B, T = g->T, C = c->C, hs = model_head_size(c), QKV = model_qkv_width(c),
               FC = model_fc_width(c);
     const size_t BT = (size_t)B * T;
-    const int router_on = attn_methods[f->attn]->gate == GATE_SOFT;
+    const int router_on = model_method(m)->gate == GATE_SOFT;
     const Params* p = &g->params;
     Acts* a = &g->acts;
     /* scratch: dres, dbuf (BT, C); dqkv (BT, QKV); dfch (BT, FC); dact (BT, F); dG, dS (BT, K);
@@ -342,13 +341,12 @@ static void cuda_backward(Model* m, GradMode mode) {
     size_t valid = 0;
     for (size_t i = 0; i < BT; i++) valid += m->targets[i] >= 0;
     cuda_prof_mark("bwd cross-entropy");
-    if (m->kl_active)
+    if (m->pass.kl_active)
         kl_backward_cuda(a->logits, g->kl_losses, a->logits, g->tprob, g->tnegent, g->targets, BT,
                          c->V, (float)(1.0 / (valid ? valid : 1)));
     else
         crossentropy_backward_cuda(a->logits, g->losses, a->logits, g->targets, BT, c->V,
                                    (float)(1.0 / (valid ? valid : 1)));
-    m->have_dlogits = 1;
 
     const float* xlast = a->res3 + (size_t)(c->L - 1) * BT * C;
     cuda_memset0(dbuf, sizeof(float) * BT * C);
@@ -420,7 +418,7 @@ static void cuda_backward(Model* m, GradMode mode) {
         cuda_prof_mark("bwd norm");
         norm_backward(m, dres, dbuf, x, p->ln1w + lC, la.ln1_mean, la.ln1_rstd, BT);
     }
-    m->kl_active = 0; /* the teacher's distributions served this backward pass */
+    m->pass.kl_active = 0; /* the teacher's distributions served this backward pass */
     /* the host copy of the router gradients (what clipping and tests read) */
     cuda_prof_mark("bwd gradient download");
     cuda_download(m->rgrads_mem, g->rgrads_mem, sizeof(float) * m->num_router);
@@ -452,7 +450,7 @@ static void cuda_teacher(Model* m, int want_logp, int want_mass) {
         }
         cuda_copy(g->tprob, g->acts.logits, sizeof(float) * BT * c->V);
         teacher_probs_forward_cuda(g->tprob, g->tnegent, BT, c->V);
-        m->kl_active = 1;
+        m->pass.kl_active = 1;
     }
     if (want_mass) {
         g->atarget = grow(g->atarget, &g->atarget_n, (size_t)c->L * BT * f->K);

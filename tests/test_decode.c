@@ -162,17 +162,17 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
         const int W = BLOCKGATE_WIDTH(model_head_size(&cfg));
         Rng wr;
         rng_seed(&wr, 9);
-        m.blockgate = mallocCheck(sizeof(real) * (size_t)cfg.L * cfg.NH * W);
-        blockgate_init(m.blockgate, cfg.L * cfg.NH, model_head_size(&cfg));
+        m.method.selector = mallocCheck(sizeof(real) * (size_t)cfg.L * cfg.NH * W);
+        blockgate_init(m.method.selector, cfg.L * cfg.NH, model_head_size(&cfg));
         for (int i = 0; i < cfg.L * cfg.NH * W; i++)
-            m.blockgate[i] += (real)(0.3 * rng_normal(&wr));
+            m.method.selector[i] += (real)(0.3 * rng_normal(&wr));
         if (sinks) { /* per-layer budgets: 1 and 3 blocks, 2 on average */
-            m.blockgate_blocks = mallocCheck(sizeof(int) * cfg.L);
-            for (int l = 0; l < cfg.L; l++) m.blockgate_blocks[l] = l % 2 ? 3 : 1;
-            m.blockgate_n0 = 2;
+            m.method.selector_blocks = mallocCheck(sizeof(int) * cfg.L);
+            for (int l = 0; l < cfg.L; l++) m.method.selector_blocks[l] = l % 2 ? 3 : 1;
+            m.method.selector_n0 = 2;
         }
     }
-    m.blocks_with_groups = blocks && groups_mode;
+    m.method.with_groups = blocks && groups_mode;
     model_init_backbone(&m, 31);
     for (size_t i = 0; i < m.num_params; i++)
         if (m.params_mem[i] != 1 && m.params_mem[i] != 0) m.params_mem[i] *= 10;
@@ -251,9 +251,8 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
         "  %-10s %-5s%s%s%s k=%d p=%.1f sinks=%d%s: decode vs full-sequence logits max |diff| %.2e "
         "(max "
         "|logit| %.1f), prefill %.2e, f16 cache %.1e, pairs %.3f of dense\n",
-        preset,
-        am->name,
-        fc.qproj ? " (query projection)" : "", m.blocks_with_groups ? " + groups" : "",
+        preset, am->name, fc.qproj ? " (query projection)" : "",
+        m.method.with_groups ? " + groups" : "",
         blocks && fc.blocks_p > 0 ? " (blocks to p=0.7)" : "", topk, (double)topp, sinks,
         dense0 ? " layer 0 dense" : "", worst, scale, wp, wh, c.pairs / dense_pairs);
     CHECK(worst < 1e-4 * (scale > 1 ? scale : 1),

@@ -414,9 +414,9 @@ static double model_attn_loss(void* p) {
     ModelCtx* c = p;
     AttnMode keep = c->m->fc.attn;
     c->m->fc.attn = ATTN_DENSE;
-    c->m->routed_dense = 1;
+    c->m->pass.routed_dense = 1;
     model_forward(c->m, c->inp, NULL, c->B, c->T, 1);
-    c->m->routed_dense = 0;
+    c->m->pass.routed_dense = 0;
     c->m->fc.attn = keep;
     return model_attn_objective(c->m, 1, 0);
 }
@@ -459,7 +459,7 @@ static void check_objectives(void) {
     memcpy(rg, m.rgrads_mem, sizeof(real) * m.num_router);
     model_teacher_forward(&m, inp, B, T, 1, 0);
     check_router_grads("objective kl (2 sinks)", model_kl_loss, &c, rg);
-    m.kl_active = 0;
+    m.pass.kl_active = 0;
 
     /* attn: dense attention mass by group as each layer's routing target */
     model_teacher_forward(&m, inp, B, T, 0, 1);

@@ -203,7 +203,7 @@ static void check_lean_acts(void) {
     Model full, lean;
     build(&full, &c, ATTN_SOFT, ROUTE_CAUSAL);
     build(&lean, &c, ATTN_SOFT, ROUTE_CAUSAL);
-    lean.lean_acts = 1;
+    lean.pass.lean_acts = 1;
     Result a = run(&full, in, tg), b = run(&lean, in, tg);
     const size_t nl = (size_t)B * T * c.V;
     CHECK(!memcmp(a.logits, b.logits, sizeof(real) * nl) &&

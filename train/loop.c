@@ -200,7 +200,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
         train_init_router(m, rc);
     }
     model_place(m, device);
-    m->lean_acts = 1; /* only the router trains: its backward's activations are enough */
+    m->pass.lean_acts = 1; /* only the router trains: its backward's activations are enough */
     m->dp = ranks > 1 ? dp : NULL;
     if (ranks > 1)
         printf("data-parallel over %d %s ranks: %d of the B = %d rows each\n", ranks, dp->ops->name,
@@ -352,7 +352,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     if (model_weights_hash(m) != base_fp)
         fatal("internal: a backbone weight changed during router training");
     m->dp = NULL;
-    m->lean_acts = 0;
+    m->pass.lean_acts = 0;
     comm_barrier(dp); /* the others wait for rank 0's last checkpoint */
     if (st.step == rc->steps && evaluate) {
         PplResult s = eval_mode(m, d->val, d->neval, T, ATTN_SOFT, rc->fc.topk, ROUTE_CAUSAL);

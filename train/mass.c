@@ -119,16 +119,14 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
         return;
     }
     /* beside a block selector: the blocks it keeps in this layer (its per-layer budget scaled
-     * to sel_blocks, as model_layer_blocks does) are left out of the teacher */
-    int n = w->sel_blocks;
-    if (m->blockgate_blocks && m->blockgate_n0 > 0)
-        n = (int)((2LL * m->blockgate_blocks[layer] * n + m->blockgate_n0) /
-                  (2LL * m->blockgate_n0));
+     * to sel_blocks) are left out of the teacher */
+    const int n = model_selector_budget(m, layer, w->sel_blocks);
     MassBlocks b = {NULL, NULL, T / w->sel_bs + 1, w->sel_bs};
     b.sel = mallocCheck(sizeof(int) * (size_t)w->nq * NKV * b.nbmax);
     b.nsel = mallocCheck(sizeof(int) * (size_t)w->nq * NKV);
-    mass_choose_blocks(&b, &w->t[s], qkv, m->blockgate + (size_t)layer * NH * BLOCKGATE_WIDTH(hs),
-                       n, T, NH, NKV, hs, m->fc.w, m->fc.sinks);
+    mass_choose_blocks(&b, &w->t[s], qkv,
+                       m->method.selector + (size_t)layer * NH * BLOCKGATE_WIDTH(hs), n, T, NH, NKV,
+                       hs, m->fc.w, m->fc.sinks);
     mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, &b);
     free(b.sel), free(b.nsel);
 }
@@ -260,7 +258,7 @@ static void collect(Model* m, const RunConfig* rc, const TrainData* d, const cha
     Teacher o = {m, w};
     const FocusConfig keep = m->fc;
     m->fc.attn = ATTN_DENSE;
-    m->no_head = 1;
+    m->pass.no_head = 1;
     m->layer_observer = observe;
     m->layer_observer_ctx = &o;
     double t0 = now_seconds();
@@ -292,7 +290,7 @@ static void collect(Model* m, const RunConfig* rc, const TrainData* d, const cha
     }
     m->layer_observer = NULL;
     m->layer_observer_ctx = NULL;
-    m->no_head = 0;
+    m->pass.no_head = 0;
     m->fc = keep;
     free(ids);
 }
@@ -485,10 +483,10 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             fatal("retrofit: mass_selector %s: w = %d is narrower than its blocks of %d less one",
                   rc->mass_selector, f->w, bi.block);
         w.sel_blocks = rc->mass_blocks, w.sel_bs = bi.block;
-        w.sel_hash =
-            fnv1a(FNV1A_START, m->blockgate, sizeof(real) * (size_t)L * NH * BLOCKGATE_WIDTH(hs));
-        if (m->blockgate_blocks)
-            w.sel_hash = fnv1a(w.sel_hash, m->blockgate_blocks, sizeof(int) * (size_t)L);
+        w.sel_hash = fnv1a(FNV1A_START, m->method.selector,
+                           sizeof(real) * (size_t)L * NH * BLOCKGATE_WIDTH(hs));
+        if (m->method.selector_blocks)
+            w.sel_hash = fnv1a(w.sel_hash, m->method.selector_blocks, sizeof(int) * (size_t)L);
         printf(
             "teacher: the attention mass beyond the window that %s's %d key blocks of %d per "
             "query (its per-layer budgets) leave out\n",

@@ -3,7 +3,7 @@
  * scored by a per-layer, per-query-head estimate of its attention mass from its keys' statistics.
  * With
  * --router SELECTOR.h5,ROUTER.h5 a query also keeps the distant tokens of its token group that
- * its blocks miss (Model.blocks_with_groups). */
+ * its blocks miss (Model.method.with_groups). */
 #include <stdio.h>
 
 #include "methods.h"
