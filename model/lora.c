@@ -7,13 +7,13 @@
 #include "model.h"
 
 int lora_parse_targets(const char* s) {
-    static const char* names[] = {"qkv", "o", "fc", "fcproj"};
+    static const char* names[NUM_LORA_TARGETS] = {"qkv", "o", "fc", "fcproj"};
     int bits = 0;
     while (*s) {
         size_t n = strcspn(s, ",");
         int k = 0;
-        while (k < 4 && (strlen(names[k]) != n || strncmp(s, names[k], n))) k++;
-        if (k == 4) return -1;
+        while (k < NUM_LORA_TARGETS && (strlen(names[k]) != n || strncmp(s, names[k], n))) k++;
+        if (k == NUM_LORA_TARGETS) return -1;
         bits |= 1 << k;
         s += n + (s[n] == ',');
     }
@@ -25,12 +25,12 @@ int lora_parse_targets(const char* s) {
 static void lora_shapes(const Model* m, size_t* s, int* in, int* out) {
     const ModelConfig* c = &m->cfg;
     const size_t L = c->L, r = m->lora.rank;
-    const int ins[4] = {c->C, c->C, c->C, c->F};
-    const int outs[4] = {model_qkv_width(c), c->C, model_fc_width(c), c->C};
-    for (int k = 0; k < 4; k++) {
+    const int ins[NUM_LORA_TARGETS] = {c->C, c->C, c->C, c->F};
+    const int outs[NUM_LORA_TARGETS] = {model_qkv_width(c), c->C, model_fc_width(c), c->C};
+    for (LoraTarget k = 0; k < NUM_LORA_TARGETS; k++) {
         const int on = (m->lora.targets >> k) & 1;
-        s[2 * k] = on ? L * r * ins[k] : 0;
-        s[2 * k + 1] = on ? L * outs[k] * r : 0;
+        s[lora_a_at(k)] = on ? L * r * ins[k] : 0;
+        s[lora_b_at(k)] = on ? L * outs[k] * r : 0;
         if (in) in[k] = ins[k], out[k] = outs[k];
     }
 }
@@ -43,7 +43,7 @@ void model_lora_init(Model* m, const LoraConfig* lc, uint64_t seed) {
     free(m->lora_mem);
     free(m->lora_grads_mem);
     m->lora = *lc;
-    int in[4], out[4];
+    int in[NUM_LORA_TARGETS], out[NUM_LORA_TARGETS];
     lora_shapes(m, m->lora_sizes, in, out);
     m->num_lora = model_sum_sizes(m->lora_sizes, NUM_LORA_TENSORS);
     m->lora_mem = callocCheck(m->num_lora, sizeof(real));
@@ -52,8 +52,8 @@ void model_lora_init(Model* m, const LoraConfig* lc, uint64_t seed) {
     model_carve((real**)&m->lg, m->lora_grads_mem, m->lora_sizes, NUM_LORA_TENSORS);
     Rng rng;
     rng_seed(&rng, seed);
-    for (int k = 0; k < 4; k++) /* A ~ N(0, 1/in); B stays zero */
-        for (size_t i = 0; i < m->lora_sizes[2 * k]; i++)
+    for (LoraTarget k = 0; k < NUM_LORA_TARGETS; k++) /* A ~ N(0, 1/in); B stays zero */
+        for (size_t i = 0; i < m->lora_sizes[lora_a_at(k)]; i++)
             lora_a(&m->lw, k)[i] = (real)(rng_normal(&rng) / sqrt((double)in[k]));
 }
 
@@ -61,13 +61,14 @@ void model_lora_merge(Model* m) {
     if (!m->lora.rank) return;
     const ModelConfig* c = &m->cfg;
     const int r = m->lora.rank;
-    int in[4], out[4];
+    int in[NUM_LORA_TARGETS], out[NUM_LORA_TARGETS];
     size_t s[NUM_LORA_TENSORS];
     lora_shapes(m, s, in, out);
-    real* W[4] = {m->params.qkvw, m->params.attprojw, m->params.fcw, m->params.fcprojw};
+    real* W[NUM_LORA_TARGETS] = {m->params.qkvw, m->params.attprojw, m->params.fcw,
+                                 m->params.fcprojw};
     const double scale = m->lora.alpha / r;
-    for (int k = 0; k < 4; k++) {
-        if (!s[2 * k]) continue;
+    for (LoraTarget k = 0; k < NUM_LORA_TARGETS; k++) {
+        if (!s[lora_a_at(k)]) continue;
         for (int l = 0; l < c->L; l++) {
             const real* A = lora_a(&m->lw, k) + (size_t)l * r * in[k];
             const real* B = lora_b(&m->lw, k) + (size_t)l * out[k] * r;

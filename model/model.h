@@ -373,7 +373,21 @@ typedef struct {
  * W x becomes W x + (alpha / rank) B A x for the targeted projections of every layer, with
  * A (rank, in) drawn N(0, 1/in) and B (out, rank) zero at the start (the model is unchanged until
  * B learns). Only A and B get gradients (GRAD_LORA); the frozen weights pass input gradients. */
-enum { LORA_QKV = 1, LORA_O = 2, LORA_FC = 4, LORA_FCPROJ = 8 };
+/* The matrices LoRA adapts, in the order of LoraParams and of --set lora_targets' names; each
+ * one's bit in LoraConfig.targets. */
+typedef enum {
+    LORA_TARGET_QKV = 0,
+    LORA_TARGET_O = 1,
+    LORA_TARGET_FC = 2,
+    LORA_TARGET_FCPROJ = 3,
+    NUM_LORA_TARGETS = 4
+} LoraTarget;
+enum {
+    LORA_QKV = 1 << LORA_TARGET_QKV,
+    LORA_O = 1 << LORA_TARGET_O,
+    LORA_FC = 1 << LORA_TARGET_FC,
+    LORA_FCPROJ = 1 << LORA_TARGET_FCPROJ
+};
 typedef struct {
     int rank;    /* 0: no adapters */
     float alpha; /* the update is scaled by alpha / rank */
@@ -387,10 +401,16 @@ typedef struct {
     real *fc_a, *fc_b;         /* (L, r, C), (L, FC, r) */
     real *fcproj_a, *fcproj_b; /* (L, r, F), (L, C, r) */
 } LoraParams;
-/* Adapter k's matrices (k: 0 qkv, 1 o, 2 fc, 3 fcproj; the order of LoRA targets): A (L, r, in)
- * and B (L, out, r). */
-static inline real* lora_a(const LoraParams* p, int k) { return ((real* const*)p)[2 * k]; }
-static inline real* lora_b(const LoraParams* p, int k) { return ((real* const*)p)[2 * k + 1]; }
+/* Where target k's A (L, r, in) and B (L, out, r) are among LoraParams' tensors and
+ * Model.lora_sizes. */
+static inline int lora_a_at(LoraTarget k) { return 2 * (int)k; }
+static inline int lora_b_at(LoraTarget k) { return 2 * (int)k + 1; }
+static inline real* lora_a(const LoraParams* p, LoraTarget k) {
+    return ((real* const*)p)[lora_a_at(k)];
+}
+static inline real* lora_b(const LoraParams* p, LoraTarget k) {
+    return ((real* const*)p)[lora_b_at(k)];
+}
 
 typedef enum { GRAD_ROUTER = 0, GRAD_ALL = 1, GRAD_LORA = 2 } GradMode;
 

@@ -35,7 +35,8 @@ static real* lora_scratch(Model* m, size_t n) {
     return m->lora_scratch;
 }
 
-static void lora_add(Model* m, int k, int l, real* out, const real* x, size_t BT, int IC, int OC) {
+static void lora_add(Model* m, LoraTarget k, int l, real* out, const real* x, size_t BT, int IC,
+                     int OC) {
     if (!((m->lora.targets >> k) & 1)) return;
     const int r = m->lora.rank;
     lora_forward(out, x, lora_a(&m->lw, k) + (size_t)l * r * IC,
@@ -43,8 +44,8 @@ static void lora_add(Model* m, int k, int l, real* out, const real* x, size_t BT
                  lora_scratch(m, BT * r));
 }
 
-static void lora_grad(Model* m, int k, int l, real* dx, const real* dout, const real* x, size_t BT,
-                      int IC, int OC) {
+static void lora_grad(Model* m, LoraTarget k, int l, real* dx, const real* dout, const real* x,
+                      size_t BT, int IC, int OC) {
     if (!((m->lora.targets >> k) & 1)) return;
     const int r = m->lora.rank;
     real* t = lora_scratch(m, 2 * BT * r);
@@ -562,14 +563,14 @@ static void cpu_backward(Model* m, GradMode mode) {
         matmul_backward(dact, model_slice(g->fcprojw, l, (size_t)C * F),
                         model_slice(g->fcprojb, l, C), dmo, la.fch_act,
                         model_layer_weight(m, P_FCPROJW, l), BT, F, C);
-        if (lora) lora_grad(m, 3, l, dact, dmo, la.fch_act, BT, F, C);
+        if (lora) lora_grad(m, LORA_TARGET_FCPROJ, l, dact, dmo, la.fch_act, BT, F, C);
         memset(dfch, 0, sizeof(real) * BT * FC);
         act_backward(&S, dfch, la.fch, dact, BT, F);
         memset(dbuf, 0, sizeof(real) * BT * C);
         matmul_backward(dbuf, model_slice(g->fcw, l, (size_t)FC * C),
                         model_slice(g->fcb, l, (size_t)FC), dfch, la.ln2,
                         model_layer_weight(m, P_FCW, l), BT, C, FC);
-        if (lora) lora_grad(m, 2, l, dbuf, dfch, la.ln2, BT, C, FC);
+        if (lora) lora_grad(m, LORA_TARGET_FC, l, dbuf, dfch, la.ln2, BT, C, FC);
         tp_sum(m, dbuf, BT * C);
         norm_backward(m, &S, dres, model_slice(g->ln2w, l, C), model_slice(g->ln2b, l, C), dbuf,
                       la.res2, p->ln2w + lC, la.ln2_mean, la.ln2_rstd, BT);
@@ -580,7 +581,7 @@ static void cpu_backward(Model* m, GradMode mode) {
         matmul_backward(dbuf, model_slice(g->attprojw, l, (size_t)C * A),
                         model_slice(g->attprojb, l, C), dao, la.att,
                         model_layer_weight(m, P_ATTPROJW, l), BT, A, C);
-        if (lora) lora_grad(m, 1, l, dbuf, dao, la.att, BT, C, C);
+        if (lora) lora_grad(m, LORA_TARGET_O, l, dbuf, dao, la.att, BT, C, C);
         memset(dqkv, 0, sizeof(real) * BT * QKV);
         const int router = router_on && model_layer_routed(m, l);
         if (router) memset(dG, 0, sizeof(real) * BT * f->K);
@@ -612,7 +613,7 @@ static void cpu_backward(Model* m, GradMode mode) {
                             model_layer_weight(m, P_QKVW, l), BT, C, QKV);
             tp_sum(m, dbuf, BT * C); /* before the router's share, which every rank has whole */
         }
-        if (lora) lora_grad(m, 0, l, l > 0 ? dbuf : NULL, dqkv, la.ln1, BT, C, QKV);
+        if (lora) lora_grad(m, LORA_TARGET_QKV, l, l > 0 ? dbuf : NULL, dqkv, la.ln1, BT, C, QKV);
         if (router) {
             memset(dS, 0, sizeof(real) * BT * f->K);
             routing_backward(dS, dG, la.rS, la.rG, m->beta + (size_t)l * f->K, f->routing, B, T,
