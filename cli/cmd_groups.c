@@ -80,7 +80,8 @@ static const char groups_usage[] =
     "                    [--tokens 16384] [--top 12] [--out DIR]\n"
     "Per layer and group: share of tokens, most frequent tokens, token classes; written to\n"
     "DIR/groups.txt and DIR/groups.svg (default DIR: groups/ in the router's folder, beside the\n"
-    "run it came from).\n";
+    "run it came from). For a router with a query projection: the groups its tokens join as\n"
+    "keys (a query picks its own by the projection).\n";
 
 int cmd_groups(int argc, char** argv) {
     const char *model = NULL, *router = NULL, *data = NULL, *tok = NULL, *out = NULL;
@@ -100,9 +101,13 @@ int cmd_groups(int argc, char** argv) {
         out = beside;
     }
     Model m;
-    cli_open_model(
-        &m, NULL,
-        &(ModelRequest){.model = model, .router = router, .attn = "soft", .routing = "causal"});
+    /* the loader's method for the router: soft, or hard for a router with a query projection
+     * (no soft gate); either way the keys' groups are those of causal routing */
+    cli_open_model(&m, NULL,
+                   &(ModelRequest){.model = model, .router = router, .routing = "causal"});
+    if (!attn_uses_router(m.fc.attn))
+        fatal("groups: %s is a block selector (focus fit-blocks); groups reads a token router",
+              router);
     Tokenizer* t = tokenizer_load(tok ? tok : model);
     size_t n;
     int* ids = load_tokens(data, "val_", tok ? tok : model, 1, &n);
@@ -144,6 +149,10 @@ int cmd_groups(int argc, char** argv) {
     if (!f) fatal("%s: cannot write", path);
     fprintf(f, "focus groups: %zu tokens of %s, router %s, K=%d, causal routing\n", total, data,
             router, K);
+    if (m.router.wq)
+        fprintf(f,
+                "the groups the tokens join as keys; a query picks its own by the router's query "
+                "projection\n");
     fprintf(f, "share = fraction of tokens whose most likely group this is (ideal 1/K = %.3f)\n\n",
             1.0 / K);
     for (int l = 0; l < L; l++) {

@@ -207,6 +207,12 @@ err=$("$focus" retrofit --resume "$work/msel" --set mass_blocks=3 2>&1 >/dev/nul
 [ $rc -ne 0 ] && echo "$err" | grep -q "window_0000.bin: collected beside 2 blocks per query of a block selector (0: none), this run asks for 3" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a teacher beside other blocks refused: $err" || bad "teacher blocks mismatch: rc=$rc $err"
 err=$("$focus" eval ppl "${data[@]}" --router "$work/msel/router.h5,$work/sel.h5" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "the first file must be a block selector" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "--router ROUTER,SELECTOR refused: $err" || bad "router order: rc=$rc $err"
+# focus groups reads a router with a query projection (its keys' groups) and refuses a selector
+"$focus" groups --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/msel/router.h5" --data ../shared/data/tinyshakespeare/input.txt --tokens 256 --ctx 64 --out "$work/mgroups" > /dev/null 2>&1
+err=$("$focus" groups --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/sel.h5" --data ../shared/data/tinyshakespeare/input.txt --tokens 256 --ctx 64 --out "$work/sgroups" 2>&1 >/dev/null); rc=$?
+grep -q "a query picks its own by the router's query projection" "$work/mgroups/groups.txt" && [ -s "$work/mgroups/groups.svg" ] &&
+  [ $rc -ne 0 ] && echo "$err" | grep -q "is a block selector" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+  ok "groups: a query-projection router's key groups; a selector refused: $err" || bad "groups qproj: rc=$rc $err"
 rm -rf "$work/msel"
 "$focus" eval passkey --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --task niah_multikey --modes dense,window:16 --lengths 250 --depths 0.5 --trials 2 --out "$work/niah.tsv" > "$work/niah.log" 2>/dev/null
 [ "$(grep -c "niah_multikey" "$work/niah.tsv")" -eq 4 ] && grep -q "window:16: .* retrieved" "$work/niah.log" && ok "eval passkey --task niah_multikey" || { bad "niah"; cat "$work/niah.log"; }
