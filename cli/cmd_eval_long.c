@@ -14,7 +14,8 @@
  * digits or one word; niah_multikey hides three more needles with other keys and values
  * (distractors) at random depths. The needles are spliced into the haystack's tokens after a
  * sentence end, so a prompt has exactly the asked length. Every key, value and distractor comes
- * from a seed of (length, depth, trial): every mode sees the same prompts. */
+ * from a seed of (the length's and the depth's places in their lists, trial): every mode sees
+ * the same prompts. */
 #define _GNU_SOURCE /* strtok_r */
 #include <math.h>
 #include <stdio.h>
@@ -42,7 +43,10 @@ static const char passkey_usage[] =
     "what a method needs comes with --router; routing is causal.\n"
     "--task niah_*: RULER's needle in a haystack (a 7-digit number or a word under a two-word\n"
     "key; multikey: three distractor needles with other keys), in RULER's noise sentences or in\n"
-    "the text of --haystack (a text file, cycled as needed).\n";
+    "the text of --haystack (a text file, cycled as needed).\n"
+    "Each prompt is drawn from a seed of its length's and depth's places in the lists and its\n"
+    "trial: every mode sees the same prompts, and the same --lengths and --depths draw the same\n"
+    "ones again (--lengths 32768 and --lengths 8192,32768 draw different 32K prompts).\n";
 
 static const char curve_usage[] =
     "usage: focus eval curve --model M [--tokenizer T] --data DATA [--router router.h5]\n"
