@@ -372,9 +372,9 @@ typedef struct {
 /* LoRA adapters (Hu et al., 2021), the fine-tuning baseline a router retrofit is compared with:
  * W x becomes W x + (alpha / rank) B A x for the targeted projections of every layer, with
  * A (rank, in) drawn N(0, 1/in) and B (out, rank) zero at the start (the model is unchanged until
- * B learns). Only A and B get gradients (GRAD_LORA); the frozen weights pass input gradients. */
-/* The matrices LoRA adapts, in the order of LoraParams and of --set lora_targets' names; each
- * one's bit in LoraConfig.targets. */
+ * B learns). Only A and B get gradients (GRAD_LORA); the frozen weights pass input gradients.
+ * The targets, in the order of LoraParams and of lora_targets' names, and each one's bit in
+ * LoraConfig.targets: */
 typedef enum {
     LORA_TARGET_QKV = 0,
     LORA_TARGET_O = 1,
@@ -452,7 +452,7 @@ typedef struct AttnState {
      * loaded (checkpoints/blockgate_h5.h) */
     real* selector;
     /* its per-layer budgets (L): blocks kept per query in each layer when blocks = selector_n0,
-     * scaled to other budgets (model_layer_blocks); NULL: blocks in every layer */
+     * scaled to other budgets (model_selector_budget); NULL: blocks in every layer */
     int* selector_blocks;
     int selector_n0;
     /* the centroids with the blocks (--router SELECTOR.h5,ROUTER.h5): a block pattern's query
