@@ -54,7 +54,7 @@ static void plan_mass(const char* preset, const ModelConfig* cfg, const FocusCon
     const int nq = mass_sample_rows(rows, T, fc->w, fc->sinks, 4, 0);
     free(rows);
     MemoryPlan p =
-        model_memory_plan_mass(cfg, fc, T, layers, nq, 64, omp_get_max_threads(), wbytes);
+        model_memory_plan_mass(cfg, fc, T, layers, nq, 64, omp_get_max_threads(), 0, wbytes);
     printf(
         "memory plan: %s, router training with the mass objective, T=%d, %d routed layers, %d "
         "teacher queries, %s weights, %d threads\n",

@@ -121,64 +121,159 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
     free(st);
 }
 
+/* The output-restoring score of one head (values = 1, see mass.h) for the task's rows: P (nr, n1)
+ * the head's dense probabilities (keys 0..n1-1, 0 beyond each row), Pm (nr, n1) those of the keys
+ * it misses (far and not in a chosen block; 0 elsewhere), v the head's values (row stride ld),
+ * vn (n1) their squared norms, U (nr, hs) and O (nr, 2 hs) scratch. Adds to a (nr, n, each row's
+ * far keys) c_ij / NH, c_ij = Pm_ij (v_j - o_S) . u / (|u| rho): the key's mass times how far its
+ * value moves the kept keys' output o_S towards the missed keys' output o_M (u = o_M - o_S), in
+ * units of the missed values' spread rho around o_S. Uses S (nr, n) as scratch. */
+static void restore_scores(real* a, real* S, const real* P, const real* Pm, const real* v, int ld,
+                           const real* vn, real* U, real* O, const int* rows, int nr, int n1,
+                           int n, int hs, int w, int NH) {
+    real* od = O;                   /* (nr, hs) sum_j P_ij v_j: the dense output */
+    real* om = O + (size_t)nr * hs; /* (nr, hs) sum_j Pm_ij v_j */
+    gemm(0, 0, nr, hs, n1, 1, P, n1, v, ld, 0, od, hs);
+    gemm(0, 0, nr, hs, n1, 1, Pm, n1, v, ld, 0, om, hs);
+    real cst[MQ];
+    for (int r = 0; r < nr; r++) {
+        const real* pm = Pm + (size_t)r * n1;
+        const real* p = P + (size_t)r * n1;
+        double zm = 0, z = 0, mv = 0;
+        for (int j = 0; j <= rows[r] && j < n1; j++) zm += pm[j], z += p[j], mv += pm[j] * vn[j];
+        const double zs = z - zm;
+        real* u = U + (size_t)r * hs;
+        cst[r] = 0;
+        if (zm <= 1e-12 || zs <= 1e-12) {
+            memset(u, 0, sizeof(real) * hs);
+            continue;
+        }
+        /* o_S, o_M; rho^2 = sum_missed Pm_j |v_j - o_S|^2 / zm */
+        double uu = 0, osm = 0, oss = 0;
+        for (int e = 0; e < hs; e++) {
+            const double os = (od[(size_t)r * hs + e] - om[(size_t)r * hs + e]) / zs;
+            const double ue = om[(size_t)r * hs + e] / zm - os;
+            u[e] = (real)ue;
+            uu += ue * ue, osm += os * om[(size_t)r * hs + e], oss += os * os;
+        }
+        const double rho2 = (mv - 2 * osm + zm * oss) / zm, den = sqrt(uu * (rho2 > 0 ? rho2 : 0));
+        double c = 0;
+        for (int e = 0; e < hs; e++) {
+            const double os = (od[(size_t)r * hs + e] - om[(size_t)r * hs + e]) / zs;
+            u[e] = den > 1e-20 ? (real)(u[e] / den) : 0;
+            c += os * u[e];
+        }
+        cst[r] = (real)c;
+    }
+    /* S = U v^T over the far keys: v_j . u / (|u| rho) */
+    gemm(0, 1, nr, n, hs, 1, U, hs, v, ld, 0, S, n);
+    for (int r = 0; r < nr; r++) {
+        const int far = rows[r] - w;
+        const real* pm = Pm + (size_t)r * n1;
+        const real* s = S + (size_t)r * n;
+        real* ar = a + (size_t)r * n;
+        for (int j = 0; j < far; j++)
+            if (pm[j] != 0) ar[j] += pm[j] * (s[j] - cst[r]) / NH;
+    }
+}
+
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
-                  int w, int sinks, const MassBlocks* b) {
+                  int w, int sinks, const MassBlocks* b, int values) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, m = t->m;
     if (b && rep > 64) fatal("the teacher beside a selector takes at most 64 heads per KV head");
     const int ntask = (t->nq + MQ - 1) / MQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
+    /* the values' squared norms, per key/value head (the output-restoring score) */
+    real* vn = values ? mallocCheck(sizeof(real) * (size_t)NKV * T) : NULL;
+    for (int g = 0; values && g < NKV; g++)
+        for (int j = 0; j < T; j++) {
+            const real* v = qkv + (size_t)j * QKV + C + (NKV + g) * hs;
+            double s = 0;
+            for (int e = 0; e < hs; e++) s += (double)v[e] * v[e];
+            vn[(size_t)g * T + j] = (real)s;
+        }
 #pragma omp parallel
     {
         real* q = mallocCheck(sizeof(real) * MQ * hs);
         real* S = mallocCheck(sizeof(real) * MQ * (size_t)T);
         real* A = mallocCheck(sizeof(real) * MQ * (size_t)T);
+        real* P = values ? mallocCheck(sizeof(real) * MQ * (size_t)T) : NULL;
+        real* Pm = values ? mallocCheck(sizeof(real) * MQ * (size_t)T) : NULL;
+        real* U = values ? mallocCheck(sizeof(real) * MQ * (size_t)hs) : NULL;
+        real* O = values ? mallocCheck(sizeof(real) * 2 * MQ * (size_t)hs) : NULL;
         unsigned char* chosen = b ? callocCheck((size_t)T / b->bs + 2, 1) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask; task++) {
             const int r0 = task * MQ, nr = t->nq - r0 < MQ ? t->nq - r0 : MQ;
             const int* rows = t->rows + r0;
-            /* keys that are far for some row of the task (rows ascending) */
-            const int n = rows[nr - 1] - w;
+            /* keys that are far for some row of the task (rows ascending); with values, every
+             * key some row sees */
+            const int n = rows[nr - 1] - w, n1 = values ? rows[nr - 1] + 1 : n;
             memset(A, 0, sizeof(real) * nr * (size_t)n);
             for (int h = 0; h < NH; h++) {
                 for (int r = 0; r < nr; r++)
                     memcpy(q + (size_t)r * hs, qkv + (size_t)rows[r] * QKV + h * hs,
                            sizeof(real) * hs);
-                gemm(0, 1, nr, n, hs, scale, q, hs, qkv + C + (h / rep) * hs, QKV, 0, S, n);
+                gemm(0, 1, nr, n1, hs, scale, q, hs, qkv + C + (h / rep) * hs, QKV, 0, S, n1);
                 const real* l = lse + (size_t)h * T;
                 for (int r = 0; r < nr; r++) {
-                    const int far = rows[r] - w;
-                    const float li = (float)l[rows[r]];
-                    real* s = S + (size_t)r * n;
+                    const int i = rows[r], far = i - w;
+                    const float li = (float)l[i];
+                    real* s = S + (size_t)r * n1;
                     real* a = A + (size_t)r * n;
-                    if (!b) {
-                        for (int j = sinks; j < far; j++) a[j] += exp_f((float)s[j] - li) / NH;
-                        continue;
-                    }
-                    /* the mass the blocks of this head's key/value head miss */
+                    /* the blocks of this head's key/value head (beside a selector) */
                     const size_t rg = (size_t)(r0 + r) * NKV + h / rep;
-                    const int* sg = b->sel + rg * b->nbmax;
-                    for (int e = 0; e < b->nsel[rg]; e++) chosen[sg[e]] = 1;
-                    for (int j = sinks; j < far; j++)
-                        if (!chosen[j / b->bs]) a[j] += exp_f((float)s[j] - li) / NH;
-                    for (int e = 0; e < b->nsel[rg]; e++) chosen[sg[e]] = 0;
+                    const int* sg = b ? b->sel + rg * b->nbmax : NULL;
+                    for (int e = 0; b && e < b->nsel[rg]; e++) chosen[sg[e]] = 1;
+                    if (!values) { /* the mass the blocks miss (all far mass without them) */
+                        for (int j = sinks; j < far; j++)
+                            if (!b || !chosen[j / b->bs]) a[j] += exp_f((float)s[j] - li) / NH;
+                    } else { /* the head's probabilities, and those of the keys it misses */
+                        real* p = P + (size_t)r * n1;
+                        real* pm = Pm + (size_t)r * n1;
+                        for (int j = 0; j < n1; j++) {
+                            p[j] = j <= i ? exp_f((float)s[j] - li) : 0;
+                            pm[j] = j >= sinks && j < far && (!b || !chosen[j / b->bs]) ? p[j] : 0;
+                        }
+                    }
+                    for (int e = 0; b && e < b->nsel[rg]; e++) chosen[sg[e]] = 0;
                 }
+                if (values)
+                    restore_scores(A, S, P, Pm, qkv + C + (NKV + h / rep) * hs, QKV,
+                                   vn + (size_t)(h / rep) * T, U, O, rows, nr, n1, n, hs, w, NH);
             }
             for (int r = 0; r < nr; r++) {
                 const int far = rows[r] - w;
-                const real* a = A + (size_t)r * n;
+                real* a = A + (size_t)r * n;
+                int* idx = t->idx + (size_t)(r0 + r) * m;
+                float* p = t->p + (size_t)(r0 + r) * m;
+                /* values = 2 keeps the harm apart: the m / 2 keys of most negative score go to
+                 * the second half of the entries, stored negative */
+                if (values == 2) {
+                    real* neg = S + (size_t)r * n; /* free by now */
+                    for (int j = 0; j < far; j++) neg[j] = a[j] < 0 ? -a[j] : 0;
+                    top_entries(idx + m / 2, p + m / 2, neg, sinks, far, m - m / 2);
+                    for (int e = m / 2; e < m; e++) p[e] = -p[e];
+                }
+                /* the output-restoring score is signed: a key whose value moves the output away
+                 * from the dense one is not a key to keep */
+                for (int j = sinks; values && j < far; j++) a[j] = a[j] > 0 ? a[j] : 0;
                 double M = 0;
                 for (int j = sinks; j < far; j++) M += a[j];
                 t->far[r0 + r] = (float)M;
-                top_entries(t->idx + (size_t)(r0 + r) * m, t->p + (size_t)(r0 + r) * m, a, sinks,
-                            far, m);
+                top_entries(idx, p, a, sinks, far, values == 2 ? m / 2 : m);
             }
         }
         free(q);
         free(S);
         free(A);
+        free(P);
+        free(Pm);
+        free(U);
+        free(O);
         free(chosen);
     }
+    free(vn);
 }
 
 /* The gate of METHOD.md section 3 as a probability, and its derivative by the affinity; lambda
@@ -231,7 +326,7 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
      * gains at most log(1 / eps) from the pairs term */
     const double eps = 0.01, lambda = mg->lambda, b = mg->b;
     const int R = mg->nrand;
-    double total = 0, loss = 0, soft = 0, hard = 0, pairs = 0, pairs_hard = 0;
+    double total = 0, loss = 0, soft = 0, hard = 0, hard_harm = 0, pairs = 0, pairs_hard = 0;
     int prow = 0;
     for (int r = 0; r < t->nq; r++) total += t->far[r];
     if (kept_out) memset(kept_out, 0, sizeof *kept_out);
@@ -244,10 +339,17 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
         const int* idx = t->idx + (size_t)r * t->m;
         const float* p = t->p + (size_t)r * t->m;
         const int top_i = argmax_row(gi, K);
-        double kept = 0, dg;
-        for (int e = 0; e < t->m && idx[e] >= 0; e++) {
+        double kept = 0, harm = 0, dg;
+        for (int e = 0; e < t->m; e++) {
+            if (idx[e] < 0) continue;
             const real* gj = Gk + (size_t)idx[e] * K;
-            kept += p[e] * gate_of(affinity(gi, gj, K), lambda, b, &dg);
+            const double g = gate_of(affinity(gi, gj, K), lambda, b, &dg);
+            if (p[e] < 0) { /* a key that moves the output away (mass_values = 2) */
+                harm -= p[e] * g;
+                if (argmax_row(gj, K) == top_i) hard_harm -= p[e];
+                continue;
+            }
+            kept += p[e] * g;
             if (argmax_row(gj, K) == top_i) hard += p[e];
         }
         /* the share of the query's far pairs the gate keeps, on R random far keys */
@@ -260,17 +362,23 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
         soft += kept;
         pairs += cost;
         prow++;
-        loss -= M * log((kept + eps * M) / M);
+        /* the harm counts against what is kept: -log(kept - harm) to first order in the harm */
+        const double kd = kept + eps * M;
+        loss -= M * log(kd / M);
+        loss += M * harm / kd;
         if (R) loss += M * log(cost + eps);
         if (!dGq) continue;
-        /* d loss / d kept = -M / (kept + eps M); d loss / d cost = M / (cost + eps); over the
-         * total */
-        const double dk = -M / (kept + eps * M) / total * scale;
+        /* d loss / d kept = -M / kd - M harm / kd^2; d loss / d harm = M / kd; d loss / d cost
+         * = M / (cost + eps); over the total */
+        const double dk = (-M / kd - M * harm / (kd * kd)) / total * scale;
+        const double dh = M / kd / total * scale;
         real* dgi = dGq + (size_t)i * K;
-        for (int e = 0; e < t->m && idx[e] >= 0; e++) {
+        for (int e = 0; e < t->m; e++) {
+            if (idx[e] < 0) continue;
             const real* gj = Gk + (size_t)idx[e] * K;
             gate_of(affinity(gi, gj, K), lambda, b, &dg);
-            affinity_backward(dgi, dGk + (size_t)idx[e] * K, gi, gj, dk * p[e] * dg, K);
+            const double c = p[e] < 0 ? dh * -p[e] * dg : dk * p[e] * dg;
+            affinity_backward(dgi, dGk + (size_t)idx[e] * K, gi, gj, c, K);
         }
         const double dc = R ? M / (cost + eps) / total * scale / R : 0;
         for (int u = 0; u < R; u++) {
@@ -283,6 +391,7 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
     if (kept_out) {
         kept_out->mass_gate = soft / total;
         kept_out->mass_top1 = hard / total;
+        kept_out->harm_top1 = hard_harm / total;
         kept_out->pairs_gate = prow ? pairs / prow : 0;
         kept_out->pairs_top1 = prow && R ? pairs_hard / ((double)prow * R) : 0;
     }

@@ -11,6 +11,9 @@
  *   kept_i = sum_{stored j} p_ij g_ij / M_i          the share of the far mass the gate keeps
  *   cost_i = 1/R sum_{u} g_iu                      the share of far pairs it keeps (R random)
  *   loss   = sum_i M_i (log(cost_i + eps) - log(kept_i + eps)) / sum_i M_i      eps = 0.01
+ * Entries stored negative (the harm of mass_values = 2) add, per query, harm_i / (kept_i + eps):
+ * harm_i = sum_{stored j, p_ij < 0} -p_ij g_ij / M_i, -log(kept_i - harm_i) to first order in
+ * the harm, so that a query stays out of a group whose keys move its output away. 
  * the log of the far mass kept per far pair kept (its lift over random groups, which keep as
  * much mass as pairs), weighted by how much of the query's attention is far. Its gradient
  * reaches both the query's and each key's groups.
@@ -55,9 +58,21 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
 /* The teacher of one sequence: for the rows of t (t->rows, t->nq set, ascending), far, idx and p
  * from qkv (T, (NH + 2 NKV) hs) after RoPE and lse (NH, T), the dense forward pass's. With b
  * (else NULL), a head's mass on the keys of the blocks b chose for its key/value head is left
- * out: the teacher of the centroids beside a block selector (the mass the blocks miss). */
+ * out: the teacher of the centroids beside a block selector (the mass the blocks miss).
+ *
+ * values = 1 scores a missed key by the output it restores instead of its mass alone (the
+ * `mass_values` setting, docs/OBJECTIVE.md). For head h of query i, the kept keys (sinks, window,
+ * chosen blocks) give the output o_S, the missed ones o_M; u = o_M - o_S is the direction the
+ * sparse output is off by (the dense output is o_S + Z_M u, Z_M the missed mass). Then
+ *   c^h_ij = P^h_ij (v_j - o_S) . u / (|u| rho),   rho^2 = sum_{j missed} P^h_ij |v_j - o_S|^2 / Z_M
+ * the key's mass times how far its value moves the output towards the dense one, in units of the
+ * missed values' spread. Summed over j it is Z_M |u| / rho <= Z_M (a head whose missed values
+ * cancel out needs nothing kept); each |c| <= P |v_j - o_S| / rho. The heads' mean is clipped at
+ * 0 (a key that moves the output away is not one to keep) and stands for p_ij; M_i is its sum.
+ * values = 2 stores the harm as well: the first m / 2 entries hold the largest positive scores,
+ * the last m - m / 2 the most negative ones, stored negative (mass_loss counts them as harm). */
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
-                  int w, int sinks, const MassBlocks* b);
+                  int w, int sinks, const MassBlocks* b, int values);
 
 /* The gate and the pairs' sample of the objective: lambda, b (METHOD.md section 3; lambda = 0:
  * the affinity G_i . G_j itself, top-1 routing's soft twin), nrand
@@ -71,6 +86,7 @@ typedef struct {
  * groups (argmax G_i == argmax G_j), and of the far pairs (on the random sample). */
 typedef struct {
     double mass_gate, mass_top1, pairs_gate, pairs_top1;
+    double harm_top1; /* the stored negative scores (mass_values = 2) top-1 groups keep */
 } MassKept;
 
 /* The objective of one sequence's routing against t (see the file header): the queries' groups

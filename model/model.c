@@ -380,7 +380,7 @@ MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, 
 }
 
 MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, int T, int layers,
-                                  int queries, int keys, int threads, WeightStore w) {
+                                  int queries, int keys, int threads, int values, WeightStore w) {
     MemoryPlan p = model_memory_plan(c, f, 1, T, 0, 0, w);
     const size_t R = sizeof(real), Ts = (size_t)T, C = (size_t)c->C, K = (size_t)f->K;
     ActSizes a = model_act_sizes(c, f, 1, T, 0);
@@ -388,6 +388,9 @@ MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, in
     p.logits = 0; /* allocated, never touched: the teacher's pass has no head */
     const size_t chunk = Ts * C * 2 + (size_t)queries * 8 + (size_t)queries * keys * 8;
     p.teacher = (size_t)layers * chunk + (size_t)threads * 3 * 64 * Ts * R;
+    /* the output-restoring score: each thread's probabilities and missed probabilities, and the
+     * values' norms (kernels/mass.c) */
+    if (values) p.teacher += (size_t)threads * 2 * 64 * Ts * R + (size_t)c->NKV * Ts * R;
     p.workspace = (size_t)threads * (Ts * C * (R + 2) + Ts * (4 * K + 2 * (size_t)f->dg) * R +
                                      (size_t)queries * keys * 8) +
                   (size_t)layers * 2048 * K * R;

@@ -705,9 +705,9 @@ MemoryPlan model_memory_plan(const ModelConfig* c, const FocusConfig* f, int B, 
 /* The same for the mass objective (train/mass.c): the teacher's dense forward pass at B = 1 with
  * one layer's activations and no head, one window's teacher (h in bf16 and `queries` rows of
  * `keys` entries for each of `layers` routed layers, the scratch of `threads` threads), and the
- * router step's buffers. */
+ * router step's buffers; values: the teacher scores the output a key restores (mass_values). */
 MemoryPlan model_memory_plan_mass(const ModelConfig* c, const FocusConfig* f, int T, int layers,
-                                  int queries, int keys, int threads, WeightStore w);
+                                  int queries, int keys, int threads, int values, WeightStore w);
 /* Replace the router settings (K, dg, ...): router buffers are reallocated and re-initialised. */
 void model_set_router_config(Model* m, const FocusConfig* fc);
 /* GPT-2-style random backbone (N(0, 0.02), scaled residual projections, unit norms). */

@@ -83,7 +83,7 @@ static void check_teacher(Rng* rng) {
         int other[T];
         CHECK(mass_sample_rows(other, T, WIN, SINKS, 2, seed) == nq, "row count depends on seed");
     }
-    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, NULL);
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, NULL, 0);
     double worst_far = 0, worst_p = 0;
     int order_ok = 1;
     for (int r = 0; r < nq; r++) {
@@ -143,7 +143,7 @@ static void check_teacher_blocks(Rng* rng) {
             }
         }
     CHECK(sel_ok, "the chosen blocks are not %d distinct candidates per row and head", want);
-    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b);
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 0);
     double worst = 0, left = 0, all = 0;
     for (int r = 0; r < nq; r++) {
         const int i = rows[r];
@@ -160,6 +160,134 @@ static void check_teacher_blocks(Rng* rng) {
         want, bs, left, all, worst);
     CHECK(worst < 1e-5, "far mass beside the blocks off by %g", worst);
     CHECK(left < all, "the blocks left out no mass (%g of %g)", left, all);
+    free(qkv), free(lse), free(t.far), free(t.idx), free(t.p), free(b.sel), free(b.nsel);
+}
+
+/* The output-restoring teacher (values = 1) against its formula written out in double, with and
+ * without blocks left out: for each row and head, the kept keys' output o_S, the missed keys'
+ * o_M, u = o_M - o_S, rho^2 = the missed values' spread around o_S, and each missed key's
+ * P (v_j - o_S) . u / (|u| rho); the heads' mean clipped at 0. */
+static void direct_values(const real* qkv, double* a, int i, const MassBlocks* b, int r_of_i,
+                          int clip) {
+    const int QKV = (NH + 2 * NKV) * HS, C = NH * HS, rep = NH / NKV;
+    for (int j = 0; j < T; j++) a[j] = 0;
+    for (int h = 0; h < NH; h++) {
+        const real* v0 = qkv + C + (NKV + h / rep) * HS;
+        double s[T], mx = -INFINITY, z = 0;
+        int missed[T];
+        for (int j = 0; j <= i; j++) {
+            double d = 0;
+            for (int e = 0; e < HS; e++)
+                d += qkv[(size_t)i * QKV + h * HS + e] *
+                     qkv[(size_t)j * QKV + C + (h / rep) * HS + e];
+            s[j] = d / sqrt((double)HS);
+            mx = fmax(mx, s[j]);
+            int out = 0;
+            const size_t rg = (size_t)r_of_i * NKV + h / rep;
+            for (int e = 0; b && e < b->nsel[rg]; e++) out |= b->sel[rg * b->nbmax + e] == j / b->bs;
+            missed[j] = j >= SINKS && j < i - WIN && !out;
+        }
+        for (int j = 0; j <= i; j++) z += exp(s[j] - mx);
+        double os[HS] = {0}, om[HS] = {0}, zs = 0, zm = 0;
+        for (int j = 0; j <= i; j++) {
+            const double pj = exp(s[j] - mx) / z;
+            for (int e = 0; e < HS; e++) (missed[j] ? om : os)[e] += pj * v0[(size_t)j * QKV + e];
+            *(missed[j] ? &zm : &zs) += pj;
+        }
+        double u[HS], uu = 0, rho2 = 0;
+        for (int e = 0; e < HS; e++) os[e] /= zs, om[e] /= zm, u[e] = om[e] - os[e], uu += u[e] * u[e];
+        for (int j = 0; j <= i; j++)
+            for (int e = 0; missed[j] && e < HS; e++) {
+                const double d = v0[(size_t)j * QKV + e] - os[e];
+                rho2 += exp(s[j] - mx) / z * d * d / zm;
+            }
+        for (int j = 0; j <= i; j++) {
+            if (!missed[j]) continue;
+            double d = 0;
+            for (int e = 0; e < HS; e++) d += (v0[(size_t)j * QKV + e] - os[e]) * u[e];
+            a[j] += exp(s[j] - mx) / z * d / sqrt(uu * rho2) / NH;
+        }
+    }
+    for (int j = 0; clip && j < T; j++) a[j] = fmax(a[j], 0);
+}
+
+static void check_teacher_values(Rng* rng) {
+    const int bs = 16;
+    real *qkv, *lse;
+    double a[T];
+    int rows[T];
+    MassRows t = teacher_input(rng, &qkv, &lse, rows);
+    const int nq = t.nq;
+    MassBlocks b = {mallocCheck(sizeof(int) * nq * NKV * (T / bs + 1)),
+                    mallocCheck(sizeof(int) * nq * NKV), T / bs + 1, bs};
+    real gate[NH * BLOCKGATE_WIDTH(HS)];
+    blockgate_init(gate, NH, HS);
+    mass_choose_blocks(&b, &t, qkv, gate, 3, T, NH, NKV, HS, WIN, SINKS);
+    for (int with = 0; with < 2; with++) {
+        const MassBlocks* bb = with ? &b : NULL;
+        mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, bb, 1);
+        double worst_far = 0, worst_p = 0, left = 0, mass = 0;
+        int order_ok = 1;
+        for (int r = 0; r < nq; r++) {
+            const int i = rows[r];
+            direct_values(qkv, a, i, bb, r, 1);
+            double M = 0;
+            for (int j = SINKS; j < i - WIN; j++) M += a[j];
+            worst_far = fmax(worst_far, fabs(M - t.far[r]));
+            left += M;
+            double ma[T];
+            direct_except(qkv, NULL, ma, i, bb, r);
+            for (int j = SINKS; j < i - WIN; j++) mass += ma[j];
+            double smallest = INFINITY;
+            for (int e = 0; e < KEYS; e++) {
+                const int j = t.idx[(size_t)r * KEYS + e];
+                if (j < 0) continue;
+                worst_p = fmax(worst_p, fabs(a[j] - t.p[(size_t)r * KEYS + e]));
+                smallest = fmin(smallest, a[j]);
+                a[j] = -1;
+            }
+            for (int j = SINKS; j < i - WIN; j++)
+                if (a[j] > smallest + 1e-5) order_ok = 0;
+        }
+        printf("  output-restoring teacher%s: %.3f (the missed mass %.3f), off by %.1e / %.1e\n",
+               with ? " beside 3 blocks" : "", left, mass, worst_far, worst_p);
+        CHECK(worst_far < 1e-4, "output-restoring far score off by %g", worst_far);
+        CHECK(worst_p < 1e-5, "output-restoring entries off by %g", worst_p);
+        CHECK(order_ok, "output-restoring entries not the largest");
+        CHECK(left > 0, "the output-restoring teacher kept nothing");
+    }
+    /* values = 2: the same gains in the first half of the entries, the most negative scores
+     * (stored negative) in the second */
+    MassRows t2 = t;
+    t2.m = 2 * KEYS;
+    t2.idx = mallocCheck(sizeof(int) * nq * 2 * KEYS);
+    t2.p = mallocCheck(sizeof(float) * nq * 2 * KEYS);
+    mass_teacher(&t2, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 2);
+    double worst = 0, harm = 0;
+    int neg_ok = 1;
+    for (int r = 0; r < nq; r++) {
+        const int i = rows[r];
+        direct_values(qkv, a, i, &b, r, 0);
+        double smallest = INFINITY;
+        for (int e = 0; e < 2 * KEYS; e++) {
+            const int j = t2.idx[(size_t)r * 2 * KEYS + e];
+            const double pe = t2.p[(size_t)r * 2 * KEYS + e];
+            if (j < 0) continue;
+            worst = fmax(worst, fabs(fmax(e < KEYS ? a[j] : -a[j], 0) - fabs(pe)));
+            neg_ok &= e < KEYS ? pe >= 0 : pe <= 0;
+            if (e >= KEYS) smallest = fmin(smallest, -pe), harm -= pe;
+        }
+        for (int e = KEYS; e < 2 * KEYS; e++) {
+            const int j = t2.idx[(size_t)r * 2 * KEYS + e];
+            if (j >= 0) a[j] = 0; /* taken */
+        }
+        for (int j = SINKS; j < i - WIN; j++)
+            if (-a[j] > smallest + 1e-5) neg_ok = 0;
+    }
+    printf("  with the harm: %.3f of negative scores stored, entries off by %.1e\n", harm, worst);
+    CHECK(worst < 1e-5, "signed entries off by %g", worst);
+    CHECK(neg_ok && harm > 0, "the harm entries are not the most negative scores, stored negative");
+    free(t2.idx), free(t2.p);
     free(qkv), free(lse), free(t.far), free(t.idx), free(t.p), free(b.sel), free(b.nsel);
 }
 
@@ -253,6 +381,12 @@ static double loss_qk(const real* Sq, const real* Sk, const MassRows* t, real* G
 
 static void check_gradient_qk(Rng* rng) {
     MassRows t = synthetic(rng, 40);
+    /* harm (mass_values = 2): on odd rows the two last entries are keys stored negative */
+    for (int r = 1; r < t.nq; r += 2)
+        for (int e = KEYS - 2; e < KEYS; e++) {
+            t.idx[(size_t)r * KEYS + e] = (int)(rng_u64(rng) % (uint64_t)(T / 2));
+            t.p[(size_t)r * KEYS + e] = -0.15f * t.far[r];
+        }
     const size_t n = (size_t)T * K;
     real* buf = callocCheck(n * 6, sizeof(real));
     real *S[2] = {buf, buf + n}, *G[2] = {buf + 2 * n, buf + 3 * n},
@@ -292,6 +426,7 @@ int main(void) {
     rng_seed(&rng, 42);
     check_teacher(&rng);
     check_teacher_blocks(&rng);
+    check_teacher_values(&rng);
     check_gradient(&rng);
     check_gradient_qk(&rng);
     return tu_finish("test_mass");

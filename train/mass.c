@@ -41,21 +41,25 @@
 #include "loop.h"
 
 #define MASS_MAGIC "FOCUSMT1"
-#define MASS_VERSION 2u
+#define MASS_VERSION 3u
 
 /* The fixed header of a teacher file, then `layers` int32 layer indices, then one chunk per
  * routed layer: h (T, C) bf16, rows (nq) int32, far (nq) f32, idx (nq, keys) int32, p (nq, keys)
  * f32. Little-endian, as written. Version 2 adds the block selector the teacher leaves out
  * (blocks per query, block size, a hash of its weights; 0 without one); a version 1 file (the
- * header without them) is read as a teacher without a selector. */
+ * header without them) is read as a teacher without a selector. Version 3 adds the score
+ * (mass_values: 0 the mass, 1 the output restored, 2 that and the harm); older files scored
+ * the mass. */
 typedef struct {
     char magic[8];
     uint32_t version, T, C, layers, nq, keys, w, sinks;
     uint64_t fingerprint, offset;
     uint32_t sel_blocks, sel_bs;
     uint64_t sel_hash;
+    uint32_t values, pad;
 } MassHeader;
 #define MASS_HEADER_V1 offsetof(MassHeader, sel_blocks)
+#define MASS_HEADER_V2 offsetof(MassHeader, values)
 
 /* What one window holds: the sampled query rows are the same in every layer. */
 typedef struct {
@@ -67,6 +71,7 @@ typedef struct {
     /* the block selector whose blocks the teacher leaves out (mass_selector; blocks 0: none) */
     int sel_blocks, sel_bs;
     uint64_t sel_hash;
+    int values; /* the teacher scores the output a key restores (mass_values), not its mass */
 } Window;
 
 static size_t chunk_bytes(const Window* w) {
@@ -75,7 +80,7 @@ static size_t chunk_bytes(const Window* w) {
 
 static void window_alloc(Window* w, int nl, const int* layers, int* slot, int T, int C, int nq,
                          int keys) {
-    *w = (Window){nl, T, C, nq, keys, layers, NULL, NULL, slot, 0, 0, 0};
+    *w = (Window){nl, T, C, nq, keys, layers, NULL, NULL, slot, 0, 0, 0, 0};
     w->h = mallocCheck(sizeof(uint16_t) * (size_t)nl * T * C);
     w->t = mallocCheck(sizeof(MassRows) * nl);
     for (int s = 0; s < nl; s++) {
@@ -115,7 +120,7 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     const int NH = model_heads(c), NKV = model_kv_heads(c), hs = model_head_size(c);
     real_to_bf16_rows(w->h + (size_t)s * T * c->C, h, (size_t)T * c->C);
     if (!w->sel_blocks) {
-        mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, NULL);
+        mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, NULL, w->values);
         return;
     }
     /* beside a block selector: the blocks it keeps in this layer (its per-layer budget scaled
@@ -127,7 +132,7 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     mass_choose_blocks(&b, &w->t[s], qkv,
                        m->method.selector + (size_t)layer * NH * BLOCKGATE_WIDTH(hs), n, T, NH, NKV,
                        hs, m->fc.w, m->fc.sinks);
-    mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, &b);
+    mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, &b, w->values);
     free(b.sel), free(b.nsel);
 }
 
@@ -143,7 +148,8 @@ static void window_write(const char* path, const Window* w, uint64_t fingerprint
                      (uint32_t)w->C,      (uint32_t)w->nl, (uint32_t)w->nq,
                      (uint32_t)w->keys,   (uint32_t)f->w,  (uint32_t)f->sinks,
                      fingerprint,         offset,          (uint32_t)w->sel_blocks,
-                     (uint32_t)w->sel_bs, w->sel_hash};
+                     (uint32_t)w->sel_bs, w->sel_hash,    (uint32_t)w->values,
+                     0};
     const int np = 2 + 5 * w->nl;
     const void** parts = mallocCheck(sizeof(void*) * np);
     size_t* sizes = mallocCheck(sizeof(size_t) * np);
@@ -179,8 +185,8 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
               path, (long long)st.st_size);
     if (memcmp(hd.magic, MASS_MAGIC, 8) || hd.version < 1 || hd.version > MASS_VERSION)
         fatal("%s: not a focus teacher file of version 1 to %u", path, MASS_VERSION);
-    const size_t head = hd.version == 1 ? MASS_HEADER_V1 : sizeof hd;
-    if (hd.version > 1 && pread(fd, &hd, sizeof hd, 0) != (ssize_t)sizeof hd)
+    const size_t head = hd.version == 1 ? MASS_HEADER_V1 : hd.version == 2 ? MASS_HEADER_V2 : sizeof hd;
+    if (hd.version > 1 && pread(fd, &hd, head, 0) != (ssize_t)head)
         fatal("%s: truncated teacher file (%lld bytes); delete it and resume to collect it again",
               path, (long long)st.st_size);
     close(fd);
@@ -192,6 +198,10 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
             "asks for %d%s: use another run folder, or delete its teacher",
             path, hd.sel_blocks, w->sel_blocks,
             hd.sel_blocks == (uint32_t)w->sel_blocks ? " of another selector" : "");
+    if (hd.values != (uint32_t)w->values)
+        fatal("%s: scored by %s (mass_values = %u), this run asks for mass_values = %d: use "
+              "another run folder, or delete its teacher",
+              path, hd.values ? "the output restored" : "the mass", hd.values, w->values);
     if (hd.fingerprint != fingerprint)
         fatal("%s: collected from another base model (fingerprint differs)", path);
     if (hd.T != (uint32_t)w->T || hd.C != (uint32_t)w->C || hd.layers != (uint32_t)w->nl ||
@@ -282,10 +292,11 @@ static void collect(Model* m, const RunConfig* rc, const TrainData* d, const cha
         for (int s = 0; s < w->nl; s++)
             for (int r = 0; r < w->nq; r++) far += w->t[s].far[r];
         printf(
-            "teacher window %d/%d (tokens %llu..%llu): %.1f s | far mass %.3f of the attention | "
+            "teacher window %d/%d (tokens %llu..%llu): %.1f s | %s %.3f of the attention | "
             "ETA %s\n",
             k + 1, nwin, (unsigned long long)offs[k], (unsigned long long)(offs[k] + T),
-            now_seconds() - t1, w->nq && w->nl ? far / ((double)w->nq * w->nl) : 0.0, eta);
+            now_seconds() - t1, w->values ? "restoring score" : "far mass",
+            w->nq && w->nl ? far / ((double)w->nq * w->nl) : 0.0, eta);
         fflush(stdout);
     }
     m->layer_observer = NULL;
@@ -474,7 +485,9 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         fatal("retrofit: objective = mass: T = %d leaves no key beyond w = %d and %d sinks", T,
               f->w, f->sinks);
     Window w;
-    window_alloc(&w, nl, layers, slot, T, c->C, nq, rc->mass_keys);
+    /* mass_values = 2 stores mass_keys keys of harm beside as many of gain */
+    const int keys = rc->mass_values == 2 ? 2 * rc->mass_keys : rc->mass_keys;
+    window_alloc(&w, nl, layers, slot, T, c->C, nq, keys);
     if (rc->mass_selector[0]) { /* the teacher: the mass a block selector's blocks miss */
         BlockGateInfo bi;
         blockgate_load(rc->mass_selector, m, &bi, model_fingerprint(m));
@@ -492,6 +505,12 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             "query (its per-layer budgets) leave out\n",
             rc->mass_selector, rc->mass_blocks, bi.block);
     }
+    w.values = rc->mass_values;
+    if (w.values)
+        printf(
+            "teacher: each missed key scored by the output it restores (mass_values = %d: its "
+            "value against the direction the sparse output is off by%s)\n",
+            w.values, w.values == 2 ? "; the keys that move it away kept as harm" : "");
     /* the windows' offsets: from the seed alone, so a resumed run collects the same ones */
     uint64_t* offs = mallocCheck(sizeof(uint64_t) * rc->mass_windows);
     Rng wr;
@@ -668,7 +687,8 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         const double data = (double)(d->ntrain + d->neval) * sizeof(int);
         const WeightStore ws = m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32;
         const double plan =
-            model_memory_plan_mass(c, f, T, nl, nq, rc->mass_keys, omp_get_max_threads(), ws).total;
+            model_memory_plan_mass(c, f, T, nl, nq, keys, omp_get_max_threads(),
+                                   rc->mass_values, ws).total;
         /* the perplexities before and after run the head: their logits, a window at a time */
         const double logits =
             evaluate ? (double)model_memory_plan(c, f, 1, T, 0, 0, ws).logits : 0.0;
