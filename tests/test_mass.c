@@ -14,6 +14,15 @@
 
 enum { NH = 4, NKV = 2, HS = 8, T = 320, WIN = 20, SINKS = 2, KEYS = 12, K = 4 };
 
+/* Head h's scaled score of query i for key j. */
+static double score(const real* qkv, int h, int i, int j) {
+    const int QKV = (NH + 2 * NKV) * HS, C = NH * HS, rep = NH / NKV;
+    double d = 0;
+    for (int e = 0; e < HS; e++)
+        d += qkv[(size_t)i * QKV + h * HS + e] * qkv[(size_t)j * QKV + C + (h / rep) * HS + e];
+    return d / sqrt((double)HS);
+}
+
 /* Dense causal attention's log-sum-exps (NH, T) and, for query i, each key's mass averaged over
  * the heads (a, T) restricted to the far keys. */
 static void direct_except(const real* qkv, real* lse, double* a, int i, const MassBlocks* b,
@@ -26,18 +35,14 @@ static void direct(const real* qkv, real* lse, double* a, int i) {
  * left out (b NULL: none) */
 static void direct_except(const real* qkv, real* lse, double* a, int i, const MassBlocks* b,
                           int r_of_i) {
-    const int QKV = (NH + 2 * NKV) * HS, C = NH * HS, rep = NH / NKV;
+    const int rep = NH / NKV;
     for (int j = 0; j < T; j++) a[j] = 0;
     for (int h = 0; h < NH; h++)
         for (int r = 0; r < T; r++) {
             if (i >= 0 && r != i) continue;
             double s[T], mx = -INFINITY, z = 0;
             for (int j = 0; j <= r; j++) {
-                double d = 0;
-                for (int e = 0; e < HS; e++)
-                    d += qkv[(size_t)r * QKV + h * HS + e] *
-                         qkv[(size_t)j * QKV + C + (h / rep) * HS + e];
-                s[j] = d / sqrt((double)HS);
+                s[j] = score(qkv, h, r, j);
                 mx = fmax(mx, s[j]);
             }
             for (int j = 0; j <= r; j++) z += exp(s[j] - mx);
@@ -176,11 +181,7 @@ static void direct_values(const real* qkv, double* a, int i, const MassBlocks* b
         double s[T], mx = -INFINITY, z = 0;
         int missed[T];
         for (int j = 0; j <= i; j++) {
-            double d = 0;
-            for (int e = 0; e < HS; e++)
-                d += qkv[(size_t)i * QKV + h * HS + e] *
-                     qkv[(size_t)j * QKV + C + (h / rep) * HS + e];
-            s[j] = d / sqrt((double)HS);
+            s[j] = score(qkv, h, i, j);
             mx = fmax(mx, s[j]);
             int out = 0;
             const size_t rg = (size_t)r_of_i * NKV + h / rep;
