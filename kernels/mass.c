@@ -129,8 +129,8 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
  * value moves the kept keys' output o_S towards the missed keys' output o_M (u = o_M - o_S), in
  * units of the missed values' spread rho around o_S. Uses S (nr, n) as scratch. */
 static void restore_scores(real* a, real* S, const real* P, const real* Pm, const real* v, int ld,
-                           const real* vn, real* U, real* O, const int* rows, int nr, int n1,
-                           int n, int hs, int w, int NH) {
+                           const real* vn, real* U, real* O, const int* rows, int nr, int n1, int n,
+                           int hs, int w, int NH) {
     real* od = O;                   /* (nr, hs) sum_j P_ij v_j: the dense output */
     real* om = O + (size_t)nr * hs; /* (nr, hs) sum_j Pm_ij v_j */
     gemm(0, 0, nr, hs, n1, 1, P, n1, v, ld, 0, od, hs);

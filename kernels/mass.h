@@ -13,7 +13,7 @@
  *   loss   = sum_i M_i (log(cost_i + eps) - log(kept_i + eps)) / sum_i M_i      eps = 0.01
  * Entries stored negative (the harm of mass_values = 2) add, per query, harm_i / (kept_i + eps):
  * harm_i = sum_{stored j, p_ij < 0} -p_ij g_ij / M_i, -log(kept_i - harm_i) to first order in
- * the harm, so that a query stays out of a group whose keys move its output away. 
+ * the harm, so that a query stays out of a group whose keys move its output away.
  * the log of the far mass kept per far pair kept (its lift over random groups, which keep as
  * much mass as pairs), weighted by how much of the query's attention is far. Its gradient
  * reaches both the query's and each key's groups.
@@ -64,7 +64,8 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
  * `mass_values` setting, docs/OBJECTIVE.md). For head h of query i, the kept keys (sinks, window,
  * chosen blocks) give the output o_S, the missed ones o_M; u = o_M - o_S is the direction the
  * sparse output is off by (the dense output is o_S + Z_M u, Z_M the missed mass). Then
- *   c^h_ij = P^h_ij (v_j - o_S) . u / (|u| rho),   rho^2 = sum_{j missed} P^h_ij |v_j - o_S|^2 / Z_M
+ *   c^h_ij = P^h_ij (v_j - o_S) . u / (|u| rho)
+ *   rho^2  = sum_{j missed} P^h_ij |v_j - o_S|^2 / Z_M
  * the key's mass times how far its value moves the output towards the dense one, in units of the
  * missed values' spread. Summed over j it is Z_M |u| / rho <= Z_M (a head whose missed values
  * cancel out needs nothing kept); each |c| <= P |v_j - o_S| / rho. The heads' mean is clipped at

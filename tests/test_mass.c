@@ -185,7 +185,8 @@ static void direct_values(const real* qkv, double* a, int i, const MassBlocks* b
             mx = fmax(mx, s[j]);
             int out = 0;
             const size_t rg = (size_t)r_of_i * NKV + h / rep;
-            for (int e = 0; b && e < b->nsel[rg]; e++) out |= b->sel[rg * b->nbmax + e] == j / b->bs;
+            for (int e = 0; b && e < b->nsel[rg]; e++)
+                out |= b->sel[rg * b->nbmax + e] == j / b->bs;
             missed[j] = j >= SINKS && j < i - WIN && !out;
         }
         for (int j = 0; j <= i; j++) z += exp(s[j] - mx);
@@ -196,7 +197,8 @@ static void direct_values(const real* qkv, double* a, int i, const MassBlocks* b
             *(missed[j] ? &zm : &zs) += pj;
         }
         double u[HS], uu = 0, rho2 = 0;
-        for (int e = 0; e < HS; e++) os[e] /= zs, om[e] /= zm, u[e] = om[e] - os[e], uu += u[e] * u[e];
+        for (int e = 0; e < HS; e++)
+            os[e] /= zs, om[e] /= zm, u[e] = om[e] - os[e], uu += u[e] * u[e];
         for (int j = 0; j <= i; j++)
             for (int e = 0; missed[j] && e < HS; e++) {
                 const double d = v0[(size_t)j * QKV + e] - os[e];

@@ -144,11 +144,21 @@ static void window_path(char* path, size_t n, const char* out, int k) {
 
 static void window_write(const char* path, const Window* w, uint64_t fingerprint, uint64_t offset,
                          const FocusConfig* f) {
-    MassHeader hd = {MASS_MAGIC,          MASS_VERSION,    (uint32_t)w->T,
-                     (uint32_t)w->C,      (uint32_t)w->nl, (uint32_t)w->nq,
-                     (uint32_t)w->keys,   (uint32_t)f->w,  (uint32_t)f->sinks,
-                     fingerprint,         offset,          (uint32_t)w->sel_blocks,
-                     (uint32_t)w->sel_bs, w->sel_hash,    (uint32_t)w->values,
+    MassHeader hd = {MASS_MAGIC,
+                     MASS_VERSION,
+                     (uint32_t)w->T,
+                     (uint32_t)w->C,
+                     (uint32_t)w->nl,
+                     (uint32_t)w->nq,
+                     (uint32_t)w->keys,
+                     (uint32_t)f->w,
+                     (uint32_t)f->sinks,
+                     fingerprint,
+                     offset,
+                     (uint32_t)w->sel_blocks,
+                     (uint32_t)w->sel_bs,
+                     w->sel_hash,
+                     (uint32_t)w->values,
                      0};
     const int np = 2 + 5 * w->nl;
     const void** parts = mallocCheck(sizeof(void*) * np);
@@ -185,7 +195,9 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
               path, (long long)st.st_size);
     if (memcmp(hd.magic, MASS_MAGIC, 8) || hd.version < 1 || hd.version > MASS_VERSION)
         fatal("%s: not a focus teacher file of version 1 to %u", path, MASS_VERSION);
-    const size_t head = hd.version == 1 ? MASS_HEADER_V1 : hd.version == 2 ? MASS_HEADER_V2 : sizeof hd;
+    const size_t head = hd.version == 1   ? MASS_HEADER_V1
+                        : hd.version == 2 ? MASS_HEADER_V2
+                                          : sizeof hd;
     if (hd.version > 1 && pread(fd, &hd, head, 0) != (ssize_t)head)
         fatal("%s: truncated teacher file (%lld bytes); delete it and resume to collect it again",
               path, (long long)st.st_size);
@@ -199,9 +211,10 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
             path, hd.sel_blocks, w->sel_blocks,
             hd.sel_blocks == (uint32_t)w->sel_blocks ? " of another selector" : "");
     if (hd.values != (uint32_t)w->values)
-        fatal("%s: scored by %s (mass_values = %u), this run asks for mass_values = %d: use "
-              "another run folder, or delete its teacher",
-              path, hd.values ? "the output restored" : "the mass", hd.values, w->values);
+        fatal(
+            "%s: scored by %s (mass_values = %u), this run asks for mass_values = %d: use "
+            "another run folder, or delete its teacher",
+            path, hd.values ? "the output restored" : "the mass", hd.values, w->values);
     if (hd.fingerprint != fingerprint)
         fatal("%s: collected from another base model (fingerprint differs)", path);
     if (hd.T != (uint32_t)w->T || hd.C != (uint32_t)w->C || hd.layers != (uint32_t)w->nl ||
@@ -686,9 +699,9 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             now_seconds() - t_start, out);
         const double data = (double)(d->ntrain + d->neval) * sizeof(int);
         const WeightStore ws = m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32;
-        const double plan =
-            model_memory_plan_mass(c, f, T, nl, nq, keys, omp_get_max_threads(),
-                                   rc->mass_values, ws).total;
+        const double plan = model_memory_plan_mass(c, f, T, nl, nq, keys, omp_get_max_threads(),
+                                                   rc->mass_values, ws)
+                                .total;
         /* the perplexities before and after run the head: their logits, a window at a time */
         const double logits =
             evaluate ? (double)model_memory_plan(c, f, 1, T, 0, 0, ws).logits : 0.0;
