@@ -46,6 +46,8 @@ blk=(--attn blocks_learned --set w=128)
 dense=$("${ev[@]}" 2>/dev/null | field perplexity)
 r1=$("${ev[@]}" --router "$selector,$run/router.h5" "${blk[@]}" --set blocks=4 2>/dev/null)
 r0=$("${ev[@]}" --router "$selector,$shipped" "${blk[@]}" --set blocks=4 2>/dev/null)
+r15=$("${ev[@]}" --router "$selector,$run/router.h5" "${blk[@]}" --set blocks=5 2>/dev/null)
+r05=$("${ev[@]}" --router "$selector,$shipped" "${blk[@]}" --set blocks=5 2>/dev/null)
 rs=$("${ev[@]}" --router "$selector" "${blk[@]}" --set blocks=4 2>/dev/null)
 rs5=$("${ev[@]}" --router "$selector" "${blk[@]}" --set blocks=5 2>/dev/null)
 p1=$(echo "$r1" | field perplexity); k1=$(echo "$r1" | field "pairs kept")
@@ -59,11 +61,21 @@ echo "dense attention: $dense"
 printf '| method (4 sinks, window 128 unless said) | pairs kept | perplexity |\n|---|---|---|\n'
 row "the selector's 4 blocks + the centroids adapted to this text" "$r1"
 row "the selector's 4 blocks + the shipped centroids (before adapting)" "$r0"
+row "the selector's 5 blocks + the centroids adapted to this text" "$r15"
+row "the selector's 5 blocks + the shipped centroids (before adapting)" "$r05"
 row "the selector alone, 4 blocks" "$rs"
 row "the selector alone, 5 blocks" "$rs5"
 row "random groups (K = 8, k = 1, window 256, no training)" "$rx"
 row "sliding window (w = $w, no training)" "$rw"
 row "Quest blocks ($n blocks of 64, no training)" "$rq"
+# adapting adds a few pairs: read the shipped centroids' perplexity at the adapted ones' pairs on
+# the line through their 4- and 5-block points
+at_same() { awk -v k0="$(echo "$1" | field "pairs kept")" -v p0="$(echo "$1" | field perplexity)" \
+    -v k1="$(echo "$2" | field "pairs kept")" -v p1="$(echo "$2" | field perplexity)" -v k="$3" \
+    'BEGIN { printf "%.4f", p0 + (p1 - p0) * (k - k0) / (k1 - k0) }'; }
+k15=$(echo "$r15" | field "pairs kept")
+echo "at the same pairs: adapted $p1 at $k1 against the shipped $(at_same "$r0" "$r05" "$k1") (4 blocks);" \
+    "adapted $(echo "$r15" | field perplexity) at $k15 against the shipped $(at_same "$r0" "$r05" "$k15") (5 blocks)"
 step "5/6 passkey at $ctx tokens: a 5-digit number hidden at three depths, beyond the window but at the last"
 ./build/focus eval passkey --model "$model" --modes dense,window:"$w" --set sinks=4 --lengths $ctx \
     --depths 0.25,0.5,0.75 --trials 1 2>/dev/null | grep "retrieved ("
