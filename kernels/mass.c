@@ -326,7 +326,7 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
      * gains at most log(1 / eps) from the pairs term */
     const double eps = 0.01, lambda = mg->lambda, b = mg->b;
     const int R = mg->nrand;
-    double total = 0, loss = 0, soft = 0, hard = 0, hard_harm = 0, pairs = 0, pairs_hard = 0;
+    double total = 0, loss = 0, soft = 0, hard = 0, pairs = 0, pairs_hard = 0;
     int prow = 0;
     for (int r = 0; r < t->nq; r++) total += t->far[r];
     if (kept_out) memset(kept_out, 0, sizeof *kept_out);
@@ -346,7 +346,6 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
             const double g = gate_of(affinity(gi, gj, K), lambda, b, &dg);
             if (p[e] < 0) { /* a key that moves the output away (mass_values = 2) */
                 harm -= p[e] * g;
-                if (argmax_row(gj, K) == top_i) hard_harm -= p[e];
                 continue;
             }
             kept += p[e] * g;
@@ -391,7 +390,6 @@ double mass_loss(real* dGq, real* dGk, const real* Gq, const real* Gk, int K, co
     if (kept_out) {
         kept_out->mass_gate = soft / total;
         kept_out->mass_top1 = hard / total;
-        kept_out->harm_top1 = hard_harm / total;
         kept_out->pairs_gate = prow ? pairs / prow : 0;
         kept_out->pairs_top1 = prow && R ? pairs_hard / ((double)prow * R) : 0;
     }

@@ -87,7 +87,6 @@ typedef struct {
  * groups (argmax G_i == argmax G_j), and of the far pairs (on the random sample). */
 typedef struct {
     double mass_gate, mass_top1, pairs_gate, pairs_top1;
-    double harm_top1; /* the stored negative scores (mass_values = 2) top-1 groups keep */
 } MassKept;
 
 /* The objective of one sequence's routing against t (see the file header): the queries' groups
