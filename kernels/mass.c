@@ -77,11 +77,11 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, bs = b->bs;
     const int nb = (T + bs - 1) / bs, per = BLOCKGATE_STATS(hs);
     const real scale = (real)(1.0 / sqrt((double)hs));
-    real* st = mallocCheck(sizeof(real) * ((size_t)NKV * nb * per + 1));
+    uint16_t* st = mallocCheck(sizeof(uint16_t) * ((size_t)NKV * nb * per + 1));
 #pragma omp parallel for schedule(static)
     for (int u = 0; u < NKV * nb; u++) {
         const int g = u / nb, c = u % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
-        blockgate_key_stats(st + (size_t)u * per, qkv + C + g * hs, QKV, c * bs, j1, hs);
+        blockgate_key_stats16(st + (size_t)u * per, qkv + C + g * hs, QKV, c * bs, j1, hs);
     }
 #pragma omp parallel
     {

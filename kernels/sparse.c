@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include <omp.h>
+#if defined(__F16C__) && !defined(FOCUS_DOUBLE)
+#include <immintrin.h>
+#endif
 
 #include "cpu.h"
 #include "quant.h"
@@ -722,6 +725,13 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
     for (int e = 0; e < hs; e++) var[e] /= n;
 }
 
+void blockgate_key_stats16(uint16_t* st, const real* k, int ldk, int j0, int j1, int hs) {
+    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
+    real s[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    blockgate_key_stats(s, k, ldk, j0, j1, hs);
+    for (int e = 0; e < BLOCKGATE_STATS(hs); e++) st[e] = f32_to_f16((float)s[e], 1);
+}
+
 void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale) {
     const real *a = wgt + 1, *b = a + hs, *g = b + hs;
 #pragma omp simd
@@ -737,18 +747,35 @@ void blockgate_features(real* f, const real* wgt, const real* q, int hs, real sc
 /* out[h] = f_h . st over n values for nh <= 4 feature rows f_h = f + h ldf: each block's
  * statistics read once for the heads. Per head two vector running sums (independent chains: one
  * sum would wait on each add), added in a fixed order: a head's arithmetic whatever heads are
- * beside it. */
+ * beside it. The statistics are reals (st, a fit's) or halves (sh, what the selection reads),
+ * widened exactly: the same arithmetic on the same values. */
 typedef real vreal __attribute__((vector_size(32)));
 enum { VL = (int)(32 / sizeof(real)) };
-static inline void feature_dots(real* out, const real* f, size_t ldf, int nh, const real* st,
-                                int n) {
+static inline vreal half_vec(const uint16_t* p) {
+    vreal y;
+#if defined(__F16C__) && !defined(FOCUS_DOUBLE)
+    __m128i h;
+    memcpy(&h, p, sizeof h);
+    const __m256 x = _mm256_cvtph_ps(h);
+    memcpy(&y, &x, sizeof y);
+#else
+    for (int k = 0; k < VL; k++) y[k] = f16_to_f32(p[k]);
+#endif
+    return y;
+}
+static inline __attribute__((always_inline)) void feature_dots(real* out, const real* f, size_t ldf,
+                                                               int nh, const real* st,
+                                                               const uint16_t* sh, int n) {
     vreal a[4][2];
     memset(a, 0, sizeof a);
     int e = 0;
     for (; e + 2 * VL <= n; e += 2 * VL)
         for (int k = 0; k < 2; k++) {
             vreal y;
-            memcpy(&y, st + e + k * VL, sizeof y);
+            if (sh)
+                y = half_vec(sh + e + k * VL);
+            else
+                memcpy(&y, st + e + k * VL, sizeof y);
             for (int h = 0; h < nh; h++) {
                 vreal x;
                 memcpy(&x, f + h * ldf + e + k * VL, sizeof x);
@@ -759,22 +786,18 @@ static inline void feature_dots(real* out, const real* f, size_t ldf, int nh, co
         const vreal t = a[h][0] + a[h][1];
         real s = 0;
         for (int k = 0; k < VL; k++) s += t[k];
-        for (int j = e; j < n; j++) s += f[h * ldf + j] * st[j];
+        for (int j = e; j < n; j++) s += f[h * ldf + j] * (sh ? (real)f16_to_f32(sh[j]) : st[j]);
         out[h] = s;
     }
-}
-
-static inline real feature_dot(const real* f, const real* st, int n) {
-    real s;
-    feature_dots(&s, f, 0, 1, st, n);
-    return s;
 }
 
 real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     blockgate_features(f, wgt, q, hs, scale);
-    return wgt[0] + feature_dot(f, st, BLOCKGATE_STATS(hs));
+    real s;
+    feature_dots(&s, f, 0, 1, st, NULL, BLOCKGATE_STATS(hs));
+    return wgt[0] + s;
 }
 
 void blockgate_init(real* wgt, int n, int hs) {
@@ -804,8 +827,8 @@ static inline void candidate_blocks(int i, int w, int sinks, int bs, int* c0, in
     *c0 = sinks / bs, *c1 = far_end > sinks ? (far_end - 1) / bs + 1 : *c0;
 }
 
-void block_logits(real* p, const real* q, int rep, const real* st, const real* gate, int i, int w,
-                  int sinks, int bs, int hs) {
+void block_logits(real* p, const real* q, int rep, const uint16_t* st, const real* gate, int i,
+                  int w, int sinks, int bs, int hs) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     int c0, c1;
     candidate_blocks(i, w, sinks, bs, &c0, &c1);
@@ -819,7 +842,7 @@ void block_logits(real* p, const real* q, int rep, const real* st, const real* g
                                q + (size_t)(r0 + h) * hs, hs, scale);
         for (int c = c0; c < c1; c++) {
             const real logn = block_logn(c, bs, sinks, i, w, lfull);
-            feature_dots(d, fh, per, nh, st + (size_t)c * per, per);
+            feature_dots(d, fh, per, nh, NULL, st + (size_t)c * per, per);
             for (int h = 0; h < nh; h++)
                 p[(size_t)(r0 + h) * nc + (c - c0)] =
                     gate[(size_t)(r0 + h) * BLOCKGATE_WIDTH(hs)] + d[h] + logn;
@@ -827,9 +850,9 @@ void block_logits(real* p, const real* q, int rep, const real* st, const real* g
     }
 }
 
-void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq, const real* st,
-                       const real* gate, int w, int sinks, int bs, int rep, int hs, real* F,
-                       real* L) {
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
+                       const uint16_t* st, const real* gate, int w, int sinks, int bs, int rep,
+                       int hs, real* F, real* L, real* Sf) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     const int TR = BLOCK_TILE_ROWS, TB = BLOCK_TILE_BLOCKS;
     const int per = BLOCKGATE_STATS(hs), mq = rep * TR, W = BLOCKGATE_WIDTH(hs);
@@ -844,7 +867,13 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
     candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
     for (int j0 = 0; j0 < c1max; j0 += TB) {
         if (j0 + TB <= c0) continue;
-        gemm(0, 1, mq, TB, per, 1, F, per, st + (size_t)j0 * per, per, 0, L, TB);
+        const uint16_t* sh = st + (size_t)j0 * per;
+#ifdef FOCUS_DOUBLE
+        for (int e = 0; e < TB * per; e++) Sf[e] = f16_to_f32(sh[e]);
+#else
+        f16_row_get(Sf, sh, TB * per);
+#endif
+        gemm(0, 1, mq, TB, per, 1, F, per, Sf, per, 0, L, TB);
         for (int r = 0; r < nq; r++) {
             int a, c1;
             candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);
@@ -886,22 +915,22 @@ static void learned_shares(real* sc, const real* p, int rep, const real* lband, 
  * oracle's share of each head's dense attention mass that falls on the block's distant keys
  * [sinks, i - w), or the learned selector's estimate of that share (gate: the rep heads'
  * weights; lband: their band log-sum-exps, stride ldl). p: scratch of max(i + 1, rep c1). */
-static void block_scores(real* sc, BlockScore score, const real* q, int rep, const real* st,
+static void block_scores(real* sc, BlockScore score, const real* q, int rep, const uint16_t* st,
                          const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                          int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
                          real* p, int made) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     const int per = BLOCKGATE_STATS(hs);
-    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    real f[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS) / 2], d[4];
     for (int c = c0; c < c1; c++) sc[c] = 0;
     if (score == BLOCKS_LEARNED) { /* p: the logits, made already when made is set */
         if (!made) block_logits(p, q, rep, st, gate, i, w, sinks, bs, hs);
         learned_shares(sc, p, rep, lband, ldl, c0, c1);
         return;
     }
-    for (int r = 0; r < rep; r++) {
-        const real* qh = q + (size_t)r * hs;
-        if (score == BLOCKS_ORACLE) {
+    if (score == BLOCKS_ORACLE) {
+        for (int r = 0; r < rep; r++) {
+            const real* qh = q + (size_t)r * hs;
             real mx = -INFINITY;
             for (int j = 0; j <= i; j++) {
                 const real* kj = k + (size_t)j * ldk;
@@ -921,28 +950,39 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
                 for (int j = j0; j < j1; j++) m += exp_f(p[j] - lse);
                 sc[c] += m;
             }
-            continue;
         }
-        /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products
-         * with the statistics too: q_e min_e where q_e < 0, q_e max_e elsewhere */
-        const int quest = score == BLOCKS_QUEST, f0 = quest ? 2 * hs : 0, n = quest ? 2 * hs : hs;
-        for (int e = 0; e < hs; e++)
-            if (quest)
-                f[e] = qh[e] < 0 ? qh[e] : 0, f[hs + e] = qh[e] < 0 ? 0 : qh[e];
-            else
-                f[e] = qh[e];
-        for (int c = c0; c < c1; c++) sc[c] += feature_dot(f, st + (size_t)c * per + f0, n);
+        return;
+    }
+    /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products with
+     * the statistics too: q_e min_e where q_e < 0, q_e max_e elsewhere; four heads against each
+     * block at once, added to its score head by head in order */
+    const int quest = score == BLOCKS_QUEST, f0 = quest ? 2 * hs : 0, n = quest ? 2 * hs : hs;
+    for (int r0 = 0; r0 < rep; r0 += 4) {
+        const int nh = rep - r0 < 4 ? rep - r0 : 4;
+        for (int h = 0; h < nh; h++) {
+            const real* qh = q + (size_t)(r0 + h) * hs;
+            real* fh = f + (size_t)h * n;
+            for (int e = 0; e < hs; e++)
+                if (quest)
+                    fh[e] = qh[e] < 0 ? qh[e] : 0, fh[hs + e] = qh[e] < 0 ? 0 : qh[e];
+                else
+                    fh[e] = qh[e];
+        }
+        for (int c = c0; c < c1; c++) {
+            feature_dots(d, f, n, nh, NULL, st + (size_t)c * per + f0, n);
+            for (int h = 0; h < nh; h++) sc[c] += d[h];
+        }
     }
 }
 
-int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
+int block_select(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p) {
     return block_select_made(sel, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs,
                              nsel, cover, hs, sc, p, 0);
 }
 
-int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,
+int block_select_made(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,
                       real* p, int made) {
@@ -1007,7 +1047,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
     /* sinks and window: the band kernel, into out and lse */
     flash_all(out, lse, qkv, NULL, NULL, 0, w, sinks, B, T, NH, NKV, hs);
     double kept = 0;
-    real* st = mallocCheck(sizeof(real) * ((size_t)NKV * nb * per + 1));
+    uint16_t* st = mallocCheck(sizeof(uint16_t) * ((size_t)NKV * nb * per + 1));
     /* the group keys (qmask given): each group's distant keys, ascending, per sequence */
     int* gpos = qmask ? mallocCheck(sizeof(int) * ((size_t)K * T + 1)) : NULL;
     int gn[32] = {0};
@@ -1024,7 +1064,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
 #pragma omp parallel for schedule(static)
             for (int t = 0; t < NKV * nb; t++) {
                 const int kvh = t / nb, c = t % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
-                blockgate_key_stats(st + (size_t)t * per, base + C + kvh * hs, QKV, c * bs, j1, hs);
+                blockgate_key_stats16(st + (size_t)t * per, base + C + kvh * hs, QKV, c * bs, j1,
+                                      hs);
             }
         }
 #pragma omp parallel reduction(+ : kept)

@@ -103,6 +103,12 @@ const char* block_score_name(BlockScore s);
 #define BLOCKGATE_WIDTH(hs) (1 + 3 * (hs))
 /* The statistics of keys [j0, j1) (rows of stride ldk) into st (BLOCKGATE_STATS(hs)). */
 void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int hs);
+/* The same rounded to half precision (saturated at the largest half), the statistics every block
+ * selection reads (the full pass, the cache, the mass teacher): a decode step reads a candidate
+ * block's statistics for each of its query heads, and in halves that is half the bytes (a step
+ * at 8K reads about as many bytes of statistics as of chosen keys). A fit (blockgate.h) keeps
+ * reals. */
+void blockgate_key_stats16(uint16_t* st, const real* k, int ldk, int j0, int j1, int hs);
 /* The logit s_c above is one product with the block's statistics: s_c = w_0 + f . st_c, the
  * query's features f (BLOCKGATE_STATS(hs)) being a scale q, b (scale q)^2, and g scale q in the
  * minimum's place where q_e < 0, else in the maximum's. blockgate_features fills f for query q
@@ -142,27 +148,29 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
  * attention (the band and sinks count as covered), Quest's and the mean keys' become shares of
  * the distant mass by a softmax of the heads' mean score weighted by each block's key count.
  * Scratch: sc (a score per block), p (max(i + 1, rep x blocks) values). The forward
- * kernel above and the decode step (model/decode.c) choose through it. */
-int block_select(int* sel, BlockScore score, const real* q, int rep, const real* st,
+ * kernel above and the decode step (model/decode.c) choose through it. st: halves
+ * (blockgate_key_stats16). */
+int block_select(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p);
 /* The learned selector's logits of query i's candidate blocks (rep heads, the blocks' order) into
  * p, as block_select makes them: a decode step makes them beside the band's scores, then
  * block_select_made(..., made = 1) chooses from them (made = 0: block_select). */
-void block_logits(real* p, const real* q, int rep, const real* st, const real* gate, int i, int w,
-                  int sinks, int bs, int hs);
+void block_logits(real* p, const real* q, int rep, const uint16_t* st, const real* gate, int i,
+                  int w, int sinks, int bs, int hs);
 /* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
  * ldq: the rep heads of one key/value head), row r's into p + r ldp: made as products of one
  * shape (BLOCK_TILE_ROWS rows' features against BLOCK_TILE_BLOCKS blocks' statistics, a row's
  * values whatever rows are beside it), faster than block_logits row by row; the two may differ in
  * the last bits. st: the statistics of BLOCK_TILE_BLOCKS ceil(candidates / BLOCK_TILE_BLOCKS)
  * blocks at least (zeros past the complete ones). Scratch: F (rep BLOCK_TILE_ROWS
- * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS). */
+ * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS), Sf (BLOCK_TILE_BLOCKS
+ * BLOCKGATE_STATS(hs): a tile of statistics widened). */
 enum { BLOCK_TILE_ROWS = 32, BLOCK_TILE_BLOCKS = 32 };
-void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq, const real* st,
-                       const real* gate, int w, int sinks, int bs, int rep, int hs, real* F,
-                       real* L);
-int block_select_made(int* sel, BlockScore score, const real* q, int rep, const real* st,
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
+                       const uint16_t* st, const real* gate, int w, int sinks, int bs, int rep,
+                       int hs, real* F, real* L, real* Sf);
+int block_select_made(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,
                       real* p, int made);

@@ -335,7 +335,8 @@ static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
     const int hs = model_head_size(mc);
     /* whole products of block_logits_tile: zeros past the complete blocks */
     c->bs = bs, c->nbcap = kvcache_block_cap(c->cap, bs);
-    c->bstat = callocCheck((size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs), sizeof(real));
+    c->bstat =
+        callocCheck((size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs), sizeof(uint16_t));
     c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
 }
 
@@ -354,15 +355,16 @@ static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
             else
                 memcpy(r, (const real*)c->k + at, sizeof(real) * hs);
         }
-        blockgate_key_stats(c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STATS(hs),
-                            rows, hs, 0, c->bs, hs);
+        blockgate_key_stats16(
+            c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STATS(hs), rows, hs, 0,
+            c->bs, hs);
     }
     free(rows);
 }
 
 /* The block statistics of key/value head g on layer l, and the learned selector's weights of its
  * query heads (NULL for the other block scores). */
-static void selector_of(const KVCache* c, const Model* m, int l, int g, const real** st,
+static void selector_of(const KVCache* c, const Model* m, int l, int g, const uint16_t** st,
                         const real** gate) {
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
@@ -378,7 +380,8 @@ static void selector_of(const KVCache* c, const Model* m, int l, int g, const re
 static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
                       const real* lb, int* sel, real* sc, real* p, int made) {
     const FocusConfig* f = &m->fc;
-    const real *st, *gate;
+    const uint16_t* st;
+    const real* gate;
     selector_of(c, m, l, g, &st, &gate);
     return block_select_made(sel, attn_block_score(f->attn), q, m->cfg.NH / m->cfg.NKV, st, gate,
                              lb, 1, NULL, 0, n, f->w, f->sinks, f->block, model_layer_blocks(m, l),
@@ -491,16 +494,18 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
         real* p = mallocCheck(sizeof(real) * np);
         real* F = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * per) : NULL;
         real* L = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * BLOCK_TILE_BLOCKS) : NULL;
+        real* Sf = learned ? mallocCheck(sizeof(real) * (size_t)BLOCK_TILE_BLOCKS * per) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)ntile * NKV; task++) {
             const int g = (int)(task % NKV), r0 = (int)(task / NKV) * TR;
             const int nq = n - r0 < TR ? n - r0 : TR;
             const real* qg = qkv + (size_t)r0 * Q + (size_t)g * rep * hs;
             if (learned) {
-                const real *st, *gate;
+                const uint16_t* st;
+                const real* gate;
                 selector_of(c, m, l, g, &st, &gate);
                 block_logits_tile(p, ldp, qg, Q, pos0 + r0, nq, st, gate, f->w, f->sinks, bs, rep,
-                                  hs, F, L);
+                                  hs, F, L, Sf);
             }
             for (int r = r0; r < r0 + nq; r++) {
                 const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
@@ -523,7 +528,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
                 }
             }
         }
-        free(sc), free(p), free(F), free(L);
+        free(sc), free(p), free(F), free(L), free(Sf);
     }
     profile_tick(r->prof, r->mark, PART_SELECT);
     attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
@@ -629,7 +634,8 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
                                       w->scores + (size_t)g * rep * c->cap, c->cap, lb + g * rep);
                 npre[g] = made ? w->nkg[g] : 0;
             } else {
-                const real *st, *gate;
+                const uint16_t* st;
+                const real* gate;
                 selector_of(c, m, l, g, &st, &gate);
                 block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
                              f->block, hs);

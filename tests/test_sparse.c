@@ -143,6 +143,9 @@ static void run_band(int B, int T, int w, int sinks, Rng* rng) {
  * candidate block from its keys' mean, variance, min and max, plus the log of its distant key
  * count, normalised with the band's exact log-partition; summed over the key/value head's query
  * heads. s: the dense scores (T, NH) of query i; keep: its band. */
+/* a block statistic as the selection reads it: rounded to half precision (blockgate_key_stats16) */
+static double half(double x) { return f16_to_f32(f32_to_f16((float)x, 1)); }
+
 static void learned_scores(double* sc, const real* base, const double* s, const char* keep,
                            const real* gate, int kvh, int i, int w, int sinks, int bs, int c0,
                            int c1, int T) {
@@ -174,6 +177,7 @@ static void learned_scores(double* sc, const real* base, const double* s, const 
                     var += (x - mean) * (x - mean) / n;
                 }
                 const double x = scale * q[e];
+                mean = half(mean), var = half(var), lo = half(lo), hi = half(hi);
                 v += g[1 + e] * x * mean + g[1 + HS + e] * x * x * var +
                      g[1 + 2 * HS + e] * fmax(x * lo, x * hi);
             }
@@ -238,8 +242,8 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                                 double x = base[(size_t)j * QKV + C + kvh * HS + e];
                                 lo = fmin(lo, x), hi = fmax(hi, x), mean += x;
                             }
-                            sc[c] += score == BLOCKS_QUEST ? fmax(q[e] * lo, q[e] * hi)
-                                                           : q[e] * mean / n;
+                            sc[c] += score == BLOCKS_QUEST ? fmax(q[e] * half(lo), q[e] * half(hi))
+                                                           : q[e] * half(mean / n);
                         }
                     }
                 }
