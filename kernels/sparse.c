@@ -751,17 +751,17 @@ void blockgate_features(real* f, const real* wgt, const real* q, int hs, real sc
  * widened exactly: the same arithmetic on the same values. */
 typedef real vreal __attribute__((vector_size(32)));
 enum { VL = (int)(32 / sizeof(real)) };
-static inline vreal half_vec(const uint16_t* p) {
-    vreal y;
+/* VL halves widened into *y (through a pointer: a vector returned by value changes the ABI where
+ * the build has no AVX) */
+static inline __attribute__((always_inline)) void half_vec(vreal* y, const uint16_t* p) {
 #if defined(__F16C__) && !defined(FOCUS_DOUBLE)
     __m128i h;
     memcpy(&h, p, sizeof h);
     const __m256 x = _mm256_cvtph_ps(h);
-    memcpy(&y, &x, sizeof y);
+    memcpy(y, &x, sizeof *y);
 #else
-    for (int k = 0; k < VL; k++) y[k] = f16_to_f32(p[k]);
+    for (int k = 0; k < VL; k++) (*y)[k] = f16_to_f32(p[k]);
 #endif
-    return y;
 }
 static inline __attribute__((always_inline)) void feature_dots(real* out, const real* f, size_t ldf,
                                                                int nh, const real* st,
@@ -773,7 +773,7 @@ static inline __attribute__((always_inline)) void feature_dots(real* out, const 
         for (int k = 0; k < 2; k++) {
             vreal y;
             if (sh)
-                y = half_vec(sh + e + k * VL);
+                half_vec(&y, sh + e + k * VL);
             else
                 memcpy(&y, st + e + k * VL, sizeof y);
             for (int h = 0; h < nh; h++) {
