@@ -341,6 +341,12 @@ void model_router_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip
 
 void model_router_adamw_sync(Model* m, AdamW* opt) { m->backend->adamw_sync(m, opt); }
 
+void model_router_pull(Model* m, const real* center, size_t n, real rate) {
+    const real r = rate < 1 ? rate : 1;
+    for (size_t i = 0; i < n; i++) m->router_mem[i] -= r * (m->router_mem[i] - center[i]);
+    m->backend->push_router(m);
+}
+
 size_t model_backward_scratch(const ModelConfig* c, const FocusConfig* f, size_t BT) {
     const size_t C = c->C, A = model_att_width(c), wide = A > C ? A : C;
     return BT * (C + wide + model_qkv_width(c) + model_fc_width(c) + model_ffn(c) +

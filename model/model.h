@@ -779,6 +779,9 @@ int model_device_usable(const char* device, const char** why);
 double model_router_grad_norm(Model* m, size_t n, int accum);
 void model_router_adamw(Model* m, AdamW* opt, float lr, double gnorm, float clip, int accum);
 void model_router_adamw_sync(Model* m, AdamW* opt);
+/* After a step: the first n router values move by the share rate (at most 1) of their way to
+ * center (the anchor of train_anchor_step); on a device, its copy too. */
+void model_router_pull(Model* m, const real* center, size_t n, real rate);
 
 /* The rows of logits a forward pass holds at once: all B T, or for an evaluation pass (keep = 0)
  * whose logits would pass 4 GiB (Gemma's 262,144-token vocabulary at 8K tokens and beyond) a

@@ -125,6 +125,21 @@ err=$("$focus" retrofit --resume "$work/mass2" 2>&1 >/dev/null); rc=$?
 a=$(sed -n 's/^before training.*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass4.log"); b=$(sed -n 's/^  after: .*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass.log")
 grep -q "router initialised from $work/mass/router.h5" "$work/mass4.log" && [ -n "$a" ] && [ "$a" = "$b" ] &&
   ok "init_router: the run starts from the trained router (hard k=1 $a, as it ended)" || { bad "init_router: '$a' '$b'"; tail -3 "$work/mass4.log"; }
+# anchor (L2-SP, train_anchor_step): a pull the whole way back each step (lr x anchor >= 1),
+# beta frozen, leaves the router where it started: its perplexity after is the one before; a run
+# with a partial pull stopped and resumed is the uninterrupted one bit for bit (the anchor read
+# again from init_router); anchor without init_router refused in one line
+an=("${mass[@]}" --set steps=2 --set init_router="$work/mass/router.h5")
+"$focus" retrofit --config configs/tiny.conf "${an[@]}" --set anchor=1e6 --set beta_balance=0 --out "$work/mass7" > "$work/mass7.log" 2>&1
+a=$(sed -n 's/^  before: .*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass7.log"); c=$(sed -n 's/^  after: .*hard k=1 \([0-9.]*\).*/\1/p' "$work/mass7.log")
+"$focus" retrofit --config configs/tiny.conf "${an[@]}" --set anchor=20 --out "$work/mass8" > /dev/null 2>&1
+"$focus" retrofit --config configs/tiny.conf "${an[@]}" --set anchor=20 --out "$work/mass9" --stop-after 1 > /dev/null 2>&1
+"$focus" retrofit --resume "$work/mass9" > /dev/null 2>&1
+err=$("$focus" retrofit --config configs/tiny.conf "${mass[@]}" --set anchor=1 --out "$work/mass10" 2>&1 >/dev/null); rc=$?
+[ -n "$a" ] && [ "$a" = "$c" ] && [ "$a" = "$b" ] && cmp -s "$work/mass8/router.h5" "$work/mass9/router.h5" &&
+  [ $rc -ne 0 ] && echo "$err" | grep -q "init_router is not set" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+  ok "anchor: the whole pull keeps the router (hard k=1 $a before and after), resumes bit for bit; alone refused: $err" ||
+  { bad "anchor: '$a' '$c' '$b' rc=$rc $err"; tail -3 "$work/mass7.log"; }
 # a query projection (qproj = 1) started from that router: W_q = W_g, so it begins where the
 # router ended; it trains, resumes bit for bit (W_q and its moments in router.h5) and evaluates in
 # hard mode by default, its setting read back from the file
@@ -137,7 +152,7 @@ out=$("$focus" eval ppl --model "$work/mass5/base.gguf" --tokenizer ../shared/da
 [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "^step     2/2 | mass " "$work/mass5.log" && cmp -s "$work/mass5/router.h5" "$work/mass6/router.h5" &&
   echo "$out" | grep -q "attention hard top-k" && echo "$out" | grep -q "pairs kept" &&
   ok "qproj: starts as the router it extends (hard k=1 $a), resumes bit for bit, evaluates in hard mode" || { bad "qproj: '$a' '$b' $out"; tail -3 "$work/mass5.log"; }
-rm -rf "$work/mass" "$work/mass2" "$work/mass4" "$work/mass5" "$work/mass6"
+rm -rf "$work/mass" "$work/mass2" "$work/mass4" "$work/mass5" "$work/mass6" "$work/mass7" "$work/mass8" "$work/mass9" "$work/mass10"
 # zero-shot tasks through the router: the JSON result; a malformed task file refused in one line,
 # before any result file is written
 tm=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --attn hard)

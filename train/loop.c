@@ -148,6 +148,18 @@ void train_init_router(Model* m, const RunConfig* rc) {
     printf("router initialised from %s (W_g, C, beta; new AdamW moments)\n", rc->init_router);
 }
 
+real* train_anchor_center(Model* m, const RunConfig* rc, size_t n) {
+    if (!(rc->anchor > 0) || !rc->init_router[0]) return NULL; /* (run_prepare refuses that) */
+    router_load(rc->init_router, m, NULL, NULL, model_fingerprint(m));
+    real* c = mallocCheck(sizeof(real) * n);
+    memcpy(c, m->router_mem, sizeof(real) * n);
+    return c;
+}
+
+void train_anchor_step(Model* m, const real* center, size_t n, float lr, float anchor) {
+    if (center) model_router_pull(m, center, n, (real)(lr * anchor));
+}
+
 void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char* out,
                   const char* conf_text, int resume, long stop_after, const char* device,
                   Comm* dp) {
@@ -189,6 +201,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
                out);
         resume = 0;
     }
+    real* center = train_anchor_center(m, rc, nopt);
     if (resume) {
         router_load(ckpt, m, &opt, &st, st.fingerprint);
         rng.state = st.rng_state;
@@ -292,6 +305,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
             fatal("retrofit: gradient norm is %g at step %ld; %s; try a lower lr", gnorm, step + 1,
                   last_ckpt_words(ckpt_step, ckpt, words, sizeof words));
         model_router_adamw(m, &opt, lr, gnorm, rc->clip, rc->grad_accum);
+        train_anchor_step(m, center, nopt, lr, rc->anchor);
         double dt = now_seconds() - t0, comm = comm_seconds(m, dp) - comm0;
         double share = focus_largest_share(m), gate = focus_gate_far_mean(m, &rng);
         double tps = (double)B * T * rc->grad_accum / dt;
@@ -380,6 +394,7 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
     free(inp);
     free(tgt);
     adamw_free(&opt);
+    free(center);
 }
 
 /* One run per folder: an advisory lock on OUT/.lock, held until the process exits (a second run
@@ -483,6 +498,9 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         fatal("%s: B, T (>= 2), steps and grad_accum must be positive", cmd);
     if (!rc->model[0]) fatal("%s: no base model (set model = PATH or model = scratch)", cmd);
     if (!rc->train[0]) fatal("%s: no training data (set train = PATH)", cmd);
+    if (rc->anchor > 0 && !rc->init_router[0])
+        fatal("%s: anchor = %g pulls toward init_router, and init_router is not set", cmd,
+              (double)rc->anchor);
     if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
     const int rank = d->rank; /* rank 0 of a data-parallel run holds the folder and writes */
     if (rank == 0) {

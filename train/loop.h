@@ -54,6 +54,14 @@ void train_router(Model* m, const RunConfig* rc, const TrainData* d, const char*
  * model, shape and sinks), else from the seed's initialisation. */
 void train_init_router(Model* m, const RunConfig* rc);
 
+/* anchor > 0 (domain adaptation that keeps the old text: L2-SP, Li et al. 2018): the n trained
+ * router values of rc->init_router, the point each step pulls back toward (loaded into m, so call
+ * it before a resume's router_load); NULL when anchor = 0 (run_prepare refuses anchor without
+ * init_router). train_anchor_step, after a step at rate lr: theta -= lr anchor (theta - center),
+ * decoupled from the gradient as AdamW's weight decay is (beta, the balance, is not pulled). */
+real* train_anchor_center(Model* m, const RunConfig* rc, size_t n);
+void train_anchor_step(Model* m, const real* center, size_t n, float lr, float anchor);
+
 /* train_router for objective = mass (train/mass.c): the teacher's windows, then the router trained
  * on them layer by layer; the same files, checkpoints, resume and evaluation. */
 void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const char* out,

@@ -539,6 +539,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     RouterState st = {0, 0, 0, 0, 0, fp};
     Rng rng;
     rng_seed(&rng, f->seed ^ 0x3a55eedull);
+    real* center = train_anchor_center(m, rc, nopt);
     if (resume && !access(ckpt, F_OK)) {
         router_load(ckpt, m, &opt, &st, fp);
         rng.state = st.rng_state;
@@ -639,6 +640,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         if (!isfinite(gnorm))
             fatal("retrofit: gradient norm is %g at step %ld; try a lower lr", gnorm, step + 1);
         model_router_adamw(m, &opt, lr, gnorm, rc->clip, 1);
+        train_anchor_step(m, center, nopt, lr, rc->anchor);
         const double dt = now_seconds() - t0;
         st.step = step + 1;
         char eta[32];
@@ -717,4 +719,5 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     window_free(&w);
     free(layers), free(slot);
     adamw_free(&opt);
+    free(center);
 }

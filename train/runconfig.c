@@ -50,6 +50,9 @@
     X(train, attn_weight, FLOAT, attn_weight, "1", 0, 1e6, 0, "weight of the attn term")         \
     X(train, init_router, STR, init_router, "", 0, 0, 0,                                         \
       "start from this router.h5 (its W_g, C, beta; same shape): domain adaptation")             \
+    X(train, anchor, FLOAT, anchor, "0", 0, 1e6, 0,                                              \
+      "with init_router: each step also pulls the router back toward it, by lr x anchor x the "  \
+      "difference (L2-SP: adapting to new text without leaving the old)")                        \
     X(train, mass_windows, INT, mass_windows, "16", 1, 1e6, 0,                                   \
       "mass: windows of T tokens whose dense attention is the teacher")                          \
     X(train, mass_every, INT, mass_every, "4", 1, 1e6, 0,                                        \

@@ -26,6 +26,7 @@ typedef struct {
     /* the mass objective (train/mass.c): windows collected, query sampling, keys per query */
     int mass_windows, mass_every, mass_keys, mass_pairs, mass_gate;
     char init_router[1024]; /* a router.h5 to start from (empty: the seed's initialisation) */
+    float anchor;           /* with init_router: the pull back toward it (train_anchor_step) */
     /* the mass objective beside a block selector: its file and blocks per query (empty: none) */
     char mass_selector[1024];
     int mass_blocks;
