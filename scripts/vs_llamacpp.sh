@@ -18,9 +18,12 @@
 # -t THREADS and -t 1.
 # LEVEL=avx2 | avx_vnni | avx512_vnni compares at one instruction-set level: llama.cpp built
 # with GGML_NATIVE=OFF and the matching GGML_AVX2 / GGML_AVX_VNNI / GGML_AVX512(_VNNI) switches
-# (in build-LEVEL), focus forced to it with FOCUS_ISA; default: both at this CPU's best.
+# (in build-LEVEL), focus forced to it with FOCUS_ISA; default: both at this CPU's best. FOCUS_ISA
+# forces focus's int8 kernels only; the rest of focus is compiled for the build's -march. To
+# compile all of it for an AVX2 CPU: BUILD=build-haswell MARCH=haswell LEVEL=avx2.
 # Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), THREADS (2),
-# REPS (3), BUSY (0), LEVEL (native). Writes OUT/raw.tsv and OUT/table.md (default OUT: runs/vs_llamacpp).
+# REPS (3), BUSY (0), LEVEL (native), BUILD (focus's build folder: build), MARCH (its FOCUS_MARCH
+# when BUILD is made here: native). Writes OUT/raw.tsv and OUT/table.md (default OUT: runs/vs_llamacpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/vs_llamacpp}
@@ -31,11 +34,13 @@ mkdir -p "$out"
 # OpenBLAS without its own kernels for this CPU would slow the fp32 panels (scripts/blas_env.sh)
 source scripts/blas_env.sh
 
-# focus, release build
-if [ ! -x build/focus ]; then
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+# focus, release build (in BUILD, for MARCH)
+bdir=${BUILD:-build}
+if [ ! -x "$bdir/focus" ] || [ -n "${MARCH:-}" ]; then
+  cmake -S . -B "$bdir" -DCMAKE_BUILD_TYPE=Release -DFOCUS_MARCH="${MARCH:-native}" >/dev/null
 fi
-cmake --build build -j"$(nproc)" --target focus >/dev/null
+cmake --build "$bdir" -j"$(nproc)" --target focus >/dev/null
+march=$(sed -n 's/^FOCUS_MARCH:STRING=//p' "$bdir/CMakeCache.txt")
 
 # llama-bench from the PyPI source package
 level=${LEVEL:-native}
@@ -62,7 +67,7 @@ fbench() { # threads (0: the governor up to THREADS), ctx, more arguments (FB_N:
   shift 2
   local extra=()
   [ "$t" != 0 ] && extra=(--threads "$t")
-  OMP_NUM_THREADS=$threads build/focus bench decode --model "$model" --ctx "$ctx" -n "${FB_N:-64}" \
+  OMP_NUM_THREADS=$threads "$bdir/focus" bench decode --model "$model" --ctx "$ctx" -n "${FB_N:-64}" \
     "${extra[@]}" "$@" | python3 -c '
 import re, sys
 t = sys.stdin.read()
@@ -147,9 +152,9 @@ if [ "${BUSY:-0}" = 1 ]; then
   trap - EXIT
 fi
 
-python3 - "$raw" "$out/table.md" "$model" "$threads" "$reps" "$level" <<'PY'
+python3 - "$raw" "$out/table.md" "$model" "$threads" "$reps" "$level" "$march" <<'PY'
 import csv, statistics, sys, datetime, platform
-raw, dest, model, threads, reps, level = sys.argv[1:]
+raw, dest, model, threads, reps, level, march = sys.argv[1:]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
 isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags)
@@ -157,7 +162,7 @@ rows = list(csv.DictReader(open(raw), delimiter="\t"))
 med = {}
 for r in rows:
     med.setdefault((r["load"], r["test"], r["threads"], r["system"]), []).append(float(r["tokens_per_s"]))
-lines = [f"Model {model}, level {level} (both programs), {reps} rounds (medians, tokens/s), {datetime.date.today()}, "
+lines = [f"Model {model}, level {level} (both programs; focus compiled with -march={march}), {reps} rounds (medians, tokens/s), {datetime.date.today()}, "
          f"{platform.node()} ({cpu}; {isa}; {len([l for l in open('/proc/cpuinfo') if l.startswith('processor')])} "
          f"cores); written by scripts/vs_llamacpp.sh.", ""]
 lines += ["| test | threads | llama.cpp | focus | focus / llama.cpp |", "|---|---|---|---|---|"]
