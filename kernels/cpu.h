@@ -28,12 +28,9 @@ void blas_check_core(char** argv);
  * integers as the low bits of 1.5 2^23 + n.
  * The same values as the branching form (2^32 / 97 inputs compared). */
 static inline float exp_f(float x) {
-    /* selects of floats only, no branch: GCC vectorizes the callers' loops at AVX2 too (with
-     * two int flags it vectorized them only with AVX-512's masks: 2.5x slower prompt attention
-     * built for Haswell). NaN fails both comparisons: y = 0 there, as below -87.3 (the result
-     * is replaced below) */
+    const int nan = x != x, under = x < -87.3f;
     float y = x > 88.7f ? 88.7f : x;
-    y = y >= -87.3f ? y : 0.0f;
+    y = (nan | under) ? 0.0f : y; /* (the result is replaced below) */
     const float t = y * 1.44269504088896341f + 0.5f, big = 12582912.0f; /* 1.5 2^23 */
     float n = (t + big) - big; /* t to the nearest integer, */
     const float n1 = n - 1.0f;
@@ -53,8 +50,8 @@ static inline float exp_f(float x) {
     float s;
     memcpy(&s, &u, sizeof s);
     const float ps = p * s;
-    const float e = x < -87.3f ? 0.0f : ps;
-    return x != x ? x : e;
+    const float e = under ? 0.0f : ps;
+    return nan ? x : e;
 }
 
 /* C(M,N) = alpha * op(A) op(B) + beta * C, row-major; ta/tb are 0 or 1 (transpose). */
