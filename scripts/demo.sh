@@ -25,6 +25,7 @@ shipped=routers/smollm2-135m-pg19-8k-groups.h5
 step "3/6 retrofitting the centroids onto the text: start from $shipped (the groups beside $selector), collect the dense attention its 4 blocks per query miss in 6 windows of 2,048 tokens (the teacher), 60 router steps (configs/demo.conf)"
 run=runs/demo
 rm -rf "$run"
+mkdir -p runs
 ./build/focus retrofit --config configs/demo.conf --out "$run" > "$run.log"
 grep -E "^(teacher|before training|after training|router training|memory)|^step +(1|30|60)/" "$run.log"
 ctx=2048
