@@ -1016,38 +1016,57 @@ __attribute__((target("avx2"))) static inline __m128 hsum4x8(__m256 a, __m256 b,
     return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-/* f16_rows_scores for n a multiple of 8: four keys at a time for two heads, the four sums
- * reduced together (a key's arithmetic is the same in any group: the last group repeats its last
- * key) */
+/* How many keys ahead the decode kernels ask for a key's row (each of its cache lines): a key list
+ * jumps between blocks, where the hardware's prefetcher loses the stride. */
+enum { KEY_AHEAD = 8 };
+
+/* f16_scores4_avx2's heads r0 .. r0 + NR - 1 against four keys at a time */
+__attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
+f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, const uint16_t* base,
+                 size_t stride, const int* keys, int t0, int t1, int n, __m128 sv) {
+    for (int t = t0; t < t1; t += 4) {
+        const uint16_t* kp[4];
+        for (int u = 0; u < 4; u++)
+            kp[u] = base + (size_t)keys[t + u < t1 ? t + u : t1 - 1] * stride;
+        for (int u = 0; u < 4 && r0 == 0 && t + KEY_AHEAD + u < t1; u++)
+            for (int e = 0; e < n; e += 32)
+                _mm_prefetch((const char*)(base + (size_t)keys[t + KEY_AHEAD + u] * stride + e),
+                             _MM_HINT_T0);
+        __m256 acc[3][4];
+        for (int r = 0; r < NR; r++)
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm256_setzero_ps();
+        for (int e = 0; e < n; e += 8) {
+            __m256 kv[4];
+            for (int u = 0; u < 4; u++)
+                kv[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(kp[u] + e)));
+            for (int r = 0; r < NR; r++) {
+                const __m256 qv = _mm256_loadu_ps(q + (size_t)(r0 + r) * n + e);
+                for (int u = 0; u < 4; u++) acc[r][u] = _mm256_fmadd_ps(qv, kv[u], acc[r][u]);
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            float s4[4];
+            _mm_storeu_ps(s4, _mm_mul_ps(hsum4x8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sv));
+            for (int u = 0; u < 4 && t + u < t1; u++) sc[(size_t)(r0 + r) * ld + t + u] = s4[u];
+        }
+    }
+}
+
+/* f16_rows_scores for n a multiple of 8: four keys at a time for up to three heads (a key row
+ * converted once for them), the four sums reduced together (a key's arithmetic is the same in
+ * any group and beside any heads: the last group repeats its last key) */
 __attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
     float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
     const int* keys, int t0, int t1, int n, float scale) {
     const __m128 sv = _mm_set1_ps(scale);
-    for (int r0 = 0; r0 < nq; r0 += 2) {
-        const int nr = nq - r0 < 2 ? nq - r0 : 2;
-        for (int t = t0; t < t1; t += 4) {
-            const uint16_t* kp[4];
-            for (int u = 0; u < 4; u++)
-                kp[u] = base + (size_t)keys[t + u < t1 ? t + u : t1 - 1] * stride;
-            __m256 acc[2][4];
-            for (int r = 0; r < 2; r++)
-                for (int u = 0; u < 4; u++) acc[r][u] = _mm256_setzero_ps();
-            for (int e = 0; e < n; e += 8) {
-                __m256 kv[4];
-                for (int u = 0; u < 4; u++)
-                    kv[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(kp[u] + e)));
-                for (int r = 0; r < nr; r++) {
-                    const __m256 qv = _mm256_loadu_ps(q + (size_t)(r0 + r) * n + e);
-                    for (int u = 0; u < 4; u++) acc[r][u] = _mm256_fmadd_ps(qv, kv[u], acc[r][u]);
-                }
-            }
-            for (int r = 0; r < nr; r++) {
-                float s4[4];
-                _mm_storeu_ps(s4,
-                              _mm_mul_ps(hsum4x8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sv));
-                for (int u = 0; u < 4 && t + u < t1; u++) sc[(size_t)(r0 + r) * ld + t + u] = s4[u];
-            }
-        }
+    for (int r0 = 0; r0 < nq; r0 += 3) {
+        const int nr = nq - r0 < 3 ? nq - r0 : 3;
+        if (nr == 3)
+            f16_scores4_rows(sc, ld, q, r0, 3, base, stride, keys, t0, t1, n, sv);
+        else if (nr == 2)
+            f16_scores4_rows(sc, ld, q, r0, 2, base, stride, keys, t0, t1, n, sv);
+        else
+            f16_scores4_rows(sc, ld, q, r0, 1, base, stride, keys, t0, t1, n, sv);
     }
 }
 
@@ -1082,14 +1101,55 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
     }
 }
 
+/* f16_mix_avx2's rows r0 .. r0 + NR - 1 over the 32 columns from e0: their sums held in
+ * registers across the keys (the same fused products, in the same order, as one row at a time
+ * through memory). */
+__attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
+f16_mix32_avx2(float* o, size_t ostride, const float* w, size_t ld, int r0, const int NR,
+               const uint16_t* base, size_t stride, const int* keys, int t0, int t1, int e0) {
+    __m256 acc[3][4];
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < 4; u++)
+            acc[r][u] = _mm256_loadu_ps(o + (size_t)(r0 + r) * ostride + e0 + 8 * u);
+    for (int t = t0; t < t1; t++) {
+        if (t + KEY_AHEAD < t1)
+            _mm_prefetch((const char*)(base + (size_t)keys[t + KEY_AHEAD] * stride + e0),
+                         _MM_HINT_T0);
+        const uint16_t* v = base + (size_t)keys[t] * stride + e0;
+        __m256 vv[4];
+        for (int u = 0; u < 4; u++)
+            vv[u] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + 8 * u)));
+        for (int r = 0; r < NR; r++) {
+            const __m256 p = _mm256_set1_ps(w[(size_t)(r0 + r) * ld + t]);
+            for (int u = 0; u < 4; u++) acc[r][u] = _mm256_fmadd_ps(p, vv[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < 4; u++)
+            _mm256_storeu_ps(o + (size_t)(r0 + r) * ostride + e0 + 8 * u, acc[r][u]);
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void f16_mix_avx2(float* o, size_t ostride,
                                                                   const float* w, size_t ld, int nq,
                                                                   const uint16_t* base,
                                                                   size_t stride, const int* keys,
                                                                   int t0, int t1, int n) {
-    for (int t = t0; t < t1; t++) {
+    /* the columns in chunks of 32 (a value row's cache line), up to 3 rows at a time */
+    const int n32 = n / 32 * 32;
+    for (int r0 = 0; r0 < nq && n32; r0 += 3) {
+        const int nr = nq - r0 < 3 ? nq - r0 : 3;
+        for (int e0 = 0; e0 < n32; e0 += 32) {
+            if (nr == 3)
+                f16_mix32_avx2(o, ostride, w, ld, r0, 3, base, stride, keys, t0, t1, e0);
+            else if (nr == 2)
+                f16_mix32_avx2(o, ostride, w, ld, r0, 2, base, stride, keys, t0, t1, e0);
+            else
+                f16_mix32_avx2(o, ostride, w, ld, r0, 1, base, stride, keys, t0, t1, e0);
+        }
+    }
+    for (int t = t0; t < t1 && n32 < n; t++) {
         const uint16_t* v = base + (size_t)keys[t] * stride;
-        int e = 0;
+        int e = n32;
         for (; e + 8 <= n; e += 8) {
             const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(v + e)));
             for (int r = 0; r < nq; r++) {

@@ -11,6 +11,7 @@
 
 #include "cpu.h"
 #include "quant.h"
+#include "tile.h"
 
 #define BQ 64
 #define BK 256
@@ -173,6 +174,9 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
         real* S = mallocCheck(sizeof(real) * (size_t)mq * BK);
         real* acc = mallocCheck(sizeof(real) * (size_t)mq * hs);
         real* kt = mallocCheck(sizeof(real) * BK * hs);
+        real* bt = mallocCheck(sizeof(real) * BK * hs);
+        int* used = mallocCheck(sizeof(int) * (size_t)mq);
+        int* cab = mallocCheck(sizeof(int) * 2 * CQ);
         real* vt = mallocCheck(sizeof(real) * BK * hs);
         real* qs = mallocCheck(sizeof(real) * (size_t)mq * hs);
         real* m = mallocCheck(sizeof(real) * (size_t)mq);
@@ -203,22 +207,26 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                 }
                 const int sink_tile = j0 < ns;
                 const int cnt = have - j0 < 0 ? 0 : have - j0 > nk ? nk : have - j0;
+                /* the row's keys in the tile: [ca, cb) (every key up to the row's in dense and
+                 * sink tiles, its band's in the others); only the rows with keys here */
+                int nu = 0;
+                for (int r = 0; r < nq; r++) {
+                    const int i = i0 + r;
+                    cab[2 * r + 1] = i - j0 + 1 < nk ? i - j0 + 1 : nk;
+                    cab[2 * r] = w < 0 || sink_tile || i - w <= j0 ? 0
+                                 : i - w - j0 < nk                 ? i - w - j0
+                                                                   : nk;
+                }
+                for (int R = 0; R < mq; R++)
+                    if (R % CQ < nq && cab[2 * (R % CQ) + 1] > cab[2 * (R % CQ)]) used[nu++] = R;
+                if (!nu) continue;
                 cached_rows(kt, k, half, kvw, g, hs, NULL, j0, cnt, nk);
                 cached_rows(vt, v, half, kvw, g, hs, NULL, j0, cnt, nk);
-                gemm(0, 1, mq, nk, hs, scale, qs, hs, kt, hs, 0, S, BK);
-                for (int R = 0; R < mq; R++) {
+                tile_abt(S, BK, qs, hs, kt, hs, mq, nk, hs, scale, used, nu, bt);
+                for (int u = 0; u < nu; u++) {
+                    const int R = used[u], r = R % CQ;
                     real* s = S + (size_t)R * BK;
-                    const int r = R % CQ, i = i0 + r;
-                    /* the row's keys in the tile: [ca, cb) (every key up to the row's in dense
-                     * and sink tiles, its band's in the others) */
-                    const int cb = i - j0 + 1 < nk ? i - j0 + 1 : nk;
-                    const int ca = w < 0 || sink_tile || i - w <= j0 ? 0
-                                   : i - w - j0 < nk                 ? i - w - j0
-                                                                     : nk;
-                    if (r >= nq || cb <= ca) {
-                        memset(s, 0, sizeof(real) * nk);
-                        continue;
-                    }
+                    const int ca = cab[2 * r], cb = cab[2 * r + 1];
                     real mx = m[R];
                     keep_range(s, ca, cb, &mx);
                     const real alpha = exp_f(m[R] - mx);
@@ -237,7 +245,7 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                         for (int e = 0; e < hs; e++) a[e] *= alpha;
                     }
                 }
-                gemm(0, 0, mq, hs, nk, 1, S, BK, vt, hs, 1, acc, hs);
+                tile_ab(acc, hs, S, BK, vt, hs, mq, hs, nk, 1, used, nu);
             }
             for (int hr = 0; hr < rep; hr++)
                 for (int r = 0; r < nq; r++) {
@@ -250,7 +258,8 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                             l[R] > 0 ? m[R] + (real)log((double)l[R]) : -INFINITY;
                 }
         }
-        free(S), free(acc), free(kt), free(vt), free(qs), free(m), free(l);
+        free(S), free(acc), free(kt), free(vt), free(qs), free(m), free(l), free(bt), free(used);
+        free(cab);
     }
 }
 
@@ -263,9 +272,9 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
 typedef struct {
     int rep, mq, ne, hs, nq, r0, g, masked;
     const int* rows; /* the tile's rows (NULL: r0 .. r0 + nq - 1) */
-    real *S, *pv, *kt, *vt, *qs, *m, *l, *acc, *alpha;
+    real *S, *pv, *kt, *vt, *qs, *m, *l, *acc, *alpha, *bt;
     unsigned char *ok, *use;
-    int *ca, *cb;
+    int *ca, *cb, *used;
 } Stacked;
 
 /* row r of the tile */
@@ -287,12 +296,15 @@ static Stacked stacked_new(int rep, int ne, int hs) {
     t.use = mallocCheck(CQ);
     t.ca = mallocCheck(sizeof(int) * CQ);
     t.cb = mallocCheck(sizeof(int) * CQ);
+    t.bt = mallocCheck(sizeof(real) * (size_t)ne * hs);
+    t.used = mallocCheck(sizeof(int) * (size_t)mq);
     return t;
 }
 
 static void stacked_free(Stacked* t) {
     free(t->S), free(t->pv), free(t->kt), free(t->vt), free(t->qs), free(t->m), free(t->l);
     free(t->acc), free(t->alpha), free(t->ok), free(t->use), free(t->ca), free(t->cb);
+    free(t->bt), free(t->used);
 }
 
 /* the tile of rows r0 .. r0 + nq - 1 and key/value head g: queries stacked, the band's state */
@@ -314,14 +326,16 @@ static void stacked_start(Stacked* t, const real* out, int ldo, const real* lse,
 }
 
 /* the key tile in t->kt, t->vt into the rows that use it (t->use, ca, cb and with t->masked
- * t->ok filled). The rows that do not use it get products that nothing reads: a row's bits do
- * not depend on the rows beside it. */
+ * t->ok filled): the products of those rows only (tile.h: a row's bits do not depend on the rows
+ * beside it). */
 static void stacked_merge(Stacked* t, real scale) {
     const int mq = t->mq, ne = t->ne, hs = t->hs;
-    gemm(0, 1, mq, ne, hs, scale, t->qs, hs, t->kt, hs, 0, t->S, ne);
-    for (int R = 0; R < mq; R++) {
-        const int r = R % CQ;
-        if (r >= t->nq || !t->use[r]) continue;
+    int nu = 0; /* the products for the rows that use the tile only */
+    for (int R = 0; R < mq; R++)
+        if (R % CQ < t->nq && t->use[R % CQ]) t->used[nu++] = R;
+    tile_abt(t->S, ne, t->qs, hs, t->kt, hs, mq, ne, hs, scale, t->used, nu, t->bt);
+    for (int u = 0; u < nu; u++) {
+        const int R = t->used[u], r = R % CQ;
         real* s = t->S + (size_t)R * ne;
         const int ca = t->ca[r], cb = t->cb[r];
         for (int c = 0; c < ca; c++) s[c] = -INFINITY;
@@ -343,10 +357,9 @@ static void stacked_merge(Stacked* t, real scale) {
         t->m[R] = mx;
         t->alpha[R] = alpha;
     }
-    gemm(0, 0, mq, hs, ne, 1, t->S, ne, t->vt, hs, 0, t->pv, hs);
-    for (int R = 0; R < mq; R++) {
-        const int r = R % CQ;
-        if (r >= t->nq || !t->use[r]) continue;
+    tile_ab(t->pv, hs, t->S, ne, t->vt, hs, mq, hs, ne, 0, t->used, nu);
+    for (int u = 0; u < nu; u++) {
+        const int R = t->used[u];
         real* a = t->acc + (size_t)R * hs;
         const real* pr = t->pv + (size_t)R * hs;
         const real alpha = t->alpha[R];
@@ -873,7 +886,7 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
 #else
         f16_row_get(Sf, sh, TB * per);
 #endif
-        gemm(0, 1, mq, TB, per, 1, F, per, Sf, per, 0, L, TB);
+        tile_abt(L, TB, F, per, Sf, per, mq, TB, per, 1, NULL, 0, Sf + (size_t)TB * per);
         for (int r = 0; r < nq; r++) {
             int a, c1;
             candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);

@@ -164,8 +164,8 @@ void block_logits(real* p, const real* q, int rep, const uint16_t* st, const rea
  * values whatever rows are beside it), faster than block_logits row by row; the two may differ in
  * the last bits. st: the statistics of BLOCK_TILE_BLOCKS ceil(candidates / BLOCK_TILE_BLOCKS)
  * blocks at least (zeros past the complete ones). Scratch: F (rep BLOCK_TILE_ROWS
- * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS), Sf (BLOCK_TILE_BLOCKS
- * BLOCKGATE_STATS(hs): a tile of statistics widened). */
+ * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS), Sf (2 BLOCK_TILE_BLOCKS
+ * BLOCKGATE_STATS(hs): a tile of statistics widened, and transposed). */
 enum { BLOCK_TILE_ROWS = 32, BLOCK_TILE_BLOCKS = 32 };
 void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
                        const uint16_t* st, const real* gate, int w, int sinks, int bs, int rep,

@@ -180,7 +180,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     profile_tick(prof, &mark, 5);
     rows_project(logits, mc->V, h, nr, mc->tied ? p->wte : p->lmhead, NULL, C, mc->V,
                  m->native ? m->native + (size_t)mc->L * NATIVE_PER_LAYER : NULL, rows.exact,
-                 per_row);
+                 per_row, pos[all ? 0 : N - 1]);
     check_finite_acts(m, logits, (size_t)nr * mc->V, mc->L);
     profile_tick(prof, &mark, 6);
     for (int i = 0; i < n; i++) cs[i]->n++;

@@ -494,7 +494,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
         real* p = mallocCheck(sizeof(real) * np);
         real* F = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * per) : NULL;
         real* L = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * BLOCK_TILE_BLOCKS) : NULL;
-        real* Sf = learned ? mallocCheck(sizeof(real) * (size_t)BLOCK_TILE_BLOCKS * per) : NULL;
+        real* Sf = learned ? mallocCheck(sizeof(real) * 2 * BLOCK_TILE_BLOCKS * per) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)ntile * NKV; task++) {
             const int g = (int)(task % NKV), r0 = (int)(task / NKV) * TR;
@@ -559,7 +559,7 @@ void kvcache_truncate(KVCache* c, int n) {
 enum { PROMPT_ROWS = 64 };
 
 void rows_project(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
-                  int out, const QMatrix* nw, int exact, int per_row) {
+                  int out, const QMatrix* nw, int exact, int per_row, int slot0) {
 #ifndef FOCUS_DOUBLE
     if (nw && per_row) {
         qmatvec_rows(y, ldy, nw, x, n, b);
@@ -575,17 +575,20 @@ void rows_project(real* y, int ldy, const real* x, int n, const real* w, const r
         project_rows(y, ldy, x, n, w, b, in, out, nw, exact);
         return;
     }
-    /* the BLAS: products of PROMPT_ROWS rows each, zeros below the last rows, as a row can get
-     * other bits in a product of another row count (OpenBLAS's small-matrix kernels, measured) */
+    /* the BLAS: products of PROMPT_ROWS rows each, zeros beside the rows, a row at the place its
+     * position gives it (slot0: the first row's), as a row can get other bits in a product of
+     * another row count (OpenBLAS's small-matrix kernels) or at another place among the rows
+     * (its Haswell kernels; measured, kernels/tile.h) */
     real* xp = mallocCheck(sizeof(real) * PROMPT_ROWS * in);
     real* yp = mallocCheck(sizeof(real) * PROMPT_ROWS * out);
-    for (int i0 = 0; i0 < n; i0 += PROMPT_ROWS) {
-        const int k = n - i0 < PROMPT_ROWS ? n - i0 : PROMPT_ROWS;
-        memcpy(xp, x + (size_t)i0 * in, sizeof(real) * (size_t)k * in);
-        memset(xp + (size_t)k * in, 0, sizeof(real) * (size_t)(PROMPT_ROWS - k) * in);
+    for (int i0 = 0, s0 = (slot0 % PROMPT_ROWS + PROMPT_ROWS) % PROMPT_ROWS, k; i0 < n;
+         i0 += k, s0 = 0) {
+        k = n - i0 < PROMPT_ROWS - s0 ? n - i0 : PROMPT_ROWS - s0;
+        memset(xp, 0, sizeof(real) * PROMPT_ROWS * in);
+        memcpy(xp + (size_t)s0 * in, x + (size_t)i0 * in, sizeof(real) * (size_t)k * in);
         project_rows(yp, out, xp, PROMPT_ROWS, w, b, in, out, nw, exact);
         for (int i = 0; i < k; i++)
-            memcpy(y + (size_t)(i0 + i) * ldy, yp + (size_t)i * out, sizeof(real) * out);
+            memcpy(y + (size_t)(i0 + i) * ldy, yp + (size_t)(s0 + i) * out, sizeof(real) * out);
     }
     free(xp), free(yp);
 }

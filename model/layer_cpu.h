@@ -56,9 +56,10 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
 
 /* y (n rows of ldy) = x (n, in) W^T + b: from the file's blocks nw when given (exact: fp32
  * products), else the fp32 weights w (then ldy = out); per_row: each row's arithmetic that of a
- * single row (decode steps, batched or not). */
+ * single row (decode steps, batched or not); slot0: the first row's position (a row's place in
+ * the fp32 products). */
 void rows_project(real* y, int ldy, const real* x, int n, const real* w, const real* b, int in,
-                  int out, const QMatrix* nw, int exact, int per_row);
+                  int out, const QMatrix* nw, int exact, int per_row, int slot0);
 /* ROWS_CACHED attention of layer l: each row's key and value (qkv: n rows after RoPE) cached at
  * its position, its group lists grown (h: the rows' normed input, which the router reads), and
  * att (n, NH hs) attending over its cache. */

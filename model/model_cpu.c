@@ -179,19 +179,21 @@ static void layer_project(Model* m, const LayerRows* r, int k, int l, real* out,
     const QMatrix* nw =
         m->native && r->kind != ROWS_SEQUENCES ? m->native + (size_t)l * NATIVE_PER_LAYER : NULL;
     const int N = (int)n, ex = r->exact, pr = r->per_row;
+    const int s0 = r->kind == ROWS_CACHED && r->pos ? r->pos[0] : 0; /* the first row's place */
     if (nw && k == 0) { /* three matrices in the file */
         const int kvw = model_kv_heads(c) * model_head_size(c);
-        rows_project(out, QKV, in, N, NULL, b, C, A, nw + NATIVE_Q, ex, pr);
-        rows_project(out + A, QKV, in, N, NULL, b ? b + A : NULL, C, kvw, nw + NATIVE_K, ex, pr);
+        rows_project(out, QKV, in, N, NULL, b, C, A, nw + NATIVE_Q, ex, pr, s0);
+        rows_project(out + A, QKV, in, N, NULL, b ? b + A : NULL, C, kvw, nw + NATIVE_K, ex, pr,
+                     s0);
         rows_project(out + A + kvw, QKV, in, N, NULL, b ? b + A + kvw : NULL, C, kvw, nw + NATIVE_V,
-                     ex, pr);
+                     ex, pr, s0);
     } else if (nw && k == 2) { /* gate rows then up rows, as fcw holds them */
-        rows_project(out, FC, in, N, NULL, NULL, C, F, nw + NATIVE_GATE, ex, pr);
-        rows_project(out + F, FC, in, N, NULL, NULL, C, F, nw + NATIVE_UP, ex, pr);
+        rows_project(out, FC, in, N, NULL, NULL, C, F, nw + NATIVE_GATE, ex, pr, s0);
+        rows_project(out + F, FC, in, N, NULL, NULL, C, F, nw + NATIVE_UP, ex, pr, s0);
     } else {
         const QMatrix* q = nw ? nw + (k == 1 ? NATIVE_O : NATIVE_DOWN) : NULL;
         const real* w = q ? NULL : model_layer_weight(m, model_proj_tensor(k), l);
-        rows_project(out, rows[k], in, N, w, b, cols[k], rows[k], q, ex, pr);
+        rows_project(out, rows[k], in, N, w, b, cols[k], rows[k], q, ex, pr, s0);
     }
     lora_add(m, k, l, out, in, n, cols[k], rows[k]);
     if (k == 1 || k == 3) tp_sum(m, out, n * C);
