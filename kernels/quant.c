@@ -1018,7 +1018,7 @@ __attribute__((target("avx2"))) static inline __m128 hsum4x8(__m256 a, __m256 b,
 
 /* How many keys ahead the decode kernels ask for a key's row (each of its cache lines): a key list
  * jumps between blocks, where the hardware's prefetcher loses the stride. */
-enum { KEY_AHEAD = 8 };
+enum { KEY_AHEAD = 32 };
 
 /* f16_scores4_avx2's heads r0 .. r0 + NR - 1 against four keys at a time */
 __attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
