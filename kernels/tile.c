@@ -167,15 +167,49 @@ static void rows_by_k(real* C, int ldc, const real* A, int lda, const real* bk, 
     }
 }
 
+#ifdef TILE_X86
+/* bt (k x n) = B^T for B (n x k, ldb), both multiples of 8: 8 x 8 blocks in registers */
+__attribute__((target("avx2"))) static void transpose8(real* bt, const real* B, int ldb, int n,
+                                                       int k) {
+    for (int j0 = 0; j0 < n; j0 += 8)
+        for (int e0 = 0; e0 < k; e0 += 8) {
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(B + (size_t)(j0 + i) * ldb + e0);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            /* r[0..3]: columns e0 .. e0 + 3 of rows j0 .. j0 + 3 (low half) and e0 + 4 .. e0 + 7
+             * (high half); r[4..7]: the same for rows j0 + 4 .. j0 + 7 */
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(bt + (size_t)(e0 + i) * n + j0,
+                                 _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                _mm256_storeu_ps(bt + (size_t)(e0 + i + 4) * n + j0,
+                                 _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+            }
+        }
+}
+#endif
+
 void tile_abt(real* C, int ldc, const real* A, int lda, const real* B, int ldb, int m, int n, int k,
               real alpha, const int* rows, int nrows, real* bt) {
     if (m == 0 || n == 0) return;
-    for (int j0 = 0; j0 < n;
-         j0 += 16) { /* B^T (k x n), 16 columns at a time: lines written whole */
-        const int j1 = j0 + 16 < n ? j0 + 16 : n;
-        for (int e = 0; e < k; e++)
-            for (int j = j0; j < j1; j++) bt[(size_t)e * n + j] = B[(size_t)j * ldb + e];
-    }
+#ifdef TILE_X86
+    if (n % 8 == 0 && k % 8 == 0 && quant_isa() >= QUANT_ISA_AVX2)
+        transpose8(bt, B, ldb, n, k);
+    else
+#endif
+        for (int j0 = 0; j0 < n; j0 += 16) { /* B^T (k x n), 16 columns at a time */
+            const int j1 = j0 + 16 < n ? j0 + 16 : n;
+            for (int e = 0; e < k; e++)
+                for (int j = j0; j < j1; j++) bt[(size_t)e * n + j] = B[(size_t)j * ldb + e];
+        }
     rows_by_k(C, ldc, A, lda, bt, n, m, n, k, SCALED, alpha, rows, nrows);
 }
 

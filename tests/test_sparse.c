@@ -11,6 +11,7 @@
 #include "../kernels/attention.h"
 #include "../kernels/cpu.h"
 #include "../kernels/sparse.h"
+#include "../kernels/tile.h"
 #include "testutil.h"
 
 enum { NH = 4, NKV = 2, HS = 32 };
@@ -497,10 +498,68 @@ static void exp_values(void) {
     CHECK(!memcmp(v, one, sizeof v), "exp_f: a vectorised loop gives each value's bits");
 }
 
+/* kernels/tile.c: against a float64 product, and a row's bits the same at any place among the
+ * rows, beside other rows, and when only some rows are listed (the property the prompt's tiles
+ * rest on; OpenBLAS's Haswell kernels do not have it) */
+static void tile_products(Rng* rng) {
+    enum { M = 29, N = 72, K = 40 }; /* (the remainders past the vector chunks too) */
+    real *A = mallocCheck(sizeof(real) * M * K), *B = mallocCheck(sizeof(real) * N * K);
+    real *A2 = mallocCheck(sizeof(real) * M * K), *C = mallocCheck(sizeof(real) * M * N);
+    real *C2 = mallocCheck(sizeof(real) * M * N), *bt = mallocCheck(sizeof(real) * N * K);
+    real *V = mallocCheck(sizeof(real) * K * N), *D = mallocCheck(sizeof(real) * M * N);
+    tu_randn(A, M * K, 1, rng);
+    tu_randn(B, N * K, 1, rng);
+    tu_randn(V, K * N, 1, rng);
+    tile_abt(C, N, A, K, B, K, M, N, K, (real)0.5, NULL, 0, bt);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int e = 0; e < K; e++) s += (double)A[i * K + e] * B[j * K + e];
+            worst = fmax(worst, fabs(0.5 * s - C[i * N + j]));
+        }
+    CHECK(worst < 1e-5, "tile_abt: %g from the float64 product", worst);
+    /* the rows shifted by 5 and the others replaced: each row's bits as before */
+    tu_randn(A2, M * K, 1, rng);
+    for (int i = 0; i < M - 5; i++) memcpy(A2 + (i + 5) * K, A + i * K, sizeof(real) * K);
+    tile_abt(C2, N, A2, K, B, K, M, N, K, (real)0.5, NULL, 0, bt);
+    int same = 1;
+    for (int i = 0; i < M - 5; i++) same &= !memcmp(C2 + (i + 5) * N, C + i * N, sizeof(real) * N);
+    /* only rows 3, 4 and 20 listed: theirs as in the whole product, the others untouched */
+    const int rows[3] = {3, 4, 20};
+    for (int i = 0; i < M * N; i++) C2[i] = -7;
+    tile_abt(C2, N, A, K, B, K, M, N, K, (real)0.5, rows, 3, bt);
+    for (int i = 0; i < M; i++) {
+        const int listed = i == 3 || i == 4 || i == 20;
+        same &= listed ? !memcmp(C2 + i * N, C + i * N, sizeof(real) * N) : C2[i * N + 7] == -7;
+    }
+    CHECK(same, "tile_abt: a row's bits depend on its place or the rows beside it");
+    /* tile_ab: D = A V, then + A V; against float64, and the listed rows alone */
+    tile_ab(D, N, A, K, V, N, M, N, K, 0, NULL, 0);
+    tile_ab(D, N, A, K, V, N, M, N, K, 1, NULL, 0);
+    worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int e = 0; e < K; e++) s += (double)A[i * K + e] * V[e * N + j];
+            worst = fmax(worst, fabs(2 * s - D[i * N + j]));
+        }
+    CHECK(worst < 2e-5, "tile_ab: %g from the float64 product", worst);
+    tile_ab(C, N, A, K, V, N, M, N, K, 0, NULL, 0);
+    tile_ab(C2, N, A, K, V, N, M, N, K, 0, rows, 3);
+    same = 1;
+    for (int r = 0; r < 3; r++)
+        same &= !memcmp(C2 + rows[r] * N, C + rows[r] * N, sizeof(real) * N);
+    CHECK(same, "tile_ab: a listed row's bits differ from the whole product's");
+    printf("  tile products: %.1e from float64; a row's bits the same at any place\n", worst);
+    free(A), free(B), free(A2), free(C), free(C2), free(bt), free(V), free(D);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 5);
     exp_values();
+    tile_products(&rng);
     cached_kernels(700, 333, 100, 4, &rng);
     cached_kernels(300, 1, 40, 0, &rng);
     cached_kernels(97, 50, 200, 3, &rng);
