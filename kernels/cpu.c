@@ -253,12 +253,19 @@ void gelu_backward(real* dinp, const real* inp, const real* dout, size_t n) {
     }
 }
 
+/* The activations' rows in pieces of ACT_PIECE columns over the threads (a decode step's one row
+ * too); each element's arithmetic whatever piece it is in. */
+enum { ACT_PIECE = 128 };
+
 void swiglu_forward(real* out, const real* inp, size_t N, int F) {
-#pragma omp parallel for
-    for (size_t n = 0; n < N; n++) {
+    const size_t per = ((size_t)F + ACT_PIECE - 1) / ACT_PIECE;
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < N * per; t++) {
+        const size_t n = t / per;
+        const int f0 = (int)(t % per) * ACT_PIECE, f1 = f0 + ACT_PIECE < F ? f0 + ACT_PIECE : F;
         const real* g = inp + n * 2 * F;
         const real* u = g + F;
-        for (int f = 0; f < F; f++) {
+        for (int f = f0; f < f1; f++) {
             real sig = (real)(1.0 / (1.0 + exp(-(double)g[f])));
             out[n * F + f] = g[f] * sig * u[f];
         }
@@ -282,11 +289,14 @@ void swiglu_backward(real* dinp, const real* inp, const real* dout, size_t N, in
 }
 
 void geglu_forward(real* out, const real* inp, size_t N, int F) {
-#pragma omp parallel for
-    for (size_t n = 0; n < N; n++) {
+    const size_t per = ((size_t)F + ACT_PIECE - 1) / ACT_PIECE;
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < N * per; t++) {
+        const size_t n = t / per;
+        const int f0 = (int)(t % per) * ACT_PIECE, f1 = f0 + ACT_PIECE < F ? f0 + ACT_PIECE : F;
         const real* g = inp + n * 2 * F;
         const real* u = g + F;
-        for (int f = 0; f < F; f++) {
+        for (int f = f0; f < f1; f++) {
             const double x = g[f];
             const double gl = 0.5 * x * (1.0 + tanh(GELU_SCALE * (x + 0.044715 * x * x * x)));
             out[n * F + f] = (real)(gl * u[f]);
