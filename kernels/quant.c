@@ -603,6 +603,10 @@ void qmatrix_release(QMatrix* w) {
 }
 
 #if defined(__x86_64__)
+/* How many blocks ahead a 16-row group's product asks for its weights (past the group's last
+ * block the next group's: the rows are read in order) */
+enum { GEMV_AHEAD = 8 };
+
 /* y = W x from the VNNI copy: per 16-row group, per block, 4 (Q4: low and high nibbles) or 8
  * VPDPBUSD of 16 rows x 4 weights against a broadcast quadruple of x; two blocks at a time on
  * separate chains, so the dependent instructions of one block do not wait on each other. */
@@ -624,6 +628,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void gemv_vnni_gro
     for (int k = 0; k < nb; k++) {
         const uint8_t* blk = base + (size_t)k * S;
         const XBlock* x = xb + k;
+        for (size_t b = 0; b < S; b += 64) /* a few blocks ahead */
+            _mm_prefetch((const char*)(blk + GEMV_AHEAD * S + b), _MM_HINT_T0);
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         if (q8) {
             for (int t = 0; t < 8; t += 2) {
@@ -817,6 +823,8 @@ __attribute__((target("avx2,avxvnni"))) static inline void q8_sums_avxvnni(__m25
         for (int k = 0; k < nb; k++) {                                                             \
             const uint8_t* blk = base + (size_t)k * S;                                             \
             const XBlock* x = xb + k;                                                              \
+            for (size_t b = 0; b < S; b += 64) /* a few blocks ahead */                            \
+                _mm_prefetch((const char*)(blk + GEMV_AHEAD * S + b), _MM_HINT_T0);                \
             __m256i s[2];                                                                          \
             if (q8)                                                                                \
                 Q8SUMS(s, blk, x->q);                                                              \
