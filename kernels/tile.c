@@ -83,42 +83,34 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
         }
 }
 
-/* the row counts a block is compiled for, up to 8 */
-#define TILE_ROWS(CALL) \
-    switch (nr) {       \
-        case 8:         \
-            CALL(8);    \
-            break;      \
-        case 7:         \
-            CALL(7);    \
-            break;      \
-        case 6:         \
-            CALL(6);    \
-            break;      \
-        case 5:         \
-            CALL(5);    \
-            break;      \
-        case 4:         \
-            CALL(4);    \
-            break;      \
-        case 3:         \
-            CALL(3);    \
-            break;      \
-        case 2:         \
-            CALL(2);    \
-            break;      \
-        default:        \
-            CALL(1);    \
-            break;      \
-    }
+/* the cases of a switch on nr for the row counts 1 to 6 a block is compiled for */
+#define TILE_ROWS6(CALL) \
+    case 6:              \
+        CALL(6);         \
+        break;           \
+    case 5:              \
+        CALL(5);         \
+        break;           \
+    case 4:              \
+        CALL(4);         \
+        break;           \
+    case 3:              \
+        CALL(3);         \
+        break;           \
+    case 2:              \
+        CALL(2);         \
+        break;           \
+    default:             \
+        CALL(1);         \
+        break;
 
 /* nr (at most 6) rows by the columns [j0, j1) in 16s */
 __attribute__((target("avx2,fma"))) static void rows16(real* const* c, const real* const* a, int nr,
                                                        const real* bk, int ldb, int j0, int j1,
                                                        int k, int mode, real alpha) {
     for (int j = j0; j + 16 <= j1; j += 16) {
-#define CALL16(R) block16(c, a, bk, ldb, j, k, (R) < 6 ? (R) : 6, mode, alpha)
-        TILE_ROWS(CALL16)
+#define CALL16(R) block16(c, a, bk, ldb, j, k, R, mode, alpha)
+        switch (nr) { TILE_ROWS6(CALL16) }
 #undef CALL16
     }
 }
@@ -129,7 +121,15 @@ __attribute__((target("avx512f"))) static void rows32(real* const* c, const real
                                                       int mode, real alpha) {
     for (int j = 0; j + 32 <= j1; j += 32) {
 #define CALL32(R) block32(c, a, bk, ldb, j, k, R, mode, alpha)
-        TILE_ROWS(CALL32)
+        switch (nr) {
+            case 8:
+                CALL32(8);
+                break;
+            case 7:
+                CALL32(7);
+                break;
+                TILE_ROWS6(CALL32)
+        }
 #undef CALL32
     }
 }

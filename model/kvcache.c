@@ -584,8 +584,9 @@ void rows_project(real* y, int ldy, const real* x, int n, const real* w, const r
     for (int i0 = 0, s0 = (slot0 % PROMPT_ROWS + PROMPT_ROWS) % PROMPT_ROWS, k; i0 < n;
          i0 += k, s0 = 0) {
         k = n - i0 < PROMPT_ROWS - s0 ? n - i0 : PROMPT_ROWS - s0;
-        memset(xp, 0, sizeof(real) * PROMPT_ROWS * in);
+        memset(xp, 0, sizeof(real) * (size_t)s0 * in); /* zeros beside the rows */
         memcpy(xp + (size_t)s0 * in, x + (size_t)i0 * in, sizeof(real) * (size_t)k * in);
+        memset(xp + (size_t)(s0 + k) * in, 0, sizeof(real) * (size_t)(PROMPT_ROWS - s0 - k) * in);
         project_rows(yp, out, xp, PROMPT_ROWS, w, b, in, out, nw, exact);
         for (int i = 0; i < k; i++)
             memcpy(y + (size_t)(i0 + i) * ldy, yp + (size_t)(s0 + i) * out, sizeof(real) * out);
