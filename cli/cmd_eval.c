@@ -71,7 +71,7 @@ static const char eval_usage[] =
     "                      [--attn window|random|blocks|blocks_mean|oracle]\n"
     "                      [--router SELECTOR.h5 --attn blocks_learned]\n"
     "                      [--routing causal|sinkhorn|prefix_sinkhorn]] [--set key=value]...\n"
-    "                      [--device cpu|cuda] [--lora lora.h5]\n"
+    "                      [--device cpu|cuda] [--lora lora.h5] [--attn-error]\n"
     "Perplexity of a model on token shards (a folder: its val_*.bin, else all *.bin), one\n"
     "shard, or a text file (tokenized with the model's own tokenizer or --tokenizer).\n"
     "Windows of --ctx tokens advance by --stride (default ctx); each token is scored once.\n"
@@ -89,11 +89,41 @@ static const char eval_usage[] =
     "block ones --set block=64 --set blocks=8; random: --topk k). --attn blocks_learned reads\n"
     "a block selector of focus fit-blocks (--router SELECTOR.h5: its block size, w and sinks).\n"
     "eval layers (with --router) measures each layer's cost on its own: perplexity with only\n"
-    "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n";
+    "that layer sparse, every other dense; it prints dense_layers lines for the worst layers.\n"
+    "--attn-error (CPU) prints, per global layer, how far the attention is from the dense\n"
+    "attention of the same input: its heads' output before the output projection, and the\n"
+    "residual stream after the attention's contribution (the output projection, and its norm\n"
+    "where the model has one: Gemma 3), each as a squared error relative to dense's (|o_D|^2,\n"
+    "|y_D - x|^2), beside the same for the window alone (sinks and w).\n";
+
+/* --attn-error: the relative errors Model.attn_error gathered over the evaluation, per global
+ * layer (model.h, AttnError) */
+static void attn_error_report(const Model* m, const AttnError* e) {
+    printf(
+        "attention error against dense (squared, relative: heads |o - o_D|^2 / |o_D|^2, "
+        "stream |y - y_D|^2 / |y_D - x|^2)\n");
+    printf("layer  heads     window    stream    window\n");
+    for (int l = 0; l < m->cfg.L; l++) {
+        if (!(e->heads_ref[l] > 0) || !(e->out_ref[l] > 0)) continue; /* a local layer */
+        printf("%5d  %.6f  %.6f  %.6f  %.6f\n", l, e->heads[l] / e->heads_ref[l],
+               e->heads_window[l] / e->heads_ref[l], e->out[l] / e->out_ref[l],
+               e->out_window[l] / e->out_ref[l]);
+    }
+}
 
 static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t n, const char* data,
-                        int ctx, int stride, int llama) {
+                        int ctx, int stride, int llama, int attn_error) {
+    const int L = m->cfg.L;
+    double* sums = attn_error ? callocCheck((size_t)6 * L, sizeof(double)) : NULL;
+    AttnError err = {0};
+    if (attn_error) {
+        double** f[6] = {&err.heads, &err.heads_window, &err.heads_ref,
+                         &err.out,   &err.out_window,   &err.out_ref};
+        for (int k = 0; k < 6; k++) *f[k] = sums + (size_t)k * L;
+        m->attn_error = &err;
+    }
     PplResult r = eval_perplexity_llama(m, ids, n, ctx, stride, llama, 0);
+    m->attn_error = NULL;
     printf("model %s (%s)  data %s  ctx %d stride %d", info->name, info->format, data, ctx, stride);
     if (llama) printf("  scored as llama-perplexity");
     if (m->bos >= 0) printf("  windows start with BOS %d", m->bos);
@@ -110,6 +140,8 @@ static void eval_report(Model* m, const ModelInfo* info, const int* ids, size_t 
            exp(r.nll / r.count), mark, r.count, r.nll / r.count, (double)r.count / r.seconds,
            r.seconds);
     if (attn_is_sparse(m->fc.attn)) printf("pairs kept %.4f of causal pairs%s\n", r.kept, mark);
+    if (attn_error) attn_error_report(m, &err);
+    free(sums);
 }
 
 int cmd_eval(int argc, char** argv) {
@@ -125,20 +157,23 @@ int cmd_eval(int argc, char** argv) {
         fatal("eval: unknown evaluation '%s' (ppl, layers, tasks, passkey or curve)", argv[1]);
     const char *model = NULL, *tok = NULL, *data = NULL;
     int ctx = 1024, stride = 0, llama = 0;
-    int max_tokens = 0, device = 0;
+    int max_tokens = 0, device = 0, attn_error = 0;
     const char *router = NULL, *attn = NULL, *routing = NULL, *topk = NULL, *lora = NULL;
     CliList sets = {0};
-    if (cli_parse("eval", argc, argv, 2, eval_usage,
-                  "--model:s --tokenizer:s --data:s --ctx:i[2,1048576] --stride:i[1,1048576] "
-                  "--max-tokens:i[1,2147483647] --llama-perplexity:f "
-                  "--router:s --attn:s --topk:s --routing:s --device:d --set:* --lora:s",
-                  &model, &tok, &data, &ctx, &stride, &max_tokens, &llama, &router, &attn, &topk,
-                  &routing, &device, &sets, &lora))
+    if (cli_parse(
+            "eval", argc, argv, 2, eval_usage,
+            "--model:s --tokenizer:s --data:s --ctx:i[2,1048576] --stride:i[1,1048576] "
+            "--max-tokens:i[1,2147483647] --llama-perplexity:f "
+            "--router:s --attn:s --topk:s --routing:s --device:d --set:* --lora:s --attn-error:f",
+            &model, &tok, &data, &ctx, &stride, &max_tokens, &llama, &router, &attn, &topk,
+            &routing, &device, &sets, &lora, &attn_error))
         return 0;
     if (max_tokens < 0) fatal("eval: --max-tokens must be >= 0");
     if (!model || !data) fatal("eval ppl: needs --model and --data");
     if (ctx < 2) fatal("eval ppl: --ctx must be at least 2");
     if (!stride) stride = ctx;
+    if (attn_error && device) fatal("eval ppl: --attn-error runs on the CPU (--device cpu)");
+    if (attn_error && layers) fatal("eval layers: --attn-error is an option of eval ppl");
     if (stride < 1 || stride > ctx) fatal("eval ppl: --stride must be in 1..ctx");
     if (llama && stride != ctx)
         fatal("eval ppl: --llama-perplexity scores windows that do not overlap (--stride = --ctx)");
@@ -153,6 +188,8 @@ int cmd_eval(int argc, char** argv) {
                                    .sets = &sets,
                                    .device = device,
                                    .lora = lora});
+    if (attn_error && m.tp)
+        fatal("eval ppl: --attn-error measures a whole model, not a tensor-parallel slice");
     size_t n;
     int* ids = load_eval_tokens(data, model, tok, &n);
     if (max_tokens && n > (size_t)max_tokens) n = (size_t)max_tokens;
@@ -187,7 +224,7 @@ int cmd_eval(int argc, char** argv) {
             apply_router_options(&m, NULL, NULL, next_budget, NULL);
             next_budget = comma ? comma + 1 : NULL;
         }
-        eval_report(&m, &info, ids, n, data, ctx, stride, llama);
+        eval_report(&m, &info, ids, n, data, ctx, stride, llama, attn_error);
     } while (next_budget);
     free(ids);
     model_free(&m);

@@ -474,6 +474,19 @@ typedef struct PassFlags {
     int lean_acts;
 } PassFlags;
 
+/* How far each layer's attention is from the dense attention of the same input (`focus eval ppl
+ * --attn-error`; CPU passes over whole sequences, the global layers: a local layer's window is the
+ * model's own). Sums over the passes since the arrays were zeroed, per layer (L each):
+ *   heads:  |o - o_D|^2, o the heads' outputs before the output projection, o_D dense's
+ *   out:    |y - y_D|^2, y the residual stream after the attention's contribution (the output
+ *           projection, and its norm where the model has one: Gemma 3), y_D dense's
+ * each with the same for the window alone (sinks and w: what the sparse part adds to) and the
+ * reference |o_D|^2, |y_D - x|^2 (x the layer's input): relative errors are the ratios. */
+typedef struct {
+    double *heads, *heads_window, *heads_ref;
+    double *out, *out_window, *out_ref;
+} AttnError;
+
 typedef struct Model {
     ModelConfig cfg;
     FocusConfig fc;
@@ -528,7 +541,8 @@ typedef struct Model {
      * a training-free pattern (window, random, blocks, oracle; the router's hard mode is counted
      * from its masks by the caller) */
     double pattern_kept, pattern_pairs;
-    PassFlags pass; /* how the passes run, set by the training loops and teacher passes */
+    AttnError* attn_error; /* when set (the caller's), the CPU passes add to it */
+    PassFlags pass;        /* how the passes run, set by the training loops and teacher passes */
     /* backward scratch */
     real* scratch_mem;
     size_t scratch_size;

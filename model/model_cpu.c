@@ -212,6 +212,46 @@ static void layer_join(const Model* m, const LayerSpec* S, real* y, const real* 
     for (size_t i = 0; i < n * C; i++) y[i] = x[i] + o[i];
 }
 
+/* Model.attn_error: layer l's attention and its contribution to the residual stream y (from
+ * the layer's input x) against the dense attention of the same q, k, v and the window alone
+ * (AttnError in model.h). */
+static void attention_error(Model* m, const LayerRows* r, const LayerSpec* S, int l, const real* x,
+                            const LayerActs* la) {
+    const ModelConfig* c = &m->cfg;
+    const int B = r->B, T = r->T, NH = model_heads(c), NKV = model_kv_heads(c),
+              hs = model_head_size(c);
+    const size_t n = (size_t)B * T, C = c->C, A = n * NH * hs;
+    const Params* p = &m->params;
+    real* o = mallocCheck(sizeof(real) * 2 * A); /* dense's heads, then the window's */
+    real* lse = mallocCheck(sizeof(real) * n * NH);
+    real* proj = mallocCheck(sizeof(real) * n * C);
+    real* y = mallocCheck(sizeof(real) * 2 * n * C); /* dense's stream, then the window's */
+    real* rstd = mallocCheck(sizeof(real) * n);
+    AttnError* e = m->attn_error;
+    attention_flash_forward(o, lse, la->qkv, B, T, NH, NKV, hs);
+    attention_band_forward(o + A, lse, la->qkv, m->fc.w, m->fc.sinks, B, T, NH, NKV, hs);
+    double he = 0, hw = 0, hr = 0;
+    for (size_t i = 0; i < A; i++) {
+        he += ((double)la->att[i] - o[i]) * ((double)la->att[i] - o[i]);
+        hw += ((double)o[A + i] - o[i]) * ((double)o[A + i] - o[i]);
+        hr += (double)o[i] * o[i];
+    }
+    for (int k = 0; k < 2; k++) {
+        layer_project(m, r, 1, l, proj, o + k * A, n);
+        layer_join(m, S, y + k * n * C, x, proj, model_slice(p->pan, l, C), rstd, n);
+    }
+    double oe = 0, ow = 0, orf = 0;
+    for (size_t i = 0; i < n * C; i++) {
+        const double d = y[i];
+        oe += (la->res2[i] - d) * (la->res2[i] - d);
+        ow += (y[n * C + i] - d) * (y[n * C + i] - d);
+        orf += (d - x[i]) * (d - x[i]);
+    }
+    e->heads[l] += he, e->heads_window[l] += hw, e->heads_ref[l] += hr;
+    e->out[l] += oe, e->out_window[l] += ow, e->out_ref[l] += orf;
+    free(o), free(lse), free(proj), free(y), free(rstd);
+}
+
 /* A router with a query projection (qproj; docs/OBJECTIVE.md): each token joins its top-1 group
  * by W_g as a key (la->mask, from la->rG) and keeps the top-k groups of its own projection W_q
  * as a query (la->qmask), causal routing with the same beta. */
@@ -328,6 +368,8 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
     layer_project(m, r, 1, l, ao, la->att, n);
     profile_tick(r->prof, r->mark, 2);
     layer_join(m, &S, la->res2, x, ao, model_slice(p->pan, l, C), la->attp_rstd, n);
+    if (m->attn_error && r->kind == ROWS_SEQUENCES && S.window < 0)
+        attention_error(m, r, &S, l, x, la);
     cpu_norm(m, &S, la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, model_slice(p->ln2w, l, C),
              model_slice(p->ln2b, l, C), n);
     profile_tick(r->prof, r->mark, 5);

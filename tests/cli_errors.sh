@@ -45,6 +45,7 @@ printf 'FOCUSTOK' > badshard.bin; head -c 40 /dev/zero >> badshard.bin
 check "corrupt shard" "badshard.bin" "$focus" eval ppl --model tiny.gguf --data badshard.bin
 check "unknown command" "unknown command" "$focus" frobnicate
 check "bad device" "cpu or cuda" "$focus" eval ppl --model tiny.gguf --data text.txt --device gpu
+check "--attn-error on a GPU" "runs on the CPU\\|no usable CUDA device" "$focus" eval ppl --model tiny.gguf --data text.txt --attn-error --device cuda
 # without a GPU (or without CUDA in the build), --device cuda must say so in one line
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
   check "no GPU" "device cuda" "$focus" bench forward --preset tiny-llama --B 1 --T 8 --device cuda

@@ -98,6 +98,17 @@ echo "$out" | grep -q "the 2 most sensitive: dense_layers = " && ok "eval layers
 l=$(echo "$out" | sed -n 's/^the 1 most sensitive: dense_layers = //p')
 out=$("$focus" eval ppl "${data[@]}" --router "$work/full/router.h5" --attn hard --set dense_layers="$l" 2>/dev/null)
 echo "$out" | grep -q "dense layers $l," && ok "eval --set dense_layers=$l" || bad "dense_layers: $out"
+# --attn-error: dense attention is no error, the window's error is the window column's, and a
+# router's rows are there for every layer
+out=$("$focus" eval ppl "${data[@]}" --set w=16 --attn-error 2>/dev/null)
+rows=$(echo "$out" | sed -n '/^layer  heads/,$p' | sed 1d)
+[ -n "$rows" ] && echo "$rows" | awk '$2 != 0 || $4 != 0 || $3 <= 0 { bad = 1 } END { exit bad }' && ok "eval --attn-error: dense is no error" || bad "attn-error dense: $out"
+out=$("$focus" eval ppl "${data[@]}" --attn window --set w=16 --attn-error 2>/dev/null)
+rows=$(echo "$out" | sed -n '/^layer  heads/,$p' | sed 1d)
+[ -n "$rows" ] && echo "$rows" | awk '$2 != $3 || $4 != $5 || $2 <= 0 { bad = 1 } END { exit bad }' && ok "eval --attn-error: the window is the window column" || bad "attn-error window: $out"
+out=$("$focus" eval ppl "${data[@]}" --router "$work/full/router.h5" --attn hard --topk 1 --attn-error 2>/dev/null)
+L=$(echo "$out" | sed -n '/^layer  heads/,$p' | sed 1d | wc -l)
+[ "$L" -ge 2 ] && ok "eval --attn-error with a router: $L layers" || bad "attn-error router: $out"
 # the objectives that target the dense model run end to end
 for obj in kl attn kl+attn; do
     "$focus" retrofit --config configs/tiny.conf "${small[@]}" --set steps=2 --set eval_every=2 --set objective=$obj --out "$work/obj" > "$work/obj.log" 2>&1
