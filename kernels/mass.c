@@ -177,10 +177,105 @@ static void restore_scores(real* a, real* S, const real* P, const real* Pm, cons
     }
 }
 
+/* values = 3, the first pass over the heads: head h's dense output and that of the keys it
+ * misses, OD and OM (nr, NH hs) at the head's columns, and their masses zd, zm (nr, NH). */
+static void stream_collect(real* OD, real* OM, double* zd, double* zm, const real* P,
+                           const real* Pm, const real* v, int ld, const int* rows, int nr, int n1,
+                           int h, int NH, int hs) {
+    const int A = NH * hs;
+    gemm(0, 0, nr, hs, n1, 1, P, n1, v, ld, 0, OD + h * hs, A);
+    gemm(0, 0, nr, hs, n1, 1, Pm, n1, v, ld, 0, OM + h * hs, A);
+    for (int r = 0; r < nr; r++) {
+        double a = 0, b = 0;
+        for (int j = 0; j <= rows[r] && j < n1; j++)
+            a += P[(size_t)r * n1 + j], b += Pm[(size_t)r * n1 + j];
+        zd[(size_t)r * NH + h] = a, zm[(size_t)r * NH + h] = b;
+    }
+}
+
+/* values = 3, between the passes: OM becomes each head's kept output o_S (OM's rows overwritten;
+ * zero where a head keeps or misses nothing), U (nr, NH hs) the stream's error pulled back to the
+ * heads, u^h, and wgt (nr, NH) each head's factor Zbar_M / (Z_S^h |e|^2) (0: nothing to score).
+ * Z (nr, 3 Cm) scratch. */
+static void stream_directions(real* U, double* wgt, real* OM, const real* OD, const double* zd,
+                              const double* zm, real* Z, const MassStream* st, int nr, int NH,
+                              int hs) {
+    const int A = NH * hs, Cm = st->Cm;
+    for (int r = 0; r < nr; r++)
+        for (int h = 0; h < NH; h++) {
+            const double zs = zd[(size_t)r * NH + h] - zm[(size_t)r * NH + h];
+            real* o = OM + (size_t)r * A + h * hs;
+            const real* od = OD + (size_t)r * A + h * hs;
+            for (int e = 0; e < hs; e++)
+                o[e] = zs > 1e-12 && zm[(size_t)r * NH + h] > 1e-12 ? (real)((od[e] - o[e]) / zs)
+                                                                    : od[e];
+        }
+    /* z_S and z_D (nr, Cm each) */
+    real *zS = Z, *zD = Z + (size_t)nr * Cm, *g = Z + (size_t)2 * nr * Cm;
+    gemm(0, 1, nr, Cm, A, 1, OM, A, st->wo, A, 0, zS, Cm);
+    gemm(0, 1, nr, Cm, A, 1, OD, A, st->wo, A, 0, zD, Cm);
+    for (int r = 0; r < nr; r++) {
+        real *a = zS + (size_t)r * Cm, *d = zD + (size_t)r * Cm, *gr = g + (size_t)r * Cm;
+        double ee = 0;
+        if (st->norm) { /* e = N(z_D) - N(z_S); g = J^T e = s (w e) - z s^3 (z . w e) / Cm */
+            double ssa = 0, ssd = 0;
+            for (int c = 0; c < Cm; c++) ssa += (double)a[c] * a[c], ssd += (double)d[c] * d[c];
+            const double sa = 1 / sqrt(ssa / Cm + st->eps), sd = 1 / sqrt(ssd / Cm + st->eps);
+            double zwe = 0;
+            for (int c = 0; c < Cm; c++) {
+                const double e = st->norm[c] * (d[c] * sd - a[c] * sa);
+                ee += e * e, zwe += a[c] * st->norm[c] * e;
+                gr[c] = (real)(st->norm[c] * e);
+            }
+            for (int c = 0; c < Cm; c++)
+                gr[c] = (real)(sa * gr[c] - a[c] * sa * sa * sa * zwe / Cm);
+        } else {
+            for (int c = 0; c < Cm; c++) {
+                gr[c] = d[c] - a[c];
+                ee += (double)gr[c] * gr[c];
+            }
+        }
+        double zbar = 0;
+        for (int h = 0; h < NH; h++) zbar += zm[(size_t)r * NH + h] / NH;
+        for (int h = 0; h < NH; h++) {
+            const double zs = zd[(size_t)r * NH + h] - zm[(size_t)r * NH + h];
+            const int ok = ee > 1e-30 && zs > 1e-12 && zm[(size_t)r * NH + h] > 1e-12;
+            wgt[(size_t)r * NH + h] = ok ? zbar / (zs * ee) : 0;
+        }
+    }
+    gemm(0, 0, nr, A, Cm, 1, g, Cm, st->wo, A, 0, U, A);
+}
+
+/* values = 3, the second pass: adds head h's c_ij (see MassStream in mass.h) to a (nr, n, each
+ * row's far keys); S (nr, n) scratch. */
+static void stream_scores(real* a, real* S, const real* Pm, const real* v, int ld, const real* U,
+                          const real* OS, const double* wgt, const int* rows, int nr, int n1, int n,
+                          int h, int NH, int hs, int w) {
+    const int A = NH * hs;
+    gemm(0, 1, nr, n, hs, 1, U + h * hs, A, v, ld, 0, S, n);
+    for (int r = 0; r < nr; r++) {
+        const double wr = wgt[(size_t)r * NH + h];
+        if (wr == 0) continue;
+        double cst = 0;
+        for (int e = 0; e < hs; e++)
+            cst += (double)OS[(size_t)r * A + h * hs + e] * U[(size_t)r * A + h * hs + e];
+        const int far = rows[r] - w;
+        const real* pm = Pm + (size_t)r * n1;
+        const real* s = S + (size_t)r * n;
+        real* ar = a + (size_t)r * n;
+        for (int j = 0; j < far; j++)
+            if (pm[j] != 0) ar[j] += (real)(pm[j] * (s[j] - cst) * wr);
+    }
+}
+
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
-                  int w, int sinks, const MassBlocks* b, int values) {
+                  int w, int sinks, const MassBlocks* b, int values, const MassStream* stream) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, m = t->m;
     if (b && rep > 64) fatal("the teacher beside a selector takes at most 64 heads per KV head");
+    if ((values == 3) != (stream != NULL))
+        fatal(
+            "internal: the stream's teacher (values = 3) needs the output projection, and only it");
+    const int Cm = stream ? stream->Cm : 0;
     const int ntask = (t->nq + MQ - 1) / MQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
     /* the values' squared norms, per key/value head (the output-restoring score) */
@@ -202,6 +297,15 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
         real* U = values ? mallocCheck(sizeof(real) * MQ * (size_t)hs) : NULL;
         real* O = values ? mallocCheck(sizeof(real) * 2 * MQ * (size_t)hs) : NULL;
         unsigned char* chosen = b ? callocCheck((size_t)T / b->bs + 2, 1) : NULL;
+        /* values = 3: the heads' outputs (dense, then missed / kept), their masses, the
+         * directions and each head's factor, the stream's scratch */
+        real* OD = stream ? mallocCheck(sizeof(real) * MQ * (size_t)C) : NULL;
+        real* OM = stream ? mallocCheck(sizeof(real) * MQ * (size_t)C) : NULL;
+        real* UH = stream ? mallocCheck(sizeof(real) * MQ * (size_t)C) : NULL;
+        real* Z = stream ? mallocCheck(sizeof(real) * 3 * MQ * (size_t)Cm) : NULL;
+        double* zd = stream ? mallocCheck(sizeof(double) * MQ * (size_t)NH) : NULL;
+        double* zm = stream ? mallocCheck(sizeof(double) * MQ * (size_t)NH) : NULL;
+        double* wgt = stream ? mallocCheck(sizeof(double) * MQ * (size_t)NH) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int task = 0; task < ntask; task++) {
             const int r0 = task * MQ, nr = t->nq - r0 < MQ ? t->nq - r0 : MQ;
@@ -210,38 +314,50 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
              * key some row sees */
             const int n = rows[nr - 1] - w, n1 = values ? rows[nr - 1] + 1 : n;
             memset(A, 0, sizeof(real) * nr * (size_t)n);
-            for (int h = 0; h < NH; h++) {
-                for (int r = 0; r < nr; r++)
-                    memcpy(q + (size_t)r * hs, qkv + (size_t)rows[r] * QKV + h * hs,
-                           sizeof(real) * hs);
-                gemm(0, 1, nr, n1, hs, scale, q, hs, qkv + C + (h / rep) * hs, QKV, 0, S, n1);
-                const real* l = lse + (size_t)h * T;
-                for (int r = 0; r < nr; r++) {
-                    const int i = rows[r], far = i - w;
-                    const float li = (float)l[i];
-                    real* s = S + (size_t)r * n1;
-                    real* a = A + (size_t)r * n;
-                    /* the blocks of this head's key/value head (beside a selector) */
-                    const size_t rg = (size_t)(r0 + r) * NKV + h / rep;
-                    const int* sg = b ? b->sel + rg * b->nbmax : NULL;
-                    for (int e = 0; b && e < b->nsel[rg]; e++) chosen[sg[e]] = 1;
-                    if (!values) { /* the mass the blocks miss (all far mass without them) */
-                        for (int j = sinks; j < far; j++)
-                            if (!b || !chosen[j / b->bs]) a[j] += exp_f((float)s[j] - li) / NH;
-                    } else { /* the head's probabilities, and those of the keys it misses */
-                        real* p = P + (size_t)r * n1;
-                        real* pm = Pm + (size_t)r * n1;
-                        for (int j = 0; j < n1; j++) {
-                            p[j] = j <= i ? exp_f((float)s[j] - li) : 0;
-                            pm[j] = j >= sinks && j < far && (!b || !chosen[j / b->bs]) ? p[j] : 0;
+            /* values = 3 goes over the heads twice: their outputs, then the scores */
+            for (int pass = stream ? 0 : 1; pass < 2; pass++)
+                for (int h = 0; h < NH; h++) {
+                    for (int r = 0; r < nr; r++)
+                        memcpy(q + (size_t)r * hs, qkv + (size_t)rows[r] * QKV + h * hs,
+                               sizeof(real) * hs);
+                    gemm(0, 1, nr, n1, hs, scale, q, hs, qkv + C + (h / rep) * hs, QKV, 0, S, n1);
+                    const real* l = lse + (size_t)h * T;
+                    for (int r = 0; r < nr; r++) {
+                        const int i = rows[r], far = i - w;
+                        const float li = (float)l[i];
+                        real* s = S + (size_t)r * n1;
+                        real* a = A + (size_t)r * n;
+                        /* the blocks of this head's key/value head (beside a selector) */
+                        const size_t rg = (size_t)(r0 + r) * NKV + h / rep;
+                        const int* sg = b ? b->sel + rg * b->nbmax : NULL;
+                        for (int e = 0; b && e < b->nsel[rg]; e++) chosen[sg[e]] = 1;
+                        if (!values) { /* the mass the blocks miss (all far mass without them) */
+                            for (int j = sinks; j < far; j++)
+                                if (!b || !chosen[j / b->bs]) a[j] += exp_f((float)s[j] - li) / NH;
+                        } else { /* the head's probabilities, and those of the keys it misses */
+                            real* p = P + (size_t)r * n1;
+                            real* pm = Pm + (size_t)r * n1;
+                            for (int j = 0; j < n1; j++) {
+                                p[j] = j <= i ? exp_f((float)s[j] - li) : 0;
+                                pm[j] =
+                                    j >= sinks && j < far && (!b || !chosen[j / b->bs]) ? p[j] : 0;
+                            }
                         }
+                        for (int e = 0; b && e < b->nsel[rg]; e++) chosen[sg[e]] = 0;
                     }
-                    for (int e = 0; b && e < b->nsel[rg]; e++) chosen[sg[e]] = 0;
+                    const real* vh = qkv + C + (NKV + h / rep) * hs;
+                    if (stream && pass == 0) {
+                        stream_collect(OD, OM, zd, zm, P, Pm, vh, QKV, rows, nr, n1, h, NH, hs);
+                        if (h == NH - 1)
+                            stream_directions(UH, wgt, OM, OD, zd, zm, Z, stream, nr, NH, hs);
+                    } else if (stream) {
+                        stream_scores(A, S, Pm, vh, QKV, UH, OM, wgt, rows, nr, n1, n, h, NH, hs,
+                                      w);
+                    } else if (values) {
+                        restore_scores(A, S, P, Pm, vh, QKV, vn + (size_t)(h / rep) * T, U, O, rows,
+                                       nr, n1, n, hs, w, NH);
+                    }
                 }
-                if (values)
-                    restore_scores(A, S, P, Pm, qkv + C + (NKV + h / rep) * hs, QKV,
-                                   vn + (size_t)(h / rep) * T, U, O, rows, nr, n1, n, hs, w, NH);
-            }
             for (int r = 0; r < nr; r++) {
                 const int far = rows[r] - w;
                 real* a = A + (size_t)r * n;
@@ -249,7 +365,7 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
                 float* p = t->p + (size_t)(r0 + r) * m;
                 /* values = 2 keeps the harm apart: the m / 2 keys of most negative score go to
                  * the second half of the entries, stored negative */
-                if (values == 2) {
+                if (values >= 2) {
                     real* neg = S + (size_t)r * n; /* free by now */
                     for (int j = 0; j < far; j++) neg[j] = a[j] < 0 ? -a[j] : 0;
                     top_entries(idx + m / 2, p + m / 2, neg, sinks, far, m - m / 2);
@@ -261,7 +377,7 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
                 double M = 0;
                 for (int j = sinks; j < far; j++) M += a[j];
                 t->far[r0 + r] = (float)M;
-                top_entries(idx, p, a, sinks, far, values == 2 ? m / 2 : m);
+                top_entries(idx, p, a, sinks, far, values >= 2 ? m / 2 : m);
             }
         }
         free(q);
@@ -272,6 +388,7 @@ void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, 
         free(U);
         free(O);
         free(chosen);
+        free(OD), free(OM), free(UH), free(Z), free(zd), free(zm), free(wgt);
     }
     free(vn);
 }

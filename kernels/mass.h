@@ -71,9 +71,31 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
  * cancel out needs nothing kept); each |c| <= P |v_j - o_S| / rho. The heads' mean is clipped at
  * 0 (a key that moves the output away is not one to keep) and stands for p_ij; M_i is its sum.
  * values = 2 stores the harm as well: the first m / 2 entries hold the largest positive scores,
- * the last m - m / 2 the most negative ones, stored negative (mass_loss counts them as harm). */
+ * the last m - m / 2 the most negative ones, stored negative (mass_loss counts them as harm).
+ * values = 3: the residual stream's error in place of the heads' (MassStream below; stream set). */
+typedef struct MassStream MassStream;
 void mass_teacher(MassRows* t, const real* qkv, const real* lse, int T, int NH, int NKV, int hs,
-                  int w, int sinks, const MassBlocks* b, int values);
+                  int w, int sinks, const MassBlocks* b, int values, const MassStream* stream);
+
+/* values = 3 scores a missed key by how far it moves the residual stream towards the dense
+ * one: after the layer's output projection W_o (Cm x NH hs, row-major: z = W_o o) and, where the
+ * model norms the attention's contribution (Gemma 3's post-attention norm: y = x + norm_w (.) z /
+ * rms(z)), that norm; the score of the heads' output (values 1, 2) is blind to both. Per query i,
+ * with o_S^h the kept keys' output of head h, Z_S^h their mass, o_D^h the dense output:
+ *   e     = N(W_o o_D) - N(W_o o_S)        the stream's error (N the norm, or nothing)
+ *   u^h   = (W_o^T J^T e)^h                e pulled back to head h (J: N's Jacobian at W_o o_S)
+ *   c_ij  = Zbar_M sum_h P^h_ij (v_j - o_S^h) . u^h / (Z_S^h |e|^2)
+ * the share of the stream's error that adding key j closes to first order (adding every missed
+ * key closes about 1 / Z_S of it), in units of the query's missed mass Zbar_M (the heads' mean),
+ * so that queries weigh in the loss as with the mass. Clipped at 0, the harm stored as with
+ * values = 2. Each head's queries and keys are multiplied twice (the directions need every
+ * head's o_S first). */
+struct MassStream {
+    const real* wo;   /* (Cm, NH hs) */
+    const real* norm; /* (Cm) the norm's weight; NULL: the contribution is added unnormed */
+    int Cm;
+    real eps;
+};
 
 /* The gate and the pairs' sample of the objective: lambda, b (METHOD.md section 3; lambda = 0:
  * the affinity G_i . G_j itself, top-1 routing's soft twin), nrand

@@ -88,7 +88,7 @@ static void check_teacher(Rng* rng) {
         int other[T];
         CHECK(mass_sample_rows(other, T, WIN, SINKS, 2, seed) == nq, "row count depends on seed");
     }
-    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, NULL, 0);
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, NULL, 0, NULL);
     double worst_far = 0, worst_p = 0;
     int order_ok = 1;
     for (int r = 0; r < nq; r++) {
@@ -148,7 +148,7 @@ static void check_teacher_blocks(Rng* rng) {
             }
         }
     CHECK(sel_ok, "the chosen blocks are not %d distinct candidates per row and head", want);
-    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 0);
+    mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 0, NULL);
     double worst = 0, left = 0, all = 0;
     for (int r = 0; r < nq; r++) {
         const int i = rows[r];
@@ -228,7 +228,7 @@ static void check_teacher_values(Rng* rng) {
     mass_choose_blocks(&b, &t, qkv, gate, 3, T, NH, NKV, HS, WIN, SINKS);
     for (int with = 0; with < 2; with++) {
         const MassBlocks* bb = with ? &b : NULL;
-        mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, bb, 1);
+        mass_teacher(&t, qkv, lse, T, NH, NKV, HS, WIN, SINKS, bb, 1, NULL);
         double worst_far = 0, worst_p = 0, left = 0, mass = 0;
         int order_ok = 1;
         for (int r = 0; r < nq; r++) {
@@ -265,7 +265,7 @@ static void check_teacher_values(Rng* rng) {
     t2.m = 2 * KEYS;
     t2.idx = mallocCheck(sizeof(int) * nq * 2 * KEYS);
     t2.p = mallocCheck(sizeof(float) * nq * 2 * KEYS);
-    mass_teacher(&t2, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 2);
+    mass_teacher(&t2, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 2, NULL);
     double worst = 0, harm = 0;
     int neg_ok = 1;
     for (int r = 0; r < nq; r++) {
@@ -290,6 +290,144 @@ static void check_teacher_values(Rng* rng) {
     printf("  with the harm: %.3f of negative scores stored, entries off by %.1e\n", harm, worst);
     CHECK(worst < 1e-5, "signed entries off by %g", worst);
     CHECK(neg_ok && harm > 0, "the harm entries are not the most negative scores, stored negative");
+    free(t2.idx), free(t2.p);
+    free(qkv), free(lse), free(t.far), free(t.idx), free(t.p), free(b.sel), free(b.nsel);
+}
+
+/* The stream's teacher (values = 3) against its definition, in double: per query i, each
+ * head's kept output o_S^h, kept and missed masses; the stream's error e = N(W_o o_D) - N(W_o
+ * o_S); for a missed key j the stream's move when it joins every head's kept set, by central
+ * differences of N (not through the Jacobian the kernel uses); c_ij = Zbar_M (move . e) /
+ * |e|^2 (N: the RMS norm with weight nw, or nothing). */
+enum { CM = 12 };
+static double rms_norm(double* y, const double* z, const real* nw) {
+    double ss = 0;
+    for (int c = 0; c < CM; c++) ss += z[c] * z[c];
+    const double s = 1 / sqrt(ss / CM + 1e-6);
+    for (int c = 0; c < CM; c++) y[c] = nw ? nw[c] * z[c] * s : z[c];
+    return s;
+}
+static void direct_stream(const real* qkv, const real* wo, const real* nw, double* a, int i,
+                          const MassBlocks* b, int r_of_i) {
+    const int QKV = (NH + 2 * NKV) * HS, C = NH * HS, rep = NH / NKV;
+    static double P[NH][T], os[NH][HS], zs[NH];
+    static int missed[NH][T];
+    double od[C], zbar = 0, zS[CM] = {0}, zD[CM] = {0}, yS[CM], yD[CM], e[CM], ee = 0;
+    for (int h = 0; h < NH; h++) {
+        double s[T], mx = -INFINITY, z = 0, zm = 0;
+        for (int j = 0; j <= i; j++) {
+            s[j] = score(qkv, h, i, j);
+            mx = fmax(mx, s[j]);
+            int out = 0;
+            const size_t rg = (size_t)r_of_i * NKV + h / rep;
+            for (int x = 0; b && x < b->nsel[rg]; x++)
+                out |= b->sel[rg * b->nbmax + x] == j / b->bs;
+            missed[h][j] = j >= SINKS && j < i - WIN && !out;
+        }
+        for (int j = 0; j <= i; j++) z += exp(s[j] - mx);
+        for (int x = 0; x < HS; x++) os[h][x] = od[h * HS + x] = 0;
+        zs[h] = 0;
+        for (int j = 0; j <= i; j++) {
+            P[h][j] = exp(s[j] - mx) / z;
+            const real* v = qkv + (size_t)j * QKV + C + (NKV + h / rep) * HS;
+            for (int x = 0; x < HS; x++) {
+                od[h * HS + x] += P[h][j] * v[x];
+                if (!missed[h][j]) os[h][x] += P[h][j] * v[x];
+            }
+            if (missed[h][j])
+                zm += P[h][j];
+            else
+                zs[h] += P[h][j];
+        }
+        for (int x = 0; x < HS; x++) os[h][x] /= zs[h];
+        zbar += zm / NH;
+    }
+    for (int c = 0; c < CM; c++)
+        for (int h = 0; h < NH; h++)
+            for (int x = 0; x < HS; x++) {
+                zS[c] += wo[(size_t)c * C + h * HS + x] * os[h][x];
+                zD[c] += wo[(size_t)c * C + h * HS + x] * od[h * HS + x];
+            }
+    rms_norm(yS, zS, nw), rms_norm(yD, zD, nw);
+    for (int c = 0; c < CM; c++) e[c] = yD[c] - yS[c], ee += e[c] * e[c];
+    for (int j = 0; j < T; j++) a[j] = 0;
+    for (int j = SINKS; j < i - WIN; j++) {
+        double dz[CM] = {0}, zp[CM], zn[CM], yp[CM], yn[CM], d = 0;
+        int any = 0;
+        for (int h = 0; h < NH; h++) {
+            if (!missed[h][j]) continue;
+            any = 1;
+            const real* v = qkv + (size_t)j * QKV + C + (NKV + h / rep) * HS;
+            for (int c = 0; c < CM; c++)
+                for (int x = 0; x < HS; x++)
+                    dz[c] += wo[(size_t)c * C + h * HS + x] * P[h][j] * (v[x] - os[h][x]) / zs[h];
+        }
+        if (!any) continue;
+        const double eps = 1e-5;
+        for (int c = 0; c < CM; c++) zp[c] = zS[c] + eps * dz[c], zn[c] = zS[c] - eps * dz[c];
+        rms_norm(yp, zp, nw), rms_norm(yn, zn, nw);
+        for (int c = 0; c < CM; c++) d += (yp[c] - yn[c]) / (2 * eps) * e[c];
+        a[j] = zbar * d / ee;
+    }
+}
+
+static void check_teacher_stream(Rng* rng) {
+    const int bs = 16, C = NH * HS;
+    real *qkv, *lse, wo[CM * NH * HS], nw[CM];
+    double a[T];
+    int rows[T];
+    MassRows t = teacher_input(rng, &qkv, &lse, rows);
+    const int nq = t.nq;
+    tu_randn(wo, (size_t)CM * C, 0.3, rng);
+    for (int c = 0; c < CM; c++) nw[c] = (real)(0.5 + rng_uniform(rng));
+    MassBlocks b = {mallocCheck(sizeof(int) * nq * NKV * (T / bs + 1)),
+                    mallocCheck(sizeof(int) * nq * NKV), T / bs + 1, bs};
+    real gate[NH * BLOCKGATE_WIDTH(HS)];
+    blockgate_init(gate, NH, HS);
+    mass_choose_blocks(&b, &t, qkv, gate, 3, T, NH, NKV, HS, WIN, SINKS);
+    MassRows t2 = t;
+    t2.m = 2 * KEYS;
+    t2.idx = mallocCheck(sizeof(int) * nq * 2 * KEYS);
+    t2.p = mallocCheck(sizeof(float) * nq * 2 * KEYS);
+    for (int normed = 0; normed < 2; normed++) {
+        const MassStream st = {wo, normed ? nw : NULL, CM, (real)1e-6};
+        mass_teacher(&t2, qkv, lse, T, NH, NKV, HS, WIN, SINKS, &b, 3, &st);
+        double worst = 0, worst_far = 0, big = 0, gain = 0, harm = 0;
+        int order_ok = 1;
+        for (int r = 0; r < nq; r++) {
+            const int i = rows[r];
+            direct_stream(qkv, wo, normed ? nw : NULL, a, i, &b, r);
+            double M = 0;
+            for (int j = SINKS; j < i - WIN; j++) M += fmax(a[j], 0), big = fmax(big, fabs(a[j]));
+            worst_far = fmax(worst_far, fabs(M - t2.far[r]) / (M > 1e-3 ? M : 1e-3));
+            double smallest = INFINITY, least = INFINITY;
+            for (int e = 0; e < 2 * KEYS; e++) {
+                const int j = t2.idx[(size_t)r * 2 * KEYS + e];
+                const double pe = t2.p[(size_t)r * 2 * KEYS + e];
+                if (j < 0) continue;
+                worst = fmax(worst, fabs(fmax(e < KEYS ? a[j] : -a[j], 0) - fabs(pe)));
+                order_ok &= e < KEYS ? pe >= 0 : pe <= 0;
+                if (e < KEYS)
+                    smallest = fmin(smallest, pe), gain += pe;
+                else
+                    least = fmin(least, -pe), harm -= pe;
+            }
+            for (int e = 0; e < 2 * KEYS; e++) {
+                const int j = t2.idx[(size_t)r * 2 * KEYS + e];
+                if (j >= 0) a[j] = 0; /* taken */
+            }
+            for (int j = SINKS; j < i - WIN; j++)
+                if (a[j] > smallest + 1e-5 || -a[j] > least + 1e-5) order_ok = 0;
+        }
+        printf(
+            "  the stream's teacher%s beside 3 blocks: gains %.3f, harm %.3f stored; entries off "
+            "by %.1e (largest score %.2f), far score by %.1e relative\n",
+            normed ? ", normed" : "", gain, harm, worst, big, worst_far);
+        CHECK(worst < 1e-4 * (1 + big), "stream scores off by %g", worst);
+        CHECK(worst_far < 1e-3, "stream far score off by %g", worst_far);
+        CHECK(order_ok, "the stream's entries are not the largest gains and harms, signed");
+        CHECK(gain > 0 && harm > 0, "the stream's teacher stored no gain or no harm");
+    }
     free(t2.idx), free(t2.p);
     free(qkv), free(lse), free(t.far), free(t.idx), free(t.p), free(b.sel), free(b.nsel);
 }
@@ -430,6 +568,7 @@ int main(void) {
     check_teacher(&rng);
     check_teacher_blocks(&rng);
     check_teacher_values(&rng);
+    check_teacher_stream(&rng);
     check_gradient(&rng);
     check_gradient_qk(&rng);
     return tu_finish("test_mass");

@@ -48,7 +48,8 @@
  * f32. Little-endian, as written. Version 2 adds the block selector the teacher leaves out
  * (blocks per query, block size, a hash of its weights; 0 without one); a version 1 file (the
  * header without them) is read as a teacher without a selector. Version 3 adds the score
- * (mass_values: 0 the mass, 1 the output restored, 2 that and the harm); older files scored
+ * (mass_values: 0 the mass, 1 the output restored, 2 that and the harm, 3 the residual stream's
+ * error closed and the harm); older files scored
  * the mass. */
 typedef struct {
     char magic[8];
@@ -105,7 +106,7 @@ static void window_free(Window* w) {
 }
 
 typedef struct {
-    const Model* m;
+    Model* m;
     Window* win;
 } Teacher;
 
@@ -115,12 +116,17 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     const Window* w = o->win;
     const int s = w->slot[layer];
     if (s < 0 || B != 1) return;
-    const Model* m = o->m;
+    Model* m = o->m;
     const ModelConfig* c = &m->cfg;
     const int NH = model_heads(c), NKV = model_kv_heads(c), hs = model_head_size(c);
     real_to_bf16_rows(w->h + (size_t)s * T * c->C, h, (size_t)T * c->C);
+    /* mass_values = 3: the layer's output projection, and the norm of its output (Gemma 3) */
+    const LayerSpec S = model_layer_spec(c, layer);
+    const MassStream st = {model_layer_weight(m, 6, layer),
+                           S.sandwich ? m->params.pan + (size_t)layer * c->C : NULL, c->C, c->eps};
+    const MassStream* sp = w->values == 3 ? &st : NULL;
     if (!w->sel_blocks) {
-        mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, NULL, w->values);
+        mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, NULL, w->values, sp);
         return;
     }
     /* beside a block selector: the blocks it keeps in this layer (its per-layer budget scaled
@@ -132,7 +138,7 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     mass_choose_blocks(&b, &w->t[s], qkv,
                        m->method.selector + (size_t)layer * NH * BLOCKGATE_WIDTH(hs), n, T, NH, NKV,
                        hs, m->fc.w, m->fc.sinks);
-    mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, &b, w->values);
+    mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, &b, w->values, sp);
     free(b.sel), free(b.nsel);
 }
 
@@ -214,7 +220,11 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
         fatal(
             "%s: scored by %s (mass_values = %u), this run asks for mass_values = %d: use "
             "another run folder, or delete its teacher",
-            path, hd.values ? "the output restored" : "the mass", hd.values, w->values);
+            path,
+            hd.values == 3 ? "the stream's error closed"
+            : hd.values    ? "the output restored"
+                           : "the mass",
+            hd.values, w->values);
     if (hd.fingerprint != fingerprint)
         fatal("%s: collected from another base model (fingerprint differs)", path);
     if (hd.T != (uint32_t)w->T || hd.C != (uint32_t)w->C || hd.layers != (uint32_t)w->nl ||
@@ -498,8 +508,8 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         fatal("retrofit: objective = mass: T = %d leaves no key beyond w = %d and %d sinks", T,
               f->w, f->sinks);
     Window w;
-    /* mass_values = 2 stores mass_keys keys of harm beside as many of gain */
-    const int keys = rc->mass_values == 2 ? 2 * rc->mass_keys : rc->mass_keys;
+    /* mass_values = 2 and 3 store mass_keys keys of harm beside as many of gain */
+    const int keys = rc->mass_values >= 2 ? 2 * rc->mass_keys : rc->mass_keys;
     window_alloc(&w, nl, layers, slot, T, c->C, nq, keys);
     if (rc->mass_selector[0]) { /* the teacher: the mass a block selector's blocks miss */
         BlockGateInfo bi;
@@ -519,7 +529,13 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             rc->mass_selector, rc->mass_blocks, bi.block);
     }
     w.values = rc->mass_values;
-    if (w.values)
+    if (w.values == 3)
+        printf(
+            "teacher: each missed key scored by the residual stream's error it closes "
+            "(mass_values = 3: after the output projection%s; the keys that move it away kept "
+            "as harm)\n",
+            model_layer_spec(c, layers[0]).sandwich ? " and its norm" : "");
+    else if (w.values)
         printf(
             "teacher: each missed key scored by the output it restores (mass_values = %d: its "
             "value against the direction the sparse output is off by%s)\n",

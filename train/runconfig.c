@@ -67,8 +67,9 @@
       "mass: a block selector (fit-blocks); the teacher is then the mass its blocks miss")       \
     X(train, mass_blocks, INT, mass_blocks, "8", 1, 65536, 0,                                    \
       "mass: blocks per query of mass_selector the teacher leaves out")                          \
-    X(train, mass_values, INT, mass_values, "0", 0, 2, 0,                                        \
-      "mass: 1 scores a missed key by the output it restores, 2 also the harm, 0 by its mass")   \
+    X(train, mass_values, INT, mass_values, "0", 0, 3, 0,                                        \
+      "mass: 1 scores a missed key by the output it restores, 2 also the harm, 3 the residual "  \
+      "stream's error it closes (and the harm), 0 by its mass")                                  \
     X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")     \
     X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                        \
     X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0,                               \

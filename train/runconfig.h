@@ -31,7 +31,8 @@ typedef struct {
     char mass_selector[1024];
     int mass_blocks;
     int mass_values; /* the teacher scores the output a far key restores (1; 2: and the harm of
-                      * the keys that move it away), not its mass alone (0) */
+                      * the keys that move it away; 3: in the residual stream, after the output
+                      * projection and its norm, and the harm), not its mass alone (0) */
     /* focus finetune (the baselines): lora or full, and the adapters' shape */
     char method[16];
     int lora_rank;
