@@ -194,9 +194,9 @@ static void stream_collect(real* OD, real* OM, double* zd, double* zm, const rea
 }
 
 /* values = 3, between the passes: OM becomes each head's kept output o_S (OM's rows overwritten;
- * zero where a head keeps or misses nothing), U (nr, NH hs) the stream's error pulled back to the
- * heads, u^h, and wgt (nr, NH) each head's factor Zbar_M / (Z_S^h |e|^2) (0: nothing to score).
- * Z (nr, 3 Cm) scratch. */
+ * the dense output where the head misses nothing, its weight then 0), U (nr, NH hs) the stream's
+ * error pulled back to the heads, u^h, and wgt (nr, NH) each head's factor Zbar_M / (Z_S^h |e|^2)
+ * (0: nothing to score). Z (nr, 3 Cm) scratch. */
 static void stream_directions(real* U, double* wgt, real* OM, const real* OD, const double* zd,
                               const double* zm, real* Z, const MassStream* st, int nr, int NH,
                               int hs) {

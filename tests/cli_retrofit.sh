@@ -239,6 +239,14 @@ grep -q "scored by the output it restores" "$work/mselv.log" && grep -q "^step  
   ! cmp -s "$work/msel/router.h5" "$work/mselv/router.h5" && [ $rc -ne 0 ] &&
   echo "$err" | grep -q "window_0000.bin: scored by the output restored (mass_values = 1), this run asks for mass_values = 0" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
   ok "mass_values: the output-restoring teacher trains; its teacher refused by a mass run: $err" || { bad "mass_values: rc=$rc $err"; tail -3 "$work/mselv.log"; }
+# the stream's teacher (mass_values = 3) trains end to end, stores gains and harm, and its
+# teacher is refused by a run that scores the heads' output
+"$focus" retrofit --config configs/tiny.conf "${ms[@]}" --set mass_values=3 --out "$work/msels" > "$work/msels.log" 2>&1
+err=$("$focus" retrofit --resume "$work/msels" --set mass_values=2 2>&1 >/dev/null); rc=$?
+grep -q "scored by the residual stream's error it closes" "$work/msels.log" && grep -q "^step     2/2 | mass " "$work/msels.log" &&
+  ! cmp -s "$work/mselv/router.h5" "$work/msels/router.h5" && [ $rc -ne 0 ] &&
+  echo "$err" | grep -q "window_0000.bin: scored by the stream's error closed (mass_values = 3), this run asks for mass_values = 2" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+  ok "mass_values = 3: the stream's teacher trains; its teacher refused by another score: $err" || { bad "mass_values 3: rc=$rc $err"; tail -3 "$work/msels.log"; }
 err=$("$focus" eval ppl "${data[@]}" --router "$work/msel/router.h5,$work/sel.h5" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "the first file must be a block selector" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "--router ROUTER,SELECTOR refused: $err" || bad "router order: rc=$rc $err"
 # focus groups reads a router with a query projection (its keys' groups) and refuses a selector

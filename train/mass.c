@@ -121,9 +121,12 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     const int NH = model_heads(c), NKV = model_kv_heads(c), hs = model_head_size(c);
     real_to_bf16_rows(w->h + (size_t)s * T * c->C, h, (size_t)T * c->C);
     /* mass_values = 3: the layer's output projection, and the norm of its output (Gemma 3) */
-    const LayerSpec S = model_layer_spec(c, layer);
-    const MassStream st = {model_layer_weight(m, 6, layer),
-                           S.sandwich ? m->params.pan + (size_t)layer * c->C : NULL, c->C, c->eps};
+    MassStream st = {0};
+    if (w->values == 3) {
+        const LayerSpec S = model_layer_spec(c, layer);
+        st = (MassStream){model_layer_weight(m, 6, layer),
+                          S.sandwich ? m->params.pan + (size_t)layer * c->C : NULL, c->C, c->eps};
+    }
     const MassStream* sp = w->values == 3 ? &st : NULL;
     if (!w->sel_blocks) {
         mass_teacher(&w->t[s], qkv, lse, T, NH, NKV, hs, m->fc.w, m->fc.sinks, NULL, w->values, sp);
