@@ -124,7 +124,7 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     MassStream st = {0};
     if (w->values == 3) {
         const LayerSpec S = model_layer_spec(c, layer);
-        st = (MassStream){model_layer_weight(m, 6, layer),
+        st = (MassStream){model_layer_weight(m, P_ATTPROJW, layer),
                           S.sandwich ? m->params.pan + (size_t)layer * c->C : NULL, c->C, c->eps};
     }
     const MassStream* sp = w->values == 3 ? &st : NULL;
