@@ -132,17 +132,19 @@ static void flash_all(real* out, real* lse, const real* qkv, const uint32_t* qm,
  * prompt in chunks of a few tenths of a second, at 8K tokens of depth 64 rows took 0.6 s. */
 #define CQ 32
 
-/* rows of head g of a cache (half or real rows of kvw values) into t (rows, hs): row c from
+/* rows of head g of a cache's keys (vals 0) or values (1) into t (rows, hs): row c from
  * position pos[c] (pos NULL: j0 + c), zeros from cnt on */
-static void cached_rows(real* t, const void* src, int half, int kvw, int g, int hs, const int* pos,
+static void cached_rows(real* t, const CachedKV* kv, int vals, int g, int hs, const int* pos,
                         int j0, int cnt, int rows) {
+    const void* src = vals ? kv->v : kv->k;
+    const int half = kv->half;
     for (int c = 0; c < rows; c++) {
         real* row = t + (size_t)c * hs;
         if (c >= cnt) {
             memset(row, 0, sizeof(real) * hs);
             continue;
         }
-        const size_t at = (size_t)(pos ? pos[c] : j0 + c) * kvw + (size_t)g * hs;
+        const size_t at = ((size_t)g * kv->cap + (size_t)(pos ? pos[c] : j0 + c)) * hs;
         if (half) {
 #ifdef FOCUS_DOUBLE
             for (int e = 0; e < hs; e++) row[e] = f16_to_f32(((const uint16_t*)src)[at + e]);
@@ -164,9 +166,8 @@ static inline void keep_range(const real* s, int c0, int c1, real* mx) {
 }
 
 void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
-                              const void* k, const void* v, int half, int w, int sinks, int NH,
-                              int NKV, int hs) {
-    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ, have = p0 + n;
+                              const CachedKV* kv, int w, int sinks, int NH, int NKV, int hs) {
+    const int rep = NH / NKV, nblk = (n + CQ - 1) / CQ, have = p0 + n;
     const int mq = rep * CQ; /* the rep query heads of a key/value head stacked: one product */
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
@@ -220,8 +221,8 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                 for (int R = 0; R < mq; R++)
                     if (R % CQ < nq && cab[2 * (R % CQ) + 1] > cab[2 * (R % CQ)]) used[nu++] = R;
                 if (!nu) continue;
-                cached_rows(kt, k, half, kvw, g, hs, NULL, j0, cnt, nk);
-                cached_rows(vt, v, half, kvw, g, hs, NULL, j0, cnt, nk);
+                cached_rows(kt, kv, 0, g, hs, NULL, j0, cnt, nk);
+                cached_rows(vt, kv, 1, g, hs, NULL, j0, cnt, nk);
                 tile_abt(S, BK, qs, hs, kt, hs, mq, nk, hs, scale, used, nu, bt);
                 for (int u = 0; u < nu; u++) {
                     const int R = used[u], r = R % CQ;
@@ -382,9 +383,9 @@ static void stacked_finish(const Stacked* t, real* out, int ldo, real* lse, int 
 }
 
 void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
-                             const void* k, const void* v, int half, int w, int sinks, int bs,
-                             const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs) {
-    const int rep = NH / NKV, kvw = NKV * hs, nblk = (n + CQ - 1) / CQ;
+                             const CachedKV* kv, int w, int sinks, int bs, const int* sel,
+                             const int* nsel, int nbmax, int NH, int NKV, int hs) {
+    const int rep = NH / NKV, nblk = (n + CQ - 1) / CQ;
     const real scale = (real)(1.0 / sqrt((double)hs));
 #pragma omp parallel
     {
@@ -424,8 +425,8 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
                 }
                 /* (rows past the cached ones, p0 + n on, are zeros: no row keeps them) */
                 const int cnt = p0 + n - b * bs < bs ? p0 + n - b * bs : bs;
-                cached_rows(t.kt, k, half, kvw, g, hs, NULL, b * bs, cnt, bs);
-                cached_rows(t.vt, v, half, kvw, g, hs, NULL, b * bs, cnt, bs);
+                cached_rows(t.kt, kv, 0, g, hs, NULL, b * bs, cnt, bs);
+                cached_rows(t.vt, kv, 1, g, hs, NULL, b * bs, cnt, bs);
                 stacked_merge(&t, scale);
             }
             stacked_finish(&t, out, ldo, lse, NH);
@@ -439,10 +440,10 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
 #define ET 64
 
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
-                             const void* k, const void* v, int half, int w, const uint32_t* rmask,
+                             const CachedKV* kv, int w, const uint32_t* rmask,
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
                              const ChosenBlocks* chosen, int NH, int NKV, int hs) {
-    const int rep = NH / NKV, kvw = NKV * hs;
+    const int rep = NH / NKV;
     const real scale = (real)(1.0 / sqrt((double)hs));
     /* each group's rows (ascending) that have keys before their window: the tiles are made of the
      * rows of one group, so that a tile's product serves each of its rows */
@@ -511,8 +512,8 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         anyrow |= t.use[r];
                     }
                     if (!anyrow) continue;
-                    cached_rows(t.kt, k, half, kvw, g, hs, gp + t0, 0, ce, ET);
-                    cached_rows(t.vt, v, half, kvw, g, hs, gp + t0, 0, ce, ET);
+                    cached_rows(t.kt, kv, 0, g, hs, gp + t0, 0, ce, ET);
+                    cached_rows(t.vt, kv, 1, g, hs, gp + t0, 0, ce, ET);
                     stacked_merge(&t, scale);
                 }
                 stacked_finish(&t, out, ldo, lse, NH);

@@ -17,17 +17,24 @@
 void attention_flash_forward(real* out, real* lse, const real* qkv, int B, int T, int NH, int NKV,
                              int hs);
 
+/* One layer's keys and values in a KV cache (model/decode.h), by key/value head: the row of head
+ * g at position j at (g cap + j) hs values of k (v), IEEE halves when `half`, else real. A head's
+ * keys lie in one run of memory, which a decode step reads as a stream. */
+typedef struct {
+    const void *k, *v;
+    int half, cap;
+} CachedKV;
+
 /* A prompt's rows over a KV cache: the n query rows of q (row r at position p0 + r, stride ldq,
- * NH heads of hs) attend causally to the keys and values at positions 0 .. p0 + n - 1, stored as
- * rows of NKV hs values (IEEE halves when `half`, else real): all of them (w < 0), or the band
+ * NH heads of hs) attend causally to the keys and values of kv at positions 0 .. p0 + n - 1,
+ * NKV heads of hs: all of them (w < 0), or the band
  * (i - j <= w) and the sinks (j < sinks). out: row r at out + r ldo; lse (may be NULL): each
  * row's and head's log-sum-exp of its scores, (n, NH). The keys are walked in tiles of 256
  * positions counted from position 0, each row's online softmax over its own keys of a tile, so a
  * row's arithmetic does not depend on which other rows are in the call: a prompt evaluated in any
  * chunks gives the same bits (model/decode.c). Threads over (head, 32 rows). */
 void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
-                              const void* k, const void* v, int half, int w, int sinks, int NH,
-                              int NKV, int hs);
+                              const CachedKV* kv, int w, int sinks, int NH, int NKV, int hs);
 
 /* The distant key blocks of a prompt's rows, added to their band: out and lse hold each row's
  * band attention (attention_cached_forward with w and sinks); row r and key/value head g also
@@ -38,8 +45,8 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
  * only with its own blocks, in ascending order): a row's bits do not depend on the other rows in
  * the call. */
 void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
-                             const void* k, const void* v, int half, int w, int sinks, int bs,
-                             const int* sel, const int* nsel, int nbmax, int NH, int NKV, int hs);
+                             const CachedKV* kv, int w, int sinks, int bs, const int* sel,
+                             const int* nsel, int nbmax, int NH, int NKV, int hs);
 
 /* The group keys of a prompt's rows, added to their window (out and lse: each row's attention
  * over the keys i - w .. i, attention_cached_forward with sinks 0): row r (mask rmask[r] of K
@@ -58,7 +65,7 @@ typedef struct {
     int nbmax;
 } ChosenBlocks;
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
-                             const void* k, const void* v, int half, int w, const uint32_t* rmask,
+                             const CachedKV* kv, int w, const uint32_t* rmask,
                              const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
                              const ChosenBlocks* chosen, int NH, int NKV, int hs);
 

@@ -43,8 +43,8 @@ typedef struct {
     int cap, n;     /* capacity and cached tokens */
     int L, K;       /* the model's layers and groups */
     int half;       /* keys and values stored in IEEE half precision (else real) */
-    void* k;        /* (L, cap, NKV*hs) keys after RoPE */
-    void* v;        /* (L, cap, NKV*hs) */
+    void* k;        /* (L, NKV, cap, hs) keys after RoPE: a head's keys in one run (CachedKV) */
+    void* v;        /* (L, NKV, cap, hs) */
     uint32_t* mask; /* (L, cap) top-k group masks */
     int* gpos;      /* (L, K, cap) positions of each group's tokens */
     int* gn;        /* (L, K) group list lengths */

@@ -142,25 +142,41 @@ static int token_keys(const KVCache* c, const Model* m, int l, int n, uint32_t m
 /* ---- the cache's rows: real, or IEEE half precision (c->half: half the bytes a token reads;
  * the row kernels are kernels/quant.c's, float only, so the double build converts here) */
 
-/* row `row` of layer l's keys (vals = 0) or values (1) := src (kvw values) */
-static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int kvw) {
-    const size_t at = ((size_t)l * c->cap + row) * kvw;
-    if (!c->half) {
-        memcpy((real*)(vals ? c->v : c->k) + at, src, sizeof(real) * kvw);
-        return;
-    }
-    uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
-#ifdef FOCUS_DOUBLE
-    for (int e = 0; e < kvw; e++) dst[e] = f32_to_f16((float)src[e], 1);
-#else
-    f16_row_put(dst, src, kvw);
-#endif
+/* Where the row of key/value head g at position j of layer l starts, in values from c->k (c->v):
+ * by layer, then by head (CachedKV in kernels/sparse.h), so that a head's keys are one run */
+static size_t kv_at(const KVCache* c, int l, int g, int j, int NKV, int hs) {
+    return (((size_t)l * NKV + g) * c->cap + j) * hs;
 }
 
-/* row `row` of layer l := the key and value heads of one qkv row (after its A query values) */
-static void kv_put_row(KVCache* c, int l, int row, const real* qkv_row, int A, int kvw) {
-    kv_put(c, 0, l, row, qkv_row + A, kvw);
-    kv_put(c, 1, l, row, qkv_row + A + kvw, kvw);
+/* layer l of the cache, as the prompt kernels read it */
+static CachedKV layer_kv(const KVCache* c, int l, int NKV, int hs) {
+    const size_t es = c->half ? 2 : sizeof(real), at = kv_at(c, l, 0, 0, NKV, hs) * es;
+    return (CachedKV){(const char*)c->k + at, (const char*)c->v + at, c->half, c->cap};
+}
+
+/* position `row` of layer l's keys (vals = 0) or values (1) := src (NKV heads of hs values) */
+static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int NKV, int hs) {
+    for (int g = 0; g < NKV; g++) {
+        const size_t at = kv_at(c, l, g, row, NKV, hs);
+        const real* sg = src + (size_t)g * hs;
+        if (!c->half) {
+            memcpy((real*)(vals ? c->v : c->k) + at, sg, sizeof(real) * hs);
+            continue;
+        }
+        uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
+#ifdef FOCUS_DOUBLE
+        for (int e = 0; e < hs; e++) dst[e] = f32_to_f16((float)sg[e], 1);
+#else
+        f16_row_put(dst, sg, hs);
+#endif
+    }
+}
+
+/* position `row` of layer l := the key and value heads of one qkv row (after its A query
+ * values) */
+static void kv_put_row(KVCache* c, int l, int row, const real* qkv_row, int A, int NKV, int hs) {
+    kv_put(c, 0, l, row, qkv_row + A, NKV, hs);
+    kv_put(c, 1, l, row, qkv_row + A + (size_t)NKV * hs, NKV, hs);
 }
 
 static real dot_kv(const real* q, const void* k, int half, int n) {
@@ -216,11 +232,9 @@ static int part_bound(int n, int pre, int id, int np) {
 static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
                         const int* nk, const int* npre, const ModelConfig* mc, real* sc,
                         real* partbuf) {
-    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     const int half = c->half;
     const size_t es = half ? 2 : sizeof(real); /* bytes of one cached value */
-    const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
-    const char* vc = (const char*)c->v + (size_t)l * c->cap * kvw * es;
     const real scale = (real)(1.0 / sqrt((double)hs));
     const int threads = omp_get_max_threads();
     int most = 0;
@@ -242,11 +256,11 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 const int pre = npre ? npre[g] : 0;
                 const int t0 = part_bound(nk[g], pre, id, np),
                           t1 = part_bound(nk[g], pre, id + 1, np);
-                const uint16_t* kb = (const uint16_t*)kc + (size_t)g * hs;
-                const uint16_t* vb = (const uint16_t*)vc + (size_t)g * hs;
+                const uint16_t* kb = (const uint16_t*)c->k + kv_at(c, l, g, 0, NKV, hs);
+                const uint16_t* vb = (const uint16_t*)c->v + kv_at(c, l, g, 0, NKV, hs);
                 real* sg = sc + (size_t)g * rep * c->cap;
                 const int tp = pre > t0 ? (pre < t1 ? pre : t1) : t0; /* scores to make */
-                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, kvw, keys[g], tp,
+                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep, kb, hs, keys[g], tp,
                                 t1, hs, scale);
                 for (int r = 0; r < rep; r++) {
                     real* sh = sg + (size_t)r * c->cap;
@@ -259,8 +273,8 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                     ph[0] = mx, ph[1] = sum;
                     for (int e = 0; e < hs; e++) ph[2 + e] = 0;
                 }
-                f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep, vb,
-                             kvw, keys[g], t0, t1, hs);
+                f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep, vb, hs,
+                             keys[g], t0, t1, hs);
             }
             halves_done = 1;
         }
@@ -274,7 +288,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 real* sh = sc + (size_t)hh * c->cap;
                 real mx = -INFINITY;
                 for (int t = t0; t < t1; t++) {
-                    const void* kj = kc + ((size_t)keys[g][t] * kvw + g * hs) * es;
+                    const void* kj = (const char*)c->k + kv_at(c, l, g, keys[g][t], NKV, hs) * es;
                     if (!npre || t >= npre[g]) sh[t] = dot_kv(q, kj, half, hs) * scale;
                     mx = sh[t] > mx ? sh[t] : mx;
                 }
@@ -283,7 +297,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 for (int e = 0; e < hs; e++) ph[2 + e] = 0;
             }
             for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
-                const void* vj = vc + ((size_t)keys[g][t] * kvw + g * hs) * es;
+                const void* vj = (const char*)c->v + kv_at(c, l, g, keys[g][t], NKV, hs) * es;
                 for (int r = 0; r < rep; r++) {
                     const int hh = g * rep + r;
                     real* ph = part + (size_t)hh * (hs + 2);
@@ -343,12 +357,12 @@ static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
 /* Key n of layer l is cached: the statistics of the block it completes, from the cached rows. */
 static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
     if ((n + 1) % c->bs) return;
-    const int NKV = mc->NKV, hs = model_head_size(mc), kvw = NKV * hs, b = n / c->bs;
+    const int NKV = mc->NKV, hs = model_head_size(mc), b = n / c->bs;
     const int j0 = b * c->bs;
     real* rows = mallocCheck(sizeof(real) * (size_t)c->bs * hs);
     for (int g = 0; g < NKV; g++) {
         for (int j = j0; j <= n; j++) {
-            const size_t at = ((size_t)l * c->cap + j) * kvw + (size_t)g * hs;
+            const size_t at = kv_at(c, l, g, j, NKV, hs);
             real* r = rows + (size_t)(j - j0) * hs;
             if (c->half)
                 for (int e = 0; e < hs; e++) r[e] = f16_to_f32(((const uint16_t*)c->k)[at + e]);
@@ -396,7 +410,7 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
                      int* keys, real* sb, size_t ld, real* lb) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
-    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV, kvw = NKV * hs;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     const int lo = n - f->w < 0 ? 0 : n - f->w;
     int nk = 0;
     for (int j = 0; j < f->sinks && j < lo; j++) keys[nk++] = j;
@@ -404,12 +418,11 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
     if (attn_block_score(f->attn) != BLOCKS_LEARNED) return nk;
     const real scale = (real)(1.0 / sqrt((double)hs));
     const size_t es = c->half ? 2 : sizeof(real);
-    const char* kc = (const char*)c->k + (size_t)l * c->cap * kvw * es;
+    const char* kc = (const char*)c->k + kv_at(c, l, g, 0, NKV, hs) * es; /* head g's keys */
     int made = 0; /* as attend_keys makes them */
 #ifndef FOCUS_DOUBLE
     if (c->half) { /* each key row converted once for the rep heads */
-        f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc + (size_t)g * hs, kvw, keys, 0, nk, hs,
-                        scale);
+        f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc, hs, keys, 0, nk, hs, scale);
         made = 1;
     }
 #endif
@@ -417,9 +430,8 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
         real* sr = sb + (size_t)r * ld;
         if (!made)
             for (int t = 0; t < nk; t++)
-                sr[t] = dot_kv(q + (size_t)r * hs, kc + ((size_t)keys[t] * kvw + g * hs) * es,
-                               c->half, hs) *
-                        scale;
+                sr[t] =
+                    dot_kv(q + (size_t)r * hs, kc + (size_t)keys[t] * hs * es, c->half, hs) * scale;
         real mx = -INFINITY, sum = 0;
 #pragma omp simd reduction(max : mx)
         for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
@@ -470,14 +482,11 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV,
-              Q = cached_qkv_width(mc), kvw = NKV * hs, A = NH * hs, bs = f->block,
-              nbmax = c->nbcap;
+              Q = cached_qkv_width(mc), A = NH * hs, bs = f->block, nbmax = c->nbcap;
     if (rep > 64) fatal("blocks_learned decodes at most 64 query heads per key/value head");
-    const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
-    const char *kc = (const char*)c->k + at, *vc = (const char*)c->v + at;
+    const CachedKV kv = layer_kv(c, l, NKV, hs);
     real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
-    attention_cached_forward(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, NH, NKV,
-                             hs);
+    attention_cached_forward(att, A, lse, qkv, Q, pos0, n, &kv, f->w, f->sinks, NH, NKV, hs);
     profile_tick(r->prof, r->mark, PART_BAND);
     int* sel = mallocCheck(sizeof(int) * (size_t)n * NKV * nbmax);
     int* nsel = mallocCheck(sizeof(int) * (size_t)n * NKV);
@@ -531,12 +540,12 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
         free(sc), free(p), free(F), free(L), free(Sf);
     }
     profile_tick(r->prof, r->mark, PART_SELECT);
-    attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, f->sinks, bs, sel,
-                            nsel, nbmax, NH, NKV, hs);
+    attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, &kv, f->w, f->sinks, bs, sel, nsel, nbmax,
+                            NH, NKV, hs);
     if (m->method.with_groups) { /* the rows' groups, less the chosen blocks and the sinks */
         const ChosenBlocks chosen = {f->sinks, bs, sel, nsel, nbmax};
         pairs += attention_cached_groups(
-            att, A, lse, qkv, Q, pos0, n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
+            att, A, lse, qkv, Q, pos0, n, &kv, f->w, mi, c->mask + (size_t)l * c->cap,
             c->gpos + (size_t)l * f->K * c->cap, c->gn + (size_t)l * f->K, c->cap, f->K, &chosen,
             NH, NKV, hs);
     }
@@ -669,12 +678,12 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
     const int n = r->T, C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc),
-              Q = cached_qkv_width(mc), K = f->K, kvw = NKV * hs, A = NH * hs;
+              Q = cached_qkv_width(mc), K = f->K, A = NH * hs;
     KVCache* const* cs = r->cs;
     const int* pos = r->pos;
     RowScratch* s = r->scratch;
     const size_t lC = (size_t)l * C;
-    for (int i = 0; i < n; i++) kv_put_row(cs[i], l, pos[i], qkv + (size_t)i * Q, A, kvw);
+    for (int i = 0; i < n; i++) kv_put_row(cs[i], l, pos[i], qkv + (size_t)i * Q, A, NKV, hs);
     const int kind = layer_keys(m, l);
     if (!r->per_row && (kind == KEYS_DENSE || kind == KEYS_WINDOW)) {
         /* a prompt's rows (one cache, positions pos[0] ..): tiled over the cached keys, each
@@ -682,9 +691,8 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         KVCache* c = cs[0];
         int bw = -1, bsinks = 0;
         if (kind == KEYS_WINDOW) layer_band(m, l, &bw, &bsinks);
-        const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
-        attention_cached_forward(att, A, NULL, qkv, Q, pos[0], n, (const char*)c->k + at,
-                                 (const char*)c->v + at, c->half, bw, bsinks, NH, NKV, hs);
+        const CachedKV kv = layer_kv(c, l, NKV, hs);
+        attention_cached_forward(att, A, NULL, qkv, Q, pos[0], n, &kv, bw, bsinks, NH, NKV, hs);
         profile_tick(r->prof, r->mark, kind == KEYS_WINDOW ? PART_BAND : PART_ATTENTION);
         for (int i = 0; i < n; i++) {
             const int lo = bw < 0 || pos[i] - bw < 0 ? 0 : pos[i] - bw;
@@ -735,11 +743,9 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
          * earlier tokens, a list tile gathered once for the rows in the group (kernels/sparse.c);
          * each row's bits whatever rows are beside it */
         KVCache* c = cs[0];
-        const size_t es = c->half ? 2 : sizeof(real), at = (size_t)l * c->cap * kvw * es;
-        const char *kc = (const char*)c->k + at, *vc = (const char*)c->v + at;
+        const CachedKV kv = layer_kv(c, l, NKV, hs);
         real* lse = mallocCheck(sizeof(real) * (size_t)n * NH);
-        attention_cached_forward(att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, 0, NH, NKV,
-                                 hs);
+        attention_cached_forward(att, A, lse, qkv, Q, pos[0], n, &kv, f->w, 0, NH, NKV, hs);
         profile_tick(r->prof, r->mark, PART_BAND);
         long pairs = 0;
         for (int i = 0; i < n; i++) {
@@ -747,7 +753,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             pairs += (long)(pos[i] + 1 - lo) * NH;
         }
         pairs += attention_cached_groups(
-            att, A, lse, qkv, Q, pos[0], n, kc, vc, c->half, f->w, mi, c->mask + (size_t)l * c->cap,
+            att, A, lse, qkv, Q, pos[0], n, &kv, f->w, mi, c->mask + (size_t)l * c->cap,
             c->gpos + (size_t)l * K * c->cap, c->gn + (size_t)l * K, c->cap, K, NULL, NH, NKV, hs);
         profile_tick(r->prof, r->mark, PART_DISTANT);
         c->pairs += pairs;

@@ -88,7 +88,7 @@ static void check_batch(Model* m, const int* tok, const char* preset) {
  * and the cached keys and values. Decoding on gives the same bits on one thread as on three. */
 static void check_chunks(Model* m, const int* tok, int half, const char* preset) {
     const int V = m->cfg.V;
-    const size_t kvrow = (size_t)m->cfg.NKV * model_head_size(&m->cfg) * (half ? 2 : sizeof(real));
+    const size_t hrow = (size_t)model_head_size(&m->cfg) * (half ? 2 : sizeof(real)); /* a head's */
     real* one = mallocCheck(sizeof(real) * T * V);
     real* cut = mallocCheck(sizeof(real) * T * V);
     KVCache a, b;
@@ -111,10 +111,10 @@ static void check_chunks(Model* m, const int* tok, int half, const char* preset)
         at += k;
     }
     int same = !memcmp(one, cut, sizeof(real) * (T - 4) * V);
-    for (int l = 0; l < m->cfg.L; l++) { /* each layer's first T - 4 rows (the rest unused) */
-        const size_t at = l * kvrow * T;
-        same &= !memcmp((char*)a.k + at, (char*)b.k + at, kvrow * (T - 4)) &&
-                !memcmp((char*)a.v + at, (char*)b.v + at, kvrow * (T - 4));
+    for (int l = 0; l < m->cfg.L * m->cfg.NKV; l++) { /* each layer and head's first T - 4 rows */
+        const size_t at = l * hrow * T;
+        same &= !memcmp((char*)a.k + at, (char*)b.k + at, hrow * (T - 4)) &&
+                !memcmp((char*)a.v + at, (char*)b.v + at, hrow * (T - 4));
     }
     CHECK(same, "%s (%s cache): a prompt fed in chunks after a reused prefix differs from one call",
           preset, half ? "f16" : "f32");

@@ -369,7 +369,7 @@ static void oracle_is_ceiling(Rng* rng) {
 /* The cached kernels of a prompt (attention_cached_forward / _blocks / _groups) against a
  * per-row softmax written out here, over T cached positions fed in two calls (rows [0, p1) then
  * [p1, T)): dense, the band with sinks, the band plus chosen blocks, the window plus groups. The
- * keys and values in an f32 cache laid out as the KV cache's rows (NKV heads of HS). */
+ * keys and values in an f32 cache laid out as the KV cache's layers (CachedKV: by head). */
 static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
     enum { BS = 64, KG = 4 };
     const int Q = NH * HS, kvw = NKV * HS, rep = NH / NKV, nb = T / BS + 1;
@@ -384,6 +384,7 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
     int* sel = mallocCheck(sizeof(int) * (size_t)T * NKV * nb);
     int* nsel = mallocCheck(sizeof(int) * (size_t)T * NKV);
     uint32_t* mask = mallocCheck(sizeof(uint32_t) * (size_t)T);
+    const CachedKV kv = {k, v, 0, T};
     int* gpos = mallocCheck(sizeof(int) * (size_t)KG * T);
     int gn[KG] = {0};
     tu_randn(q, (size_t)T * Q, 1.5, rng);
@@ -411,12 +412,12 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
             const int p0 = parts[c][0], n = parts[c][1];
             real* o = got + (size_t)p0 * Q;
             real* ls = lse + (size_t)p0 * NH;
-            attention_cached_forward(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, bw, bsinks,
-                                     NH, NKV, HS);
+            attention_cached_forward(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, &kv, bw, bsinks, NH,
+                                     NKV, HS);
             if (kind == 2)
-                attention_cached_blocks(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, w, sinks,
-                                        BS, sel + (size_t)p0 * NKV * nb, nsel + (size_t)p0 * NKV,
-                                        nb, NH, NKV, HS);
+                attention_cached_blocks(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, &kv, w, sinks, BS,
+                                        sel + (size_t)p0 * NKV * nb, nsel + (size_t)p0 * NKV, nb,
+                                        NH, NKV, HS);
             if (kind == 3) { /* the lists as a prompt's call sees them: its rows joined */
                 int gn_now[KG];
                 for (int g = 0; g < KG; g++) {
@@ -424,8 +425,8 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                     while (gn_now[g] < gn[g] && gpos[(size_t)g * T + gn_now[g]] < p0 + n)
                         gn_now[g]++;
                 }
-                attention_cached_groups(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, k, v, 0, w,
-                                        mask + p0, mask, gpos, gn_now, T, KG, NULL, NH, NKV, HS);
+                attention_cached_groups(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, &kv, w, mask + p0,
+                                        mask, gpos, gn_now, T, KG, NULL, NH, NKV, HS);
             }
         }
         for (int i = 0; i < T; i++)
@@ -453,7 +454,7 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                     double sc = 0;
                     for (int e = 0; e < HS; e++)
                         sc +=
-                            (double)q[(size_t)i * Q + h * HS + e] * k[(size_t)j * kvw + g * HS + e];
+                            (double)q[(size_t)i * Q + h * HS + e] * k[((size_t)g * T + j) * HS + e];
                     sco[j] = sc / sqrt((double)HS);
                     mx = sco[j] > mx ? sco[j] : mx;
                 }
@@ -461,7 +462,7 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                     if (!keep[j]) continue;
                     const double p = exp(sco[j] - mx);
                     sum += p;
-                    for (int e = 0; e < HS; e++) acc[e] += p * v[(size_t)j * kvw + g * HS + e];
+                    for (int e = 0; e < HS; e++) acc[e] += p * v[((size_t)g * T + j) * HS + e];
                 }
                 for (int e = 0; e < HS; e++) ref[(size_t)i * Q + h * HS + e] = (real)(acc[e] / sum);
             }
