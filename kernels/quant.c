@@ -1063,10 +1063,9 @@ f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, con
 /* f16_rows_scores for n a multiple of 8: four keys at a time for up to three heads (a key row
  * converted once for them), the four sums reduced together (a key's arithmetic is the same in
  * any group and beside any heads: the last group repeats its last key) */
-__attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
-    float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
-    const int* keys, int t0, int t1, int n, float scale) {
-    const __m128 sv = _mm_set1_ps(scale);
+__attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
+f16_scores4_heads(float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
+                  const int* keys, int t0, int t1, const int n, __m128 sv) {
     for (int r0 = 0; r0 < nq; r0 += 3) {
         const int nr = nq - r0 < 3 ? nq - r0 : 3;
         if (nr == 3)
@@ -1076,6 +1075,22 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
         else
             f16_scores4_rows(sc, ld, q, r0, 1, base, stride, keys, t0, t1, n, sv);
     }
+}
+
+/* (the common head sizes as constants: the loop over a row's lanes unrolled whole, 1.2-1.4x
+ * faster at 64; the same arithmetic) */
+__attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
+    float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
+    const int* keys, int t0, int t1, int n, float scale) {
+    const __m128 sv = _mm_set1_ps(scale);
+    if (n == 64)
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 64, sv);
+    else if (n == 128)
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 128, sv);
+    else if (n == 256)
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 256, sv);
+    else
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, n, sv);
 }
 
 /* up to 4 heads at a time: a key's 8-lane chunks against each head's, one conversion (n a
