@@ -1234,7 +1234,18 @@ typedef struct {
     int off;
     int is_signed; /* u holds the signed int8 weights themselves (off 0): Q8_0 for AVX2's
                     * maddubs, whose u8 x s8 pairs would overflow int16 with 255 */
+    int quads16;   /* how many of a block's maddubs results (int16 sums of two u8 x s8
+                    * products) add up within int16: 8 for 4-bit weights, 4 for 5-bit, 1 */
 } Panel;
+
+/* Of a panel's weights u (at most 15 for the 4-bit formats, 31 for the 5-bit ones) against
+ * int8 activations (|x| <= 127), how many quads' maddubs pairs add up within int16: 8 x 2 x 15 x
+ * 127 = 30480 and 4 x 2 x 31 x 127 = 31496 stay below 32767; 8-bit weights one at a time. */
+static int panel_quads16(int type) {
+    return type == QTYPE_Q4_0 || type == QTYPE_Q4_1 || type == QTYPE_Q4_K ? 8
+           : type == QTYPE_Q5_0 || type == QTYPE_Q5_K                     ? 4
+                                                                          : 1;
+}
 
 /* 1 when a block format has one scale per 32 weights (what the panel holds; Q6_K has two) */
 static int int8_panel_format(int type) { return block_elems(type) && type != QTYPE_Q6_K; }
@@ -1384,9 +1395,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void panel_tile_vn
 #if defined(__x86_64__)
 /* The 256-bit tiles: one 16-row group at a time (rows 0-7 and 8-15 of it in two registers of 8
  * rows x 4 bytes), four rows of x, a block's integer sums then its scales in fp32. dot4 is the
- * u8 x s8 product of four bytes into each int32 lane: VPDPBUSD with AVX-VNNI, or with AVX2
- * VPMADDUBSW (pairs to int16) then VPMADDWD by ones (to int32); signed weights (Q8_0) go
- * through the sign trick, |w| x (x sign w), so the pairs stay within int16. */
+ * u8 x s8 product of four bytes into each int32 lane: VPDPBUSD with AVX-VNNI (AVX2 has its own
+ * tile below, panel_tile_avx2); signed weights (Q8_0) go through the sign trick, |w| x
+ * (x sign w). */
 #define PANEL_TILE_256(NAME, TARGET, DOT4)                                                         \
     __attribute__((target(TARGET))) static void NAME(                                              \
         float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g, int ncols) {    \
@@ -1438,12 +1449,84 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void panel_tile_vn
         }                                                                                          \
     }
 
-__attribute__((target("avx2"))) static inline __m256i dot4_avx2(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc,
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-PANEL_TILE_256(panel_tile_avx2, "avx2,fma", dot4_avx2)
 PANEL_TILE_256(panel_tile_avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
+
+/* The AVX2 tile of PANEL_TILE_256's shape without VNNI: VPMADDUBSW gives each int16 lane the sum
+ * of two u8 x s8 products, and G quads of a block are added in int16 (p->quads16: no overflow)
+ * before one VPMADDWD by ones widens them to int32. The same integer sums as a widening per
+ * quad, with 9 multiplies in place of 16 for 4-bit weights. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+panel_tile_avx2_g(float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g,
+                  int ncols, const int G) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {
+        const int gg = g + half;
+        __m256 acc[4][2];
+        for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int k = 0; k < nb; k++) {
+            __m256i isum[4][2];
+            for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
+            const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512;
+            for (int t0 = 0; t0 < 8; t0 += G) {
+                __m256i s16[4][2];
+                for (int r = 0; r < 4; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+                for (int t = t0; t < t0 + G; t++) {
+                    const __m256i b0 = _mm256_loadu_si256((const __m256i*)(u + 64 * t));
+                    const __m256i b1 = _mm256_loadu_si256((const __m256i*)(u + 64 * t + 32));
+                    for (int r = 0; r < 4; r++) {
+                        int32_t quad;
+                        memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);
+                        const __m256i a = _mm256_set1_epi32(quad);
+                        if (p->is_signed) { /* |w| x (x sign w): the pairs stay within int16 */
+                            s16[r][0] = _mm256_add_epi16(
+                                s16[r][0], _mm256_maddubs_epi16(_mm256_sign_epi8(b0, b0),
+                                                                _mm256_sign_epi8(a, b0)));
+                            s16[r][1] = _mm256_add_epi16(
+                                s16[r][1], _mm256_maddubs_epi16(_mm256_sign_epi8(b1, b1),
+                                                                _mm256_sign_epi8(a, b1)));
+                        } else {
+                            s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_maddubs_epi16(b0, a));
+                            s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_maddubs_epi16(b1, a));
+                        }
+                    }
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int h = 0; h < 2; h++)
+                        isum[r][h] =
+                            _mm256_add_epi32(isum[r][h], _mm256_madd_epi16(s16[r][h], ones));
+            }
+            const size_t sc = ((size_t)gg * nb + k) * 16;
+            const __m256 s0 = _mm256_loadu_ps(p->s + sc), s1 = _mm256_loadu_ps(p->s + sc + 8);
+            const __m256 c0 = _mm256_loadu_ps(p->c + sc), c1 = _mm256_loadu_ps(p->c + sc + 8);
+            for (int r = 0; r < 4; r++) {
+                const XBlock* x = xb + (size_t)(i0 + r) * nb + k;
+                const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);
+                const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);
+                acc[r][0] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),
+                                    _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));
+                acc[r][1] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),
+                                    _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));
+            }
+        }
+        for (int r = 0; r < 4; r++) {
+            _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);
+            _mm256_storeu_ps(out[r] + 16 * half + 8, acc[r][1]);
+        }
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void panel_tile_avx2(float out[4][32], const Panel* p,
+                                                                const XBlock* xb, int nb, int i0,
+                                                                int g, int ncols) {
+    if (p->quads16 == 8)
+        panel_tile_avx2_g(out, p, xb, nb, i0, g, ncols, 8);
+    else if (p->quads16 == 4)
+        panel_tile_avx2_g(out, p, xb, nb, i0, g, ncols, 4);
+    else
+        panel_tile_avx2_g(out, p, xb, nb, i0, g, ncols, 1);
+}
 #endif
 
 typedef void (*PanelTile)(float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g,
@@ -1488,6 +1571,7 @@ static void matmul_int8(float* y, int ldy, const QMatrix* w, const float* x, int
     /* the maddubs tile takes Q8_0 signed; the others (and the reference) either form */
     p.is_signed = w->type == QTYPE_Q8_0 && tile_fn != NULL && quant_isa() < QUANT_ISA_AVX_VNNI;
     p.off = panel_offset(w->type, p.is_signed);
+    p.quads16 = panel_quads16(w->type);
     p.u = mallocCheck((size_t)pr * nb * 32);
     p.s = mallocCheck(sizeof(float) * (size_t)pr * nb);
     p.c = mallocCheck(sizeof(float) * (size_t)pr * nb);
