@@ -265,8 +265,9 @@ void swiglu_forward(real* out, const real* inp, size_t N, int F) {
         const int f0 = (int)(t % per) * ACT_PIECE, f1 = f0 + ACT_PIECE < F ? f0 + ACT_PIECE : F;
         const real* g = inp + n * 2 * F;
         const real* u = g + F;
-        for (int f = f0; f < f1; f++) {
-            real sig = (real)(1.0 / (1.0 + exp(-(double)g[f])));
+#pragma omp simd
+        for (int f = f0; f < f1; f++) { /* (exp_d: the C library's sigmoid, vectorised) */
+            real sig = (real)(1.0 / (1.0 + exp_d(-(double)g[f])));
             out[n * F + f] = g[f] * sig * u[f];
         }
     }

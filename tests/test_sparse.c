@@ -497,6 +497,31 @@ static void exp_values(void) {
 #pragma omp simd
     for (int i = 0; i < N; i++) v[i] = exp_f(v[i]);
     CHECK(!memcmp(v, one, sizeof v), "exp_f: a vectorised loop gives each value's bits");
+    /* exp_d (the activations' sigmoid) against the C library's: within 2 ulp over [-708, 709], and
+     * a float's sigmoid rounded to float the same over float inputs of every size */
+    double dworst = 0;
+    for (double x = -707.99; x < 709; x += 0.001373) {
+        const double want = exp(x);
+        dworst = fmax(dworst, fabs(exp_d(x) - want) / want);
+    }
+    CHECK(dworst < 4.5e-16, "exp_d within 2 ulp of exp over [-708, 709] (worst relative %.3g)",
+          dworst);
+    CHECK(exp_d(-708.01) == 0 && exp_d(-INFINITY) == 0 && exp_d(709.01) == INFINITY &&
+              exp_d(INFINITY) == INFINITY && exp_d(NAN) != exp_d(NAN) && exp_d(0) == 1,
+          "exp_d: 0 below -708 and for -inf, inf above 709, NaN for NaN, exp(0) = 1");
+    long differ = 0, tried = 0;
+    for (float x = -120; x < 120; x = nextafterf(x, 200) + fabsf(x) * 1e-5f, tried++)
+        differ +=
+            (float)(1.0 / (1.0 + exp_d(-(double)x))) != (float)(1.0 / (1.0 + exp(-(double)x)));
+    CHECK(differ == 0,
+          "the sigmoid through exp_d rounds to the C library's float (%ld of %ld differ)", differ,
+          tried);
+    static double dv[N], done[N];
+    double (*volatile dalone)(double) = exp_d;
+    for (int i = 0; i < N; i++) dv[i] = -800 + 1.6 * i, done[i] = dalone(dv[i]);
+#pragma omp simd
+    for (int i = 0; i < N; i++) dv[i] = exp_d(dv[i]);
+    CHECK(!memcmp(dv, done, sizeof dv), "exp_d: a vectorised loop gives each value's bits");
 }
 
 /* kernels/tile.c: against a float64 product, and a row's bits the same at any place among the
