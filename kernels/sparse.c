@@ -1038,8 +1038,19 @@ int block_select_made(int* sel, BlockScore score, const real* q, int rep, const 
         for (int c = c0; c < c1; c++) z += exp_f(p[c] - mx);
         for (int c = c0; c < c1; c++) p[c] = (real)(exp_f(p[c] - mx) / z);
     }
+    if (cover <= 0) { /* the best cap in one pass, kept in order: the best first, ties to the
+                       * earlier block (a block enters only above the last one kept) */
+        for (int c = c0; c < c1; c++) {
+            const real s = sc[c];
+            if (!(s > -INFINITY) || (ns == cap && !(s > sc[sel[cap - 1]]))) continue;
+            int at = ns < cap ? ns++ : cap - 1;
+            for (; at > 0 && s > sc[sel[at - 1]]; at--) sel[at] = sel[at - 1];
+            sel[at] = c;
+        }
+        return ns;
+    }
     for (; ns < cap; ns++) { /* the best first, ties to the earlier block */
-        if (cover > 0 && covered >= target) break;
+        if (covered >= target) break;
         int best = -1;
         for (int c = c0; c < c1; c++)
             if (sc[c] > -INFINITY && (best < 0 || sc[c] > sc[best])) best = c;
