@@ -1393,63 +1393,58 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void panel_tile_vn
 #endif
 
 #if defined(__x86_64__)
-/* The 256-bit tiles: one 16-row group at a time (rows 0-7 and 8-15 of it in two registers of 8
- * rows x 4 bytes), four rows of x, a block's integer sums then its scales in fp32. dot4 is the
- * u8 x s8 product of four bytes into each int32 lane: VPDPBUSD with AVX-VNNI (AVX2 has its own
- * tile below, panel_tile_avx2); signed weights (Q8_0) go through the sign trick, |w| x
- * (x sign w). */
-#define PANEL_TILE_256(NAME, TARGET, DOT4)                                                         \
-    __attribute__((target(TARGET))) static void NAME(                                              \
-        float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g, int ncols) {    \
-        for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {                          \
-            const int gg = g + half;                                                               \
-            __m256 acc[4][2];                                                                      \
-            for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();               \
-            for (int k = 0; k < nb; k++) {                                                         \
-                __m256i isum[4][2];                                                                \
-                for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();      \
-                const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512;                             \
-                for (int t = 0; t < 8; t++) {                                                      \
-                    __m256i b0 = _mm256_loadu_si256((const __m256i*)(u + 64 * t));                 \
-                    __m256i b1 = _mm256_loadu_si256((const __m256i*)(u + 64 * t + 32));            \
-                    for (int r = 0; r < 4; r++) {                                                  \
-                        int32_t quad;                                                              \
-                        memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);                 \
-                        __m256i a = _mm256_set1_epi32(quad);                                       \
-                        if (p->is_signed) {                                                        \
-                            isum[r][0] = DOT4(isum[r][0], _mm256_sign_epi8(b0, b0),                \
-                                              _mm256_sign_epi8(a, b0));                            \
-                            isum[r][1] = DOT4(isum[r][1], _mm256_sign_epi8(b1, b1),                \
-                                              _mm256_sign_epi8(a, b1));                            \
-                        } else {                                                                   \
-                            isum[r][0] = DOT4(isum[r][0], b0, a);                                  \
-                            isum[r][1] = DOT4(isum[r][1], b1, a);                                  \
-                        }                                                                          \
-                    }                                                                              \
-                }                                                                                  \
-                const size_t sc = ((size_t)gg * nb + k) * 16;                                      \
-                const __m256 s0 = _mm256_loadu_ps(p->s + sc), s1 = _mm256_loadu_ps(p->s + sc + 8); \
-                const __m256 c0 = _mm256_loadu_ps(p->c + sc), c1 = _mm256_loadu_ps(p->c + sc + 8); \
-                for (int r = 0; r < 4; r++) {                                                      \
-                    const XBlock* x = xb + (size_t)(i0 + r) * nb + k;                              \
-                    const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);           \
-                    const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);                      \
-                    acc[r][0] = _mm256_fmadd_ps(                                                   \
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),                    \
-                        _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));                \
-                    acc[r][1] = _mm256_fmadd_ps(                                                   \
-                        _mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),                    \
-                        _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));                \
-                }                                                                                  \
-            }                                                                                      \
-            for (int r = 0; r < 4; r++) {                                                          \
-                _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);                                   \
-                _mm256_storeu_ps(out[r] + 16 * half + 8, acc[r][1]);                               \
-            }                                                                                      \
-        }                                                                                          \
+/* A 256-bit tile's block k of 16-row group gg done: the four rows' integer sums isum (rows 0-7
+ * and 8-15) scaled into acc, w = s (u - off) + c against x = d q (exact sum `sum`). */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void tile256_scale(
+    __m256 acc[4][2], __m256i isum[4][2], const Panel* p, const XBlock* xb, int nb, int i0, int gg,
+    int k) {
+    const size_t sc = ((size_t)gg * nb + k) * 16;
+    const __m256 s0 = _mm256_loadu_ps(p->s + sc), s1 = _mm256_loadu_ps(p->s + sc + 8);
+    const __m256 c0 = _mm256_loadu_ps(p->c + sc), c1 = _mm256_loadu_ps(p->c + sc + 8);
+    for (int r = 0; r < 4; r++) {
+        const XBlock* x = xb + (size_t)(i0 + r) * nb + k;
+        const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);
+        const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);
+        acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),
+                                    _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));
+        acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),
+                                    _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));
     }
+}
 
-PANEL_TILE_256(panel_tile_avxvnni, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32)
+/* The AVX-VNNI tile: one 16-row group at a time (rows 0-7 and 8-15 of it in two registers of 8
+ * rows x 4 bytes), four rows of x, a block's integer sums by VPDPBUSD (the u8 x s8 product of
+ * four bytes into each int32 lane; the weights unsigned, as panel_tile_vnni takes them) then its
+ * scales in fp32. AVX2 has its own tile below, panel_tile_avx2. */
+__attribute__((target("avx2,fma,avxvnni"))) static void panel_tile_avxvnni(
+    float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g, int ncols) {
+    for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {
+        const int gg = g + half;
+        __m256 acc[4][2];
+        for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int k = 0; k < nb; k++) {
+            __m256i isum[4][2];
+            for (int r = 0; r < 4; r++) isum[r][0] = isum[r][1] = _mm256_setzero_si256();
+            const uint8_t* u = p->u + ((size_t)gg * nb + k) * 512;
+            for (int t = 0; t < 8; t++) {
+                const __m256i b0 = _mm256_loadu_si256((const __m256i*)(u + 64 * t));
+                const __m256i b1 = _mm256_loadu_si256((const __m256i*)(u + 64 * t + 32));
+                for (int r = 0; r < 4; r++) {
+                    int32_t quad;
+                    memcpy(&quad, xb[(size_t)(i0 + r) * nb + k].q + 4 * t, 4);
+                    const __m256i a = _mm256_set1_epi32(quad);
+                    isum[r][0] = _mm256_dpbusd_avx_epi32(isum[r][0], b0, a);
+                    isum[r][1] = _mm256_dpbusd_avx_epi32(isum[r][1], b1, a);
+                }
+            }
+            tile256_scale(acc, isum, p, xb, nb, i0, gg, k);
+        }
+        for (int r = 0; r < 4; r++) {
+            _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);
+            _mm256_storeu_ps(out[r] + 16 * half + 8, acc[r][1]);
+        }
+    }
+}
 
 /* The AVX2 tile of PANEL_TILE_256's shape without VNNI: VPMADDUBSW gives each int16 lane the sum
  * of two u8 x s8 products, and G quads of a block are added in int16 (p->quads16: no overflow)
@@ -1495,20 +1490,7 @@ panel_tile_avx2_g(float out[4][32], const Panel* p, const XBlock* xb, int nb, in
                         isum[r][h] =
                             _mm256_add_epi32(isum[r][h], _mm256_madd_epi16(s16[r][h], ones));
             }
-            const size_t sc = ((size_t)gg * nb + k) * 16;
-            const __m256 s0 = _mm256_loadu_ps(p->s + sc), s1 = _mm256_loadu_ps(p->s + sc + 8);
-            const __m256 c0 = _mm256_loadu_ps(p->c + sc), c1 = _mm256_loadu_ps(p->c + sc + 8);
-            for (int r = 0; r < 4; r++) {
-                const XBlock* x = xb + (size_t)(i0 + r) * nb + k;
-                const __m256 dx = _mm256_set1_ps(x->d), sx = _mm256_set1_ps(x->sum);
-                const __m256i corr = _mm256_set1_epi32(p->off * x->qsum);
-                acc[r][0] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][0], corr)),
-                                    _mm256_mul_ps(s0, dx), _mm256_fmadd_ps(c0, sx, acc[r][0]));
-                acc[r][1] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][1], corr)),
-                                    _mm256_mul_ps(s1, dx), _mm256_fmadd_ps(c1, sx, acc[r][1]));
-            }
+            tile256_scale(acc, isum, p, xb, nb, i0, gg, k);
         }
         for (int r = 0; r < 4; r++) {
             _mm256_storeu_ps(out[r] + 16 * half, acc[r][0]);

@@ -231,22 +231,23 @@ grep -q "key blocks of 8 per query .* leave out" "$work/msel.log" && grep -q "^s
   ok "mass_selector: the centroids beside the blocks train, evaluate (pairs $k1 -> $k2) and generate" || { bad "mass_selector: '$k1' '$k2' '$g'"; tail -3 "$work/msel.log"; }
 err=$("$focus" retrofit --resume "$work/msel" --set mass_blocks=3 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "window_0000.bin: collected beside 2 blocks per query of a block selector (0: none), this run asks for 3" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "a teacher beside other blocks refused: $err" || bad "teacher blocks mismatch: rc=$rc $err"
-# the output-restoring teacher (mass_values = 1) beside the same selector trains; its teacher
-# is refused by a run that scores the mass
-"$focus" retrofit --config configs/tiny.conf "${ms[@]}" --set mass_values=1 --out "$work/mselv" > "$work/mselv.log" 2>&1
-err=$("$focus" retrofit --resume "$work/mselv" --set mass_values=0 2>&1 >/dev/null); rc=$?
-grep -q "scored by the output it restores" "$work/mselv.log" && grep -q "^step     2/2 | mass " "$work/mselv.log" &&
-  ! cmp -s "$work/msel/router.h5" "$work/mselv/router.h5" && [ $rc -ne 0 ] &&
-  echo "$err" | grep -q "window_0000.bin: scored by the output restored (mass_values = 1), this run asks for mass_values = 0" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
-  ok "mass_values: the output-restoring teacher trains; its teacher refused by a mass run: $err" || { bad "mass_values: rc=$rc $err"; tail -3 "$work/mselv.log"; }
-# the stream's teacher (mass_values = 3) trains end to end, stores gains and harm, and its
-# teacher is refused by a run that scores the heads' output
-"$focus" retrofit --config configs/tiny.conf "${ms[@]}" --set mass_values=3 --out "$work/msels" > "$work/msels.log" 2>&1
-err=$("$focus" retrofit --resume "$work/msels" --set mass_values=2 2>&1 >/dev/null); rc=$?
-grep -q "scored by the residual stream's error it closes" "$work/msels.log" && grep -q "^step     2/2 | mass " "$work/msels.log" &&
-  ! cmp -s "$work/mselv/router.h5" "$work/msels/router.h5" && [ $rc -ne 0 ] &&
-  echo "$err" | grep -q "window_0000.bin: scored by the stream's error closed (mass_values = 3), this run asks for mass_values = 2" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
-  ok "mass_values = 3: the stream's teacher trains; its teacher refused by another score: $err" || { bad "mass_values 3: rc=$rc $err"; tail -3 "$work/msels.log"; }
+# a teacher scored otherwise (mass_values = V) beside the same selector trains end to end, makes
+# another router than the run PREV, and its teacher is refused by a run that asks for OTHER:
+# teacher_score V OTHER PREV RUN "log line" "refusal" "what it checks"
+teacher_score() {
+  "$focus" retrofit --config configs/tiny.conf "${ms[@]}" --set mass_values=$1 --out "$work/$4" > "$work/$4.log" 2>&1
+  err=$("$focus" retrofit --resume "$work/$4" --set mass_values=$2 2>&1 >/dev/null); rc=$?
+  grep -q "$5" "$work/$4.log" && grep -q "^step     2/2 | mass " "$work/$4.log" &&
+    ! cmp -s "$work/$3/router.h5" "$work/$4/router.h5" && [ $rc -ne 0 ] &&
+    echo "$err" | grep -q "window_0000.bin: $6" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+    ok "$7: $err" || { bad "$7: rc=$rc $err"; tail -3 "$work/$4.log"; }
+}
+teacher_score 1 0 msel mselv "scored by the output it restores" \
+  "scored by the output restored (mass_values = 1), this run asks for mass_values = 0" \
+  "mass_values: the output-restoring teacher trains; its teacher refused by a mass run"
+teacher_score 3 2 mselv msels "scored by the residual stream's error it closes" \
+  "scored by the stream's error closed (mass_values = 3), this run asks for mass_values = 2" \
+  "mass_values = 3: the stream's teacher trains; its teacher refused by another score"
 err=$("$focus" eval ppl "${data[@]}" --router "$work/msel/router.h5,$work/sel.h5" 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "the first file must be a block selector" && [ "$(echo "$err" | wc -l)" -eq 1 ] && ok "--router ROUTER,SELECTOR refused: $err" || bad "router order: rc=$rc $err"
 # focus groups reads a router with a query projection (its keys' groups) and refuses a selector
