@@ -1412,10 +1412,12 @@ __attribute__((target("avx2,fma"))) static inline __attribute__((always_inline))
     }
 }
 
-/* The AVX-VNNI tile: one 16-row group at a time (rows 0-7 and 8-15 of it in two registers of 8
- * rows x 4 bytes), four rows of x, a block's integer sums by VPDPBUSD (the u8 x s8 product of
- * four bytes into each int32 lane; the weights unsigned, as panel_tile_vnni takes them) then its
- * scales in fp32. AVX2 has its own tile below, panel_tile_avx2. */
+/* The AVX-VNNI tile (its loops and panel_tile_avx2's are the same; the inner products need
+ * different target instruction sets, so the two are written out): one 16-row group at a time (rows
+ * 0-7 and 8-15 of it in two registers of 8 rows x 4 bytes), four rows of x, a block's integer sums
+ * by VPDPBUSD (the u8 x s8 product of four bytes into each int32 lane; the weights unsigned, as
+ * panel_tile_vnni takes them) then its scales in fp32. AVX2 has its own tile below,
+ * panel_tile_avx2. */
 __attribute__((target("avx2,fma,avxvnni"))) static void panel_tile_avxvnni(
     float out[4][32], const Panel* p, const XBlock* xb, int nb, int i0, int g, int ncols) {
     for (int half = 0; half < 2 && 16 * (g + half) < ncols; half++) {
@@ -1446,8 +1448,8 @@ __attribute__((target("avx2,fma,avxvnni"))) static void panel_tile_avxvnni(
     }
 }
 
-/* The AVX2 tile of PANEL_TILE_256's shape without VNNI: VPMADDUBSW gives each int16 lane the sum
- * of two u8 x s8 products, and G quads of a block are added in int16 (p->quads16: no overflow)
+/* The AVX2 tile, of panel_tile_avxvnni's shape without VNNI: VPMADDUBSW gives each int16 lane the
+ * sum of two u8 x s8 products, and G quads of a block are added in int16 (p->quads16: no overflow)
  * before one VPMADDWD by ones widens them to int32. The same integer sums as a widening per
  * quad, with 9 multiplies in place of 16 for 4-bit weights. */
 __attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
