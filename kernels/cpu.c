@@ -156,29 +156,50 @@ void rmsnorm_backward(real* dinp, real* dweight, const real* dout, const real* i
     }
 }
 
-/* Rotate the q and k heads of every row by +angle (sign = 1) or -angle (sign = -1): the pairs
- * (2i, 2i + 1), or with halves (i, i + hs/2). */
-static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0,
-                       int sign, int halves) {
-    int QKV = (NH + 2 * NKV) * hs;
-    int half = hs / 2, step = halves ? half : 1, stride = halves ? 1 : 2;
-#pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int t = 0; t < T; t++) {
-            real* row = qkv + ((size_t)b * T + t) * QKV;
-            for (int i = 0; i < half; i++) {
-                double freq = pow((double)theta, -2.0 * i / hs);
-                double ang = (double)(pos0 + t) * freq;
-                real c = (real)cos(ang), s = (real)(sign * sin(ang));
-                for (int h = 0; h < NH + NKV; h++) {
-                    real* v = row + h * hs + stride * i;
-                    real x0 = v[0], x1 = v[step];
-                    v[0] = x0 * c - x1 * s;
-                    v[step] = x0 * s + x1 * c;
-                }
-            }
+/* Rotate the q and k heads of one row (row) at position pos by +angle (sign = 1) or -angle
+ * (sign = -1): the pairs (2i, 2i + 1), or with halves (i, i + hs/2). freq: theta^(-2i/hs), hs/2
+ * of them. */
+static void rope_row(real* row, int pos, const double* freq, int NH, int NKV, int hs, int sign,
+                     int halves) {
+    const int half = hs / 2, step = halves ? half : 1, stride = halves ? 1 : 2;
+    for (int i = 0; i < half; i++) {
+        const double ang = (double)pos * freq[i];
+        const real c = (real)cos(ang), s = (real)(sign * sin(ang));
+        for (int h = 0; h < NH + NKV; h++) {
+            real* v = row + h * hs + stride * i;
+            const real x0 = v[0], x1 = v[step];
+            v[0] = x0 * c - x1 * s;
+            v[step] = x0 * s + x1 * c;
         }
     }
+}
+
+/* the frequencies of rope_row (at most 1024 pairs) */
+static void rope_freqs(double* freq, int hs, real theta) {
+    if (hs / 2 > 1024) fatal("RoPE takes head sizes of at most 2048, not %d", hs);
+    for (int i = 0; i < hs / 2; i++) freq[i] = pow((double)theta, -2.0 * i / hs);
+}
+
+/* Every row of B sequences of T, row t at position pos0 + t. */
+static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0,
+                       int sign, int halves) {
+    const size_t QKV = (size_t)(NH + 2 * NKV) * hs;
+    double freq[1024];
+    rope_freqs(freq, hs, theta);
+#pragma omp parallel for collapse(2) if ((long)B * T > 1)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            rope_row(qkv + ((size_t)b * T + t) * QKV, pos0 + t, freq, NH, NKV, hs, sign, halves);
+}
+
+void rope_rows_forward(real* qkv, int n, const int* pos, int NH, int NKV, int hs, real theta,
+                       int halves) {
+    const size_t QKV = (size_t)(NH + 2 * NKV) * hs;
+    double freq[1024];
+    rope_freqs(freq, hs, theta);
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int r = 0; r < n; r++)
+        rope_row(qkv + (size_t)r * QKV, pos[r], freq, NH, NKV, hs, 1, halves);
 }
 
 void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {

@@ -124,6 +124,11 @@ void rope_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta
  * converter did not reorder q and k rows (gemma3; ggml's NEOX mode). */
 void rope_halves_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
 void rope_halves_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0);
+/* rope_forward (halves = 0) or rope_halves_forward (1) on n rows of q k v, row r at position
+ * pos[r] (the rows of a KV cache's prompt or of a batched decode step): the same values as one
+ * call per row, in one parallel pass. */
+void rope_rows_forward(real* qkv, int n, const int* pos, int NH, int NKV, int hs, real theta,
+                       int halves);
 
 /* RMSNorm of every q and k head (QK-norm, Gemma 3) of qkv (N rows of (NH + 2 NKV) hs), in place:
  * q heads by qw (hs), k heads by kw (hs); the v heads are left alone. pre (N, NH + NKV, hs): the

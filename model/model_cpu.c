@@ -83,11 +83,9 @@ static void layer_rope(const LayerSpec* S, real* qkv, int B, int T, int NH, int 
         (sign > 0 ? rope_forward : rope_backward)(qkv, B, T, NH, NKV, S->hs, S->rope_theta, 0);
 }
 
-/* ... on one row of q and k heads at position pos. */
-static void layer_rope_at(const LayerSpec* S, real* qkv, int NH, int NKV, int pos) {
-    if (!S->rope) return;
-    (S->rope_halves ? rope_halves_forward : rope_forward)(qkv, 1, 1, NH, NKV, S->hs, S->rope_theta,
-                                                          pos);
+/* ... on n cached rows, row i at position pos[i]. */
+static void layer_rope_rows(const LayerSpec* S, real* qkv, int n, int NH, int NKV, const int* pos) {
+    if (S->rope) rope_rows_forward(qkv, n, pos, NH, NKV, S->hs, S->rope_theta, S->rope_halves);
 }
 
 /* The MLP's activation of fch (BT rows) into act, and its backward. */
@@ -342,7 +340,7 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
     const Params* p = &m->params;
     const size_t n = (size_t)r->B * r->T, C = (size_t)c->C;
     const int hs = model_head_size(c), NH = model_heads(c), NKV = model_kv_heads(c),
-              F = model_ffn(c), QKV = model_qkv_width(c);
+              F = model_ffn(c);
     const LayerSpec S = model_layer_spec(c, l);
     /* FOCUS_PROFILE: the time of each part of DECODE_PARTS */
     cpu_norm(m, &S, la->ln1, la->ln1_mean, la->ln1_rstd, x, model_slice(p->ln1w, l, C),
@@ -354,7 +352,7 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
         qknorm_forward(la->qkv, la->qkpre, la->qkrstd, model_slice(p->qnormw, l, hs),
                        model_slice(p->knormw, l, hs), n, NH, NKV, hs, c->eps);
     if (r->kind == ROWS_CACHED) { /* each row at its own position */
-        for (size_t i = 0; i < n; i++) layer_rope_at(&S, la->qkv + i * QKV, NH, NKV, r->pos[i]);
+        layer_rope_rows(&S, la->qkv, (int)n, NH, NKV, r->pos);
         kvcache_attend_rows(m, l, r, la->ln1, la->qkv, la->att);
     } else {
         layer_rope(&S, la->qkv, r->B, r->T, NH, NKV, 1);
