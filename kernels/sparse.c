@@ -218,12 +218,24 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                                  : i - w - j0 < nk                 ? i - w - j0
                                                                    : nk;
                 }
+                int cs = nk, ce = 0; /* the keys any row keeps, [cs, ce) in 16s */
                 for (int R = 0; R < mq; R++)
-                    if (R % CQ < nq && cab[2 * (R % CQ) + 1] > cab[2 * (R % CQ)]) used[nu++] = R;
+                    if (R % CQ < nq && cab[2 * (R % CQ) + 1] > cab[2 * (R % CQ)]) {
+                        const int r = R % CQ;
+                        used[nu++] = R;
+                        cs = cab[2 * r] < cs ? cab[2 * r] : cs;
+                        ce = cab[2 * r + 1] > ce ? cab[2 * r + 1] : ce;
+                    }
                 if (!nu) continue;
-                cached_rows(kt, kv, 0, g, hs, NULL, j0, cnt, nk);
-                cached_rows(vt, kv, 1, g, hs, NULL, j0, cnt, nk);
-                tile_abt(S, BK, qs, hs, kt, hs, mq, nk, hs, scale, used, nu, bt);
+                /* only the tile's columns [cs, ce): every element is its own chain from zero and
+                 * the rows' products outside their keys are zeros, so the bits are those of the
+                 * whole tile (the diagonal's and the band's first tile are cut to their rows) */
+                cs = cs / 16 * 16, ce = (ce + 15) / 16 * 16 < nk ? (ce + 15) / 16 * 16 : nk;
+                const int ne = ce - cs;
+                cached_rows(kt + (size_t)cs * hs, kv, 0, g, hs, NULL, j0 + cs, cnt - cs, ne);
+                cached_rows(vt + (size_t)cs * hs, kv, 1, g, hs, NULL, j0 + cs, cnt - cs, ne);
+                tile_abt(S + cs, BK, qs, hs, kt + (size_t)cs * hs, hs, mq, ne, hs, scale, used, nu,
+                         bt);
                 for (int u = 0; u < nu; u++) {
                     const int R = used[u], r = R % CQ;
                     real* s = S + (size_t)R * BK;
@@ -232,13 +244,13 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                     keep_range(s, ca, cb, &mx);
                     const real alpha = exp_f(m[R] - mx);
                     real sum = 0;
-                    for (int c = 0; c < ca; c++) s[c] = 0;
+                    for (int c = cs; c < ca; c++) s[c] = 0;
 #pragma omp simd reduction(+ : sum)
                     for (int c = ca; c < cb; c++) {
                         s[c] = exp_f(s[c] - mx);
                         sum += s[c];
                     }
-                    for (int c = cb; c < nk; c++) s[c] = 0;
+                    for (int c = cb; c < ce; c++) s[c] = 0;
                     l[R] = l[R] * alpha + sum;
                     m[R] = mx;
                     if (alpha != 1) {
@@ -246,7 +258,7 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                         for (int e = 0; e < hs; e++) a[e] *= alpha;
                     }
                 }
-                tile_ab(acc, hs, S, BK, vt, hs, mq, hs, nk, 1, used, nu);
+                tile_ab(acc, hs, S + cs, BK, vt + (size_t)cs * hs, hs, mq, hs, ne, 1, used, nu);
             }
             for (int hr = 0; hr < rep; hr++)
                 for (int r = 0; r < nq; r++) {
