@@ -893,13 +893,16 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
     candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
     for (int j0 = 0; j0 < c1max; j0 += TB) {
         if (j0 + TB <= c0) continue;
+        /* the tile's blocks up to the last candidate, in 16s (each logit its own chain: the
+         * same bits as the whole tile's) */
+        const int nb = (c1max - j0 + 15) / 16 * 16 < TB ? (c1max - j0 + 15) / 16 * 16 : TB;
         const uint16_t* sh = st + (size_t)j0 * per;
 #ifdef FOCUS_DOUBLE
-        for (int e = 0; e < TB * per; e++) Sf[e] = f16_to_f32(sh[e]);
+        for (int e = 0; e < nb * per; e++) Sf[e] = f16_to_f32(sh[e]);
 #else
-        f16_row_get(Sf, sh, TB * per);
+        f16_row_get(Sf, sh, nb * per);
 #endif
-        tile_abt(L, TB, F, per, Sf, per, mq, TB, per, 1, NULL, 0, Sf + (size_t)TB * per);
+        tile_abt(L, TB, F, per, Sf, per, mq, nb, per, 1, NULL, 0, Sf + (size_t)TB * per);
         for (int r = 0; r < nq; r++) {
             int a, c1;
             candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);
