@@ -243,14 +243,20 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                     real mx = m[R];
                     keep_range(s, ca, cb, &mx);
                     const real alpha = exp_f(m[R] - mx);
+                    /* the exponentials over [va, vb), the row's keys widened to 16s (whole
+                     * vectors, no scalar tail), zeros outside its keys: the row's sum the same
+                     * whatever rows are beside it */
+                    const int va = ca / 16 * 16,
+                              vb = (cb + 15) / 16 * 16 < ce ? (cb + 15) / 16 * 16 : ce;
                     real sum = 0;
-                    for (int c = cs; c < ca; c++) s[c] = 0;
+                    for (int c = cs; c < va; c++) s[c] = 0;
 #pragma omp simd reduction(+ : sum)
-                    for (int c = ca; c < cb; c++) {
-                        s[c] = exp_f(s[c] - mx);
+                    for (int c = va; c < vb; c++) {
+                        const real e = exp_f(s[c] - mx);
+                        s[c] = c >= ca && c < cb ? e : 0;
                         sum += s[c];
                     }
-                    for (int c = cb; c < ce; c++) s[c] = 0;
+                    for (int c = vb; c < ce; c++) s[c] = 0;
                     l[R] = l[R] * alpha + sum;
                     m[R] = mx;
                     if (alpha != 1) {
