@@ -230,7 +230,10 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                 /* only the tile's columns [cs, ce): every element is its own chain from zero and
                  * the rows' products outside their keys are zeros, so the bits are those of the
                  * whole tile (the diagonal's and the band's first tile are cut to their rows) */
+                /* (a tile of fewer keys, the sinks', widened to 16 with zero keys and values:
+                 * vector products; its rows keep only its keys) */
                 cs = cs / 16 * 16, ce = (ce + 15) / 16 * 16 < nk ? (ce + 15) / 16 * 16 : nk;
+                ce = ce < 16 ? 16 : ce;
                 const int ne = ce - cs;
                 cached_rows(kt + (size_t)cs * hs, kv, 0, g, hs, NULL, j0 + cs, cnt - cs, ne);
                 cached_rows(vt + (size_t)cs * hs, kv, 1, g, hs, NULL, j0 + cs, cnt - cs, ne);
