@@ -915,12 +915,15 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
         for (int r = 0; r < nq; r++) {
             int a, c1;
             candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);
-            const int nc = c1 - c0;
-            for (int c = j0 > c0 ? j0 : c0; c < c1 && c < j0 + TB; c++) {
-                const real logn = block_logn(c, bs, sinks, i0 + r, w, lfull);
-                for (int h = 0; h < rep; h++)
-                    p[(size_t)r * ldp + (size_t)h * nc + (c - c0)] =
-                        gate[(size_t)h * W] + L[((size_t)h * TR + r) * TB + (c - j0)] + logn;
+            const int nc = c1 - c0, ca = j0 > c0 ? j0 : c0, cb = c1 < j0 + TB ? c1 : j0 + TB;
+            real logn[BLOCK_TILE_BLOCKS]; /* the tile's blocks' log counts, from ca */
+            for (int c = ca; c < cb; c++) logn[c - ca] = block_logn(c, bs, sinks, i0 + r, w, lfull);
+            for (int h = 0; h < rep; h++) {
+                real* ph = p + (size_t)r * ldp + (size_t)h * nc - c0;
+                const real* lh = L + ((size_t)h * TR + r) * TB - j0;
+                const real w0 = gate[(size_t)h * W];
+#pragma omp simd
+                for (int c = ca; c < cb; c++) ph[c] = w0 + lh[c] + logn[c - ca];
             }
         }
     }
