@@ -227,11 +227,11 @@ void attention_cached_forward(real* out, int ldo, real* lse, const real* q, int 
                         ce = cab[2 * r + 1] > ce ? cab[2 * r + 1] : ce;
                     }
                 if (!nu) continue;
-                /* only the tile's columns [cs, ce): every element is its own chain from zero and
-                 * the rows' products outside their keys are zeros, so the bits are those of the
-                 * whole tile (the diagonal's and the band's first tile are cut to their rows) */
-                /* (a tile of fewer keys, the sinks', widened to 16 with zero keys and values:
-                 * vector products; its rows keep only its keys) */
+                /* only the tile's columns [cs, ce) in 16s, the keys its rows keep (the diagonal's
+                 * tile and the band's first are cut to them): each product element is its own
+                 * chain from zero, so the cut changes none. A tile of fewer than 16 keys (the
+                 * sinks') is widened to 16 with zero keys and values, for vector products; its
+                 * rows keep only its keys. */
                 cs = cs / 16 * 16, ce = (ce + 15) / 16 * 16 < nk ? (ce + 15) / 16 * 16 : nk;
                 ce = ce < 16 ? 16 : ce;
                 const int ne = ce - cs;
