@@ -918,12 +918,12 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
             const int nc = c1 - c0, ca = j0 > c0 ? j0 : c0, cb = c1 < j0 + TB ? c1 : j0 + TB;
             real logn[BLOCK_TILE_BLOCKS]; /* the tile's blocks' log counts, from ca */
             for (int c = ca; c < cb; c++) logn[c - ca] = block_logn(c, bs, sinks, i0 + r, w, lfull);
-            for (int h = 0; h < rep; h++) {
-                real* ph = p + (size_t)r * ldp + (size_t)h * nc - c0;
-                const real* lh = L + ((size_t)h * TR + r) * TB - j0;
+            for (int h = 0; h < rep; h++) { /* (from block ca: no pointer before an array) */
+                real* ph = p + (size_t)r * ldp + (size_t)h * nc + (ca - c0);
+                const real* lh = L + ((size_t)h * TR + r) * TB + (ca - j0);
                 const real w0 = gate[(size_t)h * W];
 #pragma omp simd
-                for (int c = ca; c < cb; c++) ph[c] = w0 + lh[c] + logn[c - ca];
+                for (int c = 0; c < cb - ca; c++) ph[c] = w0 + lh[c] + logn[c];
             }
         }
     }
