@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -71,6 +72,13 @@ void* malloc_check(size_t size, const char* file, int line) {
 void* calloc_check(size_t n, size_t size, const char* file, int line) {
     void* p = calloc(n ? n : 1, size ? size : 1);
     if (!p) fatal("out of memory: could not allocate %zu x %zu bytes (%s:%d)", n, size, file, line);
+    return p;
+}
+
+void* malloc_lines_check(size_t size, const char* file, int line) {
+    void* p = NULL;
+    if (posix_memalign(&p, 64, size ? size : 1))
+        fatal("out of memory: could not allocate %zu bytes (%s:%d)", size, file, line);
     return p;
 }
 
