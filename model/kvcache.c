@@ -5,6 +5,7 @@
 #include "layer_cpu.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -630,12 +631,17 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     if (kind == KEYS_BLOCKS) {
         /* on the threads (a decode step; nested in a prompt's parallel rows, one thread), each
          * task with its own scratch, the same arithmetic: each key/value head's band and, beside
-         * them, the learned selector's logits of its blocks; then each one's choice */
+         * them, the learned selector's logits of its blocks; the task that completes a head's
+         * parts then makes its choice (one parallel region a layer, and the choices spread over
+         * the threads as their parts end) */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
-        const int made = attn_block_score(f->attn) == BLOCKS_LEARNED, tasks = (made ? 2 : 1) * NKV;
+        const int made = attn_block_score(f->attn) == BLOCKS_LEARNED, need = made ? 2 : 1,
+                  tasks = need * NKV;
         if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
         real lb[1024];
+        atomic_int ready[1024]; /* each key/value head's parts done */
+        for (int g = 0; g < NKV; g++) atomic_init(&ready[g], 0);
         npre = w->npre;
 #pragma omp parallel for schedule(static, 1) \
     num_threads(threads < tasks ? threads : tasks) if (threads > 1 && tasks > 1)
@@ -654,15 +660,13 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
                 block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
                              f->block, hs);
             }
+            /* acquire the other part's writes, release this one's */
+            if (atomic_fetch_add_explicit(&ready[g], 1, memory_order_acq_rel) == need - 1)
+                w->nkg[g] = distant_keys(c, m, l, p, g, qg, mi, w->kl[g], w->nkg[g], lb + g * rep,
+                                         w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
+                                         w->bp + (size_t)g * rep * nb, made);
         }
-#pragma omp parallel for schedule(static, 1) reduction(+ : pairs) \
-    num_threads(threads < NKV ? threads : NKV) if (threads > 1 && NKV > 1)
-        for (int g = 0; g < NKV; g++) {
-            w->nkg[g] = distant_keys(c, m, l, p, g, qrow + (size_t)g * rep * hs, mi, w->kl[g],
-                                     w->nkg[g], lb + g * rep, w->bsel + (size_t)g * nb,
-                                     w->bsc + (size_t)g * nb, w->bp + (size_t)g * rep * nb, made);
-            pairs += (long)w->nkg[g] * rep;
-        }
+        for (int g = 0; g < NKV; g++) pairs += (long)w->nkg[g] * rep;
     } else {
         const int nk = token_keys(c, m, l, p, mi, kind, w->keys);
         for (int g = 0; g < NKV; g++) w->kl[g] = w->keys, w->nkg[g] = nk;
