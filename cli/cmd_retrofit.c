@@ -144,6 +144,7 @@ int cmd_retrofit(int argc, char** argv) {
     free(conf_text);
     free(d.train_mem);
     free(d.val_mem);
+    free(d.old);
     model_free(&m);
     fatal_release(dpc);
     fatal_release(tpc);

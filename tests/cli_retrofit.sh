@@ -151,6 +151,25 @@ err=$("$focus" retrofit --config configs/tiny.conf "${mass[@]}" --set anchor=1 -
   [ $rc -ne 0 ] && echo "$err" | grep -q "init_router is not set" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
   ok "anchor: the whole pull keeps the router (hard k=1 $a before and after), resumes bit for bit; alone refused: $err" ||
   { bad "anchor: '$a' '$c' '$b' rc=$rc $err"; tail -3 "$work/mass7.log"; }
+# rehearse (domain adaptation that keeps the old text): rehearse_windows teacher windows drawn
+# from it beside train's, in files of their own; train's windows are the ones a run without it
+# draws (the same offsets); stopped and resumed it is the uninterrupted run bit for bit; either
+# setting without the other refused in one line, before the run folder is made
+rh=("${mass[@]}" --set steps=2 --set init_router="$work/mass/router.h5" --set rehearse=../shared/data/wikitext-2/raw/wiki.test.raw --set rehearse_windows=1)
+"$focus" retrofit --config configs/tiny.conf "${rh[@]}" --out "$work/mass11" > "$work/mass11.log" 2>&1
+"$focus" retrofit --config configs/tiny.conf "${rh[@]}" --out "$work/mass12" --stop-after 1 > /dev/null 2>&1
+"$focus" retrofit --resume "$work/mass12" > "$work/mass12.log" 2>&1
+err=$("$focus" retrofit --config configs/tiny.conf "${mass[@]}" --set rehearse_windows=2 --out "$work/mass13" 2>&1 >/dev/null); rc=$?
+err2=$("$focus" retrofit --config configs/tiny.conf "${small[@]}" --set rehearse=../shared/data/wikitext-2/raw/wiki.test.raw --out "$work/mass13" 2>&1 >/dev/null); rc2=$?
+w0=$(grep -o 'teacher window 1/2 (train tokens [0-9.]*)' "$work/mass.log")
+grep -q "teacher: 3 windows of 128 tokens (2 of train, 1 of rehearse = " "$work/mass11.log" && grep -q "teacher window 3/3 (rehearse tokens" "$work/mass11.log" &&
+  [ -n "$w0" ] && grep -q "teacher window 1/3 (train tokens ${w0#*train tokens }" "$work/mass11.log" &&
+  [ -s "$work/mass11/teacher/rehearse_0000.bin" ] && grep -q "^step     2/2 | mass " "$work/mass11.log" &&
+  cmp -s "$work/mass11/router.h5" "$work/mass12/router.h5" && grep -q "3 on disk, 0 to collect" "$work/mass12.log" &&
+  [ $rc -ne 0 ] && echo "$err" | grep -q "no rehearse = PATH" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+  [ $rc2 -ne 0 ] && echo "$err2" | grep -q "is read by the mass objective" && [ "$(echo "$err2" | wc -l)" -eq 1 ] && [ ! -e "$work/mass13" ] &&
+  ok "rehearse: 2 windows of train (where a run without it draws them) and 1 of rehearse, resumed bit for bit; alone refused: $err" ||
+  { bad "rehearse: rc=$rc $err / rc2=$rc2 $err2"; tail -3 "$work/mass11.log" "$work/mass12.log"; }
 # a query projection (qproj = 1) started from that router: W_q = W_g, so it begins where the
 # router ended; it trains, resumes bit for bit (W_q and its moments in router.h5) and evaluates in
 # hard mode by default, its setting read back from the file
@@ -163,7 +182,7 @@ out=$("$focus" eval ppl --model "$work/mass5/base.gguf" --tokenizer ../shared/da
 [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "^step     2/2 | mass " "$work/mass5.log" && cmp -s "$work/mass5/router.h5" "$work/mass6/router.h5" &&
   echo "$out" | grep -q "attention hard top-k" && echo "$out" | grep -q "pairs kept" &&
   ok "qproj: starts as the router it extends (hard k=1 $a), resumes bit for bit, evaluates in hard mode" || { bad "qproj: '$a' '$b' $out"; tail -3 "$work/mass5.log"; }
-rm -rf "$work/mass" "$work/mass2" "$work/mass4" "$work/mass5" "$work/mass6" "$work/mass7" "$work/mass8" "$work/mass9" "$work/mass10"
+rm -rf "$work/mass" "$work/mass2" "$work/mass4" "$work/mass5" "$work/mass6" "$work/mass7" "$work/mass8" "$work/mass9" "$work/mass10" "$work/mass11" "$work/mass12"
 # zero-shot tasks through the router: the JSON result; a malformed task file refused in one line,
 # before any result file is written
 tm=(--model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --attn hard)

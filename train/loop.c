@@ -501,6 +501,14 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
     if (rc->anchor > 0 && !rc->init_router[0])
         fatal("%s: anchor = %g pulls toward init_router, and init_router is not set", cmd,
               (double)rc->anchor);
+    if (rc->rehearse_windows > 0 && !rc->rehearse[0])
+        fatal("%s: rehearse_windows = %d, and no rehearse = PATH to draw them from", cmd,
+              rc->rehearse_windows);
+    if (rc->rehearse[0] && (rc->rehearse_windows < 1 || strcmp(rc->objective, "mass")))
+        fatal(
+            "%s: rehearse = %s is read by the mass objective's rehearse_windows (set "
+            "objective = mass and rehearse_windows >= 1)",
+            cmd, rc->rehearse);
     if (make_dirs(out)) fatal("%s: cannot create the run folder: %s", out, strerror(errno));
     const int rank = d->rank; /* rank 0 of a data-parallel run holds the folder and writes */
     if (rank == 0) {
@@ -572,6 +580,14 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc->train, ntrain, rc->T + 1);
     size_t neval =
         rc->eval_tokens > 0 && nval > (size_t)rc->eval_tokens ? (size_t)rc->eval_tokens : nval;
+    size_t nold = 0;
+    int* old = rc->rehearse[0] ? load_tokens(rc->rehearse, "train_", tok_path, 1, &nold) : NULL;
+    for (size_t i = 0; i < nold; i++)
+        if (old[i] >= m->cfg.V)
+            fatal("%s: token id %d outside the model's vocabulary (%d)", rc->rehearse, old[i],
+                  m->cfg.V);
+    if (old && nold < (size_t)rc->T + 1)
+        fatal("%s: %zu tokens, fewer than T + 1 = %d", rc->rehearse, nold, rc->T + 1);
 
     printf(
         "focus %s: base %s (%s), %zu training tokens, %zu validation tokens (%zu evaluated), "
@@ -605,7 +621,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
             printf("%s: rewritten with the settings changed by --set\n", conf_path);
         free(old);
     }
-    *d = (TrainData){train, ntrain, val, neval, train, val, rank, d->tp};
+    *d = (TrainData){train, ntrain, val, neval, train, val, rank, d->tp, old, nold};
     return conf_text;
 }
 
@@ -753,5 +769,6 @@ void finetune_run(RunConfig* rc, const char* cmd, const char* out) {
     free(conf_text);
     free(d.train_mem);
     free(d.val_mem);
+    free(d.old);
     model_free(&m);
 }

@@ -14,6 +14,8 @@ typedef struct {
     int rank;                 /* this process's rank in a data-parallel run (0 writes the files) */
     Comm* tp; /* tensor parallelism: run_prepare loads this group's slice of the model (NULL: whole)
                */
+    int* old; /* the rehearse tokens (NULL: none; run_prepare allocated them: free) */
+    size_t nold;
 } TrainData;
 
 /* Which command's run the folder OUT holds ("retrofit", "finetune", "pretrain"; from the first

@@ -5,13 +5,15 @@
  * query's attention mass beyond the window goes (kernels/mass.h). Nothing the router does changes
  * a layer's input or the teacher, so the run has two phases:
  *
- * 1. The teacher. mass_windows windows of T tokens (offsets drawn from the run's seed), each one
- *    dense forward pass with no head, seen layer by layer through Model.layer_observer: the
- *    layer's normalised input h (the router's input, kept in bf16) and, for a sample of query
- *    rows, the far mass and its mass_keys largest entries. Each window goes to its own file,
- *    OUT/teacher/window_NNNN.bin, written atomically: a stopped run collects only what is
- *    missing. One layer's activations are held at a time, never T x T.
- * 2. The router. Each step draws B windows; per routed layer: scores, the training routing
+ * 1. The teacher. mass_windows windows of T tokens (offsets drawn from the run's seed), and
+ *    rehearse_windows more from the rehearse text (domain adaptation that keeps rehearsing the
+ *    text the router learnt before), each one dense forward pass with no head, seen layer by
+ *    layer through Model.layer_observer: the layer's normalised input h (the router's input,
+ *    kept in bf16) and, for a sample of query rows, the far mass and its mass_keys largest
+ *    entries. Each window goes to its own file, OUT/teacher/window_NNNN.bin (rehearse_NNNN.bin),
+ *    written atomically: a stopped run collects only what is missing. One layer's activations
+ *    are held at a time, never T x T.
+ * 2. The router. Each step draws B windows of all; per routed layer: scores, the training routing
  *    (Sinkhorn by default), the loss, and the router's own backward (routing_backward,
  *    router_scores_backward). No backward through the backbone, no LM head. beta, the causal
  *    bias, is balanced on the step's scores as in the other objectives; then clipping and AdamW.
@@ -145,9 +147,14 @@ static void observe(void* ctx, int layer, const real* h, const real* qkv, const 
     free(b.sel), free(b.nsel);
 }
 
-static void window_path(char* path, size_t n, const char* out, int k) {
+/* Window k's file: the first mw windows are train's (window_NNNN), the rest rehearse's
+ * (rehearse_NNNN), so that changing either count leaves the other's files theirs. */
+static void window_path(char* path, size_t n, const char* out, int k, int mw) {
     char name[64];
-    snprintf(name, sizeof name, "teacher/window_%04d.bin", k);
+    if (k < mw)
+        snprintf(name, sizeof name, "teacher/window_%04d.bin", k);
+    else
+        snprintf(name, sizeof name, "teacher/rehearse_%04d.bin", k - mw);
     path_join(path, n, out, name);
 }
 
@@ -190,7 +197,7 @@ static void window_write(const char* path, const Window* w, uint64_t fingerprint
 /* The header's bytes (a version 1 file's are fewer) when path holds a teacher window of this
  * run (header, layers and size as expected); 0 when it does not exist; fatal, naming the file,
  * when it exists but does not match. */
-static int window_check(const char* path, const Window* w, uint64_t fingerprint,
+static int window_check(const char* path, const Window* w, uint64_t fingerprint, uint64_t offset,
                         const FocusConfig* f) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -241,6 +248,11 @@ static int window_check(const char* path, const Window* w, uint64_t fingerprint,
     if ((size_t)st.st_size != want)
         fatal("%s: %lld bytes, expected %zu; delete it and resume to collect it again", path,
               (long long)st.st_size, want);
+    if (hd.offset != offset)
+        fatal(
+            "%s: collected from tokens %llu.., this run draws this window from tokens %llu.. "
+            "(other data): use another run folder, or delete its teacher",
+            path, (unsigned long long)hd.offset, (unsigned long long)offset);
     return (int)head;
 }
 
@@ -278,17 +290,21 @@ static void eta_text(char* buf, size_t n, double seconds) {
 /* Phase 1: every teacher window not on disk yet. */
 static void collect(Model* m, const RunConfig* rc, const TrainData* d, const char* out, Window* w,
                     const uint64_t* offs, uint64_t fp) {
-    const int T = rc->T, nwin = rc->mass_windows;
+    const int T = rc->T, mw = rc->mass_windows, nwin = mw + rc->rehearse_windows;
     char path[4096];
     int missing = 0;
     for (int k = 0; k < nwin; k++) {
-        window_path(path, sizeof path, out, k);
-        missing += !window_check(path, w, fp, &m->fc);
+        window_path(path, sizeof path, out, k, mw);
+        missing += !window_check(path, w, fp, offs[k], &m->fc);
     }
+    char also[1200] = "";
+    if (rc->rehearse_windows)
+        snprintf(also, sizeof also, " (%d of train, %d of rehearse = %s)", mw, rc->rehearse_windows,
+                 rc->rehearse);
     printf(
-        "teacher: %d windows of %d tokens, %d query rows each (one tile in %d), %d keys per "
+        "teacher: %d windows of %d tokens%s, %d query rows each (one tile in %d), %d keys per "
         "query, %d routed layers; %d on disk, %d to collect (one dense forward each)\n",
-        nwin, T, w->nq, rc->mass_every, w->keys, w->nl, nwin - missing, missing);
+        nwin, T, also, w->nq, rc->mass_every, w->keys, w->nl, nwin - missing, missing);
     if (!missing) return;
     int* ids = mallocCheck(sizeof(int) * T);
     Teacher o = {m, w};
@@ -300,9 +316,9 @@ static void collect(Model* m, const RunConfig* rc, const TrainData* d, const cha
     double t0 = now_seconds();
     int done = 0;
     for (int k = 0; k < nwin; k++) {
-        window_path(path, sizeof path, out, k);
-        if (window_check(path, w, fp, &keep)) continue;
-        memcpy(ids, d->train + offs[k], sizeof(int) * T);
+        window_path(path, sizeof path, out, k, mw);
+        if (window_check(path, w, fp, offs[k], &keep)) continue;
+        memcpy(ids, (k < mw ? d->train : d->old) + offs[k], sizeof(int) * T);
         if (m->bos >= 0) ids[0] = m->bos;
         mass_sample_rows(w->t[0].rows, T, keep.w, keep.sinks, rc->mass_every,
                          keep.seed ^ (0x3a55ull + (uint64_t)k));
@@ -318,10 +334,11 @@ static void collect(Model* m, const RunConfig* rc, const TrainData* d, const cha
         for (int s = 0; s < w->nl; s++)
             for (int r = 0; r < w->nq; r++) far += w->t[s].far[r];
         printf(
-            "teacher window %d/%d (tokens %llu..%llu): %.1f s | %s %.3f of the attention | "
+            "teacher window %d/%d (%s tokens %llu..%llu): %.1f s | %s %.3f of the attention | "
             "ETA %s\n",
-            k + 1, nwin, (unsigned long long)offs[k], (unsigned long long)(offs[k] + T),
-            now_seconds() - t1, w->values ? "restoring score" : "far mass",
+            k + 1, nwin, k < mw ? "train" : "rehearse", (unsigned long long)offs[k],
+            (unsigned long long)(offs[k] + T), now_seconds() - t1,
+            w->values ? "restoring score" : "far mass",
             w->nq && w->nl ? far / ((double)w->nq * w->nl) : 0.0, eta);
         fflush(stdout);
     }
@@ -339,6 +356,7 @@ typedef struct {
     const int* fds;
     const int* heads; /* each window file's header bytes */
     const char* out;
+    int mw;       /* train's windows; the rest are rehearse's (window_path) */
     double* part; /* (nl, 3): each layer's loss, far mass and far pairs top-1 groups keep, summed
                    * over windows */
     MassGate gate;
@@ -412,7 +430,7 @@ static void mass_pass(const Pass* P, const int* wins, int nw, Routing r, int bac
             double* part = P->part + 3 * s;
             part[0] = part[1] = part[2] = 0;
             for (int b = 0; b < nw; b++) {
-                window_path(wpath, sizeof wpath, P->out, wins[b]);
+                window_path(wpath, sizeof wpath, P->out, wins[b], P->mw);
                 window_read_layer(P->fds[wins[b]], P->heads[wins[b]], wpath, w, s, h, x->hb, &x->t);
                 router_scores_forward(x->proj, S, h, wg, cent, T, c->C, dg, K);
                 routing_forward(G, NULL, S, beta, r, 1, T, K, f->tau, f->iters);
@@ -543,12 +561,18 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             "teacher: each missed key scored by the output it restores (mass_values = %d: its "
             "value against the direction the sparse output is off by%s)\n",
             w.values, w.values == 2 ? "; the keys that move it away kept as harm" : "");
-    /* the windows' offsets: from the seed alone, so a resumed run collects the same ones */
-    uint64_t* offs = mallocCheck(sizeof(uint64_t) * rc->mass_windows);
-    Rng wr;
+    /* the windows' offsets: from the seed alone, so a resumed run collects the same ones;
+     * rehearse's from a stream of their own (train's stay where they were without them) */
+    const int mw = rc->mass_windows, nwin = mw + rc->rehearse_windows;
+    if (rc->rehearse_windows && !d->old)
+        fatal("retrofit: rehearse_windows = %d and no rehearse tokens", rc->rehearse_windows);
+    uint64_t* offs = mallocCheck(sizeof(uint64_t) * nwin);
+    Rng wr, wo;
     rng_seed(&wr, f->seed ^ 0x7eac4e5ull);
-    for (int k = 0; k < rc->mass_windows; k++)
-        offs[k] = rng_u64(&wr) % (uint64_t)(d->ntrain - (size_t)T);
+    rng_seed(&wo, f->seed ^ 0x01d7e4full);
+    for (int k = 0; k < nwin; k++)
+        offs[k] = k < mw ? rng_u64(&wr) % (uint64_t)(d->ntrain - (size_t)T)
+                         : rng_u64(&wo) % (uint64_t)(d->nold - (size_t)T);
     const uint64_t fp = model_fingerprint(m);
 
     /* optimizer and state, as train_router's */
@@ -604,12 +628,12 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
     double* bb = mallocCheck(sizeof(double) * (K + 1) * 2);
     double* part = mallocCheck(sizeof(double) * 3 * nl); /* each layer's loss and kept shares */
     int* wins = mallocCheck(sizeof(int) * B);
-    int* fds = mallocCheck(sizeof(int) * rc->mass_windows);
-    int* heads = mallocCheck(sizeof(int) * rc->mass_windows);
+    int* fds = mallocCheck(sizeof(int) * nwin);
+    int* heads = mallocCheck(sizeof(int) * nwin);
     char path[4096];
-    for (int k = 0; k < rc->mass_windows; k++) {
-        window_path(path, sizeof path, out, k);
-        heads[k] = window_check(path, &w, fp, f);
+    for (int k = 0; k < nwin; k++) {
+        window_path(path, sizeof path, out, k, mw);
+        heads[k] = window_check(path, &w, fp, offs[k], f);
         fds[k] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[k] < 0) fatal("%s: cannot open: %s", path, strerror(errno));
     }
@@ -619,10 +643,11 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
               fds,
               heads,
               out,
+              mw,
               part,
               {rc->mass_gate ? f->lambda : 0, f->bias, rc->mass_pairs, f->w, f->sinks},
               scratch_alloc(&w, K, f->dg, nthreads)};
-    if (!st.step) report_kept(&P, rc->mass_windows, "before training");
+    if (!st.step) report_kept(&P, nwin, "before training");
     long ckpt_step = resume ? st.step : -1;
     const double t_train = now_seconds();
     const long first_step = st.step;
@@ -630,7 +655,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
         const double t0 = now_seconds();
         const float lr = lr_schedule(step, rc->warmup, rc->steps, rc->lr, rc->min_lr_frac);
         model_zero_grad(m, GRAD_ROUTER);
-        for (int b = 0; b < B; b++) wins[b] = (int)(rng_u64(&rng) % (uint64_t)rc->mass_windows);
+        for (int b = 0; b < B; b++) wins[b] = (int)(rng_u64(&rng) % (uint64_t)nwin);
         mass_pass(&P, wins, B, f->routing, 1, Sb, every, nb);
         double loss = 0, kmass = 0, kpairs = 0;
         for (int s = 0; s < nl; s++) {
@@ -697,8 +722,8 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             break;
         }
     }
-    if (st.step == rc->steps) report_kept(&P, rc->mass_windows, "after training");
-    for (int k = 0; k < rc->mass_windows; k++) close(fds[k]);
+    if (st.step == rc->steps) report_kept(&P, nwin, "after training");
+    for (int k = 0; k < nwin; k++) close(fds[k]);
     if (st.step == rc->steps && evaluate) {
         PplResult dn = eval_mode(m, d->val, d->neval, T, ATTN_DENSE, f->topk, ROUTE_CAUSAL);
         PplResult h1 = eval_mode(m, d->val, d->neval, T, ATTN_HARD, f->topk, ROUTE_CAUSAL);
@@ -718,7 +743,7 @@ void train_router_mass(Model* m, const RunConfig* rc, const TrainData* d, const 
             "router training took %.1f s; run files in %s (router.h5, metrics.jsonl, "
             "config.conf, teacher/)\n",
             now_seconds() - t_start, out);
-        const double data = (double)(d->ntrain + d->neval) * sizeof(int);
+        const double data = (double)(d->ntrain + d->neval + d->nold) * sizeof(int);
         const WeightStore ws = m->wbf16 ? WEIGHTS_BF16_PROJ : WEIGHTS_FP32;
         const double plan = model_memory_plan_mass(c, f, T, nl, nq, keys, omp_get_max_threads(),
                                                    rc->mass_values, ws)

@@ -23,6 +23,8 @@
     X(data, val, STR, val, "", 0, 0, 0, "validation data (default: the end of train)")           \
     X(data, val_fraction, FLOAT, val_fraction, "0.05", 0, 0.5, 0,                                \
       "held-out share of train when val is empty (0: needs val)")                                \
+    X(data, rehearse, STR, rehearse, "", 0, 0, 0,                                                \
+      "mass: text the router was trained on before (rehearse_windows of it beside train)")       \
     X(train, B, INT, B, "4", 1, 65536, 0, "sequences per micro-batch")                           \
     X(train, T, INT, T, "1024", 2, 4194304, 0, "sequence length")                                \
     X(train, grad_accum, INT, grad_accum, "1", 1, 65536, 0, "micro-batches per step")            \
@@ -70,6 +72,9 @@
     X(train, mass_values, INT, mass_values, "0", 0, 3, 0,                                        \
       "mass: 1 scores a missed key by the output it restores, 2 also the harm, 3 the residual "  \
       "stream's error it closes (and the harm), 0 by its mass")                                  \
+    X(train, rehearse_windows, INT, rehearse_windows, "0", 0, 1e6, 0,                            \
+      "mass: teacher windows from rehearse beside train's mass_windows (adapt to a new text, "   \
+      "still learning the old)")                                                                 \
     X(finetune, method, STR, method, "lora", 0, 0, 0, "focus finetune: lora, full or joint")     \
     X(finetune, lora_rank, INT, lora_rank, "8", 1, 65536, 0, "LoRA rank")                        \
     X(finetune, lora_alpha, FLOAT, lora_alpha, "16", 1e-6, 1e6, 0,                               \

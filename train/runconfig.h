@@ -13,6 +13,8 @@ typedef struct {
     char train[1024];     /* training data: shard folder or file, text folder or file */
     char val[1024];       /* validation data; empty: the last val_fraction of train */
     float val_fraction;
+    char rehearse[1024]; /* the mass objective: text learnt before, rehearse_windows of it beside
+                          * train's (empty: none) */
     int B, T, grad_accum, steps, warmup;
     float lr, min_lr_frac, beta1, beta2, adam_eps, weight_decay, clip;
     int eval_every, eval_tokens, ckpt_every;
@@ -33,6 +35,8 @@ typedef struct {
     int mass_values; /* the teacher scores the output a far key restores (1; 2: and the harm of
                       * the keys that move it away; 3: in the residual stream, after the output
                       * projection and its norm, and the harm), not its mass alone (0) */
+    /* the mass objective's teacher windows drawn from rehearse */
+    int rehearse_windows;
     /* focus finetune (the baselines): lora or full, and the adapters' shape */
     char method[16];
     int lora_rank;
