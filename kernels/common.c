@@ -75,9 +75,9 @@ void* calloc_check(size_t n, size_t size, const char* file, int line) {
     return p;
 }
 
-void* malloc_lines_check(size_t size, const char* file, int line) {
+void* malloc_pages_check(size_t size, const char* file, int line) {
     void* p = NULL;
-    if (posix_memalign(&p, 64, size ? size : 1))
+    if (posix_memalign(&p, 4096, size ? size : 1))
         fatal("out of memory: could not allocate %zu bytes (%s:%d)", size, file, line);
     return p;
 }

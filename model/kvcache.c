@@ -24,8 +24,8 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     c->half = half;
     c->L = mc->L, c->K = K;
     size_t kv = (size_t)mc->L * cap * mc->NKV * hs;
-    c->k = mallocLines((half ? 2 : sizeof(real)) * kv);
-    c->v = mallocLines((half ? 2 : sizeof(real)) * kv);
+    c->k = mallocPages((half ? 2 : sizeof(real)) * kv);
+    c->v = mallocPages((half ? 2 : sizeof(real)) * kv);
     c->mask = mallocCheck(sizeof(uint32_t) * (size_t)mc->L * cap);
     c->gpos = mallocCheck(sizeof(int) * (size_t)mc->L * K * cap);
     c->gn = callocCheck((size_t)mc->L * K, sizeof(int));
@@ -351,7 +351,7 @@ static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
     /* whole products of block_logits_tile: zeros past the complete blocks */
     c->bs = bs, c->nbcap = kvcache_block_cap(c->cap, bs);
     const size_t nst = (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs);
-    c->bstat = mallocLines(sizeof(uint16_t) * nst);
+    c->bstat = mallocPages(sizeof(uint16_t) * nst);
     memset(c->bstat, 0, sizeof(uint16_t) * nst);
     c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
 }
