@@ -6,8 +6,8 @@
 # included), that time over dense attention's, and that ratio over p (the bound is 1.5), with
 # the attention's parts (window and sinks, selection, distant keys).
 # Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), CTX (8160),
-# N (32), THREADS (2). Writes OUT/table.md and each method's output in OUT/*.txt (default OUT:
-# runs/attn_shares).
+# N (32), THREADS (2), BUILD (the build folder: build). Writes OUT/table.md and each method's
+# output in OUT/*.txt (default OUT: runs/attn_shares).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/attn_shares}
@@ -18,8 +18,9 @@ threads=${THREADS:-2}
 mkdir -p "$out"
 rm -f "$out"/*.txt
 source scripts/blas_env.sh
-[ -x build/focus ] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target focus >/dev/null
+build=${BUILD:-build}
+[ -x "$build/focus" ] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$(nproc)" --target focus >/dev/null
 
 # name, then the bench decode arguments of the method
 methods=(
@@ -36,7 +37,7 @@ for entry in "${methods[@]}"; do
   file=$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').txt
   echo "$name" >&2
   # shellcheck disable=SC2086
-  FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads build/focus bench decode --model "$model" --ctx "$ctx" \
+  FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads "$build/focus" bench decode --model "$model" --ctx "$ctx" \
     -n "$n" $args >"$file"
   printf '%s\n' "$name" >>"$file"
 done
