@@ -580,14 +580,14 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
         fatal("%s: %zu training tokens, fewer than T + 1 = %d", rc->train, ntrain, rc->T + 1);
     size_t neval =
         rc->eval_tokens > 0 && nval > (size_t)rc->eval_tokens ? (size_t)rc->eval_tokens : nval;
-    size_t nold = 0;
-    int* old = rc->rehearse[0] ? load_tokens(rc->rehearse, "train_", tok_path, 1, &nold) : NULL;
-    for (size_t i = 0; i < nold; i++)
-        if (old[i] >= m->cfg.V)
-            fatal("%s: token id %d outside the model's vocabulary (%d)", rc->rehearse, old[i],
+    size_t nreh = 0; /* the rehearse text's tokens */
+    int* reh = rc->rehearse[0] ? load_tokens(rc->rehearse, "train_", tok_path, 1, &nreh) : NULL;
+    for (size_t i = 0; i < nreh; i++)
+        if (reh[i] >= m->cfg.V)
+            fatal("%s: token id %d outside the model's vocabulary (%d)", rc->rehearse, reh[i],
                   m->cfg.V);
-    if (old && nold < (size_t)rc->T + 1)
-        fatal("%s: %zu tokens, fewer than T + 1 = %d", rc->rehearse, nold, rc->T + 1);
+    if (reh && nreh < (size_t)rc->T + 1)
+        fatal("%s: %zu tokens, fewer than T + 1 = %d", rc->rehearse, nreh, rc->T + 1);
 
     printf(
         "focus %s: base %s (%s), %zu training tokens, %zu validation tokens (%zu evaluated), "
@@ -621,7 +621,7 @@ char* run_prepare(RunConfig* rc, const char* cmd, const char* out, int resume, M
             printf("%s: rewritten with the settings changed by --set\n", conf_path);
         free(old);
     }
-    *d = (TrainData){train, ntrain, val, neval, train, val, rank, d->tp, old, nold};
+    *d = (TrainData){train, ntrain, val, neval, train, val, rank, d->tp, reh, nreh};
     return conf_text;
 }
 
