@@ -170,6 +170,11 @@ grep -q "teacher: 3 windows of 128 tokens (2 of train, 1 of rehearse = " "$work/
   [ $rc2 -ne 0 ] && echo "$err2" | grep -q "is read by the mass objective" && [ "$(echo "$err2" | wc -l)" -eq 1 ] && [ ! -e "$work/mass13" ] &&
   ok "rehearse: 2 windows of train (where a run without it draws them) and 1 of rehearse, resumed bit for bit; alone refused: $err" ||
   { bad "rehearse: rc=$rc $err / rc2=$rc2 $err2"; tail -3 "$work/mass11.log" "$work/mass12.log"; }
+# a resume that would draw a window from other tokens (here: another rehearse text) is refused in
+# one line naming the teacher file, not trained on the old file's tokens
+err=$("$focus" retrofit --resume "$work/mass12" --set rehearse=../shared/data/tinyshakespeare/input.txt 2>&1 >/dev/null); rc=$?
+[ $rc -ne 0 ] && echo "$err" | grep -q "rehearse_0000.bin: collected from tokens .*(other data)" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+  ok "a teacher window of other tokens refused: $err" || bad "teacher of other tokens: rc=$rc $err"
 # a query projection (qproj = 1) started from that router: W_q = W_g, so it begins where the
 # router ended; it trains, resumes bit for bit (W_q and its moments in router.h5) and evaluates in
 # hard mode by default, its setting read back from the file
