@@ -21,6 +21,7 @@ int cmd_bench_decode(int argc, char** argv); /* bench decode */
 int cmd_settings(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_export(int argc, char** argv);
+int cmd_average(int argc, char** argv);
 int cmd_fitblocks(int argc, char** argv);
 
 #endif

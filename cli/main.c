@@ -47,6 +47,8 @@ static const Command commands[] = {
     {"settings", cmd_settings,
      "settings        every configuration setting, its default and meaning; every attention "
      "method (--methods: as the README's table)"},
+    {"average", cmd_average,
+     "average         the mean of routers retrofitted from the same start (runs of other seeds)"},
     {"export", cmd_export,
      "export          a trained router for sharing, without its optimizer moments"},
     {"fit-blocks", cmd_fitblocks,

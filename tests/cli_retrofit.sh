@@ -8,7 +8,8 @@
 # what eval loads back; pretrain trains dense and Focus models from scratch; runs killed at
 # several points resume to the same router.h5 byte for byte; a folder in use is refused; the
 # retrofitted model serves from its file (a batched prompt = the prompt token by token; generate
-# and bench decode with the router). Needs ../shared/data (skips with 77).
+# and bench decode with the router); focus average of routers from one start. Needs
+# ../shared/data (skips with 77).
 set -u
 focus=$1; src=$2
 [ -d "$src/../shared/data/tinyshakespeare" ] || { echo "cli_retrofit: skipped (no ../shared/data)"; exit 77; }
@@ -151,6 +152,23 @@ err=$("$focus" retrofit --config configs/tiny.conf "${mass[@]}" --set anchor=1 -
   [ $rc -ne 0 ] && echo "$err" | grep -q "init_router is not set" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
   ok "anchor: the whole pull keeps the router (hard k=1 $a before and after), resumes bit for bit; alone refused: $err" ||
   { bad "anchor: '$a' '$c' '$b' rc=$rc $err"; tail -3 "$work/mass7.log"; }
+# focus average (routers retrofitted from the same init_router): a router averaged with itself
+# evaluates as it does; two runs' mean evaluates as neither, whatever their order; a router
+# from another start (here its seed's initialisation), or one alone, is refused in one line
+mb=$work/mass4/base.gguf
+avg() { "$focus" average --model "$mb" --out "$@" > /dev/null 2>&1; }
+avg "$work/avg_aa.h5" "$work/mass4/router.h5" "$work/mass4/router.h5"
+avg "$work/avg_ab.h5" "$work/mass4/router.h5" "$work/mass8/router.h5"
+avg "$work/avg_ba.h5" "$work/mass8/router.h5" "$work/mass4/router.h5"
+pe() { "$focus" eval ppl --model "$mb" --tokenizer ../shared/data/gpt2-tokenizer --data ../shared/data/tinyshakespeare/input.txt --max-tokens 300 --ctx 128 --attn hard --topk 1 --router "$1" 2>/dev/null | grep -E "^perplexity|^pairs" | sed 's/ [0-9.]* tokens\/s.*//'; }
+v4=$(pe "$work/mass4/router.h5"); v8=$(pe "$work/mass8/router.h5"); vaa=$(pe "$work/avg_aa.h5"); vab=$(pe "$work/avg_ab.h5"); vba=$(pe "$work/avg_ba.h5")
+err=$("$focus" average --model "$mb" --out "$work/avg_x.h5" "$work/mass4/router.h5" "$work/mass/router.h5" 2>&1 >/dev/null); rc=$?
+err2=$("$focus" average --model "$mb" --out "$work/avg_x.h5" "$work/mass4/router.h5" 2>&1 >/dev/null); rc2=$?
+[ -n "$v4" ] && [ "$vaa" = "$v4" ] && [ -n "$vab" ] && [ "$vab" = "$vba" ] && [ "$vab" != "$v4" ] && [ "$vab" != "$v8" ] &&
+  [ $rc -ne 0 ] && echo "$err" | grep -q "only routers retrofitted from the same one" && [ "$(echo "$err" | wc -l)" -eq 1 ] &&
+  [ $rc2 -ne 0 ] && [ "$(echo "$err2" | wc -l)" -eq 1 ] && [ ! -e "$work/avg_x.h5" ] &&
+  ok "focus average: A with A is A, A with B is neither and commutes; another start refused" ||
+  { bad "average: '$v4' '$v8' '$vaa' '$vab' '$vba' rc=$rc $err / rc2=$rc2 $err2"; }
 # rehearse (domain adaptation that keeps the old text): rehearse_windows teacher windows drawn
 # from it beside train's, in files of their own; train's windows are the ones a run without it
 # draws (the same offsets); stopped and resumed it is the uninterrupted run bit for bit; either
