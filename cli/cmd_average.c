@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../checkpoints/blockgate_h5.h"
 #include "../checkpoints/router_h5.h"
 #include "../train/runconfig.h"
 #include "cli.h"
@@ -27,6 +28,9 @@ static const char average_usage[] =
 
 /* The settings of router file path that must agree for an average to mean anything. */
 static RunConfig router_settings(const char* path) {
+    if (blockgate_file(path))
+        fatal("average: %s is a block selector (focus fit-blocks), not a router; average routers",
+              path);
     char* text = router_read_config(path);
     RunConfig rc;
     runconfig_default(&rc);
