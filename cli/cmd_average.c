@@ -26,8 +26,9 @@ static const char average_usage[] =
     "output evaluates and serves like each input (--router), on the same base model; no run\n"
     "resumes from it (it has no optimizer moments).\n";
 
-/* The settings of router file path that must agree for an average to mean anything. */
-static RunConfig router_settings(const char* path) {
+/* The settings of router file path that must agree for an average to mean anything; its stored
+ * text into *keep unless keep is NULL (malloc'd). */
+static RunConfig router_settings(const char* path, char** keep) {
     if (blockgate_file(path))
         fatal("average: %s is a block selector (focus fit-blocks), not a router; average routers",
               path);
@@ -35,7 +36,10 @@ static RunConfig router_settings(const char* path) {
     RunConfig rc;
     runconfig_default(&rc);
     runconfig_load_text(&rc, text, path);
-    free(text);
+    if (keep)
+        *keep = text;
+    else
+        free(text);
     return rc;
 }
 
@@ -47,14 +51,15 @@ int cmd_average(int argc, char** argv) {
         return 0;
     if (!model || !out || in.n < 2)
         fatal("average: needs --model, --out and at least two routers (%d given)", in.n);
-    const RunConfig first = router_settings(in.v[0]);
+    char* conf = NULL; /* the first router's settings, which the average keeps */
+    const RunConfig first = router_settings(in.v[0], &conf);
     if (!first.init_router[0])
         fatal(
             "average: %s was trained from its seed's initialisation (no init_router); only "
             "routers retrofitted from the same init_router share coordinates to average",
             in.v[0]);
     for (int i = 1; i < in.n; i++) {
-        const RunConfig rc = router_settings(in.v[i]);
+        const RunConfig rc = router_settings(in.v[i], NULL);
         if (strcmp(rc.init_router, first.init_router))
             fatal(
                 "average: %s started from init_router = '%s', %s from '%s'; only routers "
@@ -85,7 +90,6 @@ int cmd_average(int argc, char** argv) {
     for (size_t j = 0; j < nb; j++) m.beta[j] = (real)(sum[n + j] / in.n);
     free(sum);
     /* the first router's settings, headed by what the file is */
-    char* conf = router_read_config(in.v[0]);
     size_t len = strlen(conf) + 64;
     for (int i = 0; i < in.n; i++) len += strlen(in.v[i]) + 2;
     char* text = mallocCheck(len);

@@ -4,6 +4,7 @@
 set -u
 focus=$(realpath "$1")
 gguf=$(realpath "$2")
+here=$(cd "$(dirname "$0")" && pwd) # (before the cd below)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -73,7 +74,7 @@ check "bench --iters huge" "--iters" "$focus" bench forward --preset tiny-llama 
 mkdir -p adir
 check "a folder as a config file" "adir: not a regular file" "$focus" retrofit --config adir --out run
 # focus average: routers only, and at least two (a shipped block selector, found beside the script)
-sel=$(realpath "$(dirname "$0")/../routers/smollm2-135m-pg19-blocks.h5" 2>/dev/null)
+sel=$here/../routers/smollm2-135m-pg19-blocks.h5
 check "average of a block selector" "smollm2-135m-pg19-blocks.h5 is a block selector" "$focus" average --model tiny.gguf --out avg.h5 "$sel" "$sel"
 check "average of one router" "at least two routers (1 given)" "$focus" average --model tiny.gguf --out avg.h5 x.h5
 echo "cli_errors: $pass passed, $fail failed"
