@@ -75,13 +75,14 @@ static void top_entries(int* idx, float* p, const real* a, int sinks, int far, i
 void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const real* gate,
                         int nblocks, int T, int NH, int NKV, int hs, int w, int sinks) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, bs = b->bs;
-    const int nb = (T + bs - 1) / bs, per = BLOCKGATE_STATS(hs);
+    const int nb = (T + bs - 1) / bs;
+    const size_t sbytes = BLOCKGATE_STAT_BYTES(hs); /* a block's statistics */
     const real scale = (real)(1.0 / sqrt((double)hs));
-    uint16_t* st = mallocCheck(sizeof(uint16_t) * ((size_t)NKV * nb * per + 1));
+    int8_t* st = mallocCheck(sbytes * ((size_t)NKV * nb + 1));
 #pragma omp parallel for schedule(static)
     for (int u = 0; u < NKV * nb; u++) {
         const int g = u / nb, c = u % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
-        blockgate_key_stats16(st + (size_t)u * per, qkv + C + g * hs, QKV, c * bs, j1, hs);
+        blockgate_key_stats8(st + (size_t)u * sbytes, qkv + C + g * hs, QKV, c * bs, j1, hs);
     }
 #pragma omp parallel
     {
@@ -111,7 +112,7 @@ void mass_choose_blocks(MassBlocks* b, const MassRows* t, const real* qkv, const
                 }
                 const size_t rg = (size_t)r * NKV + g;
                 b->nsel[rg] = block_select(b->sel + rg * b->nbmax, BLOCKS_LEARNED, q, rep,
-                                           st + (size_t)g * nb * per,
+                                           st + (size_t)g * nb * sbytes,
                                            gate + (size_t)g * rep * BLOCKGATE_WIDTH(hs), lb, 1,
                                            NULL, 0, i, w, sinks, bs, nblocks, 0, hs, sc, p);
             }

@@ -1,11 +1,12 @@
 /* sparse.c: flash-style dense attention and the hard top-k executor (see sparse.h). */
 #include "sparse.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include <omp.h>
-#if defined(__F16C__) && !defined(FOCUS_DOUBLE)
+#if defined(__AVX2__) && !defined(FOCUS_DOUBLE)
 #include <immintrin.h>
 #endif
 
@@ -760,11 +761,43 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
     for (int e = 0; e < hs; e++) var[e] /= n;
 }
 
-void blockgate_key_stats16(uint16_t* st, const real* k, int ldk, int j0, int j1, int hs) {
+void blockgate_key_stats8(int8_t* st, const real* k, int ldk, int j0, int j1, int hs) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     real s[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     blockgate_key_stats(s, k, ldk, j0, j1, hs);
-    for (int e = 0; e < BLOCKGATE_STATS(hs); e++) st[e] = f32_to_f16((float)s[e], 1);
+    float scale[4];
+    int8_t* b = st + sizeof scale;
+    for (int a = 0; a < 4; a++) {
+        const real* x = s + (size_t)a * hs;
+        float m = 0; /* the largest finite magnitude */
+        for (int e = 0; e < hs; e++) {
+            const float y = fabsf((float)x[e]);
+            m = y > m && y <= FLT_MAX ? y : m;
+        }
+        const float inv = m > 0 ? 127.0f / m : 0;
+        scale[a] = m / 127.0f;
+        for (int e = 0; e < hs; e++) {
+            float y = (float)x[e] * inv; /* (inf times 0: not a number, then 0) */
+            y = y != y ? 0 : y > 127 ? 127 : y < -127 ? -127 : y;
+            b[(size_t)a * hs + e] = (int8_t)lrintf(y);
+        }
+    }
+    memcpy(st, scale, sizeof scale);
+}
+
+void blockgate_stats_get(real* v, const int8_t* st, int n, int hs) {
+    for (int c = 0; c < n; c++) {
+        const int8_t* blk = st + (size_t)c * BLOCKGATE_STAT_BYTES(hs);
+        float scale[4];
+        memcpy(scale, blk, sizeof scale);
+        for (int a = 0; a < 4; a++) {
+            const int8_t* b = blk + sizeof scale + (size_t)a * hs;
+            real* y = v + ((size_t)c * 4 + a) * hs;
+            const real sa = (real)scale[a];
+#pragma omp simd
+            for (int e = 0; e < hs; e++) y[e] = (real)b[e] * sa;
+        }
+    }
 }
 
 void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale) {
@@ -782,35 +815,18 @@ void blockgate_features(real* f, const real* wgt, const real* q, int hs, real sc
 /* out[h] = f_h . st over n values for nh <= 4 feature rows f_h = f + h ldf: each block's
  * statistics read once for the heads. Per head two vector running sums (independent chains: one
  * sum would wait on each add), added in a fixed order: a head's arithmetic whatever heads are
- * beside it. The statistics are reals (st, a fit's) or halves (sh, what the selection reads),
- * widened exactly: the same arithmetic on the same values. */
+ * beside it. st: reals (a fit's). */
 typedef real vreal __attribute__((vector_size(32)));
 enum { VL = (int)(32 / sizeof(real)) };
-/* VL halves widened into *y (through a pointer: a vector returned by value changes the ABI where
- * the build has no AVX) */
-static inline __attribute__((always_inline)) void half_vec(vreal* y, const uint16_t* p) {
-#if defined(__F16C__) && !defined(FOCUS_DOUBLE)
-    __m128i h;
-    memcpy(&h, p, sizeof h);
-    const __m256 x = _mm256_cvtph_ps(h);
-    memcpy(y, &x, sizeof *y);
-#else
-    for (int k = 0; k < VL; k++) (*y)[k] = f16_to_f32(p[k]);
-#endif
-}
 static inline __attribute__((always_inline)) void feature_dots(real* out, const real* f, size_t ldf,
-                                                               int nh, const real* st,
-                                                               const uint16_t* sh, int n) {
+                                                               int nh, const real* st, int n) {
     vreal a[4][2];
     memset(a, 0, sizeof a);
     int e = 0;
     for (; e + 2 * VL <= n; e += 2 * VL)
         for (int k = 0; k < 2; k++) {
             vreal y;
-            if (sh)
-                half_vec(&y, sh + e + k * VL);
-            else
-                memcpy(&y, st + e + k * VL, sizeof y);
+            memcpy(&y, st + e + k * VL, sizeof y);
             for (int h = 0; h < nh; h++) {
                 vreal x;
                 memcpy(&x, f + h * ldf + e + k * VL, sizeof x);
@@ -821,17 +837,100 @@ static inline __attribute__((always_inline)) void feature_dots(real* out, const 
         const vreal t = a[h][0] + a[h][1];
         real s = 0;
         for (int k = 0; k < VL; k++) s += t[k];
-        for (int j = e; j < n; j++) s += f[h * ldf + j] * (sh ? (real)f16_to_f32(sh[j]) : st[j]);
+        for (int j = e; j < n; j++) s += f[h * ldf + j] * st[j];
         out[h] = s;
     }
 }
+
+/* VL bytes widened into *y (through a pointer: a vector returned by value changes the ABI where
+ * the build has no AVX) */
+static inline __attribute__((always_inline)) void byte_vec(vreal* y, const int8_t* p) {
+#if defined(__AVX2__) && !defined(FOCUS_DOUBLE)
+    const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+    memcpy(y, &x, sizeof *y);
+#else
+    for (int k = 0; k < VL; k++) (*y)[k] = (real)p[k];
+#endif
+}
+
+/* The sum of a vector's lanes, in halves (a fixed order) */
+static inline __attribute__((always_inline)) real lanes_sum(vreal t) {
+    for (int w = VL / 2; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) t[k] += t[k + w];
+    return t[0];
+}
+
+/* The products of nh <= 4 feature rows f_h = f + h ldf with the statistics a0 .. a0 + na - 1 of
+ * two blocks' bytes s0 and s1 (f_h's values in their order, hs each) into out[4 b + h], block b:
+ * each byte widened and times its statistic's scale (the values of blockgate_stats_get), two
+ * vector running sums per block and head (independent chains), summed in a fixed order, the
+ * values past a multiple of 2 VL one by one after: a block's arithmetic whatever block and heads
+ * are beside it. Two blocks at a time share the features' loads and keep twice the chains in
+ * flight. Whole when inlined with a constant nh (byte_dots). */
+static inline __attribute__((always_inline)) void byte_dots_nh(real* out, const real* f, size_t ldf,
+                                                               const int nh, const int8_t* s0,
+                                                               const int8_t* s1, int a0, int na,
+                                                               int hs) {
+    float sc[2][4];
+    memcpy(sc[0], s0, sizeof sc[0]), memcpy(sc[1], s1, sizeof sc[1]);
+    vreal a[2][4][2];
+    real tail[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    memset(a, 0, sizeof a);
+    const int nv = hs / (2 * VL) * (2 * VL);
+    for (int s = 0; s < na; s++) {
+        const int8_t* b0 = s0 + sizeof sc[0] + (size_t)(a0 + s) * hs;
+        const int8_t* b1 = s1 + sizeof sc[1] + (size_t)(a0 + s) * hs;
+        const real* fs = f + (size_t)s * hs;
+        const real sa0 = (real)sc[0][a0 + s], sa1 = (real)sc[1][a0 + s];
+        for (int e = 0; e < nv; e += 2 * VL)
+            for (int k = 0; k < 2; k++) {
+                vreal y0, y1;
+                byte_vec(&y0, b0 + e + k * VL);
+                byte_vec(&y1, b1 + e + k * VL);
+                y0 *= sa0, y1 *= sa1;
+                for (int h = 0; h < nh; h++) {
+                    vreal x;
+                    memcpy(&x, fs + h * ldf + e + k * VL, sizeof x);
+                    a[0][h][k] += x * y0, a[1][h][k] += x * y1;
+                }
+            }
+        for (int e = nv; e < hs; e++)
+            for (int h = 0; h < nh; h++) {
+                tail[0][h] += fs[h * ldf + e] * ((real)b0[e] * sa0);
+                tail[1][h] += fs[h * ldf + e] * ((real)b1[e] * sa1);
+            }
+    }
+    for (int b = 0; b < 2; b++)
+        for (int h = 0; h < nh; h++)
+            out[4 * b + h] = lanes_sum(a[b][h][0] + a[b][h][1]) + tail[b][h];
+}
+static inline __attribute__((always_inline)) void byte_dots(real* out, const real* f, size_t ldf,
+                                                            int nh, const int8_t* s0,
+                                                            const int8_t* s1, int a0, int na,
+                                                            int hs) {
+    switch (nh) {
+        case 1:
+            byte_dots_nh(out, f, ldf, 1, s0, s1, a0, na, hs);
+            break;
+        case 2:
+            byte_dots_nh(out, f, ldf, 2, s0, s1, a0, na, hs);
+            break;
+        case 3:
+            byte_dots_nh(out, f, ldf, 3, s0, s1, a0, na, hs);
+            break;
+        default:
+            byte_dots_nh(out, f, ldf, 4, s0, s1, a0, na, hs);
+    }
+}
+/* statistics of no keys: the partner of a last odd block */
+static const int8_t no_block[BLOCKGATE_STAT_BYTES(BLOCKGATE_MAX_HS)];
 
 real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     blockgate_features(f, wgt, q, hs, scale);
     real s;
-    feature_dots(&s, f, 0, 1, st, NULL, BLOCKGATE_STATS(hs));
+    feature_dots(&s, f, 0, 1, st, BLOCKGATE_STATS(hs));
     return wgt[0] + s;
 }
 
@@ -862,31 +961,35 @@ static inline void candidate_blocks(int i, int w, int sinks, int bs, int* c0, in
     *c0 = sinks / bs, *c1 = far_end > sinks ? (far_end - 1) / bs + 1 : *c0;
 }
 
-void block_logits(real* p, const real* q, int rep, const uint16_t* st, const real* gate, int i,
-                  int w, int sinks, int bs, int hs) {
+void block_logits(real* p, const real* q, int rep, const int8_t* st, const real* gate, int i, int w,
+                  int sinks, int bs, int hs) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     int c0, c1;
     candidate_blocks(i, w, sinks, bs, &c0, &c1);
     const int per = BLOCKGATE_STATS(hs), nc = c1 - c0;
     const real scale = (real)(1.0 / sqrt((double)hs)), lfull = logf((real)bs);
-    real fh[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS)], d[4];
+    real fh[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS)], d[8];
     for (int r0 = 0; r0 < rep; r0 += 4) { /* four heads at a time against each block */
         const int nh = rep - r0 < 4 ? rep - r0 : 4;
         for (int h = 0; h < nh; h++)
             blockgate_features(fh + (size_t)h * per, gate + (size_t)(r0 + h) * BLOCKGATE_WIDTH(hs),
                                q + (size_t)(r0 + h) * hs, hs, scale);
-        for (int c = c0; c < c1; c++) {
-            const real logn = block_logn(c, bs, sinks, i, w, lfull);
-            feature_dots(d, fh, per, nh, NULL, st + (size_t)c * per, per);
-            for (int h = 0; h < nh; h++)
-                p[(size_t)(r0 + h) * nc + (c - c0)] =
-                    gate[(size_t)(r0 + h) * BLOCKGATE_WIDTH(hs)] + d[h] + logn;
+        for (int c = c0; c < c1; c += 2) { /* two blocks at a time */
+            const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+            byte_dots(d, fh, per, nh, st + (size_t)c * sb,
+                      c + 1 < c1 ? st + (size_t)(c + 1) * sb : no_block, 0, 4, hs);
+            for (int b = 0; b < 2 && c + b < c1; b++) {
+                const real logn = block_logn(c + b, bs, sinks, i, w, lfull);
+                for (int h = 0; h < nh; h++)
+                    p[(size_t)(r0 + h) * nc + (c + b - c0)] =
+                        gate[(size_t)(r0 + h) * BLOCKGATE_WIDTH(hs)] + d[4 * b + h] + logn;
+            }
         }
     }
 }
 
 void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
-                       const uint16_t* st, const real* gate, int w, int sinks, int bs, int rep,
+                       const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,
                        int hs, real* F, real* L, real* Sf) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     const int TR = BLOCK_TILE_ROWS, TB = BLOCK_TILE_BLOCKS;
@@ -905,12 +1008,7 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
         /* the tile's blocks up to the last candidate, in 16s (each logit its own chain: the
          * same bits as the whole tile's) */
         const int nb = (c1max - j0 + 15) / 16 * 16 < TB ? (c1max - j0 + 15) / 16 * 16 : TB;
-        const uint16_t* sh = st + (size_t)j0 * per;
-#ifdef FOCUS_DOUBLE
-        for (int e = 0; e < nb * per; e++) Sf[e] = f16_to_f32(sh[e]);
-#else
-        f16_row_get(Sf, sh, nb * per);
-#endif
+        blockgate_stats_get(Sf, st + (size_t)j0 * BLOCKGATE_STAT_BYTES(hs), nb, hs);
         tile_abt(L, TB, F, per, Sf, per, mq, nb, per, 1, NULL, 0, Sf + (size_t)TB * per);
         for (int r = 0; r < nq; r++) {
             int a, c1;
@@ -951,18 +1049,17 @@ static void learned_shares(real* sc, const real* p, int rep, const real* lband, 
 
 /* Scores of the candidate key blocks [c0, c1) for the rep query heads q (stride hs) of one key/
  * value head, query position i (keys k with stride ldk), from each block's statistics st
- * (BLOCKGATE_STATS per block: mean, variance, min, max): Quest's upper bound of q . k over the
+ * (blockgate_key_stats8: mean, variance, min, max): Quest's upper bound of q . k over the
  * block from its keys' elementwise min and max, the dot product with the block's mean key, the
  * oracle's share of each head's dense attention mass that falls on the block's distant keys
  * [sinks, i - w), or the learned selector's estimate of that share (gate: the rep heads'
  * weights; lband: their band log-sum-exps, stride ldl). p: scratch of max(i + 1, rep c1). */
-static void block_scores(real* sc, BlockScore score, const real* q, int rep, const uint16_t* st,
+static void block_scores(real* sc, BlockScore score, const real* q, int rep, const int8_t* st,
                          const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                          int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
                          real* p, int made) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
-    const int per = BLOCKGATE_STATS(hs);
-    real f[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS) / 2], d[4];
+    real f[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS) / 2], d[8];
     for (int c = c0; c < c1; c++) sc[c] = 0;
     if (score == BLOCKS_LEARNED) { /* p: the logits, made already when made is set */
         if (!made) block_logits(p, q, rep, st, gate, i, w, sinks, bs, hs);
@@ -1009,21 +1106,24 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
                 else
                     fh[e] = qh[e];
         }
-        for (int c = c0; c < c1; c++) {
-            feature_dots(d, f, n, nh, NULL, st + (size_t)c * per + f0, n);
-            for (int h = 0; h < nh; h++) sc[c] += d[h];
+        for (int c = c0; c < c1; c += 2) { /* two blocks at a time */
+            const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+            byte_dots(d, f, n, nh, st + (size_t)c * sb,
+                      c + 1 < c1 ? st + (size_t)(c + 1) * sb : no_block, f0 / hs, n / hs, hs);
+            for (int b = 0; b < 2 && c + b < c1; b++)
+                for (int h = 0; h < nh; h++) sc[c + b] += d[4 * b + h];
         }
     }
 }
 
-int block_select(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
+int block_select(int* sel, BlockScore score, const real* q, int rep, const int8_t* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p) {
     return block_select_made(sel, score, q, rep, st, gate, lband, ldl, k, ldk, i, w, sinks, bs,
                              nsel, cover, hs, sc, p, 0);
 }
 
-int block_select_made(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
+int block_select_made(int* sel, BlockScore score, const real* q, int rep, const int8_t* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,
                       real* p, int made) {
@@ -1095,11 +1195,11 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                                 int NH, int NKV, int hs) {
     const int C = NH * hs, QKV = (NH + 2 * NKV) * hs, rep = NH / NKV, nb = (T + bs - 1) / bs;
     const real scale = (real)(1.0 / sqrt((double)hs));
-    const int per = BLOCKGATE_STATS(hs); /* block statistics per block */
     /* sinks and window: the band kernel, into out and lse */
     flash_all(out, lse, qkv, NULL, NULL, 0, w, sinks, B, T, NH, NKV, hs);
     double kept = 0;
-    uint16_t* st = mallocCheck(sizeof(uint16_t) * ((size_t)NKV * nb * per + 1));
+    const size_t sbytes = BLOCKGATE_STAT_BYTES(hs); /* a block's statistics */
+    int8_t* st = mallocCheck(sbytes * ((size_t)NKV * nb + 1));
     /* the group keys (qmask given): each group's distant keys, ascending, per sequence */
     int* gpos = qmask ? mallocCheck(sizeof(int) * ((size_t)K * T + 1)) : NULL;
     int gn[32] = {0};
@@ -1116,8 +1216,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
 #pragma omp parallel for schedule(static)
             for (int t = 0; t < NKV * nb; t++) {
                 const int kvh = t / nb, c = t % nb, j1 = (c + 1) * bs < T ? (c + 1) * bs : T;
-                blockgate_key_stats16(st + (size_t)t * per, base + C + kvh * hs, QKV, c * bs, j1,
-                                      hs);
+                blockgate_key_stats8(st + (size_t)t * sbytes, base + C + kvh * hs, QKV, c * bs, j1,
+                                     hs);
             }
         }
 #pragma omp parallel reduction(+ : kept)
@@ -1146,7 +1246,7 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
                 double keys = band_pairs_kept(i, w, sinks) * rep;
                 const int ns =
                     block_select(sel, score, base + (size_t)i * QKV + kvh * rep * hs, rep,
-                                 st + (size_t)kvh * nb * per,
+                                 st + (size_t)kvh * nb * sbytes,
                                  gate ? gate + (size_t)kvh * rep * BLOCKGATE_WIDTH(hs) : NULL,
                                  lse + ((size_t)b * NH + kvh * rep) * T + i, (size_t)T,
                                  base + C + kvh * hs, QKV, i, w, sinks, bs, nsel, cover, hs, sc, p);

@@ -110,12 +110,17 @@ const char* block_score_name(BlockScore s);
 #define BLOCKGATE_WIDTH(hs) (1 + 3 * (hs))
 /* The statistics of keys [j0, j1) (rows of stride ldk) into st (BLOCKGATE_STATS(hs)). */
 void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int hs);
-/* The same rounded to half precision (saturated at the largest half), the statistics every block
- * selection reads (the full pass, the cache, the mass teacher): a decode step reads a candidate
- * block's statistics for each of its query heads, and in halves that is half the bytes (a step
- * at 8K reads about as many bytes of statistics as of chosen keys). A fit (blockgate.h) keeps
- * reals. */
-void blockgate_key_stats16(uint16_t* st, const real* k, int ldk, int j0, int j1, int hs);
+/* The statistics every block selection reads (the full pass, the cache, the mass teacher), in
+ * bytes: each of the four (mean, variance, min, max) as hs signed bytes and one scale, the
+ * largest finite magnitude over 127 (four floats first, then the bytes; BLOCKGATE_STAT_BYTES a
+ * block). Value e of statistic a is (real)byte_e * (real)scale_a, the byte x / scale_a rounded to
+ * the nearest (non-finite values saturate). A decode step reads each candidate block's
+ * statistics: at 8K about a quarter of the bytes of the chosen keys and values (in halves, half).
+ * A fit (blockgate.h) keeps reals. */
+#define BLOCKGATE_STAT_BYTES(hs) (4 * sizeof(float) + 4 * (size_t)(hs))
+void blockgate_key_stats8(int8_t* st, const real* k, int ldk, int j0, int j1, int hs);
+/* The n blocks of statistics st (bytes) as the values above, into v (n BLOCKGATE_STATS(hs)). */
+void blockgate_stats_get(real* v, const int8_t* st, int n, int hs);
 /* The logit s_c above is one product with the block's statistics: s_c = w_0 + f . st_c, the
  * query's features f (BLOCKGATE_STATS(hs)) being a scale q, b (scale q)^2, and g scale q in the
  * minimum's place where q_e < 0, else in the maximum's. blockgate_features fills f for query q
@@ -146,8 +151,8 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
 /* The key blocks that query i keeps beyond its band for one key/value head, into sel (in the
  * order chosen); returns their number. The candidates are the blocks holding distant keys
  * [sinks, i - w): all of them when at most nsel, else the nsel of highest score (ties to the
- * earlier block) for the rep query heads q (stride hs) from the blocks' statistics st (per block
- * BLOCKGATE_STATS(hs), from block 0); gate, lband (stride ldl): BLOCKS_LEARNED's weights of the
+ * earlier block) for the rep query heads q (stride hs) from the blocks' statistics st (from
+ * block 0); gate, lband (stride ldl): BLOCKS_LEARNED's weights of the
  * rep heads and their band log-sum-exps; k (stride ldk): every key up to i, BLOCKS_ORACLE only
  * (else unused). cover > 0 (a mass-adaptive budget, Twilight's top-p): the best blocks until
  * their estimated share of the attention mass reaches cover, at most nsel (nsel <= 0: any
@@ -155,16 +160,16 @@ double attention_blocks_forward(real* out, real* lse, const real* qkv, int w, in
  * attention (the band and sinks count as covered), Quest's and the mean keys' become shares of
  * the distant mass by a softmax of the heads' mean score weighted by each block's key count.
  * Scratch: sc (a score per block), p (max(i + 1, rep x blocks) values). The forward
- * kernel above and the decode step (model/decode.c) choose through it. st: halves
- * (blockgate_key_stats16). */
-int block_select(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
+ * kernel above and the decode step (model/decode.c) choose through it. st: bytes
+ * (blockgate_key_stats8, BLOCKGATE_STAT_BYTES(hs) a block). */
+int block_select(int* sel, BlockScore score, const real* q, int rep, const int8_t* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p);
 /* The learned selector's logits of query i's candidate blocks (rep heads, the blocks' order) into
  * p, as block_select makes them: a decode step makes them beside the band's scores, then
  * block_select_made(..., made = 1) chooses from them (made = 0: block_select). */
-void block_logits(real* p, const real* q, int rep, const uint16_t* st, const real* gate, int i,
-                  int w, int sinks, int bs, int hs);
+void block_logits(real* p, const real* q, int rep, const int8_t* st, const real* gate, int i, int w,
+                  int sinks, int bs, int hs);
 /* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
  * ldq: the rep heads of one key/value head), row r's into p + r ldp: made as products of one
  * shape (BLOCK_TILE_ROWS rows' features against BLOCK_TILE_BLOCKS blocks' statistics, a row's
@@ -175,9 +180,9 @@ void block_logits(real* p, const real* q, int rep, const uint16_t* st, const rea
  * BLOCKGATE_STATS(hs): a tile of statistics widened, and transposed). */
 enum { BLOCK_TILE_ROWS = 32, BLOCK_TILE_BLOCKS = 32 };
 void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
-                       const uint16_t* st, const real* gate, int w, int sinks, int bs, int rep,
+                       const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,
                        int hs, real* F, real* L, real* Sf);
-int block_select_made(int* sel, BlockScore score, const real* q, int rep, const uint16_t* st,
+int block_select_made(int* sel, BlockScore score, const real* q, int rep, const int8_t* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,
                       real* p, int made);

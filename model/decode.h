@@ -56,10 +56,10 @@ typedef struct {
     Governor gov;   /* the decode steps' thread count (on by default with more than one thread) */
     long pairs;     /* attention pairs evaluated so far, summed over layers */
     /* the block patterns (blocks, blocks_mean, blocks_learned), made on first use: */
-    int bs, nbcap;   /* key block size, blocks held per layer and key/value head */
-    uint16_t* bstat; /* (L, NKV, nbcap, BLOCKGATE_STATS(hs)): each complete block's key
-                      * statistics, in halves (blockgate_key_stats16) */
-    int* bkeys;      /* (NKV, cap) the positions each key/value head's queries attend to */
+    int bs, nbcap; /* key block size, blocks held per layer and key/value head */
+    int8_t* bstat; /* (L, NKV, nbcap, BLOCKGATE_STAT_BYTES(hs)): each complete block's key
+                    * statistics, in bytes (blockgate_key_stats8) */
+    int* bkeys;    /* (NKV, cap) the positions each key/value head's queries attend to */
     /* FOCUS_PROFILE=1: seconds of the decode steps (prof) and of the prompts' rows (pprof) by
      * part (DECODE_PARTS), summed */
     int profile;

@@ -350,9 +350,9 @@ static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
     const int hs = model_head_size(mc);
     /* whole products of block_logits_tile: zeros past the complete blocks */
     c->bs = bs, c->nbcap = kvcache_block_cap(c->cap, bs);
-    const size_t nst = (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STATS(hs);
-    c->bstat = mallocPages(sizeof(uint16_t) * nst);
-    memset(c->bstat, 0, sizeof(uint16_t) * nst);
+    const size_t nst = (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STAT_BYTES(hs);
+    c->bstat = mallocPages(nst);
+    memset(c->bstat, 0, nst);
     c->bkeys = mallocCheck(sizeof(int) * (size_t)mc->NKV * c->cap);
 }
 
@@ -371,20 +371,20 @@ static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
             else
                 memcpy(r, (const real*)c->k + at, sizeof(real) * hs);
         }
-        blockgate_key_stats16(
-            c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STATS(hs), rows, hs, 0,
-            c->bs, hs);
+        blockgate_key_stats8(
+            c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STAT_BYTES(hs), rows, hs,
+            0, c->bs, hs);
     }
     free(rows);
 }
 
 /* The block statistics of key/value head g on layer l, and the learned selector's weights of its
  * query heads (NULL for the other block scores). */
-static void selector_of(const KVCache* c, const Model* m, int l, int g, const uint16_t** st,
+static void selector_of(const KVCache* c, const Model* m, int l, int g, const int8_t** st,
                         const real** gate) {
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
-    *st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STATS(hs);
+    *st = c->bstat + ((size_t)l * NKV + g) * c->nbcap * BLOCKGATE_STAT_BYTES(hs);
     *gate = attn_block_score(m->fc.attn) == BLOCKS_LEARNED
                 ? m->method.selector + ((size_t)l * NH + (size_t)g * rep) * BLOCKGATE_WIDTH(hs)
                 : NULL;
@@ -396,7 +396,7 @@ static void selector_of(const KVCache* c, const Model* m, int l, int g, const ui
 static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
                       const real* lb, int* sel, real* sc, real* p, int made) {
     const FocusConfig* f = &m->fc;
-    const uint16_t* st;
+    const int8_t* st;
     const real* gate;
     selector_of(c, m, l, g, &st, &gate);
     return block_select_made(sel, attn_block_score(f->attn), q, m->cfg.NH / m->cfg.NKV, st, gate,
@@ -512,7 +512,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
             const int nq = n - r0 < TR ? n - r0 : TR;
             const real* qg = qkv + (size_t)r0 * Q + (size_t)g * rep * hs;
             if (learned) {
-                const uint16_t* st;
+                const int8_t* st;
                 const real* gate;
                 selector_of(c, m, l, g, &st, &gate);
                 block_logits_tile(p, ldp, qg, Q, pos0 + r0, nq, st, gate, f->w, f->sinks, bs, rep,
@@ -654,7 +654,7 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
                                       w->scores + (size_t)g * rep * c->cap, c->cap, lb + g * rep);
                 npre[g] = made ? w->nkg[g] : 0;
             } else {
-                const uint16_t* st;
+                const int8_t* st;
                 const real* gate;
                 selector_of(c, m, l, g, &st, &gate);
                 block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,

@@ -144,13 +144,39 @@ static void run_band(int B, int T, int w, int sinks, Rng* rng) {
  * candidate block from its keys' mean, variance, min and max, plus the log of its distant key
  * count, normalised with the band's exact log-partition; summed over the key/value head's query
  * heads. s: the dense scores (T, NH) of query i; keep: its band. */
-/* a block statistic as the selection reads it: rounded to half precision (blockgate_key_stats16) */
-static double half(double x) { return f16_to_f32(f32_to_f16((float)x, 1)); }
+/* a block's statistic (hs values) as the selection reads it: rounded to bytes of its largest
+ * magnitude over 127 (blockgate_key_stats8) */
+static void as_bytes(double* x, int n) {
+    float m = 0;
+    for (int e = 0; e < n; e++) m = fmaxf(m, fabsf((float)x[e]));
+    const float inv = m > 0 ? 127.0f / m : 0, scale = m / 127.0f;
+    for (int e = 0; e < n; e++) x[e] = (double)((float)lrintf((float)x[e] * inv) * scale);
+}
+
+/* block c's statistics of key/value head kvh's keys, as the selection reads them */
+static void block_stats(double* mean, double* var, double* lo, double* hi, const real* base,
+                        int kvh, int c, int bs, int T) {
+    const int C = NH * HS, QKV = (NH + 2 * NKV) * HS;
+    for (int e = 0; e < HS; e++) {
+        int n = 0;
+        lo[e] = INFINITY, hi[e] = -INFINITY, mean[e] = 0, var[e] = 0;
+        for (int j = c * bs; j < (c + 1) * bs && j < T; j++, n++) {
+            double x = base[(size_t)j * QKV + C + kvh * HS + e];
+            lo[e] = fmin(lo[e], x), hi[e] = fmax(hi[e], x), mean[e] += x;
+        }
+        mean[e] /= n;
+        for (int j = c * bs; j < (c + 1) * bs && j < T; j++) {
+            double x = base[(size_t)j * QKV + C + kvh * HS + e];
+            var[e] += (x - mean[e]) * (x - mean[e]) / n;
+        }
+    }
+    as_bytes(mean, HS), as_bytes(var, HS), as_bytes(lo, HS), as_bytes(hi, HS);
+}
 
 static void learned_scores(double* sc, const real* base, const double* s, const char* keep,
                            const real* gate, int kvh, int i, int w, int sinks, int bs, int c0,
                            int c1, int T) {
-    const int C = NH * HS, QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, W = BLOCKGATE_WIDTH(HS);
+    const int QKV = (NH + 2 * NKV) * HS, rep = NH / NKV, W = BLOCKGATE_WIDTH(HS);
     const double scale = 1 / sqrt((double)HS);
     for (int c = c0; c < c1; c++) sc[c] = 0;
     for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
@@ -164,23 +190,13 @@ static void learned_scores(double* sc, const real* base, const double* s, const 
         const double lb = mx + log(band);
         double z = 1; /* the band, relative to lb */
         for (int c = c0; c < c1; c++) {
+            double mean[HS], var[HS], lo[HS], hi[HS];
+            block_stats(mean, var, lo, hi, base, kvh, c, bs, T);
             double v = g[0];
             for (int e = 0; e < HS; e++) {
-                double lo = INFINITY, hi = -INFINITY, mean = 0, var = 0;
-                int n = 0;
-                for (int j = c * bs; j < (c + 1) * bs && j < T; j++, n++) {
-                    double x = base[(size_t)j * QKV + C + kvh * HS + e];
-                    lo = fmin(lo, x), hi = fmax(hi, x), mean += x;
-                }
-                mean /= n;
-                for (int j = c * bs; j < (c + 1) * bs && j < T; j++) {
-                    double x = base[(size_t)j * QKV + C + kvh * HS + e];
-                    var += (x - mean) * (x - mean) / n;
-                }
                 const double x = scale * q[e];
-                mean = half(mean), var = half(var), lo = half(lo), hi = half(hi);
-                v += g[1 + e] * x * mean + g[1 + HS + e] * x * x * var +
-                     g[1 + 2 * HS + e] * fmax(x * lo, x * hi);
+                v += g[1 + e] * x * mean[e] + g[1 + HS + e] * x * x * var[e] +
+                     g[1 + 2 * HS + e] * fmax(x * lo[e], x * hi[e]);
             }
             int d = 0;
             for (int j = c * bs; j < (c + 1) * bs && j < i - w; j++) d += j >= sinks;
@@ -228,6 +244,8 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                 if (score == BLOCKS_LEARNED)
                     learned_scores(sc, base, s, keep, gate, kvh, i, w, sinks, bs, c0, c1, T);
                 for (int c = c0; c < c1 && score != BLOCKS_LEARNED; c++) {
+                    double mean[HS], var[HS], lo[HS], hi[HS];
+                    if (score != BLOCKS_ORACLE) block_stats(mean, var, lo, hi, base, kvh, c, bs, T);
                     sc[c] = 0;
                     for (int h = kvh * rep; h < (kvh + 1) * rep; h++) {
                         const real* q = base + (size_t)i * QKV + h * HS;
@@ -236,16 +254,9 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                                 if (j >= sinks) sc[c] += exp(s[(size_t)j * NH + h] - dl[h]);
                             continue;
                         }
-                        for (int e = 0; e < HS; e++) {
-                            double lo = INFINITY, hi = -INFINITY, mean = 0;
-                            int n = 0;
-                            for (int j = c * bs; j < (c + 1) * bs && j < T; j++, n++) {
-                                double x = base[(size_t)j * QKV + C + kvh * HS + e];
-                                lo = fmin(lo, x), hi = fmax(hi, x), mean += x;
-                            }
-                            sc[c] += score == BLOCKS_QUEST ? fmax(q[e] * half(lo), q[e] * half(hi))
-                                                           : q[e] * half(mean / n);
-                        }
+                        for (int e = 0; e < HS; e++)
+                            sc[c] += score == BLOCKS_QUEST ? fmax(q[e] * lo[e], q[e] * hi[e])
+                                                           : q[e] * mean[e];
                     }
                 }
                 /* cover: the best blocks until their estimated share of the mass reaches it
