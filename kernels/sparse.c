@@ -1028,22 +1028,23 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
 }
 
 /* block_scores of the learned selector from its logits p (block_logits): each head's share of
- * its attention, summed over the heads into sc */
-static void learned_shares(real* sc, const real* p, int rep, const real* lband, size_t ldl, int c0,
+ * its attention, exp(p - max) over the sum (with the band's), summed over the heads into sc. The
+ * logits are overwritten with their exponentials (one pass of them a head). */
+static void learned_shares(real* sc, real* p, int rep, const real* lband, size_t ldl, int c0,
                            int c1) {
     const int nc = c1 - c0;
     for (int r = 0; r < rep; r++) {
-        const real* pr = p + (size_t)r * nc;
+        real* pr = p + (size_t)r * nc;
         const real lb = lband[(size_t)r * ldl];
         real mx = lb, sum = 0;
 #pragma omp simd reduction(max : mx)
         for (int c = 0; c < nc; c++) mx = pr[c] > mx ? pr[c] : mx;
 #pragma omp simd reduction(+ : sum)
-        for (int c = 0; c < nc; c++) sum += exp_f(pr[c] - mx);
+        for (int c = 0; c < nc; c++) sum += pr[c] = exp_f(pr[c] - mx);
         sum += lb > -INFINITY ? exp_f(lb - mx) : 0;
-        const real L = mx + (real)log((double)sum);
+        const real inv = 1 / sum;
 #pragma omp simd
-        for (int c = 0; c < nc; c++) sc[c0 + c] += exp_f(pr[c] - L);
+        for (int c = 0; c < nc; c++) sc[c0 + c] += pr[c] * inv;
     }
 }
 

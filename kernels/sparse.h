@@ -167,7 +167,7 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const int8_
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p);
 /* The learned selector's logits of query i's candidate blocks (rep heads, the blocks' order) into
  * p, as block_select makes them: a decode step makes them beside the band's scores, then
- * block_select_made(..., made = 1) chooses from them (made = 0: block_select). */
+ * block_select_made(..., made = 1) chooses from them, overwriting them (made = 0: block_select). */
 void block_logits(real* p, const real* q, int rep, const int8_t* st, const real* gate, int i, int w,
                   int sinks, int bs, int hs);
 /* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
