@@ -4,10 +4,13 @@
 # on SmolLM2 (random token ids, as llama-bench's); the table gives, for the prompt's rows and
 # for the decoded tokens, the pairs kept p, the attention's milliseconds a token (selection
 # included), that time over dense attention's, and that ratio over p (the bound is 1.5), with
-# the attention's parts (window and sinks, selection, distant keys).
+# the attention's parts (window and sinks, selection, distant keys). ROUNDS > 1 runs every method
+# once a round, the rounds one after another (a shared machine's load changes within minutes):
+# each ratio is then taken against the same round's dense, and the table gives the median ratio
+# with the rounds' least and most.
 # Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), CTX (8160),
-# N (32), THREADS (2), BUILD (the build folder: build). Writes OUT/table.md and each method's
-# output in OUT/*.txt (default OUT: runs/attn_shares).
+# N (32), THREADS (2), ROUNDS (1), BUILD (the build folder: build). Writes OUT/table.md and each
+# run's output in OUT/*.txt (default OUT: runs/attn_shares).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/attn_shares}
@@ -15,6 +18,7 @@ model=${MODEL:-$(bash scripts/fetch_model.sh)}
 ctx=${CTX:-8160}
 n=${N:-32}
 threads=${THREADS:-2}
+rounds=${ROUNDS:-1}
 mkdir -p "$out"
 rm -f "$out"/*.txt
 source scripts/blas_env.sh
@@ -31,52 +35,72 @@ methods=(
   "centroid router k=1 (w=512)|--router routers/smollm2-135m-pg19-8k.h5 --attn hard --topk 1 --set w=512"
   "selector + centroids (14 of 64, w=128)|--router routers/smollm2-135m-pg19-blocks.h5,routers/smollm2-135m-pg19-8k-groups.h5 --set w=128 --set blocks=14"
 )
-for entry in "${methods[@]}"; do
-  name=${entry%%|*}
-  args=${entry#*|}
-  file=$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').txt
-  echo "$name" >&2
-  # shellcheck disable=SC2086
-  FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads "$build/focus" bench decode --model "$model" --ctx "$ctx" \
-    -n "$n" $args >"$file"
-  printf '%s\n' "$name" >>"$file"
+for round in $(seq 1 "$rounds"); do
+  for entry in "${methods[@]}"; do
+    name=${entry%%|*}
+    args=${entry#*|}
+    file=$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').r$round.txt
+    echo "round $round: $name" >&2
+    # shellcheck disable=SC2086
+    FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads "$build/focus" bench decode --model "$model" \
+      --ctx "$ctx" -n "$n" $args >"$file"
+    printf '%s\n' "$name" >>"$file"
+  done
 done
 
 python3 - "$out" "$ctx" <<'EOF'
-import glob, os, re, sys
+import glob, os, re, statistics, sys
 out, ctx = sys.argv[1], sys.argv[2]
-rows = []
-for f in sorted(glob.glob(os.path.join(out, "*.txt")), key=os.path.getmtime):
+runs = {}  # round -> name -> run
+for f in glob.glob(os.path.join(out, "*.r*.txt")):
     t = open(f).read()
     name = t.strip().splitlines()[-1]
+    rnd = int(re.search(r"\.r(\d+)\.txt$", f).group(1))
     m = re.search(r"prompt \d+ tokens \([^)]*\): ([\d.]+) tokens/s \| decode \d+ tokens at context \d+: ([\d.]+) tokens/s \| pairs kept ([\d.]+) \(the prompt's rows: ([\d.]+)\)", t)
     if not m:
         sys.exit("attn_shares: no speeds in %s" % f)
-    r = {"name": name, "tps": (float(m.group(1)), float(m.group(2))), "p": (float(m.group(4)), float(m.group(3)))}
+    r = {"name": name, "tps": (float(m.group(1)), float(m.group(2))), "p": (float(m.group(4)), float(m.group(3))),
+         "mtime": os.path.getmtime(f)}
     for k, part in enumerate(("prompt", "decode")):
         pm = re.search(part + r" profile \(FOCUS_PROFILE=1\), ([\d.]+) ms a token:(.*)", t)
         ms, rest = float(pm.group(1)), pm.group(2)
         am = re.search(r"attention ([\d.]+) %( \(([^)]*)\))?", rest)
         r[part] = ms * float(am.group(1)) / 100
         r[part + "_split"] = am.group(3) or ""
-    rows.append(r)
-dense = next(r for r in rows if r["name"] == "dense")
-isa = re.search(r"kernels: (\S+)", open(os.path.join(out, "dense.txt")).read()).group(1)
+    runs.setdefault(rnd, {})[name] = r
+if not runs:
+    sys.exit("attn_shares: no runs in %s" % out)
+first = runs[min(runs)]
+names = [r["name"] for r in sorted(first.values(), key=lambda r: r["mtime"])]
+if any("dense" not in runs[k] for k in runs):
+    sys.exit("attn_shares: a round without dense in %s" % out)
+isa = re.search(r"kernels: (\S+)", open(glob.glob(os.path.join(out, "dense.r*.txt"))[0]).read()).group(1)
+nr = len(runs)
+def cell(vals, fmt):
+    med = statistics.median(vals)
+    return fmt % med if len(vals) == 1 else (fmt + " (" + fmt + "-" + fmt + ")") % (med, min(vals), max(vals))
 lines = ["| method | prompt tokens/s | prompt p | prompt attention, ms a token | / dense | / (p dense) | decode tokens/s | decode p | decode attention, ms a token | / dense | / (p dense) |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
-for r in rows:
-    cells = [r["name"]]
-    for k, part in enumerate(("prompt", "decode")):
-        rel = r[part] / dense[part]
-        cells += ["%.1f" % r["tps"][k], "%.3f" % r["p"][k], "%.3f" % r[part], "%.3f" % rel, "%.2f" % (rel / r["p"][k])]
+for name in names:
+    ks = [k for k in sorted(runs) if name in runs[k]]
+    rs = [runs[k][name] for k in ks]
+    cells = [name]
+    for i, part in enumerate(("prompt", "decode")):
+        rel = [runs[k][name][part] / runs[k]["dense"][part] for k in ks]
+        cells += [cell([r["tps"][i] for r in rs], "%.1f"), "%.3f" % statistics.median(r["p"][i] for r in rs),
+                  cell([r[part] for r in rs], "%.3f"), cell(rel, "%.3f"),
+                  cell([x / r["p"][i] for x, r in zip(rel, rs)], "%.2f")]
     lines.append("| " + " | ".join(cells) + " |")
 lines.append("")
-lines.append("The attention's parts (shares of the whole prompt or step time):")
+lines.append("The attention's parts (shares of the whole prompt or step time, round 1):")
 lines.append("")
-for r in rows:
+for name in names:
+    r = first[name]
     if r["prompt_split"] or r["decode_split"]:
-        lines.append("- %s: prompt %s; decode %s" % (r["name"], r["prompt_split"] or "-", r["decode_split"] or "-"))
-text = "\n".join(lines) + "\n"
-open(os.path.join(out, "table.md"), "w").write("context %s, instruction set %s\n\n" % (ctx, isa) + text)
+        lines.append("- %s: prompt %s; decode %s" % (name, r["prompt_split"] or "-", r["decode_split"] or "-"))
+head = "context %s, instruction set %s, %d round%s%s\n\n" % (
+    ctx, isa, nr, "s" if nr > 1 else "", " (each cell: the median, then the least and most)" if nr > 1 else "")
+text = head + "\n".join(lines) + "\n"
+open(os.path.join(out, "table.md"), "w").write(text)
 print(text)
 EOF
