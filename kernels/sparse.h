@@ -113,8 +113,8 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
 /* The statistics every block selection reads (the full pass, the cache, the mass teacher), in
  * bytes: each of the four (mean, variance, min, max) as hs signed bytes and one scale, the
  * largest finite magnitude over 127 (four floats first, then the bytes; BLOCKGATE_STAT_BYTES a
- * block). Value e of statistic a is (real)byte_e * (real)scale_a, the byte x / scale_a rounded to
- * the nearest (non-finite values saturate). A decode step reads each candidate block's
+ * block). Value e of statistic a is (real)byte_e * (real)scale_a, the byte x times 127 over that
+ * magnitude, rounded to the nearest (non-finite values saturate). A decode step reads each candidate block's
  * statistics: at 8K about a quarter of the bytes of the chosen keys and values (in halves, half).
  * A fit (blockgate.h) keeps reals. */
 #define BLOCKGATE_STAT_BYTES(hs) (4 * sizeof(float) + 4 * (size_t)(hs))
