@@ -114,9 +114,9 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
  * bytes: each of the four (mean, variance, min, max) as hs signed bytes and one scale, the
  * largest finite magnitude over 127 (four floats first, then the bytes; BLOCKGATE_STAT_BYTES a
  * block). Value e of statistic a is (real)byte_e * (real)scale_a, the byte x times 127 over that
- * magnitude, rounded to the nearest (non-finite values saturate). A decode step reads each candidate block's
- * statistics: at 8K about a quarter of the bytes of the chosen keys and values (in halves, half).
- * A fit (blockgate.h) keeps reals. */
+ * magnitude, rounded to the nearest (non-finite values saturate). A decode step reads each
+ * candidate block's statistics: at 8K about a quarter of the bytes of the chosen keys and values
+ * (in halves, half). A fit (blockgate.h) keeps reals. */
 #define BLOCKGATE_STAT_BYTES(hs) (4 * sizeof(float) + 4 * (size_t)(hs))
 void blockgate_key_stats8(int8_t* st, const real* k, int ldk, int j0, int j1, int hs);
 /* The n blocks of statistics st (bytes) as the values above, into v (n BLOCKGATE_STATS(hs)). */
