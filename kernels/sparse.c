@@ -853,8 +853,9 @@ static inline __attribute__((always_inline)) void byte_vec(vreal* y, const int8_
 #endif
 }
 
-/* The sum of a vector's lanes, in halves (a fixed order) */
-static inline __attribute__((always_inline)) real lanes_sum(vreal t) {
+/* The sum of the lanes of *v, in halves (a fixed order; through a pointer, as byte_vec) */
+static inline __attribute__((always_inline)) real lanes_sum(const vreal* v) {
+    vreal t = *v;
     for (int w = VL / 2; w >= 1; w /= 2)
         for (int k = 0; k < w; k++) t[k] += t[k + w];
     return t[0];
@@ -901,8 +902,10 @@ static inline __attribute__((always_inline)) void byte_dots_nh(real* out, const 
             }
     }
     for (int b = 0; b < 2; b++)
-        for (int h = 0; h < nh; h++)
-            out[4 * b + h] = lanes_sum(a[b][h][0] + a[b][h][1]) + tail[b][h];
+        for (int h = 0; h < nh; h++) {
+            const vreal t = a[b][h][0] + a[b][h][1];
+            out[4 * b + h] = lanes_sum(&t) + tail[b][h];
+        }
 }
 static inline __attribute__((always_inline)) void byte_dots(real* out, const real* f, size_t ldf,
                                                             int nh, const int8_t* s0,
