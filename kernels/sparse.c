@@ -812,34 +812,26 @@ void blockgate_features(real* f, const real* wgt, const real* q, int hs, real sc
     }
 }
 
-/* out[h] = f_h . st over n values for nh <= 4 feature rows f_h = f + h ldf: each block's
- * statistics read once for the heads. Per head two vector running sums (independent chains: one
- * sum would wait on each add), added in a fixed order: a head's arithmetic whatever heads are
- * beside it. st: reals (a fit's). */
+/* f . st over n reals (a fit's statistics): two vector running sums (independent chains: one sum
+ * would wait on each add), added in a fixed order. */
 typedef real vreal __attribute__((vector_size(32)));
 enum { VL = (int)(32 / sizeof(real)) };
-static inline __attribute__((always_inline)) void feature_dots(real* out, const real* f, size_t ldf,
-                                                               int nh, const real* st, int n) {
-    vreal a[4][2];
+static real feature_dot(const real* f, const real* st, int n) {
+    vreal a[2];
     memset(a, 0, sizeof a);
     int e = 0;
     for (; e + 2 * VL <= n; e += 2 * VL)
         for (int k = 0; k < 2; k++) {
-            vreal y;
+            vreal x, y;
+            memcpy(&x, f + e + k * VL, sizeof x);
             memcpy(&y, st + e + k * VL, sizeof y);
-            for (int h = 0; h < nh; h++) {
-                vreal x;
-                memcpy(&x, f + h * ldf + e + k * VL, sizeof x);
-                a[h][k] += x * y;
-            }
+            a[k] += x * y;
         }
-    for (int h = 0; h < nh; h++) {
-        const vreal t = a[h][0] + a[h][1];
-        real s = 0;
-        for (int k = 0; k < VL; k++) s += t[k];
-        for (int j = e; j < n; j++) s += f[h * ldf + j] * st[j];
-        out[h] = s;
-    }
+    const vreal t = a[0] + a[1];
+    real s = 0;
+    for (int k = 0; k < VL; k++) s += t[k];
+    for (int j = e; j < n; j++) s += f[j] * st[j];
+    return s;
 }
 
 /* VL bytes widened into *y (through a pointer: a vector returned by value changes the ABI where
@@ -932,9 +924,7 @@ real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, rea
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     blockgate_features(f, wgt, q, hs, scale);
-    real s;
-    feature_dots(&s, f, 0, 1, st, BLOCKGATE_STATS(hs));
-    return wgt[0] + s;
+    return wgt[0] + feature_dot(f, st, BLOCKGATE_STATS(hs));
 }
 
 void blockgate_init(real* wgt, int n, int hs) {
