@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include <omp.h>
-#if defined(__AVX2__) && !defined(FOCUS_DOUBLE)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -785,21 +785,6 @@ void blockgate_key_stats8(int8_t* st, const real* k, int ldk, int j0, int j1, in
     memcpy(st, scale, sizeof scale);
 }
 
-void blockgate_stats_get(real* v, const int8_t* st, int n, int hs) {
-    for (int c = 0; c < n; c++) {
-        const int8_t* blk = st + (size_t)c * BLOCKGATE_STAT_BYTES(hs);
-        float scale[4];
-        memcpy(scale, blk, sizeof scale);
-        for (int a = 0; a < 4; a++) {
-            const int8_t* b = blk + sizeof scale + (size_t)a * hs;
-            real* y = v + ((size_t)c * 4 + a) * hs;
-            const real sa = (real)scale[a];
-#pragma omp simd
-            for (int e = 0; e < hs; e++) y[e] = (real)b[e] * sa;
-        }
-    }
-}
-
 void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale) {
     const real *a = wgt + 1, *b = a + hs, *g = b + hs;
 #pragma omp simd
@@ -834,91 +819,364 @@ static real feature_dot(const real* f, const real* st, int n) {
     return s;
 }
 
-/* VL bytes widened into *y (through a pointer: a vector returned by value changes the ABI where
- * the build has no AVX) */
-static inline __attribute__((always_inline)) void byte_vec(vreal* y, const int8_t* p) {
-#if defined(__AVX2__) && !defined(FOCUS_DOUBLE)
-    const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-    memcpy(y, &x, sizeof *y);
-#else
-    for (int k = 0; k < VL; k++) (*y)[k] = (real)p[k];
+/* ---- the selection's products in integers: a query's features in bytes, as the statistics are
+ * (each of the four with one scale, its largest finite magnitude over 127), so that a feature
+ * row's product with a block's statistic is an exact sum of products of bytes, the same on every
+ * instruction set and in any order. Per head and block, with I_a that product for statistic a and
+ * t_a = (feature scale_a statistic scale_a) I_a in floats, the value is (t_0 + t_2) + (t_1 + t_3):
+ * the same bits on every level (a statistic a head does not use has a feature scale of 0). */
+
+/* One query head's features in bytes: per statistic a its scale (0: unused), its bytes at q
+ * (hs from a hs; the caller's BLOCKGATE_STATS(hs)) and their sum (AVX-512 VNNI's offset; below) */
+typedef struct {
+    float scale[4];
+    int32_t sum[4];
+    int8_t* q;
+} ByteFeatures;
+
+/* The statistics a0 .. a0 + na - 1 of the features f (hs each, in the statistics' order) into
+ * bf, rounded as blockgate_key_stats8 rounds the statistics (to the nearest, ties to even: 1.5
+ * 2^23 added and taken away, as lrintf does in the default rounding mode, but vectorised); the
+ * other statistics unused. */
+static void features_bytes_scalar(ByteFeatures* bf, const real* f, int a, int hs) {
+    const real* x = f + (size_t)a * hs;
+    int8_t* q = bf->q + (size_t)a * hs;
+    float m = 0;
+    for (int e = 0; e < hs; e++) {
+        const float y = fabsf((float)x[e]);
+        m = y > m && y <= FLT_MAX ? y : m;
+    }
+    const float inv = m > 0 ? 127.0f / m : 0, big = 12582912.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < hs; e++) {
+        float y = (float)x[e] * inv;
+        y = y != y ? 0 : y > 127 ? 127 : y < -127 ? -127 : y;
+        const int b = (int)((y + big) - big);
+        q[e] = (int8_t)b;
+        sum += b;
+    }
+    bf->scale[a] = m / 127.0f, bf->sum[a] = sum;
+}
+
+#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+/* the same at AVX2 (hs a multiple of 8) and AVX-512 (of 16): the maximum over finite
+ * magnitudes, not-a-number to 0, the clamp, then the conversion's rounding to the nearest, ties
+ * to even (the default mode) */
+__attribute__((target("avx2"))) static void features_bytes_avx2(ByteFeatures* bf, const float* f,
+                                                                int a, int hs) {
+    const float* x = f + (size_t)a * hs;
+    int8_t* q = bf->q + (size_t)a * hs;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(FLT_MAX), hi = _mm256_set1_ps(127), lo = _mm256_set1_ps(-127);
+    __m256 mv = _mm256_setzero_ps();
+    for (int e = 0; e < hs; e += 8) {
+        const __m256 y = _mm256_and_ps(_mm256_loadu_ps(x + e), absmask);
+        mv = _mm256_max_ps(mv, _mm256_and_ps(y, _mm256_cmp_ps(y, big, _CMP_LE_OQ)));
+    }
+    float mx[8], m = 0;
+    _mm256_storeu_ps(mx, mv);
+    for (int k = 0; k < 8; k++) m = mx[k] > m ? mx[k] : m;
+    const float inv = m > 0 ? 127.0f / m : 0;
+    const __m256 iv = _mm256_set1_ps(inv);
+    __m256i sv = _mm256_setzero_si256();
+    for (int e = 0; e < hs; e += 8) {
+        __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + e), iv);
+        y = _mm256_and_ps(y, _mm256_cmp_ps(y, y, _CMP_ORD_Q));
+        const __m256i b = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(y, lo), hi));
+        const __m128i h =
+            _mm_packs_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+        _mm_storel_epi64((__m128i*)(q + e), _mm_packs_epi16(h, h));
+        sv = _mm256_add_epi32(sv, b);
+    }
+    int32_t s8[8], sum = 0;
+    _mm256_storeu_si256((__m256i*)s8, sv);
+    for (int k = 0; k < 8; k++) sum += s8[k];
+    bf->scale[a] = m / 127.0f, bf->sum[a] = sum;
+}
+__attribute__((target("avx512f,avx512bw"))) static void features_bytes_avx512(ByteFeatures* bf,
+                                                                              const float* f, int a,
+                                                                              int hs) {
+    const float* x = f + (size_t)a * hs;
+    int8_t* q = bf->q + (size_t)a * hs;
+    const __m512 big = _mm512_set1_ps(FLT_MAX), hi = _mm512_set1_ps(127), lo = _mm512_set1_ps(-127);
+    __m512 mv = _mm512_setzero_ps();
+    for (int e = 0; e < hs; e += 16) {
+        const __m512 y = _mm512_abs_ps(_mm512_loadu_ps(x + e));
+        mv = _mm512_mask_max_ps(mv, _mm512_cmp_ps_mask(y, big, _CMP_LE_OQ), mv, y);
+    }
+    const float m = _mm512_reduce_max_ps(mv), inv = m > 0 ? 127.0f / m : 0;
+    const __m512 iv = _mm512_set1_ps(inv);
+    __m512i sv = _mm512_setzero_si512();
+    for (int e = 0; e < hs; e += 16) {
+        __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + e), iv);
+        y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), y);
+        const __m512i b = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(y, lo), hi));
+        _mm_storeu_si128((__m128i*)(q + e), _mm512_cvtsepi32_epi8(b));
+        sv = _mm512_add_epi32(sv, b);
+    }
+    bf->scale[a] = m / 127.0f, bf->sum[a] = _mm512_reduce_add_epi32(sv);
+}
 #endif
+
+static void features_bytes(ByteFeatures* bf, const real* f, int a0, int na, int hs) {
+    for (int a = 0; a < 4; a++) bf->scale[a] = 0, bf->sum[a] = 0;
+#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+    const int isa = quant_isa();
+    if (isa >= QUANT_ISA_AVX512_VNNI && hs % 16 == 0) {
+        for (int a = a0; a < a0 + na; a++) features_bytes_avx512(bf, f, a, hs);
+        return;
+    }
+    if (isa >= QUANT_ISA_AVX2 && hs % 8 == 0) {
+        for (int a = a0; a < a0 + na; a++) features_bytes_avx2(bf, f, a, hs);
+        return;
+    }
+#endif
+    for (int a = a0; a < a0 + na; a++) features_bytes_scalar(bf, f, a, hs);
 }
 
-/* The sum of the lanes of *v, in halves (a fixed order; through a pointer, as byte_vec) */
-static inline __attribute__((always_inline)) real lanes_sum(const vreal* v) {
-    vreal t = *v;
-    for (int w = VL / 2; w >= 1; w /= 2)
-        for (int k = 0; k < w; k++) t[k] += t[k + w];
-    return t[0];
+/* (t_0 + t_2) + (t_1 + t_3) of head h against a block's statistics (blk: its scales first) from
+ * its products I (I[a]) */
+static inline float byte_value(const int32_t* I, const ByteFeatures* bf, const int8_t* blk) {
+    float ss[4];
+    volatile float t[4]; /* (a product never fused into the sum after it, as the vectors do) */
+    memcpy(ss, blk, sizeof ss);
+    for (int a = 0; a < 4; a++) t[a] = (bf->scale[a] * ss[a]) * (float)I[a];
+    return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
-/* The products of nh <= 4 feature rows f_h = f + h ldf with the statistics a0 .. a0 + na - 1 of
- * two blocks' bytes s0 and s1 (f_h's values in their order, hs each) into out[4 b + h], block b:
- * each byte widened and times its statistic's scale (the values of blockgate_stats_get), two
- * vector running sums per block and head (independent chains), summed in a fixed order, the
- * values past a multiple of 2 VL one by one after: a block's arithmetic whatever block and heads
- * are beside it. Two blocks at a time share the features' loads and keep twice the chains in
- * flight. Whole when inlined with a constant nh (byte_dots). */
-static inline __attribute__((always_inline)) void byte_dots_nh(real* out, const real* f, size_t ldf,
-                                                               const int nh, const int8_t* s0,
-                                                               const int8_t* s1, int a0, int na,
-                                                               int hs) {
-    float sc[2][4];
-    memcpy(sc[0], s0, sizeof sc[0]), memcpy(sc[1], s1, sizeof sc[1]);
-    vreal a[2][4][2];
-    real tail[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-    memset(a, 0, sizeof a);
-    const int nv = hs / (2 * VL) * (2 * VL);
-    for (int s = 0; s < na; s++) {
-        const int8_t* b0 = s0 + sizeof sc[0] + (size_t)(a0 + s) * hs;
-        const int8_t* b1 = s1 + sizeof sc[1] + (size_t)(a0 + s) * hs;
-        const real* fs = f + (size_t)s * hs;
-        const real sa0 = (real)sc[0][a0 + s], sa1 = (real)sc[1][a0 + s];
-        for (int e = 0; e < nv; e += 2 * VL)
+/* The values of the nh <= 4 feature rows bf against the statistics a0 .. a0 + na - 1 of each
+ * block c of [c0, c1) (st: from block 0) into out[4 (c - c0) + h]; (a0, na) one of (0, 4), (2,
+ * 2), (0, 1). */
+static void byte_products_scalar(float* out, const ByteFeatures* bf, int nh, const int8_t* st,
+                                 int c0, int c1, int a0, int na, int hs) {
+    for (int c = c0; c < c1; c++) {
+        const int8_t* blk = st + (size_t)c * BLOCKGATE_STAT_BYTES(hs);
+        const int8_t* s = blk + 4 * sizeof(float);
+        for (int h = 0; h < nh; h++) {
+            int32_t I[4] = {0, 0, 0, 0};
+            for (int a = a0; a < a0 + na; a++)
+                for (int e = 0; e < hs; e++)
+                    I[a] += (int32_t)bf[h].q[(size_t)a * hs + e] * s[(size_t)a * hs + e];
+            out[4 * (c - c0) + h] = byte_value(I, &bf[h], blk);
+        }
+    }
+}
+
+#if defined(__x86_64__)
+/* AVX2: 32 bytes at a time, q s as |q| (sign(q) s): pairs of at most 2 127 127 < 2^15 (no
+ * saturation), widened to 32 bits by the pairs' sum; a tail past the last 32 bytes one by one.
+ * Accumulator 4 h + a, heads two at a time: the sums of 8 lanes of the 8 accumulators of heads
+ * 2 g, 2 g + 1 through a tree put accumulator 2 i + k at element 4 k + i, that is (head 2 g + i /
+ * 2, statistic 2 (i % 2) + k). Whole when inlined with constant nh and na. */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void values8(
+    float* out, const __m256i* v, __m256 fs, __m256 ss) {
+    __m256i w[4], x[2];
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm256_add_epi32(_mm256_permute2x128_si256(v[2 * i], v[2 * i + 1], 0x20),
+                                _mm256_permute2x128_si256(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)
+        x[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(w[2 * i], w[2 * i + 1]),
+                                _mm256_unpackhi_epi32(w[2 * i], w[2 * i + 1]));
+    const __m256i r =
+        _mm256_add_epi32(_mm256_unpacklo_epi64(x[0], x[1]), _mm256_unpackhi_epi64(x[0], x[1]));
+    /* t: (head 2g, statistics 0 2), (2g + 1: 0 2), (2g: 1 3), (2g + 1: 1 3) */
+    const __m256 t = _mm256_mul_ps(_mm256_mul_ps(fs, ss), _mm256_cvtepi32_ps(r));
+    const __m256 u = _mm256_hadd_ps(t, t); /* t_0 + t_2 of each head, then t_1 + t_3 */
+    const __m128 d = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    out[0] = _mm_cvtss_f32(d), out[1] = _mm_cvtss_f32(_mm_shuffle_ps(d, d, 1));
+}
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+byte_products_avx2_nh(float* out, const ByteFeatures* bf, const int nh, const int8_t* st, int c0,
+                      int c1, const int na, int hs) {
+    const int a0 = na == 2 ? 2 : 0, nv = hs / 32 * 32;
+    const __m256i ones = _mm256_set1_epi16(1), perm = _mm256_setr_epi32(0, 2, 0, 2, 1, 3, 1, 3);
+    __m256 fs[2]; /* the feature scales in the order of values8's elements */
+    for (int g = 0; g < 2; g++) {
+        float x[8];
+        for (int i = 0; i < 4; i++)
             for (int k = 0; k < 2; k++) {
-                vreal y0, y1;
-                byte_vec(&y0, b0 + e + k * VL);
-                byte_vec(&y1, b1 + e + k * VL);
-                y0 *= sa0, y1 *= sa1;
+                const int h = 2 * g + i / 2, a = 2 * (i % 2) + k;
+                x[4 * k + i] = h < nh ? bf[h].scale[a] : 0;
+            }
+        fs[g] = _mm256_loadu_ps(x);
+    }
+    for (int c = c0; c < c1; c++) {
+        const int8_t* blk = st + (size_t)c * BLOCKGATE_STAT_BYTES(hs);
+        const int8_t* s = blk + 4 * sizeof(float);
+        __m256i acc[16];
+        for (int k = 0; k < 16; k++) acc[k] = _mm256_setzero_si256();
+        for (int e = 0; e < nv; e += 32)
+            for (int a = a0; a < a0 + na; a++) {
+                const size_t at = (size_t)a * hs + e;
+                const __m256i x = _mm256_loadu_si256((const __m256i*)(s + at));
                 for (int h = 0; h < nh; h++) {
-                    vreal x;
-                    memcpy(&x, fs + h * ldf + e + k * VL, sizeof x);
-                    a[0][h][k] += x * y0, a[1][h][k] += x * y1;
+                    const __m256i q = _mm256_loadu_si256((const __m256i*)(bf[h].q + at));
+                    const __m256i m = _mm256_abs_epi8(q);
+                    const __m256i p = _mm256_maddubs_epi16(m, _mm256_sign_epi8(x, q));
+                    acc[4 * h + a] = _mm256_add_epi32(acc[4 * h + a], _mm256_madd_epi16(p, ones));
                 }
             }
-        for (int e = nv; e < hs; e++)
-            for (int h = 0; h < nh; h++) {
-                tail[0][h] += fs[h * ldf + e] * ((real)b0[e] * sa0);
-                tail[1][h] += fs[h * ldf + e] * ((real)b1[e] * sa1);
+        if (nv < hs) /* the tail, into lane 0 */
+            for (int h = 0; h < nh; h++)
+                for (int a = a0; a < a0 + na; a++) {
+                    int32_t d = 0;
+                    for (int e = nv; e < hs; e++)
+                        d += (int32_t)bf[h].q[(size_t)a * hs + e] * s[(size_t)a * hs + e];
+                    acc[4 * h + a] =
+                        _mm256_add_epi32(acc[4 * h + a], _mm256_setr_epi32(d, 0, 0, 0, 0, 0, 0, 0));
+                }
+        const __m256 ss =
+            _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float*)blk)), perm);
+        float* o = out + (size_t)4 * (c - c0);
+        values8(o, acc, fs[0], ss);
+        if (nh > 2) values8(o + 2, acc + 8, fs[1], ss);
+    }
+}
+
+/* AVX-512 VNNI: 64 bytes at a time (a masked tail), as (s + 128) q, an unsigned byte times a
+ * signed one, less 128 times the features' sum. Accumulator 4 h + a: the sums of 16 lanes of the
+ * 16 through a tree put accumulator 4 i + k at element 4 k + i, that is statistic k of head i. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline
+    __attribute__((always_inline)) void
+    values16(float* out, const __m512i* v, __m512 fs, __m512 ss) {
+    __m512i s[8], t[4], u[2];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44),
+                                _mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(s[2 * i], s[2 * i + 1], 0x88),
+                                _mm512_shuffle_i32x4(s[2 * i], s[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(t[2 * i], t[2 * i + 1]),
+                                _mm512_unpackhi_epi32(t[2 * i], t[2 * i + 1]));
+    const __m512i r =
+        _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+    const __m512 x = _mm512_mul_ps(_mm512_mul_ps(fs, ss), _mm512_cvtepi32_ps(r));
+    const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(x),
+                                   _mm512_extractf32x8_ps(x, 1)); /* t_0 + t_2, t_1 + t_3 */
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1)));
+}
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
+    __attribute__((always_inline)) void
+    byte_products_vnni_nh(float* out, const ByteFeatures* bf, const int nh, const int8_t* st,
+                          int c0, int c1, const int na, int hs) {
+    const int a0 = na == 2 ? 2 : 0;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i perm = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    float x[16], tmp[4 * 4];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 4; i++) x[4 * k + i] = i < nh ? bf[i].scale[k] : 0;
+    const __m512 fs = _mm512_loadu_ps(x);
+    for (int c = c0; c < c1; c++) {
+        const int8_t* blk = st + (size_t)c * BLOCKGATE_STAT_BYTES(hs);
+        const int8_t* s = blk + 4 * sizeof(float);
+        __m512i acc[16];
+        for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_si512();
+        const int nv = hs / 64 * 64;
+        for (int e = 0; e < nv; e += 64) /* (plain loads: a masked one is slower from memory) */
+            for (int a = a0; a < a0 + na; a++) {
+                const size_t at = (size_t)a * hs + e;
+                const __m512i y = _mm512_xor_si512(_mm512_loadu_si512(s + at), flip);
+                for (int h = 0; h < nh; h++)
+                    acc[4 * h + a] =
+                        _mm512_dpbusd_epi32(acc[4 * h + a], y, _mm512_loadu_si512(bf[h].q + at));
             }
-    }
-    for (int b = 0; b < 2; b++)
-        for (int h = 0; h < nh; h++) {
-            const vreal t = a[b][h][0] + a[b][h][1];
-            out[4 * b + h] = lanes_sum(&t) + tail[b][h];
+        if (nv < hs) { /* the tail; past it, 128 times a feature of 0 */
+            const __mmask64 m = (1ULL << (hs - nv)) - 1;
+            for (int a = a0; a < a0 + na; a++) {
+                const size_t at = (size_t)a * hs + nv;
+                const __m512i y = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, s + at), flip);
+                for (int h = 0; h < nh; h++)
+                    acc[4 * h + a] = _mm512_dpbusd_epi32(acc[4 * h + a], y,
+                                                         _mm512_maskz_loadu_epi8(m, bf[h].q + at));
+            }
         }
-}
-static inline __attribute__((always_inline)) void byte_dots(real* out, const real* f, size_t ldf,
-                                                            int nh, const int8_t* s0,
-                                                            const int8_t* s1, int a0, int na,
-                                                            int hs) {
-    switch (nh) {
-        case 1:
-            byte_dots_nh(out, f, ldf, 1, s0, s1, a0, na, hs);
-            break;
-        case 2:
-            byte_dots_nh(out, f, ldf, 2, s0, s1, a0, na, hs);
-            break;
-        case 3:
-            byte_dots_nh(out, f, ldf, 3, s0, s1, a0, na, hs);
-            break;
-        default:
-            byte_dots_nh(out, f, ldf, 4, s0, s1, a0, na, hs);
+        for (int h = 0; h < nh; h++) /* in lane 0 */
+            for (int a = a0; a < a0 + na; a++)
+                acc[4 * h + a] = _mm512_sub_epi32(acc[4 * h + a],
+                                                  _mm512_maskz_set1_epi32(1, 128 * bf[h].sum[a]));
+        const __m512 ss =
+            _mm512_permutexvar_ps(perm, _mm512_castps128_ps512(_mm_loadu_ps((const float*)blk)));
+        values16(nh == 4 ? out + (size_t)4 * (c - c0) : tmp, acc, fs, ss);
+        if (nh < 4)
+            for (int h = 0; h < nh; h++) out[(size_t)4 * (c - c0) + h] = tmp[h];
     }
 }
-/* statistics of no keys: the partner of a last odd block */
-static const int8_t no_block[BLOCKGATE_STAT_BYTES(BLOCKGATE_MAX_HS)];
+
+/* the kernels with constant nh and na (the selector's four statistics, Quest's two, the mean's
+ * one) */
+#define BYTE_PRODUCTS_CASES(F) \
+    switch (nh * 8 + na) {     \
+        case 8 + 1:            \
+            F(1, 1);           \
+            break;             \
+        case 8 + 2:            \
+            F(1, 2);           \
+            break;             \
+        case 8 + 4:            \
+            F(1, 4);           \
+            break;             \
+        case 16 + 1:           \
+            F(2, 1);           \
+            break;             \
+        case 16 + 2:           \
+            F(2, 2);           \
+            break;             \
+        case 16 + 4:           \
+            F(2, 4);           \
+            break;             \
+        case 24 + 1:           \
+            F(3, 1);           \
+            break;             \
+        case 24 + 2:           \
+            F(3, 2);           \
+            break;             \
+        case 24 + 4:           \
+            F(3, 4);           \
+            break;             \
+        case 32 + 1:           \
+            F(4, 1);           \
+            break;             \
+        case 32 + 2:           \
+            F(4, 2);           \
+            break;             \
+        default:               \
+            F(4, 4);           \
+    }
+__attribute__((target("avx2,fma"))) static void byte_products_avx2(float* out,
+                                                                   const ByteFeatures* bf, int nh,
+                                                                   const int8_t* st, int c0, int c1,
+                                                                   int na, int hs) {
+#define F(NH_, NA_) byte_products_avx2_nh(out, bf, NH_, st, c0, c1, NA_, hs)
+    BYTE_PRODUCTS_CASES(F)
+#undef F
+}
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static void byte_products_vnni(
+    float* out, const ByteFeatures* bf, int nh, const int8_t* st, int c0, int c1, int na, int hs) {
+#define F(NH_, NA_) byte_products_vnni_nh(out, bf, NH_, st, c0, c1, NA_, hs)
+    BYTE_PRODUCTS_CASES(F)
+#undef F
+}
+#endif
+
+/* byte_products_* at the CPU's level (quant_isa: FOCUS_ISA chooses) */
+static void byte_products(float* out, const ByteFeatures* bf, int nh, const int8_t* st, int c0,
+                          int c1, int a0, int na, int hs) {
+    if (a0 != (na == 2 ? 2 : 0) || (na != 1 && na != 2 && na != 4) || nh < 1 || nh > 4)
+        fatal("byte_products: statistics %d .. %d of %d heads", a0, a0 + na - 1, nh);
+#if defined(__x86_64__)
+    const int isa = quant_isa();
+    if (isa >= QUANT_ISA_AVX512_VNNI) {
+        byte_products_vnni(out, bf, nh, st, c0, c1, na, hs);
+        return;
+    }
+    if (isa >= QUANT_ISA_AVX2) {
+        byte_products_avx2(out, bf, nh, st, c0, c1, na, hs);
+        return;
+    }
+#endif
+    byte_products_scalar(out, bf, nh, st, c0, c1, a0, na, hs);
+}
 
 real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
@@ -954,70 +1212,153 @@ static inline void candidate_blocks(int i, int w, int sinks, int bs, int* c0, in
     *c0 = sinks / bs, *c1 = far_end > sinks ? (far_end - 1) / bs + 1 : *c0;
 }
 
+/* blocks a call of byte_products takes (out on the stack) */
+enum { BYTE_CHUNK = 32 };
+
 void block_logits(real* p, const real* q, int rep, const int8_t* st, const real* gate, int i, int w,
                   int sinks, int bs, int hs) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     int c0, c1;
     candidate_blocks(i, w, sinks, bs, &c0, &c1);
-    const int per = BLOCKGATE_STATS(hs), nc = c1 - c0;
+    const int nc = c1 - c0, W = BLOCKGATE_WIDTH(hs);
     const real scale = (real)(1.0 / sqrt((double)hs)), lfull = logf((real)bs);
-    real fh[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS)], d[8];
+    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    ByteFeatures bf[4];
+    int8_t qb[4][BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    for (int h = 0; h < 4; h++) bf[h].q = qb[h];
+    float o[4 * BYTE_CHUNK];
     for (int r0 = 0; r0 < rep; r0 += 4) { /* four heads at a time against each block */
         const int nh = rep - r0 < 4 ? rep - r0 : 4;
-        for (int h = 0; h < nh; h++)
-            blockgate_features(fh + (size_t)h * per, gate + (size_t)(r0 + h) * BLOCKGATE_WIDTH(hs),
-                               q + (size_t)(r0 + h) * hs, hs, scale);
-        for (int c = c0; c < c1; c += 2) { /* two blocks at a time */
-            const size_t sb = BLOCKGATE_STAT_BYTES(hs);
-            byte_dots(d, fh, per, nh, st + (size_t)c * sb,
-                      c + 1 < c1 ? st + (size_t)(c + 1) * sb : no_block, 0, 4, hs);
-            for (int b = 0; b < 2 && c + b < c1; b++) {
-                const real logn = block_logn(c + b, bs, sinks, i, w, lfull);
+        for (int h = 0; h < nh; h++) {
+            blockgate_features(f, gate + (size_t)(r0 + h) * W, q + (size_t)(r0 + h) * hs, hs,
+                               scale);
+            features_bytes(&bf[h], f, 0, 4, hs);
+        }
+        for (int b0 = c0; b0 < c1; b0 += BYTE_CHUNK) {
+            const int b1 = c1 - b0 < BYTE_CHUNK ? c1 : b0 + BYTE_CHUNK;
+            byte_products(o, bf, nh, st, b0, b1, 0, 4, hs);
+            for (int c = b0; c < b1; c++) {
+                const real logn = block_logn(c, bs, sinks, i, w, lfull);
                 for (int h = 0; h < nh; h++)
-                    p[(size_t)(r0 + h) * nc + (c + b - c0)] =
-                        gate[(size_t)(r0 + h) * BLOCKGATE_WIDTH(hs)] + d[4 * b + h] + logn;
+                    p[(size_t)(r0 + h) * nc + (c - c0)] =
+                        gate[(size_t)(r0 + h) * W] + (real)o[4 * (c - b0) + h] + logn;
             }
         }
     }
 }
 
-void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
-                       const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,
-                       int hs, real* F, real* L, real* Sf) {
-    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
-    const int TR = BLOCK_TILE_ROWS, TB = BLOCK_TILE_BLOCKS;
-    const int per = BLOCKGATE_STATS(hs), mq = rep * TR, W = BLOCKGATE_WIDTH(hs);
-    const real scale = (real)(1.0 / sqrt((double)hs)), lfull = logf((real)bs);
-    /* row R = h TR + r: head h of row r's features (zeros past nq) */
-    memset(F, 0, sizeof(real) * (size_t)mq * per);
-    for (int h = 0; h < rep; h++)
-        for (int r = 0; r < nq; r++)
-            blockgate_features(F + ((size_t)h * TR + r) * per, gate + (size_t)h * W,
-                               q + (size_t)r * ldq + (size_t)h * hs, hs, scale);
-    int c0, c1max;
-    candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
-    for (int j0 = 0; j0 < c1max; j0 += TB) {
-        if (j0 + TB <= c0) continue;
-        /* the tile's blocks up to the last candidate, in 16s (each logit its own chain: the
-         * same bits as the whole tile's) */
-        const int nb = (c1max - j0 + 15) / 16 * 16 < TB ? (c1max - j0 + 15) / 16 * 16 : TB;
-        blockgate_stats_get(Sf, st + (size_t)j0 * BLOCKGATE_STAT_BYTES(hs), nb, hs);
-        tile_abt(L, TB, F, per, Sf, per, mq, nb, per, 1, NULL, 0, Sf + (size_t)TB * per);
+#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+/* block_logits_tile at AVX-512 VNNI: 16 blocks at a time, their statistics packed as words of 4
+ * bytes (s + 128 each: unsigned), P[a][j] holding word j of statistic a of the 16 blocks; then for
+ * 4 feature rows (a row's head) at a time and each statistic, a sum over the words of P[a][j]
+ * times the row's word j broadcast: 16 blocks' products in one accumulator, no sums across
+ * lanes. The products are the same integers as byte_products', the values the same floats. */
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static void logits_tile_vnni(
+    real* p, size_t ldp, const ByteFeatures* bf, int nq, int rep, int i0, const int8_t* st,
+    const real* gate, int w, int sinks, int bs, int hs, int c0, int c1max) {
+    const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+    const int nw = hs / 4, nr = nq * rep, W = BLOCKGATE_WIDTH(hs);
+    const real lfull = logf((real)bs);
+    int32_t* P = mallocPages(sizeof(int32_t) * 16 * 4 * (size_t)nw);
+    int32_t* I = mallocPages(sizeof(int32_t) * 16 * 4 * (size_t)(nr + 8)); /* [row][a][16] */
+    for (int b0 = c0; b0 < c1max; b0 += 16) {
+        const int nb = c1max - b0 < 16 ? c1max - b0 : 16;
+        float S[4][16] = {{0}};
+        for (int b = 0; b < 16; b++) { /* (past the last block: statistics of 0) */
+            const int8_t* blk = st + (size_t)(b0 + b) * sb;
+            if (b < nb)
+                for (int a = 0; a < 4; a++) memcpy(&S[a][b], blk + 4 * a, sizeof(float));
+            for (int a = 0; a < 4; a++)
+                for (int j = 0; j < nw; j++) {
+                    uint32_t x = 0;
+                    if (b < nb) memcpy(&x, blk + 4 * sizeof(float) + (size_t)a * hs + 4 * j, 4);
+                    P[((size_t)a * nw + j) * 16 + b] = (int32_t)(x ^ 0x80808080u);
+                }
+        }
+        /* the products: 8 rows at a time and one statistic (rows past nr repeat row 0) */
+        for (int a = 0; a < 4; a++)
+            for (int r0 = 0; r0 < nr; r0 += 8) {
+                const int8_t* fr[8];
+                for (int k = 0; k < 8; k++) fr[k] = bf[r0 + k < nr ? r0 + k : 0].q + (size_t)a * hs;
+                __m512i acc[8];
+                for (int k = 0; k < 8; k++) acc[k] = _mm512_setzero_si512();
+                for (int j = 0; j < nw; j++) {
+                    const __m512i x = _mm512_load_si512(P + ((size_t)a * nw + j) * 16);
+                    for (int k = 0; k < 8; k++) {
+                        int32_t f;
+                        memcpy(&f, fr[k] + 4 * j, 4);
+                        acc[k] = _mm512_dpbusd_epi32(acc[k], x, _mm512_set1_epi32(f));
+                    }
+                }
+                for (int k = 0; k < 8; k++)
+                    _mm512_store_si512(I + ((size_t)(r0 + k) * 4 + a) * 16, acc[k]);
+            }
+        /* the values, a row's log counts shared by its heads */
         for (int r = 0; r < nq; r++) {
-            int a, c1;
-            candidate_blocks(i0 + r, w, sinks, bs, &a, &c1);
-            const int nc = c1 - c0, ca = j0 > c0 ? j0 : c0, cb = c1 < j0 + TB ? c1 : j0 + TB;
-            real logn[BLOCK_TILE_BLOCKS]; /* the tile's blocks' log counts, from ca */
-            for (int c = ca; c < cb; c++) logn[c - ca] = block_logn(c, bs, sinks, i0 + r, w, lfull);
-            for (int h = 0; h < rep; h++) { /* (from block ca: no pointer before an array) */
-                real* ph = p + (size_t)r * ldp + (size_t)h * nc + (ca - c0);
-                const real* lh = L + ((size_t)h * TR + r) * TB + (ca - j0);
-                const real w0 = gate[(size_t)h * W];
-#pragma omp simd
-                for (int c = 0; c < cb - ca; c++) ph[c] = w0 + lh[c] + logn[c];
+            const int i = i0 + r;
+            int a0, c1;
+            candidate_blocks(i, w, sinks, bs, &a0, &c1);
+            const int nc = c1 - c0, m = c1 - b0 < nb ? c1 - b0 : nb;
+            if (m <= 0) continue;
+            float logn[16];
+            for (int b = 0; b < 16; b++)
+                logn[b] = b < m ? (float)block_logn(b0 + b, bs, sinks, i, w, lfull) : 0;
+            const __m512 lv = _mm512_loadu_ps(logn);
+            for (int h = 0; h < rep; h++) {
+                const ByteFeatures* g = &bf[r * rep + h];
+                const int32_t* Ir = I + (size_t)(r * rep + h) * 4 * 16;
+                __m512 t[4];
+                for (int a = 0; a < 4; a++) {
+                    const __m512i x = _mm512_sub_epi32(_mm512_load_si512(Ir + a * 16),
+                                                       _mm512_set1_epi32(128 * g->sum[a]));
+                    t[a] = _mm512_mul_ps(
+                        _mm512_mul_ps(_mm512_set1_ps(g->scale[a]), _mm512_loadu_ps(S[a])),
+                        _mm512_cvtepi32_ps(x));
+                }
+                /* (w_0 + (t_0 + t_2) + (t_1 + t_3)) + log n, as block_logits adds them; adds
+                 * that are not fused with the products before them, as values16's */
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                const __m512 d = _mm512_add_round_ps(_mm512_add_round_ps(t[0], t[2], RN),
+                                                     _mm512_add_round_ps(t[1], t[3], RN), RN);
+                const __m512 v = _mm512_add_round_ps(
+                    _mm512_add_round_ps(_mm512_set1_ps(gate[(size_t)h * W]), d, RN), lv, RN);
+#undef RN
+                _mm512_mask_storeu_ps(p + (size_t)r * ldp + (size_t)h * nc + (b0 - c0),
+                                      (__mmask16)((1u << m) - 1), v);
             }
         }
     }
+    free(P), free(I);
+}
+#endif
+
+void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
+                       const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,
+                       int hs) {
+#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+    if (quant_isa() >= QUANT_ISA_AVX512_VNNI && hs % 4 == 0 && hs <= BLOCKGATE_MAX_HS) {
+        const int W = BLOCKGATE_WIDTH(hs);
+        const real scale = (real)(1.0 / sqrt((double)hs));
+        real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+        ByteFeatures* bf = mallocCheck(sizeof *bf * (size_t)nq * rep);
+        int8_t* qb = mallocCheck((size_t)nq * rep * BLOCKGATE_STATS(hs));
+        for (int x = 0; x < nq * rep; x++) bf[x].q = qb + (size_t)x * BLOCKGATE_STATS(hs);
+        for (int r = 0; r < nq; r++)
+            for (int h = 0; h < rep; h++) {
+                blockgate_features(f, gate + (size_t)h * W, q + (size_t)r * ldq + (size_t)h * hs,
+                                   hs, scale);
+                features_bytes(&bf[r * rep + h], f, 0, 4, hs);
+            }
+        int c0, c1max;
+        candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
+        logits_tile_vnni(p, ldp, bf, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
+        free(bf), free(qb);
+        return;
+    }
+#endif
+    for (int r = 0; r < nq; r++)
+        block_logits(p + (size_t)r * ldp, q + (size_t)r * ldq, rep, st, gate, i0 + r, w, sinks, bs,
+                     hs);
 }
 
 /* block_scores of the learned selector from its logits p (block_logits): each head's share of
@@ -1053,7 +1394,7 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
                          int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
                          real* p, int made) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
-    real f[4 * BLOCKGATE_STATS(BLOCKGATE_MAX_HS) / 2], d[8];
+    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     for (int c = c0; c < c1; c++) sc[c] = 0;
     if (score == BLOCKS_LEARNED) { /* p: the logits, made already when made is set */
         if (!made) block_logits(p, q, rep, st, gate, i, w, sinks, bs, hs);
@@ -1086,26 +1427,29 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
         return;
     }
     /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products with
-     * the statistics too: q_e min_e where q_e < 0, q_e max_e elsewhere; four heads against each
-     * block at once, added to its score head by head in order */
-    const int quest = score == BLOCKS_QUEST, f0 = quest ? 2 * hs : 0, n = quest ? 2 * hs : hs;
+     * the statistics too, in bytes: q_e min_e where q_e < 0, q_e max_e elsewhere; four heads
+     * against each block at once, added to its score head by head in order */
+    const int quest = score == BLOCKS_QUEST, a0 = quest ? 2 : 0, na = quest ? 2 : 1;
+    ByteFeatures bf[4];
+    int8_t qb[4][BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    for (int h = 0; h < 4; h++) bf[h].q = qb[h];
+    float o[4 * BYTE_CHUNK];
     for (int r0 = 0; r0 < rep; r0 += 4) {
         const int nh = rep - r0 < 4 ? rep - r0 : 4;
         for (int h = 0; h < nh; h++) {
             const real* qh = q + (size_t)(r0 + h) * hs;
-            real* fh = f + (size_t)h * n;
             for (int e = 0; e < hs; e++)
                 if (quest)
-                    fh[e] = qh[e] < 0 ? qh[e] : 0, fh[hs + e] = qh[e] < 0 ? 0 : qh[e];
+                    f[2 * hs + e] = qh[e] < 0 ? qh[e] : 0, f[3 * hs + e] = qh[e] < 0 ? 0 : qh[e];
                 else
-                    fh[e] = qh[e];
+                    f[e] = qh[e];
+            features_bytes(&bf[h], f, a0, na, hs);
         }
-        for (int c = c0; c < c1; c += 2) { /* two blocks at a time */
-            const size_t sb = BLOCKGATE_STAT_BYTES(hs);
-            byte_dots(d, f, n, nh, st + (size_t)c * sb,
-                      c + 1 < c1 ? st + (size_t)(c + 1) * sb : no_block, f0 / hs, n / hs, hs);
-            for (int b = 0; b < 2 && c + b < c1; b++)
-                for (int h = 0; h < nh; h++) sc[c + b] += d[4 * b + h];
+        for (int b0 = c0; b0 < c1; b0 += BYTE_CHUNK) {
+            const int b1 = c1 - b0 < BYTE_CHUNK ? c1 : b0 + BYTE_CHUNK;
+            byte_products(o, bf, nh, st, b0, b1, a0, na, hs);
+            for (int c = b0; c < b1; c++)
+                for (int h = 0; h < nh; h++) sc[c] += (real)o[4 * (c - b0) + h];
         }
     }
 }

@@ -119,13 +119,15 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
  * (in halves, half). A fit (blockgate.h) keeps reals. */
 #define BLOCKGATE_STAT_BYTES(hs) (4 * sizeof(float) + 4 * (size_t)(hs))
 void blockgate_key_stats8(int8_t* st, const real* k, int ldk, int j0, int j1, int hs);
-/* The n blocks of statistics st (bytes) as the values above, into v (n BLOCKGATE_STATS(hs)). */
-void blockgate_stats_get(real* v, const int8_t* st, int n, int hs);
 /* The logit s_c above is one product with the block's statistics: s_c = w_0 + f . st_c, the
  * query's features f (BLOCKGATE_STATS(hs)) being a scale q, b (scale q)^2, and g scale q in the
  * minimum's place where q_e < 0, else in the maximum's. blockgate_features fills f for query q
- * (hs) and one head's weights; blockgate_logit is s_c against the statistics st of one block. A
- * head size of at most BLOCKGATE_MAX_HS. */
+ * (hs) and one head's weights; blockgate_logit is s_c against the statistics st of one block (a
+ * fit's reals). A selection (block_select, block_logits; Quest's and the mean keys' scores too)
+ * takes the features in bytes, each part rounded as its statistic is (one scale, its largest
+ * finite magnitude over 127): the product of a part with a statistic is then a sum of products of
+ * bytes, exact in integers on every instruction set, and s_c = w_0 + sum_a (scale of f_a) (scale
+ * of statistic a) (f_a . st_a in bytes), a in order. A head size of at most BLOCKGATE_MAX_HS. */
 #define BLOCKGATE_MAX_HS 512
 void blockgate_features(real* f, const real* wgt, const real* q, int hs, real scale);
 real blockgate_logit(const real* wgt, const real* q, const real* st, int hs, real scale);
@@ -171,17 +173,13 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const int8_
 void block_logits(real* p, const real* q, int rep, const int8_t* st, const real* gate, int i, int w,
                   int sinks, int bs, int hs);
 /* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
- * ldq: the rep heads of one key/value head), row r's into p + r ldp: made as products of one
- * shape (BLOCK_TILE_ROWS rows' features against BLOCK_TILE_BLOCKS blocks' statistics, a row's
- * values whatever rows are beside it), faster than block_logits row by row; the two may differ in
- * the last bits. st: the statistics of BLOCK_TILE_BLOCKS ceil(candidates / BLOCK_TILE_BLOCKS)
- * blocks at least (zeros past the complete ones). Scratch: F (rep BLOCK_TILE_ROWS
- * BLOCKGATE_STATS(hs)), L (rep BLOCK_TILE_ROWS BLOCK_TILE_BLOCKS), Sf (2 BLOCK_TILE_BLOCKS
- * BLOCKGATE_STATS(hs): a tile of statistics widened, and transposed). */
-enum { BLOCK_TILE_ROWS = 32, BLOCK_TILE_BLOCKS = 32 };
+ * ldq: the rep heads of one key/value head), row r's into p + r ldp: the same values, made at
+ * AVX-512 VNNI 16 blocks at a time against every row (the statistics read once for the rows;
+ * sums of bytes in the blocks' lanes), elsewhere row by row. */
+enum { BLOCK_TILE_ROWS = 32 };
 void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
                        const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,
-                       int hs, real* F, real* L, real* Sf);
+                       int hs);
 int block_select_made(int* sel, BlockScore score, const real* q, int rep, const int8_t* st,
                       const real* gate, const real* lband, size_t ldl, const real* k, int ldk,
                       int i, int w, int sinks, int bs, int nsel, real cover, int hs, real* sc,

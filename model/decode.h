@@ -67,7 +67,7 @@ typedef struct {
 } KVCache;
 
 /* The blocks of bs positions a cache of cap tokens keeps statistics for (KVCache.nbcap): every
- * block, rounded up to whole products of block_logits_tile (kernels/sparse.h). */
+ * block, a partial one at the end included. */
 int kvcache_block_cap(int cap, int bs);
 /* A cache for cap tokens; half: keys and values in half precision (half the memory and the
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */

@@ -339,8 +339,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
  * complete). */
 
 int kvcache_block_cap(int cap, int bs) {
-    const int n = cap / (bs > 0 ? bs : 1) + 1; /* (a partial block at the end) */
-    return (n + BLOCK_TILE_BLOCKS - 1) / BLOCK_TILE_BLOCKS * BLOCK_TILE_BLOCKS;
+    return cap / (bs > 0 ? bs : 1) + 1; /* (a partial block at the end) */
 }
 
 /* The cache's block part, made on first use. */
@@ -348,7 +347,6 @@ static void block_cache(KVCache* c, const ModelConfig* mc, int bs) {
     if (c->bstat && c->bs == bs) return;
     free(c->bstat), free(c->bkeys);
     const int hs = model_head_size(mc);
-    /* whole products of block_logits_tile: zeros past the complete blocks */
     c->bs = bs, c->nbcap = kvcache_block_cap(c->cap, bs);
     const size_t nst = (size_t)mc->L * mc->NKV * c->nbcap * BLOCKGATE_STAT_BYTES(hs);
     c->bstat = mallocPages(nst);
@@ -493,19 +491,16 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
     int* sel = mallocCheck(sizeof(int) * (size_t)n * NKV * nbmax);
     int* nsel = mallocCheck(sizeof(int) * (size_t)n * NKV);
     long pairs = 0;
-    /* each tile of rows and key/value head: the learned selector's logits for the tile at once
-     * (block_logits_tile), then each row's choice */
+    /* each task: a tile of rows and one key/value head: the learned selector's logits for the
+     * tile at once (block_logits_tile: the values a decode step makes), then each row's choice */
     const int learned = attn_block_score(f->attn) == BLOCKS_LEARNED, TR = BLOCK_TILE_ROWS;
-    const int ntile = (n + TR - 1) / TR, per = BLOCKGATE_STATS(hs);
+    const int ntile = (n + TR - 1) / TR;
     const size_t ldp = (size_t)rep * nbmax; /* a row's logits */
 #pragma omp parallel reduction(+ : pairs)
     {
         real* sc = mallocCheck(sizeof(real) * (size_t)(nbmax > c->cap + 1 ? nbmax : c->cap + 1));
         const size_t np = TR * ldp > (size_t)c->cap + 1 ? TR * ldp : (size_t)c->cap + 1;
         real* p = mallocCheck(sizeof(real) * np);
-        real* F = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * per) : NULL;
-        real* L = learned ? mallocCheck(sizeof(real) * (size_t)rep * TR * BLOCK_TILE_BLOCKS) : NULL;
-        real* Sf = learned ? mallocCheck(sizeof(real) * 2 * BLOCK_TILE_BLOCKS * per) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < (long)ntile * NKV; task++) {
             const int g = (int)(task % NKV), r0 = (int)(task / NKV) * TR;
@@ -516,7 +511,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
                 const real* gate;
                 selector_of(c, m, l, g, &st, &gate);
                 block_logits_tile(p, ldp, qg, Q, pos0 + r0, nq, st, gate, f->w, f->sinks, bs, rep,
-                                  hs, F, L, Sf);
+                                  hs);
             }
             for (int r = r0; r < r0 + nq; r++) {
                 const int i = pos0 + r, lo = i - f->w < 0 ? 0 : i - f->w;
@@ -539,7 +534,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
                 }
             }
         }
-        free(sc), free(p), free(F), free(L), free(Sf);
+        free(sc), free(p);
     }
     profile_tick(r->prof, r->mark, PART_SELECT);
     attention_cached_blocks(att, A, lse, qkv, Q, pos0, n, &kv, f->w, f->sinks, bs, sel, nsel, nbmax,

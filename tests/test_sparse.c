@@ -10,6 +10,7 @@
 
 #include "../kernels/attention.h"
 #include "../kernels/cpu.h"
+#include "../kernels/quant.h"
 #include "../kernels/sparse.h"
 #include "../kernels/tile.h"
 #include "testutil.h"
@@ -145,7 +146,7 @@ static void run_band(int B, int T, int w, int sinks, Rng* rng) {
  * count, normalised with the band's exact log-partition; summed over the key/value head's query
  * heads. s: the dense scores (T, NH) of query i; keep: its band. */
 /* a block's statistic (hs values) as the selection reads it: rounded to bytes of its largest
- * magnitude over 127 (blockgate_key_stats8) */
+ * magnitude over 127 (blockgate_key_stats8); a query's features the same way */
 static void as_bytes(double* x, int n) {
     float m = 0;
     for (int e = 0; e < n; e++) m = fmaxf(m, fabsf((float)x[e]));
@@ -192,12 +193,18 @@ static void learned_scores(double* sc, const real* base, const double* s, const 
         for (int c = c0; c < c1; c++) {
             double mean[HS], var[HS], lo[HS], hi[HS];
             block_stats(mean, var, lo, hi, base, kvh, c, bs, T);
-            double v = g[0];
+            /* the features, in bytes as the statistics: g x in the minimum's place where x < 0,
+             * else in the maximum's */
+            double f[4][HS];
             for (int e = 0; e < HS; e++) {
-                const double x = scale * q[e];
-                v += g[1 + e] * x * mean[e] + g[1 + HS + e] * x * x * var[e] +
-                     g[1 + 2 * HS + e] * fmax(x * lo[e], x * hi[e]);
+                const double x = scale * q[e], gx = g[1 + 2 * HS + e] * x;
+                f[0][e] = g[1 + e] * x, f[1][e] = g[1 + HS + e] * x * x;
+                f[2][e] = x < 0 ? gx : 0, f[3][e] = x < 0 ? 0 : gx;
             }
+            for (int a = 0; a < 4; a++) as_bytes(f[a], HS);
+            double v = g[0];
+            for (int e = 0; e < HS; e++)
+                v += f[0][e] * mean[e] + f[1][e] * var[e] + f[2][e] * lo[e] + f[3][e] * hi[e];
             int d = 0;
             for (int j = c * bs; j < (c + 1) * bs && j < i - w; j++) d += j >= sinks;
             lg[c - c0] = v + log((double)d);
@@ -254,9 +261,17 @@ static double blocks_reference(real* out, real* lse, const real* qkv, int w, int
                                 if (j >= sinks) sc[c] += exp(s[(size_t)j * NH + h] - dl[h]);
                             continue;
                         }
+                        /* the query in bytes, as the statistics: Quest's q e lo_e where q_e < 0,
+                         * else q_e hi_e (two parts), the mean key's q */
+                        double qn[HS], qp[HS];
                         for (int e = 0; e < HS; e++)
-                            sc[c] += score == BLOCKS_QUEST ? fmax(q[e] * lo[e], q[e] * hi[e])
-                                                           : q[e] * mean[e];
+                            qn[e] = q[e] < 0 ? q[e] : 0, qp[e] = q[e] < 0 ? 0 : q[e];
+                        if (score != BLOCKS_QUEST)
+                            for (int e = 0; e < HS; e++) qp[e] = q[e];
+                        as_bytes(qn, HS), as_bytes(qp, HS);
+                        for (int e = 0; e < HS; e++)
+                            sc[c] += score == BLOCKS_QUEST ? qn[e] * lo[e] + qp[e] * hi[e]
+                                                           : qp[e] * mean[e];
                     }
                 }
                 /* cover: the best blocks until their estimated share of the mass reaches it
@@ -355,6 +370,90 @@ static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, double 
 
 /* At the same budget the oracle's blocks hold at least the dense mass of Quest's and the mean
  * key's, and every selection at least the band's. */
+/* The selection's products in bytes are exact integers: block_logits and the choices of Quest and
+ * the mean keys give the same bits at every instruction-set level this CPU has (scalar, AVX2's
+ * 32-byte steps and their tail, AVX-512 VNNI's 64 with a masked tail), for head sizes that are
+ * and are not multiples of 32 and 64, and 1 to 5 query heads (four at a time, then the rest). */
+static void byte_products_agree(Rng* rng) {
+    const int hss[] = {8, 40, 64, 96, 256}, reps[] = {1, 3, 4, 5}, bs = 16, nb = 37;
+    const int best = quant_isa_detected(), level = quant_isa(); /* (FOCUS_ISA's, restored) */
+    int compared = 0;
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 4; b++) {
+            const int hs = hss[a], rep = reps[b], w = 3, i = nb * bs + w - 7,
+                      sinks = 2; /* (the last block partial) */
+            const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+            real* k = mallocCheck(sizeof(real) * (size_t)nb * bs * hs);
+            real* q = mallocCheck(sizeof(real) * (size_t)rep * hs);
+            real* gate = mallocCheck(sizeof(real) * (size_t)rep * BLOCKGATE_WIDTH(hs));
+            int8_t* st = mallocCheck(sb * nb);
+            tu_randn(k, (size_t)nb * bs * hs, 1.0, rng);
+            tu_randn(q, (size_t)rep * hs, 2.0, rng);
+            tu_randn(gate, (size_t)rep * BLOCKGATE_WIDTH(hs), 1.0, rng);
+            for (int c = 0; c < nb; c++)
+                blockgate_key_stats8(st + c * sb, k, hs, c * bs, (c + 1) * bs, hs);
+            real lband[5] = {1, 2, 3, 4, 5};
+            real *p[QUANT_ISA_COUNT], sc[64], pp[5 * 64 + 1024];
+            int sel[QUANT_ISA_COUNT][3][8], ns[QUANT_ISA_COUNT][3];
+            for (int isa = 0; isa <= best; isa++) {
+                quant_set_isa(isa);
+                p[isa] = mallocCheck(sizeof(real) * (size_t)rep * nb);
+                block_logits(p[isa], q, rep, st, gate, i, w, sinks, bs, hs);
+                const BlockScore s3[3] = {BLOCKS_LEARNED, BLOCKS_QUEST, BLOCKS_MEAN};
+                for (int s = 0; s < 3; s++)
+                    ns[isa][s] = block_select(sel[isa][s], s3[s], q, rep, st, gate, lband, 1, NULL,
+                                              0, i, w, sinks, bs, 8, 0, hs, sc, pp);
+                if (isa == 0) continue;
+                compared++;
+                CHECK(!memcmp(p[isa], p[0], sizeof(real) * (size_t)rep * nb),
+                      "block_logits at level %d differs from the scalar one (hs %d, %d heads)", isa,
+                      hs, rep);
+                CHECK(!memcmp(ns[isa], ns[0], sizeof ns[0]) &&
+                          !memcmp(sel[isa], sel[0], sizeof sel[0]),
+                      "block choices at level %d differ from the scalar ones (hs %d, %d heads)",
+                      isa, hs, rep);
+            }
+            for (int isa = 0; isa <= best; isa++) free(p[isa]);
+            free(k), free(q), free(gate), free(st);
+        }
+    quant_set_isa(level);
+    printf("  block products in bytes: the same bits at levels 0 .. %d (%d comparisons)\n", best,
+           compared);
+}
+
+/* A prompt's tile of logits (block_logits_tile: at AVX-512 VNNI 16 blocks at a time against every
+ * row) has each row's bits of block_logits, rows whose candidates end in different blocks,
+ * partial or whole, with 1 to 5 heads. */
+static void logits_tile_agrees(Rng* rng) {
+    const int hss[] = {40, 64, 256}, reps[] = {1, 3, 5}, bs = 16, nb = 40, nq = 21;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            const int hs = hss[a], rep = reps[b], w = 20, sinks = 3, i0 = 27 * bs + 9;
+            const size_t sb = BLOCKGATE_STAT_BYTES(hs), ldp = (size_t)rep * nb;
+            const int ldq = rep * hs + 7;
+            real* k = mallocCheck(sizeof(real) * (size_t)nb * bs * hs);
+            real* q = mallocCheck(sizeof(real) * (size_t)nq * ldq);
+            real* gate = mallocCheck(sizeof(real) * (size_t)rep * BLOCKGATE_WIDTH(hs));
+            real *pt = mallocCheck(sizeof(real) * nq * ldp), *pr = mallocCheck(sizeof(real) * ldp);
+            int8_t* st = mallocCheck(sb * nb);
+            tu_randn(k, (size_t)nb * bs * hs, 1.0, rng);
+            tu_randn(q, (size_t)nq * ldq, 2.0, rng);
+            tu_randn(gate, (size_t)rep * BLOCKGATE_WIDTH(hs), 1.0, rng);
+            for (int c = 0; c < nb; c++)
+                blockgate_key_stats8(st + c * sb, k, hs, c * bs, (c + 1) * bs, hs);
+            block_logits_tile(pt, ldp, q, ldq, i0, nq, st, gate, w, sinks, bs, rep, hs);
+            int same = 1;
+            for (int r = 0; r < nq; r++) {
+                const int i = i0 + r, nc = (i - w - 1) / bs + 1 - sinks / bs;
+                block_logits(pr, q + (size_t)r * ldq, rep, st, gate, i, w, sinks, bs, hs);
+                same &= !memcmp(pr, pt + r * ldp, sizeof(real) * (size_t)rep * nc);
+            }
+            CHECK(same, "block_logits_tile differs from block_logits (hs %d, %d heads)", hs, rep);
+            free(k), free(q), free(gate), free(pt), free(pr), free(st);
+        }
+    printf("  block logits of a prompt's tile: each row's bits of block_logits\n");
+}
+
 static void oracle_is_ceiling(Rng* rng) {
     const int B = 1, T = 400, w = 32, sinks = 2, bs = 16, nsel = 4;
     size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * HS, nout = (size_t)B * T * NH * HS,
@@ -657,6 +756,8 @@ int main(void) {
     run_blocks(1, 333, 8, 2, 16, 3, 0.9, BLOCKS_LEARNED, 0, &rng);
     run_blocks(1, 333, 8, 2, 16, 4, 0.95, BLOCKS_QUEST, 1, &rng);
     oracle_is_ceiling(&rng);
+    byte_products_agree(&rng);
+    logits_tile_agrees(&rng);
     /* pairs kept by group masks, counted through the distinct masks, against every pair */
     for (int k = 1; k <= 3; k++) {
         enum { PT = 900 };
