@@ -473,6 +473,26 @@ static int distant_keys(const KVCache* c, const Model* m, int l, int n, int g, c
     return nk;
 }
 
+/* n distinct block numbers in ascending order: each put at its rank (comparisons without
+ * branches: an insertion sort's shifts are mispredicted), an insertion sort past 64 */
+static void ascending(int* s, int n) {
+    if (n > 64) {
+        for (int a = 1; a < n; a++)
+            for (int b = a; b > 0 && s[b - 1] > s[b]; b--) {
+                const int t = s[b];
+                s[b] = s[b - 1], s[b - 1] = t;
+            }
+        return;
+    }
+    int t[64];
+    memcpy(t, s, sizeof(int) * (size_t)n);
+    for (int a = 0; a < n; a++) {
+        int rank = 0;
+        for (int b = 0; b < n; b++) rank += t[b] < t[a];
+        s[rank] = t[a];
+    }
+}
+
 /* A prompt's rows (one cache, positions pos0 ..) on a block pattern's layer l: the band and the
  * sinks tiled over the cache, then each row's chosen distant blocks, a block read once for the
  * rows of a tile that chose it (kernels/sparse.c); each row's bits whatever rows are beside it.
@@ -521,11 +541,7 @@ static long blocks_prompt_rows(Model* m, int l, KVCache* c, int pos0, int n, con
                 const int ns = row_blocks(c, m, l, i, g, qg + (size_t)(r - r0) * Q,
                                           lse + (size_t)r * NH + g * rep, sg, sc,
                                           learned ? p + (size_t)(r - r0) * ldp : p, learned);
-                for (int a = 1; a < ns; a++) /* ascending, as the merge reads them */
-                    for (int b = a; b > 0 && sg[b - 1] > sg[b]; b--) {
-                        const int t = sg[b];
-                        sg[b] = sg[b - 1], sg[b - 1] = t;
-                    }
+                ascending(sg, ns); /* as the merge reads them */
                 nsel[(size_t)r * NKV + g] = ns;
                 for (int s = 0; s < ns; s++) {
                     const int j0 = sg[s] * bs > f->sinks ? sg[s] * bs : f->sinks;

@@ -416,6 +416,25 @@ static void byte_products_agree(Rng* rng) {
             for (int isa = 0; isa <= best; isa++) free(p[isa]);
             free(k), free(q), free(gate), free(st);
         }
+    /* ties (a query of zeros: every mean-key score 0): the earliest blocks, in order */
+    {
+        const int hs = 64, nbt = 20;
+        real k[20 * 16 * 64], q0[64] = {0}, sc[32], pp[2048];
+        int8_t st[20 * BLOCKGATE_STAT_BYTES(64)];
+        tu_randn(k, 20 * 16 * 64, 1.0, rng);
+        for (int c = 0; c < nbt; c++)
+            blockgate_key_stats8(st + c * BLOCKGATE_STAT_BYTES(hs), k, hs, c * 16, (c + 1) * 16,
+                                 hs);
+        for (int isa = 0; isa <= best; isa++) {
+            quant_set_isa(isa);
+            int sel[8];
+            const int ns = block_select(sel, BLOCKS_MEAN, q0, 1, st, NULL, NULL, 1, NULL, 0,
+                                        nbt * 16 + 2, 2, 0, 16, 8, 0, hs, sc, pp);
+            int in_order = ns == 8;
+            for (int s = 0; s < ns; s++) in_order &= sel[s] == s;
+            CHECK(in_order, "tied blocks at level %d: not the first 8 in order", isa);
+        }
+    }
     quant_set_isa(level);
     printf("  block products in bytes: the same bits at levels 0 .. %d (%d comparisons)\n", best,
            compared);
