@@ -1382,6 +1382,49 @@ static void learned_shares(real* sc, real* p, int rep, const real* lband, size_t
     }
 }
 
+/* Quest's bounds or the mean keys' products of blocks [c0, c1) into sc (block_scores) */
+static void bound_scores(real* sc, BlockScore score, const real* q, int rep, const int8_t* st,
+                         int c0, int c1, int hs) {
+    if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
+    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    for (int c = c0; c < c1; c++) sc[c] = 0;
+    /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products with
+     * the statistics too, in bytes: q_e min_e where q_e < 0, q_e max_e elsewhere; four heads
+     * against each block at once, added to its score head by head in order */
+    const int quest = score == BLOCKS_QUEST, a0 = quest ? 2 : 0, na = quest ? 2 : 1;
+    ByteFeatures bf[4];
+    int8_t qb[4][BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    for (int h = 0; h < 4; h++) bf[h].q = qb[h];
+    float o[4 * BYTE_CHUNK];
+    for (int r0 = 0; r0 < rep; r0 += 4) {
+        const int nh = rep - r0 < 4 ? rep - r0 : 4;
+        for (int h = 0; h < nh; h++) {
+            const real* qh = q + (size_t)(r0 + h) * hs;
+            for (int e = 0; e < hs; e++)
+                if (quest)
+                    f[2 * hs + e] = qh[e] < 0 ? qh[e] : 0, f[3 * hs + e] = qh[e] < 0 ? 0 : qh[e];
+                else
+                    f[e] = qh[e];
+            features_bytes(&bf[h], f, a0, na, hs);
+        }
+        for (int b0 = c0; b0 < c1; b0 += BYTE_CHUNK) {
+            const int b1 = c1 - b0 < BYTE_CHUNK ? c1 : b0 + BYTE_CHUNK;
+            byte_products(o, bf, nh, st, b0, b1, a0, na, hs);
+            for (int c = b0; c < b1; c++)
+                for (int h = 0; h < nh; h++) sc[c] += (real)o[4 * (c - b0) + h];
+        }
+    }
+}
+
+void block_bounds(real* sc, BlockScore score, const real* q, int rep, const int8_t* st, int i,
+                  int w, int sinks, int bs, int hs, int part, int nparts) {
+    int c0, c1;
+    candidate_blocks(i, w, sinks, bs, &c0, &c1);
+    const int n = c1 - c0;
+    bound_scores(sc, score, q, rep, st, c0 + (int)((long)n * part / nparts),
+                 c0 + (int)((long)n * (part + 1) / nparts), hs);
+}
+
 /* Scores of the candidate key blocks [c0, c1) for the rep query heads q (stride hs) of one key/
  * value head, query position i (keys k with stride ldk), from each block's statistics st
  * (blockgate_key_stats8: mean, variance, min, max): Quest's upper bound of q . k over the
@@ -1394,7 +1437,10 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
                          int i, int w, int sinks, int bs, int c0, int c1, int hs, real scale,
                          real* p, int made) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
-    real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+    if (score != BLOCKS_LEARNED && score != BLOCKS_ORACLE) { /* sc: made already when made */
+        if (!made) bound_scores(sc, score, q, rep, st, c0, c1, hs);
+        return;
+    }
     for (int c = c0; c < c1; c++) sc[c] = 0;
     if (score == BLOCKS_LEARNED) { /* p: the logits, made already when made is set */
         if (!made) block_logits(p, q, rep, st, gate, i, w, sinks, bs, hs);
@@ -1425,32 +1471,6 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
             }
         }
         return;
-    }
-    /* Quest's bound sum_e max(q_e min_e, q_e max_e) and the mean key's product, as products with
-     * the statistics too, in bytes: q_e min_e where q_e < 0, q_e max_e elsewhere; four heads
-     * against each block at once, added to its score head by head in order */
-    const int quest = score == BLOCKS_QUEST, a0 = quest ? 2 : 0, na = quest ? 2 : 1;
-    ByteFeatures bf[4];
-    int8_t qb[4][BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
-    for (int h = 0; h < 4; h++) bf[h].q = qb[h];
-    float o[4 * BYTE_CHUNK];
-    for (int r0 = 0; r0 < rep; r0 += 4) {
-        const int nh = rep - r0 < 4 ? rep - r0 : 4;
-        for (int h = 0; h < nh; h++) {
-            const real* qh = q + (size_t)(r0 + h) * hs;
-            for (int e = 0; e < hs; e++)
-                if (quest)
-                    f[2 * hs + e] = qh[e] < 0 ? qh[e] : 0, f[3 * hs + e] = qh[e] < 0 ? 0 : qh[e];
-                else
-                    f[e] = qh[e];
-            features_bytes(&bf[h], f, a0, na, hs);
-        }
-        for (int b0 = c0; b0 < c1; b0 += BYTE_CHUNK) {
-            const int b1 = c1 - b0 < BYTE_CHUNK ? c1 : b0 + BYTE_CHUNK;
-            byte_products(o, bf, nh, st, b0, b1, a0, na, hs);
-            for (int c = b0; c < b1; c++)
-                for (int h = 0; h < nh; h++) sc[c] += (real)o[4 * (c - b0) + h];
-        }
     }
 }
 

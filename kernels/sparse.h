@@ -169,9 +169,15 @@ int block_select(int* sel, BlockScore score, const real* q, int rep, const int8_
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p);
 /* The learned selector's logits of query i's candidate blocks (rep heads, the blocks' order) into
  * p, as block_select makes them: a decode step makes them beside the band's scores, then
- * block_select_made(..., made = 1) chooses from them, overwriting them (made = 0: block_select). */
+ * block_select_made(..., made = 1) chooses from them, overwriting them (made = 0: block_select;
+ * for Quest's and the mean keys' scores, made = 1: sc holds them, block_bounds). */
 void block_logits(real* p, const real* q, int rep, const int8_t* st, const real* gate, int i, int w,
                   int sinks, int bs, int hs);
+/* Quest's bounds or the mean keys' products (score) of part `part` of nparts of query i's
+ * candidate blocks (split by their count) into sc, as block_select makes them: a decode step
+ * makes the parts beside each other, then block_select_made(..., made = 1) chooses from sc. */
+void block_bounds(real* sc, BlockScore score, const real* q, int rep, const int8_t* st, int i,
+                  int w, int sinks, int bs, int hs, int part, int nparts);
 /* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
  * ldq: the rep heads of one key/value head), row r's into p + r ldp: the same values, made at
  * AVX-512 VNNI 16 blocks at a time against every row (the statistics read once for the rows;

@@ -642,13 +642,16 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     if (kind == KEYS_BLOCKS) {
         /* on the threads (a decode step; nested in a prompt's parallel rows, one thread), each
          * task with its own scratch, the same arithmetic: each key/value head's band and, beside
-         * them, the learned selector's logits of its blocks; the task that completes a head's
-         * parts then makes its choice (one parallel region a layer, and the choices spread over
-         * the threads as their parts end) */
+         * them, the learned selector's logits of its blocks (Quest's bounds and the mean keys'
+         * products: the band with the first half of the blocks' scores, then the second half);
+         * the task that completes a head's parts then makes its choice (one parallel region a
+         * layer, and the choices spread over the threads as their parts end) */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
-        const int made = attn_block_score(f->attn) == BLOCKS_LEARNED, need = made ? 2 : 1,
-                  tasks = need * NKV;
+        const BlockScore score = attn_block_score(f->attn);
+        const int learned = score == BLOCKS_LEARNED,
+                  bounds = score == BLOCKS_QUEST || score == BLOCKS_MEAN;
+        const int made = learned || bounds, need = made ? 2 : 1, tasks = need * NKV;
         if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
         real lb[1024];
         atomic_int ready[1024]; /* each key/value head's parts done */
@@ -659,18 +662,21 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
         for (int t = 0; t < tasks; t++) {
             const int g = t % NKV;
             const real* qg = qrow + (size_t)g * rep * hs;
+            const int8_t* st;
+            const real* gate;
+            selector_of(c, m, l, g, &st, &gate);
             if (t < NKV) {
                 w->kl[g] = w->bkeys + (size_t)g * c->cap;
                 w->nkg[g] = band_keys(c, m, l, p, g, qg, w->kl[g],
                                       w->scores + (size_t)g * rep * c->cap, c->cap, lb + g * rep);
-                npre[g] = made ? w->nkg[g] : 0;
-            } else {
-                const int8_t* st;
-                const real* gate;
-                selector_of(c, m, l, g, &st, &gate);
+                npre[g] = learned ? w->nkg[g] : 0;
+            }
+            if (learned && t >= NKV)
                 block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
                              f->block, hs);
-            }
+            if (bounds)
+                block_bounds(w->bsc + (size_t)g * nb, score, qg, rep, st, p, f->w, f->sinks,
+                             f->block, hs, t >= NKV, 2);
             /* acquire the other part's writes, release this one's */
             if (atomic_fetch_add_explicit(&ready[g], 1, memory_order_acq_rel) == need - 1)
                 w->nkg[g] = distant_keys(c, m, l, p, g, qg, mi, w->kl[g], w->nkg[g], lb + g * rep,
