@@ -9,8 +9,11 @@
 # each ratio is then taken against the same round's dense, and the table gives the median ratio
 # with the rounds' least and most.
 # Environment: MODEL (default: the SmolLM2 Q4_1 file of scripts/fetch_model.sh), CTX (8160),
-# N (32), THREADS (2), ROUNDS (1), BUILD (the build folder: build). Writes OUT/table.md and each
-# run's output in OUT/*.txt (default OUT: runs/attn_shares).
+# N (32), THREADS (2), ROUNDS (1), BUILD (the build folder: build), DATA (a token shard, e.g.
+# cache/shards/pg19test/train_000.bin of scripts/pg19_shards.sh: every method and build then reads
+# and decodes the same tokens, the shard's first CTX + N; default: random prompt tokens and
+# sampled ones after, which differ between builds). Writes OUT/table.md and each run's output in
+# OUT/*.txt (default OUT: runs/attn_shares).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/attn_shares}
@@ -23,6 +26,11 @@ mkdir -p "$out"
 rm -f "$out"/*.txt
 source scripts/blas_env.sh
 build=${BUILD:-build}
+data=()
+if [ -n "${DATA:-}" ]; then
+  [ -f "$DATA" ] || { echo "attn_shares: DATA=$DATA: no such token shard" >&2; exit 1; }
+  data=(--data "$DATA")
+fi
 [ -x "$build/focus" ] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)" --target focus >/dev/null
 
@@ -43,7 +51,7 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round: $name" >&2
     # shellcheck disable=SC2086
     FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads "$build/focus" bench decode --model "$model" \
-      --ctx "$ctx" -n "$n" $args >"$file"
+      --ctx "$ctx" -n "$n" ${data[@]+"${data[@]}"} $args >"$file"
     printf '%s\n' "$name" >>"$file"
   done
 done
