@@ -1036,7 +1036,7 @@ byte_products_avx2_nh(float* out, const ByteFeatures* bf, const int nh, const in
 /* AVX-512 VNNI: 64 bytes at a time (a masked tail), as (s + 128) q, an unsigned byte times a
  * signed one, less 128 times the features' sum. Accumulator 4 h + a: the sums of 16 lanes of the
  * 16 through a tree put accumulator 4 i + k at element 4 k + i, that is statistic k of head i. */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
     __attribute__((always_inline)) void
     values16(float* out, const __m512i* v, __m512 fs, __m512 ss) {
     __m512i s[8], t[4], u[2];
