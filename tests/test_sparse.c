@@ -370,6 +370,23 @@ static void run_blocks(int B, int T, int w, int sinks, int bs, int nsel, double 
 
 /* At the same budget the oracle's blocks hold at least the dense mass of Quest's and the mean
  * key's, and every selection at least the band's. */
+/* Random keys' block statistics (nb blocks of bs, head size hs; into *st), n query rows of
+ * stride ldq (into *q) and the selector's weights of rep heads (into *gate) */
+static void random_selection(int nb, int bs, int hs, int n, int ldq, int rep, int8_t** st, real** q,
+                             real** gate, Rng* rng) {
+    const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+    real* k = mallocCheck(sizeof(real) * (size_t)nb * bs * hs);
+    *q = mallocCheck(sizeof(real) * (size_t)n * ldq);
+    *gate = mallocCheck(sizeof(real) * (size_t)rep * BLOCKGATE_WIDTH(hs));
+    *st = mallocCheck(sb * nb);
+    tu_randn(k, (size_t)nb * bs * hs, 1.0, rng);
+    tu_randn(*q, (size_t)n * ldq, 2.0, rng);
+    tu_randn(*gate, (size_t)rep * BLOCKGATE_WIDTH(hs), 1.0, rng);
+    for (int c = 0; c < nb; c++)
+        blockgate_key_stats8(*st + c * sb, k, hs, c * bs, (c + 1) * bs, hs);
+    free(k);
+}
+
 /* The selection's products in bytes are exact integers: block_logits and the choices of Quest and
  * the mean keys give the same bits at every instruction-set level this CPU has (scalar, AVX2's
  * 32-byte steps and their tail, AVX-512 VNNI's 64 with a masked tail), for head sizes that are
@@ -382,16 +399,9 @@ static void byte_products_agree(Rng* rng) {
         for (int b = 0; b < 4; b++) {
             const int hs = hss[a], rep = reps[b], w = 3, i = nb * bs + w - 7,
                       sinks = 2; /* (the last block partial) */
-            const size_t sb = BLOCKGATE_STAT_BYTES(hs);
-            real* k = mallocCheck(sizeof(real) * (size_t)nb * bs * hs);
-            real* q = mallocCheck(sizeof(real) * (size_t)rep * hs);
-            real* gate = mallocCheck(sizeof(real) * (size_t)rep * BLOCKGATE_WIDTH(hs));
-            int8_t* st = mallocCheck(sb * nb);
-            tu_randn(k, (size_t)nb * bs * hs, 1.0, rng);
-            tu_randn(q, (size_t)rep * hs, 2.0, rng);
-            tu_randn(gate, (size_t)rep * BLOCKGATE_WIDTH(hs), 1.0, rng);
-            for (int c = 0; c < nb; c++)
-                blockgate_key_stats8(st + c * sb, k, hs, c * bs, (c + 1) * bs, hs);
+            int8_t* st;
+            real *q, *gate;
+            random_selection(nb, bs, hs, 1, rep * hs, rep, &st, &q, &gate, rng);
             real lband[5] = {1, 2, 3, 4, 5};
             real *p[QUANT_ISA_COUNT], sc[64], pp[5 * 64 + 1024];
             int sel[QUANT_ISA_COUNT][3][8], ns[QUANT_ISA_COUNT][3];
@@ -414,7 +424,7 @@ static void byte_products_agree(Rng* rng) {
                       isa, hs, rep);
             }
             for (int isa = 0; isa <= best; isa++) free(p[isa]);
-            free(k), free(q), free(gate), free(st);
+            free(q), free(gate), free(st);
         }
     /* ties (a query of zeros: every mean-key score 0): the earliest blocks, in order */
     {
@@ -448,18 +458,12 @@ static void logits_tile_agrees(Rng* rng) {
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
             const int hs = hss[a], rep = reps[b], w = 20, sinks = 3, i0 = 27 * bs + 9;
-            const size_t sb = BLOCKGATE_STAT_BYTES(hs), ldp = (size_t)rep * nb;
+            const size_t ldp = (size_t)rep * nb;
             const int ldq = rep * hs + 7;
-            real* k = mallocCheck(sizeof(real) * (size_t)nb * bs * hs);
-            real* q = mallocCheck(sizeof(real) * (size_t)nq * ldq);
-            real* gate = mallocCheck(sizeof(real) * (size_t)rep * BLOCKGATE_WIDTH(hs));
             real *pt = mallocCheck(sizeof(real) * nq * ldp), *pr = mallocCheck(sizeof(real) * ldp);
-            int8_t* st = mallocCheck(sb * nb);
-            tu_randn(k, (size_t)nb * bs * hs, 1.0, rng);
-            tu_randn(q, (size_t)nq * ldq, 2.0, rng);
-            tu_randn(gate, (size_t)rep * BLOCKGATE_WIDTH(hs), 1.0, rng);
-            for (int c = 0; c < nb; c++)
-                blockgate_key_stats8(st + c * sb, k, hs, c * bs, (c + 1) * bs, hs);
+            int8_t* st;
+            real *q, *gate;
+            random_selection(nb, bs, hs, nq, ldq, rep, &st, &q, &gate, rng);
             block_logits_tile(pt, ldp, q, ldq, i0, nq, st, gate, w, sinks, bs, rep, hs);
             int same = 1;
             for (int r = 0; r < nq; r++) {
@@ -468,7 +472,7 @@ static void logits_tile_agrees(Rng* rng) {
                 same &= !memcmp(pr, pt + r * ldp, sizeof(real) * (size_t)rep * nc);
             }
             CHECK(same, "block_logits_tile differs from block_logits (hs %d, %d heads)", hs, rep);
-            free(k), free(q), free(gate), free(pt), free(pr), free(st);
+            free(q), free(gate), free(pt), free(pr), free(st);
         }
     printf("  block logits of a prompt's tile: each row's bits of block_logits\n");
 }
