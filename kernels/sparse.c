@@ -761,27 +761,36 @@ void blockgate_key_stats(real* st, const real* k, int ldk, int j0, int j1, int h
     for (int e = 0; e < hs; e++) var[e] /= n;
 }
 
+/* x (hs values) as bytes of its largest finite magnitude over 127 into b, each rounded to the
+ * nearest, ties to even (1.5 2^23 added and taken away: lrintf's values in the default rounding
+ * mode, vectorisable); non-finite values saturate, not-a-number is 0. Returns that scale, and the
+ * bytes' sum in *sum. A block's statistics and a query's features are rounded alike. */
+static float bytes_of(int8_t* b, const real* x, int hs, int32_t* sum) {
+    float m = 0;
+    for (int e = 0; e < hs; e++) {
+        const float y = fabsf((float)x[e]);
+        m = y > m && y <= FLT_MAX ? y : m;
+    }
+    const float inv = m > 0 ? 127.0f / m : 0, big = 12582912.0f;
+    int32_t t = 0;
+    for (int e = 0; e < hs; e++) {
+        float y = (float)x[e] * inv; /* (inf times 0: not a number, then 0) */
+        y = y != y ? 0 : y > 127 ? 127 : y < -127 ? -127 : y;
+        b[e] = (int8_t)(int)((y + big) - big);
+        t += b[e];
+    }
+    *sum = t;
+    return m / 127.0f;
+}
+
 void blockgate_key_stats8(int8_t* st, const real* k, int ldk, int j0, int j1, int hs) {
     if (hs > BLOCKGATE_MAX_HS) fatal("block selector: head size %d above %d", hs, BLOCKGATE_MAX_HS);
     real s[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
     blockgate_key_stats(s, k, ldk, j0, j1, hs);
     float scale[4];
-    int8_t* b = st + sizeof scale;
-    for (int a = 0; a < 4; a++) {
-        const real* x = s + (size_t)a * hs;
-        float m = 0; /* the largest finite magnitude */
-        for (int e = 0; e < hs; e++) {
-            const float y = fabsf((float)x[e]);
-            m = y > m && y <= FLT_MAX ? y : m;
-        }
-        const float inv = m > 0 ? 127.0f / m : 0;
-        scale[a] = m / 127.0f;
-        for (int e = 0; e < hs; e++) {
-            float y = (float)x[e] * inv; /* (inf times 0: not a number, then 0) */
-            y = y != y ? 0 : y > 127 ? 127 : y < -127 ? -127 : y;
-            b[(size_t)a * hs + e] = (int8_t)lrintf(y);
-        }
-    }
+    int32_t sum;
+    for (int a = 0; a < 4; a++)
+        scale[a] = bytes_of(st + sizeof scale + (size_t)a * hs, s + (size_t)a * hs, hs, &sum);
     memcpy(st, scale, sizeof scale);
 }
 
@@ -834,28 +843,10 @@ typedef struct {
     int8_t* q;
 } ByteFeatures;
 
-/* The statistics a0 .. a0 + na - 1 of the features f (hs each, in the statistics' order) into
- * bf, rounded as blockgate_key_stats8 rounds the statistics (to the nearest, ties to even: 1.5
- * 2^23 added and taken away, as lrintf does in the default rounding mode, but vectorised); the
- * other statistics unused. */
+/* Statistic a of the features f (hs each, in the statistics' order) into bf, rounded as the
+ * statistics are (bytes_of) */
 static void features_bytes_scalar(ByteFeatures* bf, const real* f, int a, int hs) {
-    const real* x = f + (size_t)a * hs;
-    int8_t* q = bf->q + (size_t)a * hs;
-    float m = 0;
-    for (int e = 0; e < hs; e++) {
-        const float y = fabsf((float)x[e]);
-        m = y > m && y <= FLT_MAX ? y : m;
-    }
-    const float inv = m > 0 ? 127.0f / m : 0, big = 12582912.0f;
-    int32_t sum = 0;
-    for (int e = 0; e < hs; e++) {
-        float y = (float)x[e] * inv;
-        y = y != y ? 0 : y > 127 ? 127 : y < -127 ? -127 : y;
-        const int b = (int)((y + big) - big);
-        q[e] = (int8_t)b;
-        sum += b;
-    }
-    bf->scale[a] = m / 127.0f, bf->sum[a] = sum;
+    bf->scale[a] = bytes_of(bf->q + (size_t)a * hs, f + (size_t)a * hs, hs, &bf->sum[a]);
 }
 
 #if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
@@ -934,6 +925,13 @@ static void features_bytes(ByteFeatures* bf, const real* f, int a0, int na, int 
     for (int a = a0; a < a0 + na; a++) features_bytes_scalar(bf, f, a, hs);
 }
 
+/* sum_e a_e b_e over n bytes, in integers */
+static inline int32_t byte_dot(const int8_t* a, const int8_t* b, int n) {
+    int32_t d = 0;
+    for (int e = 0; e < n; e++) d += (int32_t)a[e] * b[e];
+    return d;
+}
+
 /* (t_0 + t_2) + (t_1 + t_3) of head h against a block's statistics (blk: its scales first) from
  * its products I (I[a]) */
 static inline float byte_value(const int32_t* I, const ByteFeatures* bf, const int8_t* blk) {
@@ -955,8 +953,7 @@ static void byte_products_scalar(float* out, const ByteFeatures* bf, int nh, con
         for (int h = 0; h < nh; h++) {
             int32_t I[4] = {0, 0, 0, 0};
             for (int a = a0; a < a0 + na; a++)
-                for (int e = 0; e < hs; e++)
-                    I[a] += (int32_t)bf[h].q[(size_t)a * hs + e] * s[(size_t)a * hs + e];
+                I[a] = byte_dot(bf[h].q + (size_t)a * hs, s + (size_t)a * hs, hs);
             out[4 * (c - c0) + h] = byte_value(I, &bf[h], blk);
         }
     }
@@ -1019,9 +1016,8 @@ byte_products_avx2_nh(float* out, const ByteFeatures* bf, const int nh, const in
         if (nv < hs) /* the tail, into lane 0 */
             for (int h = 0; h < nh; h++)
                 for (int a = a0; a < a0 + na; a++) {
-                    int32_t d = 0;
-                    for (int e = nv; e < hs; e++)
-                        d += (int32_t)bf[h].q[(size_t)a * hs + e] * s[(size_t)a * hs + e];
+                    const size_t at = (size_t)a * hs + nv;
+                    const int32_t d = byte_dot(bf[h].q + at, s + at, hs - nv);
                     acc[4 * h + a] =
                         _mm256_add_epi32(acc[4 * h + a], _mm256_setr_epi32(d, 0, 0, 0, 0, 0, 0, 0));
                 }
@@ -1060,7 +1056,7 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
     __attribute__((always_inline)) void
     byte_products_vnni_nh(float* out, const ByteFeatures* bf, const int nh, const int8_t* st,
                           int c0, int c1, const int na, int hs) {
-    const int a0 = na == 2 ? 2 : 0;
+    const int a0 = na == 2 ? 2 : 0, nv = hs / 64 * 64;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i perm = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     float x[16], tmp[4 * 4];
@@ -1072,7 +1068,6 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
         const int8_t* s = blk + 4 * sizeof(float);
         __m512i acc[16];
         for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_si512();
-        const int nv = hs / 64 * 64;
         for (int e = 0; e < nv; e += 64) /* (plain loads: a masked one is slower from memory) */
             for (int a = a0; a < a0 + na; a++) {
                 const size_t at = (size_t)a * hs + e;
