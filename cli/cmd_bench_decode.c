@@ -208,14 +208,18 @@ int cmd_bench_decode(int argc, char** argv) {
     resident_kb(&anon1, &file1);
     struct stat st;
     const double file_mb = stat(model, &st) ? 0 : st.st_size / 1048576.0;
-    const int hs = model_head_size(&m.cfg);
-    const double kv_mb =
-        2.0 * m.cfg.L * c.cap * m.cfg.NKV * hs * (c.half ? 2 : sizeof(real)) / 1048576.0;
+    size_t runs;
+    const double kv_mb = kvcache_bytes(&c, &m.cfg, &runs) / 1048576.0;
     const double all_mb = (anon1 - anon0 + file1 - file0) / 1024.0;
+    char of_runs[64] = "";
+    if (runs)
+        snprintf(of_runs, sizeof of_runs, " (the groups' keys and values in runs: %.1f MB)",
+                 runs / 1048576.0);
     printf(
         "resident memory: %.1f MB (%.1f MB allocated, %.1f MB of mapped file), of which the KV "
-        "cache %.1f MB: the model and the rest %.1f MB; the model file is %.1f MB\n",
-        all_mb, (anon1 - anon0) / 1024.0, (file1 - file0) / 1024.0, kv_mb, all_mb - kv_mb, file_mb);
+        "cache %.1f MB%s: the model and the rest %.1f MB; the model file is %.1f MB\n",
+        all_mb, (anon1 - anon0) / 1024.0, (file1 - file0) / 1024.0, kv_mb, of_runs, all_mb - kv_mb,
+        file_mb);
     free(logits);
     kvcache_free(&c);
     model_free(&m);

@@ -104,7 +104,7 @@ static void centre_offsets(real* colofs, const double* cum, int K) {
 
 void routing_forward(real* G, real* colofs, const real* S, const real* beta, Routing mode, int B,
                      int T, int K, real tau, int iters) {
-#pragma omp parallel for
+#pragma omp parallel for if (B > 1) /* (a decoded row: no threads to wake) */
     for (int b = 0; b < B; b++) {
         const real* Sb = S + (size_t)b * T * K;
         real* Gb = G + (size_t)b * T * K;

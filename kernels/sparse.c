@@ -463,9 +463,10 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
 
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const CachedKV* kv, int w, const uint32_t* rmask,
-                             const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
+                             const uint32_t* cmask, const GroupLists* gl,
                              const ChosenBlocks* chosen, int NH, int NKV, int hs) {
-    const int rep = NH / NKV;
+    const int rep = NH / NKV, K = gl->K, cap = gl->cap;
+    const int *gpos = gl->gpos, *gn = gl->gn;
     const real scale = (real)(1.0 / sqrt((double)hs));
     /* each group's rows (ascending) that have keys before their window: the tiles are made of the
      * rows of one group, so that a tile's product serves each of its rows */
@@ -534,8 +535,14 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         anyrow |= t.use[r];
                     }
                     if (!anyrow) continue;
-                    cached_rows(t.kt, kv, 0, g, hs, gp + t0, 0, ce, ET);
-                    cached_rows(t.vt, kv, 1, g, hs, gp + t0, 0, ce, ET);
+                    if (gl->runs) { /* the entries' rows in the group's runs */
+                        const int* gi = gl->gidx + (size_t)grp * cap + t0;
+                        cached_rows(t.kt, gl->runs, 0, g, hs, gi, 0, ce, ET);
+                        cached_rows(t.vt, gl->runs, 1, g, hs, gi, 0, ce, ET);
+                    } else {
+                        cached_rows(t.kt, kv, 0, g, hs, gp + t0, 0, ce, ET);
+                        cached_rows(t.vt, kv, 1, g, hs, gp + t0, 0, ce, ET);
+                    }
                     stacked_merge(&t, scale);
                 }
                 stacked_finish(&t, out, ldo, lse, NH);

@@ -50,8 +50,8 @@ void attention_cached_blocks(real* out, int ldo, real* lse, const real* q, int l
 
 /* The group keys of a prompt's rows, added to their window (out and lse: each row's attention
  * over the keys i - w .. i, attention_cached_forward with sinks 0): row r (mask rmask[r] of K
- * groups) also attends to the earlier tokens of each of its groups before its window (the
- * positions gpos + g cap, gn[g] of them, ascending, the prompt's rows joined already), each
+ * groups) also attends to the earlier tokens of each of its groups before its window (gl's lists,
+ * the prompt's rows joined already), each
  * token taken in the lowest group it shares with the row (cmask: every cached position's mask),
  * as the decode step does. A group's list is read in tiles of 64 entries counted from its start,
  * each tile gathered and multiplied once for the 32-row tile of rows in the group; each row
@@ -64,9 +64,19 @@ typedef struct {
     const int *sel, *nsel;
     int nbmax;
 } ChosenBlocks;
+/* A layer's group lists: group g's gn[g] positions at gpos + g cap, ascending, and where the
+ * cache copies each group's keys and values in runs (runs: its copies, by key/value head as a
+ * CachedKV; NULL: none), the row of each entry in them, gidx + g cap: a tile of a list is then
+ * read from its runs, not gathered from the positions. */
+typedef struct {
+    const int *gpos, *gn;
+    int cap, K;
+    const CachedKV* runs;
+    const int* gidx;
+} GroupLists;
 long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int ldq, int p0, int n,
                              const CachedKV* kv, int w, const uint32_t* rmask,
-                             const uint32_t* cmask, const int* gpos, const int* gn, int cap, int K,
+                             const uint32_t* cmask, const GroupLists* gl,
                              const ChosenBlocks* chosen, int NH, int NKV, int hs);
 
 /* qmask, kmask (B, T): each token's group bitmask as a query and as a key (the same array for a

@@ -117,7 +117,9 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                      .bsel = mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
                      .bsc = mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
                      .bp = mallocCheck(sizeof(real) * (size_t)NH * nbmax),
-                     .npre = mallocCheck(sizeof(int) * (size_t)NKV)};
+                     .npre = mallocCheck(sizeof(int) * (size_t)NKV),
+                     .rlo = mallocCheck(sizeof(int) * (size_t)NKV),
+                     .rhi = mallocCheck(sizeof(int) * (size_t)NKV)};
     /* FOCUS_PROFILE: the parts of the decode steps, and apart those of a prompt's rows */
     double* prof = c0->profile ? (per_row ? c0->prof : c0->pprof) : NULL;
     double mark = prof ? now_seconds() : 0;
@@ -185,6 +187,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     profile_tick(prof, &mark, 6);
     for (int i = 0; i < n; i++) cs[i]->n++;
     free(rs.kl), free(rs.nkg), free(rs.bsel), free(rs.bsc), free(rs.bp), free(rs.npre);
+    free(rs.rlo), free(rs.rhi);
     free(mask);
     free(buf);
 }

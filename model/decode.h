@@ -48,13 +48,21 @@ typedef struct {
     uint32_t* mask; /* (L, cap) top-k group masks */
     int* gpos;      /* (L, K, cap) positions of each group's tokens */
     int* gn;        /* (L, K) group list lengths */
-    int* keys;      /* (cap) the positions one query attends to */
-    real* scores;   /* (NH, cap) one token's attention scores */
-    real* part;     /* (nparts, NH, hs + 2) the threads' partial softmax sums */
-    int nparts;     /* parts a token's keys are split into (DECODE_KEY_PARTS) ... */
-    int split_min;  /* ... when it has at least this many keys (256; fewer: one thread) */
-    Governor gov;   /* the decode steps' thread count (on by default with more than one thread) */
-    long pairs;     /* attention pairs evaluated so far, summed over layers */
+    /* each group's keys and values copied in runs, so that a query reads them as runs (the
+     * grouped layers, made at their first token; kvcache.c) */
+    void **pk, **pv; /* (L) layer l's (NKV, prow[l], hs) copies, or NULL */
+    int *prow, *pch; /* (L) rows each head's copies hold, runs handed out */
+    int* gidx;       /* (L, K, cap) the row of each group list entry in its layer's copies */
+    int* gres;       /* (L, K) list entries that have a row (kept when the cache is truncated) */
+    int* pjoin;      /* (L) the most groups a token (not a sink) has joined */
+    int run;         /* rows a run holds */
+    int* keys;       /* (cap) the positions one query attends to */
+    real* scores;    /* (NH, cap) one token's attention scores */
+    real* part;      /* (nparts, NH, hs + 2) the threads' partial softmax sums */
+    int nparts;      /* parts a token's keys are split into (DECODE_KEY_PARTS) ... */
+    int split_min;   /* ... when it has at least this many keys (256; fewer: one thread) */
+    Governor gov;    /* the decode steps' thread count (on by default with more than one thread) */
+    long pairs;      /* attention pairs evaluated so far, summed over layers */
     /* the block patterns (blocks, blocks_mean, blocks_learned), made on first use: */
     int bs, nbcap; /* key block size, blocks held per layer and key/value head */
     int8_t* bstat; /* (L, NKV, nbcap, BLOCKGATE_STAT_BYTES(hs)): each complete block's key
@@ -73,6 +81,9 @@ int kvcache_block_cap(int cap, int bs);
  * bytes each decoded token reads; values beyond +-65504 saturate), else exact. */
 void kvcache_init(KVCache* c, const Model* m, int cap, int half);
 void kvcache_free(KVCache* c);
+/* The bytes cache c holds now (keys and values, the group lists and their runs, the block
+ * statistics); runs (NULL: not asked) receives the group runs' part. */
+size_t kvcache_bytes(const KVCache* c, const ModelConfig* mc, size_t* runs);
 /* Feed `token` at position c->n; logits (V) receive the next-token scores. The step's threads
  * are c->gov's. */
 void model_decode_step(Model* m, KVCache* c, int token, real* logits);
@@ -85,6 +96,9 @@ void model_decode_step(Model* m, KVCache* c, int token, real* logits);
  * server goes on. */
 int model_decode_batch(Model* m, KVCache* const* caches, const int* tokens, int n, real* logits,
                        Governor* gov, char* why, size_t wl);
+/* The rows a head's copies of layer l's group lists in runs need at most (KVCache.prow; the
+ * sinks' entries aside): they grow to it, and past it by at most a third. */
+int kvcache_runs_most(const KVCache* c, int l);
 /* Forget all but the first n cached tokens (n <= c->n), so that a prompt sharing them goes on
  * from there: the cache ends as if only those n had been fed. */
 void kvcache_truncate(KVCache* c, int n);

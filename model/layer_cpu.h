@@ -27,7 +27,8 @@ typedef struct RowScratch {
     int **kl, *nkg;     /* each key/value head's key list and its length */
     int* bsel; /* the block patterns' scratch: nbmax each per key/value head, bp per query head */
     real *bsc, *bp;
-    int* npre; /* (NKV) the band scores the block selector made */
+    int* npre;      /* (NKV) the band scores the block selector made */
+    int *rlo, *rhi; /* (NKV) which keys of a head's list are rows of the group runs */
 } RowScratch;
 
 /* the width of a cached row's q k v (every head: the cached rows run unsliced) */

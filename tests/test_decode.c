@@ -83,6 +83,58 @@ static void check_batch(Model* m, const int* tok, const char* preset) {
     free(want), free(got);
 }
 
+/* The group runs (each group's keys and values copied in runs, kvcache.c) over twelve rounds
+ * of one cache: each round truncates it (to its first 3 tokens, or to none where the router's
+ * bias changed) and feeds another prompt (its tokens turned, and the bias pushing them into one
+ * group, another every second round: a list grows over another's old rows, the runs grow and
+ * are compacted), then decodes 4 tokens;
+ * each round gives bit for bit the logits of a fresh cache fed the same, and the runs stay
+ * within what the lists can hold. */
+static void check_runs(Model* m, const int* tok, const char* preset) {
+    const int V = m->cfg.V, K = m->fc.K, N = T - 4;
+    real* want = mallocCheck(sizeof(real) * N * V);
+    real* got = mallocCheck(sizeof(real) * N * V);
+    real* wl = mallocCheck(sizeof(real) * V);
+    real* gl = mallocCheck(sizeof(real) * V);
+    KVCache c, f;
+    kvcache_init(&c, m, T, 1);
+    int same = 1, most = 0;
+    const size_t nb = (size_t)m->cfg.L * K;
+    real* beta = mallocCheck(sizeof(real) * nb);
+    memcpy(beta, m->beta, sizeof(real) * nb);
+    for (int round = 0; round < 12; round++) {
+        for (size_t i = 0; i < nb; i++)
+            m->beta[i] = beta[i] + (real)((int)(i % K) == round / 2 % K ? 4 : 0);
+        const int keep = round % 2 ? 3 : 0; /* (the kept tokens' groups: this bias's) */
+        int seq[T];
+        for (int t = 0; t < T; t++)
+            seq[t] = t < 3 ? tok[t] : tok[(t * (round % 5 + 1) + 11 * round) % T];
+        kvcache_init(&f, m, T, 1);
+        model_prefill(m, &f, seq, N, want, 1);
+        kvcache_truncate(&c, keep);
+        memcpy(got, want, sizeof(real) * keep * V); /* (the kept rows: c's cached ones) */
+        model_prefill(m, &c, seq + keep, N - keep, got + (size_t)keep * V, 1);
+        same &= !memcmp(want, got, sizeof(real) * N * V);
+        for (int t = N; t < T; t++) {
+            model_decode_step(m, &f, seq[t], wl);
+            model_decode_step(m, &c, seq[t], gl);
+            same &= !memcmp(wl, gl, sizeof(real) * V);
+        }
+        kvcache_free(&f);
+        for (int l = 0; l < m->cfg.L; l++) {
+            /* what the lists can hold, every sink in every group, and a third more */
+            const int can = (kvcache_runs_most(&c, l) + K * m->fc.sinks + c.run) * 4 / 3 + c.run;
+            if (c.prow[l] > can) most = c.prow[l];
+        }
+    }
+    memcpy(m->beta, beta, sizeof(real) * nb);
+    free(beta);
+    CHECK(same, "%s: a cache reused over twelve prompts differs from fresh caches", preset);
+    CHECK(!most, "%s: the group runs grew to %d rows a head", preset, most);
+    kvcache_free(&c);
+    free(want), free(got), free(wl), free(gl);
+}
+
 /* A prompt gives the same bits however it is cut: fed in one call, in chunks of 1, 5, 13 and the
  * rest, or after a cache that held other tokens (truncated to a shared prefix): every row's logits
  * and the cached keys and values. Decoding on gives the same bits on one thread as on three. */
@@ -267,6 +319,7 @@ static void run(const char* preset, AttnMode attn, int topk, int sinks, float to
     free(full), free(lg);
     kvcache_free(&c);
     check_batch(&m, tok, preset);
+    if (grouped || m.method.with_groups) check_runs(&m, tok, preset);
     check_chunks(&m, tok, 0, preset);
     check_chunks(&m, tok, 1, preset);
     model_free(&m);

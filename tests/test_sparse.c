@@ -558,8 +558,9 @@ static void cached_kernels(int T, int p1, int w, int sinks, Rng* rng) {
                     while (gn_now[g] < gn[g] && gpos[(size_t)g * T + gn_now[g]] < p0 + n)
                         gn_now[g]++;
                 }
+                const GroupLists gl = {gpos, gn_now, T, KG, NULL, NULL};
                 attention_cached_groups(o, Q, ls, q + (size_t)p0 * Q, Q, p0, n, &kv, w, mask + p0,
-                                        mask, gpos, gn_now, T, KG, NULL, NH, NKV, HS);
+                                        mask, &gl, NULL, NH, NKV, HS);
             }
         }
         for (int i = 0; i < T; i++)
