@@ -20,6 +20,31 @@ void router_scores_forward(real* proj, real* S, const real* h, const real* wg, c
     gemm(0, 1, (int)N, K, dg, 1, proj, dg, cent, dg, 0, S, K);
 }
 
+void router_row_scores(real* proj, real* S, const real* h, const real* wg, const real* cent, int C,
+                       int dg, int K) {
+    /* proj in 16 columns at a time, each the sum of four chains (the rows c of wg with c % 4 =
+     * 0, 1, 2, 3, in order), added as (a0 + a1) + (a2 + a3): four products in flight, not one
+     * chain of C */
+    for (int j0 = 0; j0 < dg; j0 += 16) {
+        const int nj = dg - j0 < 16 ? dg - j0 : 16;
+        real a[4][16] = {{0}};
+        for (int c = 0; c < C; c++) {
+            const real hc = h[c];
+            const real* w = wg + (size_t)c * dg + j0;
+            real* ac = a[c % 4];
+#pragma omp simd
+            for (int j = 0; j < nj; j++) ac[j] += hc * w[j];
+        }
+        for (int j = 0; j < nj; j++) proj[j0 + j] = (a[0][j] + a[1][j]) + (a[2][j] + a[3][j]);
+    }
+    for (int k = 0; k < K; k++) {
+        const real* ck = cent + (size_t)k * dg;
+        real s = 0;
+        for (int j = 0; j < dg; j++) s += proj[j] * ck[j];
+        S[k] = s;
+    }
+}
+
 void router_scores_backward(real* dh, real* dwg, real* dcent, real* dproj, const real* dS,
                             const real* h, const real* proj, const real* wg, const real* cent,
                             size_t N, int C, int dg, int K) {

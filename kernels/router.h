@@ -15,6 +15,12 @@ typedef enum { ROUTE_SINKHORN = 0, ROUTE_CAUSAL = 1, ROUTE_PREFIX = 2 } Routing;
 /* proj (N, dg) = h @ wg (C, dg); S (N, K) = proj @ cent (K, dg)^T. */
 void router_scores_forward(real* proj, real* S, const real* h, const real* wg, const real* cent,
                            size_t N, int C, int dg, int K);
+
+/* router_scores_forward for one row, without the BLAS: each value one chain of products in a
+ * fixed order, so that a row's scores are the same bits whatever rows are computed beside it
+ * (the rows of a prompt on the threads, or one decoded row). proj: dg scratch. */
+void router_row_scores(real* proj, real* S, const real* h, const real* wg, const real* cent, int C,
+                       int dg, int K);
 /* dh += dS cent wg^T unless NULL; dwg += h^T dproj and dcent += dS^T proj unless NULL. dproj:
  * (N, dg) scratch. */
 void router_scores_backward(real* dh, real* dwg, real* dcent, real* dproj, const real* dS,

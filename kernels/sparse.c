@@ -486,7 +486,6 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
 #pragma omp parallel reduction(+ : pairs)
     {
         Stacked t = stacked_new(rep, ET, hs);
-        t.masked = 1;
         unsigned char* bits = chosen ? mallocCheck((size_t)CQ * nbyte) : NULL;
         /* the groups one after another (a row in two merges the lower first, as decoding) */
         for (int grp = 0; grp < K; grp++) {
@@ -512,26 +511,44 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                     }
                 }
                 /* the list in tiles of ET entries counted from its start: a row keeps an entry
-                 * before its window, not in a lower group it shares (token_keys's keys) */
+                 * before its window (a prefix of the tile: the list ascends), not in a lower
+                 * group it shares (token_keys's keys) */
                 for (int t0 = 0; t0 < len; t0 += ET) {
                     const int ce = len - t0 < ET ? len - t0 : ET;
                     int anyrow = 0;
+                    t.masked = 0;
                     for (int r = 0; r < nq; r++) {
                         const int row = tr[r];
                         const uint32_t mr = rmask[row];
                         const int lo = p0 + row - w;
                         unsigned char* o = t.ok + (size_t)r * ET;
                         const unsigned char* b = chosen ? bits + (size_t)r * nbyte : NULL;
-                        t.use[r] = 0, t.ca[r] = 0, t.cb[r] = ce;
-                        for (int c = 0; c < ET; c++) {
-                            const int j = c < ce ? gp[t0 + c] : -1;
-                            /* (with blocks: not a sink, not in a chosen block) */
-                            o[c] = c < ce && j < lo && !(cmask[j] & mr & lower) &&
-                                   !(b && (j < chosen->sinks ||
-                                           ((b[j / chosen->bs / 8] >> (j / chosen->bs % 8)) & 1)));
-                            t.use[r] |= o[c];
-                            pairs += (long)o[c] * rep;
+                        int cb = 0, hi = ce;
+                        while (cb < hi) {
+                            const int h = (cb + hi) / 2;
+                            if (gp[t0 + h] < lo)
+                                cb = h + 1;
+                            else
+                                hi = h;
                         }
+                        t.ca[r] = 0, t.cb[r] = cb;
+                        memset(o, 1, (size_t)cb);
+                        memset(o + cb, 0, (size_t)(ET - cb));
+                        if (mr & lower || b) { /* the prefix's entries one by one */
+                            for (int c = 0; c < cb; c++) {
+                                const int j = gp[t0 + c];
+                                /* (with blocks: not a sink, not in a chosen block) */
+                                o[c] =
+                                    !(cmask[j] & mr & lower) &&
+                                    !(b && (j < chosen->sinks ||
+                                            ((b[j / chosen->bs / 8] >> (j / chosen->bs % 8)) & 1)));
+                            }
+                            t.masked = 1;
+                        }
+                        int kept = 0;
+                        for (int c = 0; c < cb; c++) kept += o[c];
+                        t.use[r] = kept > 0;
+                        pairs += (long)kept * rep;
                         anyrow |= t.use[r];
                     }
                     if (!anyrow) continue;

@@ -109,10 +109,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
         const int nb = kvcache_block_cap(cs[i]->cap, f->block);
         nbmax = nb > nbmax ? nb : nbmax;
     }
-    RowScratch rs = {.proj = proj,
-                     .S = S,
-                     .G = G,
-                     .kl = mallocCheck(sizeof(int*) * (size_t)NKV),
+    RowScratch rs = {.kl = mallocCheck(sizeof(int*) * (size_t)NKV),
                      .nkg = mallocCheck(sizeof(int) * (size_t)NKV),
                      .bsel = mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
                      .bsc = mallocCheck(sizeof(real) * (size_t)NKV * nbmax),

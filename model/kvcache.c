@@ -919,32 +919,44 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             block_complete(cs[i], l, pos[i], mc);
         }
     profile_tick(r->prof, r->mark, PART_ATTENTION);
-    /* in order: each row's groups, joined (a cache's group lists grow row by row); mi: the
-     * groups each row keeps as a query. The router's groups: hard mode, or beside the blocks */
+    /* each row's groups (mi: those it keeps as a query). The router's groups: hard mode, or
+     * beside the blocks; a pattern's come from its row. */
     uint32_t* mi = callocCheck((size_t)n, sizeof(uint32_t));
     const int grouped = kind == KEYS_GROUPS || (kind == KEYS_BLOCKS && m->method.with_groups);
-    /* the router's groups, computed per row (a pattern's come from its row) */
-    const int hard = model_method(m)->masks != MASKS_PATTERN;
-    for (int i = 0; i < n && grouped; i++) {
-        const real* hi = h + (size_t)i * C;
+    const int hard = grouped && model_method(m)->masks != MASKS_PATTERN;
+    /* the router's distributions over the groups, as a key (Gk) and, with a query projection,
+     * as a query (Gq): the rows on the threads, each row's bits its own (router_row_scores) */
+    real* Gk = hard ? mallocCheck(sizeof(real) * (size_t)n * K) : NULL;
+    real* Gq = hard && m->router.wq ? mallocCheck(sizeof(real) * (size_t)n * K) : NULL;
+    if (hard) {
         const real* cent = m->router.cent + (size_t)l * K * f->dg;
-        if (hard) {
-            router_scores_forward(s->proj, s->S, hi, m->router.wg + lC * f->dg, cent, 1, C, f->dg,
-                                  K);
-            routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
-                            f->tau, f->iters);
-        }
-        /* a sink position (n < sinks) joins every group, so every later query keeps it */
-        mi[i] = token_mask(m, l, pos[i], s->G, 1);
-        token_join(cs[i], m, l, pos[i], mi[i]);
-        if (hard && m->router.wq) { /* the row's own groups as a query (model_cpu.c) */
-            router_scores_forward(s->proj, s->S, hi, m->router.wq + lC * f->dg, cent, 1, C, f->dg,
-                                  K);
-            routing_forward(s->G, NULL, s->S, m->beta + (size_t)l * K, ROUTE_CAUSAL, 1, 1, K,
-                            f->tau, f->iters);
-            mi[i] = token_mask(m, l, pos[i], s->G, 0);
+        const real* beta = m->beta + (size_t)l * K;
+#pragma omp parallel if (n > 1)
+        {
+            real* proj = mallocCheck(sizeof(real) * (size_t)f->dg);
+            real* S = mallocCheck(sizeof(real) * (size_t)K);
+#pragma omp for schedule(static)
+            for (int i = 0; i < n; i++) {
+                const real* hi = h + (size_t)i * C;
+                router_row_scores(proj, S, hi, m->router.wg + lC * f->dg, cent, C, f->dg, K);
+                routing_forward(Gk + (size_t)i * K, NULL, S, beta, ROUTE_CAUSAL, 1, 1, K, f->tau,
+                                f->iters);
+                if (!Gq) continue; /* the row's own groups as a query (model_cpu.c) */
+                router_row_scores(proj, S, hi, m->router.wq + lC * f->dg, cent, C, f->dg, K);
+                routing_forward(Gq + (size_t)i * K, NULL, S, beta, ROUTE_CAUSAL, 1, 1, K, f->tau,
+                                f->iters);
+            }
+            free(proj), free(S);
         }
     }
+    /* in order: each row joins its groups (a cache's group lists grow row by row); a sink
+     * position (n < sinks) joins every group, so every later query keeps it */
+    for (int i = 0; i < n && grouped; i++) {
+        mi[i] = token_mask(m, l, pos[i], hard ? Gk + (size_t)i * K : NULL, 1);
+        token_join(cs[i], m, l, pos[i], mi[i]);
+        if (Gq) mi[i] = token_mask(m, l, pos[i], Gq + (size_t)i * K, 0);
+    }
+    free(Gk), free(Gq);
     profile_tick(r->prof, r->mark, PART_SELECT);
     if (!r->per_row && kind == KEYS_BLOCKS) {
         cs[0]->pairs += blocks_prompt_rows(m, l, cs[0], pos[0], n, qkv, mi, att, r);

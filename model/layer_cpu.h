@@ -23,8 +23,7 @@ typedef enum { ROWS_SEQUENCES = 0, ROWS_CACHED = 2 } RowsKind;
 
 /* the cached rows' per-row scratch (decode.c allocates it, kvcache.c uses it) */
 typedef struct RowScratch {
-    real *proj, *S, *G; /* one row's router projection, scores, groups */
-    int **kl, *nkg;     /* each key/value head's key list and its length */
+    int **kl, *nkg; /* each key/value head's key list and its length */
     int* bsel; /* the block patterns' scratch: nbmax each per key/value head, bp per query head */
     real *bsc, *bp;
     int* npre;      /* (NKV) the band scores the block selector made */
