@@ -650,11 +650,15 @@ static int distant_keys(const KVCache* c, const Model* m, int l, int n, int g, c
         const int* gp = c->gpos + ((size_t)l * f->K + grp) * c->cap;
         const int* gi = c->gidx + ((size_t)l * f->K + grp) * c->cap;
         const int len = c->gn[(size_t)l * f->K + grp];
+        int last = -1, chosen = 0; /* the block of the entry before, and whether it was chosen */
         for (int t = 0; t < len && gp[t] < n - f->w; t++) {
             const int j = gp[t];
-            int in_block = j < f->sinks || (cm[j] & mi & ((1u << grp) - 1));
-            for (int s = 0; s < ns && !in_block; s++) in_block = sel[s] == j / bs;
-            if (!in_block) keys[nk++] = gi[t];
+            if (j < f->sinks || (cm[j] & mi & ((1u << grp) - 1))) continue;
+            if (j / bs != last) { /* (the entries ascend: each block looked up once) */
+                last = j / bs, chosen = 0;
+                for (int s = 0; s < ns && !chosen; s++) chosen = sel[s] == last;
+            }
+            if (!chosen) keys[nk++] = gi[t];
         }
     }
     return nk;
