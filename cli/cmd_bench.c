@@ -1,4 +1,5 @@
-/* cmd_bench.c: `focus bench forward`, `focus bench attention` and `focus bench gemm`.
+/* cmd_bench.c: `focus bench forward`, `focus bench attention`, `focus bench keys` and `focus
+ * bench gemm`.
  *
  * forward: times the forward pass with the router off (dense) and on (soft gate), and a
  * router-only training step (forward + backward), on random tokens. Weights are random unless
@@ -49,6 +50,74 @@ static int parse_list(const char* s, int* out, const char* what, const char* exa
         s = *end == ',' ? end + 1 : end;
     }
     return n;
+}
+
+/* The decode key kernels (f16_rows_scores, f16_rows_mix) over nk keys a head from memory, for
+ * the three query heads of each of 3 key/value heads of 30 layers of an 8192-position f16 cache
+ * (SmolLM2's decode step), the keys' rows laid out four ways: one run (the window, a contiguous
+ * list), runs of 256 and of 64 rows at random places (a group's runs in the KV cache), and
+ * single rows at random positions among the first 7600, ascending (a group's keys read from
+ * the positions). The caches are flushed between repetitions; the best of iters. */
+static int bench_keys(int nk, int reps) {
+    enum { L = 30, H = 3, CAP = 8192, HS = 64, SPAN = 7600 };
+    if (nk > SPAN) fatal("bench keys: --n %d: at most %d keys a head", nk, SPAN);
+    const size_t n = (size_t)L * H * CAP * HS, flush = (size_t)256 << 20;
+    uint16_t* k = mallocCheck(2 * n);
+    uint16_t* v = mallocCheck(2 * n);
+    for (size_t i = 0; i < n; i++)
+        k[i] = (uint16_t)(0x3c00 ^ (i & 0xff)), v[i] = (uint16_t)(0x3c00 ^ (i & 0x7f));
+    unsigned char* junk = mallocCheck(flush);
+    memset(junk, 0, flush);
+    int* keys = mallocCheck(sizeof(int) * SPAN);
+    float q[H * HS], o[H * (HS + 2)];
+    float* sc = mallocCheck(sizeof(float) * H * CAP);
+    for (int i = 0; i < H * HS; i++) q[i] = 0.01f * (float)i;
+    Rng rng;
+    rng_seed(&rng, 1);
+    printf(
+        "decode key kernels, %d keys a head of an 8192-position f16 cache, %d layers x %d heads, "
+        "from memory, one thread (best of %d):\n",
+        nk, L, H, reps);
+    const char* name[4] = {"one run", "runs of 256 rows", "runs of 64 rows", "single rows"};
+    double base = 0;
+    for (int lay = 0; lay < 4; lay++) {
+        if (lay == 0)
+            for (int t = 0; t < nk; t++) keys[t] = t;
+        else if (lay < 3) { /* runs of R rows at random run slots of the first SPAN rows */
+            const int R = lay == 1 ? 256 : 64, nr = SPAN / R;
+            int* slot = mallocCheck(sizeof(int) * nr);
+            for (int i = 0; i < nr; i++) slot[i] = i;
+            for (int i = nr - 1; i > 0; i--) {
+                const int j = (int)(rng_u64(&rng) % (uint64_t)(i + 1)), s = slot[i];
+                slot[i] = slot[j], slot[j] = s;
+            }
+            for (int t = 0; t < nk; t++) keys[t] = slot[t / R] * R + t % R;
+            free(slot);
+        } else { /* nk of the first SPAN positions, each with the same chance, ascending */
+            int c = 0;
+            for (int j = 0; j < SPAN && c < nk; j++)
+                if ((int)(rng_u64(&rng) % (uint64_t)(SPAN - j)) < nk - c) keys[c++] = j;
+        }
+        double best = 1e30;
+        for (int r = 0; r < reps; r++) {
+            for (size_t i = 0; i < flush; i += 64) junk[i]++;
+            const double t0 = now_seconds();
+            for (int l = 0; l < L; l++)
+                for (int g = 0; g < H; g++) {
+                    const size_t at = ((size_t)l * H + g) * CAP * HS;
+                    f16_rows_scores(sc, CAP, q, H, k + at, HS, keys, 0, nk, HS, 0.125f);
+                    memset(o, 0, sizeof o);
+                    f16_rows_mix(o, HS + 2, sc, CAP, H, v + at, HS, keys, 0, nk, HS);
+                }
+            const double dt = now_seconds() - t0;
+            best = dt < best ? dt : best;
+        }
+        if (!lay) base = best;
+        printf("  %-17s %7.3f ms, %6.2f ns a key and head, %.2fx one run\n", name[lay], best * 1e3,
+               best * 1e9 / ((double)L * H * nk), best / base);
+    }
+    free(k), free(v), free(junk), free(keys), free(sc);
+    return 0;
 }
 
 /* Dense flash attention against the hard top-k executor on the same random inputs, with
@@ -262,13 +331,18 @@ static const char bench_attention_usage[] =
     "attention: dense vs the hard top-k executor, same random inputs, synthetic balanced\n"
     "routing; prints pairs kept, ms, speed-up per T. --device cuda: bf16 tensor-core kernels on\n"
     "the GPU, --K may list several values (8,4); --json FILE writes one record per (T, K).\n";
+static const char bench_keys_usage[] =
+    "usage: focus bench keys [--n 2048] [--iters 20]\n"
+    "keys: the decode step's key kernels over n keys a head from memory (SmolLM2's cache at\n"
+    "8K: 30 layers, 3 key/value heads of 3 queries, f16), the keys laid out as one run, as runs\n"
+    "of 256 and of 64 rows, and as single rows at random positions; ns a key and head.\n";
 static const char bench_decode_line[] =
     "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]:\n"
     "generation speed (focus bench decode --help).\n";
 
 static void bench_help(FILE* f) {
-    fprintf(f, "%s\n%s\n%s\n%s", bench_forward_usage, bench_gemm_usage, bench_attention_usage,
-            bench_decode_line);
+    fprintf(f, "%s\n%s\n%s\n%s\n%s", bench_forward_usage, bench_gemm_usage, bench_attention_usage,
+            bench_keys_usage, bench_decode_line);
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -279,7 +353,7 @@ int cmd_bench(int argc, char** argv) {
     const char* what = argv[1];
     if (!strcmp(what, "decode")) return cmd_bench_decode(argc, argv);
     const char *preset = "smollm2-135m", *config = NULL;
-    int B = 1, T = 1024, iters = 2, gemm_n = 2048;
+    int B = 1, T = 1024, iters = 0, gemm_n = 2048; /* iters: 2, or 20 for keys, unless given */
     int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64,
         w = 128;
     ModelConfig cfg;
@@ -294,6 +368,7 @@ int cmd_bench(int argc, char** argv) {
             "bench", argc, argv, 2,
             !strcmp(what, "gemm")        ? bench_gemm_usage
             : !strcmp(what, "attention") ? bench_attention_usage
+            : !strcmp(what, "keys")      ? bench_keys_usage
                                          : bench_forward_usage,
             "--preset:s --config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] "
             "--K:s "
@@ -319,6 +394,8 @@ int cmd_bench(int argc, char** argv) {
         nK = parse_list(Klist, Ks, "--K", "4,8,16");
         K = Ks[0];
     }
+    const int iters_given = iters > 0;
+    if (!iters_given) iters = 2;
     if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
     if (strcmp(what, "forward") && sets.n) fatal("bench: --set applies to bench forward only");
     if (!strcmp(what, "attention")) {
@@ -342,8 +419,9 @@ int cmd_bench(int argc, char** argv) {
                gemm_gflops(gemm_n, 5));
         return 0;
     }
+    if (!strcmp(what, "keys")) return bench_keys(gemm_n, iters_given ? iters : 20);
     if (strcmp(what, "forward"))
-        fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention)", what);
+        fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention | keys)", what);
     if (model_config_preset(preset, &cfg))
         fatal(
             "bench: unknown preset '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "
