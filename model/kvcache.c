@@ -125,6 +125,19 @@ static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key)
     return mi;
 }
 
+/* The first of the len ascending positions gp at or after j */
+static int first_at(const int* gp, int len, int j) {
+    int a = 0;
+    while (a < len) {
+        const int h = (a + len) / 2;
+        if (gp[h] < j)
+            a = h + 1;
+        else
+            len = h;
+    }
+    return a;
+}
+
 /* The keys token n of layer l attends to (it joined its groups already, mask mi), into keys:
  * its groups' earlier tokens before the window, each taken in the lowest group it shares (as
  * rows of the layer's group runs, *ng of them), then the window (everything when dense;
@@ -147,15 +160,8 @@ static int token_keys(const KVCache* c, const Model* m, int l, int n, uint32_t m
             if (!((mi >> g) & 1)) continue;
             const int* gp = gpos + (size_t)g * c->cap;
             const int* gi = gidx + (size_t)g * c->cap;
-            int len = 0, b = gn[g]; /* the entries before the window (they ascend) */
-            while (len < b) {
-                const int h = (len + b) / 2;
-                if (gp[h] < lo)
-                    len = h + 1;
-                else
-                    b = h;
-            }
-            if (!(mi & ((1u << g) - 1))) { /* the row's lowest group: every entry */
+            const int len = first_at(gp, gn[g], lo); /* the entries before the window */
+            if (!(mi & ((1u << g) - 1))) {           /* the row's lowest group: every entry */
                 memcpy(keys + nk, gi, sizeof(int) * (size_t)len);
                 nk += len;
                 continue;
@@ -626,6 +632,26 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
     return nk;
 }
 
+/* n distinct block numbers in ascending order: each put at its rank (comparisons without
+ * branches: an insertion sort's shifts are mispredicted), an insertion sort past 64 */
+static void ascending(int* s, int n) {
+    if (n > 64) {
+        for (int a = 1; a < n; a++)
+            for (int b = a; b > 0 && s[b - 1] > s[b]; b--) {
+                const int t = s[b];
+                s[b] = s[b - 1], s[b - 1] = t;
+            }
+        return;
+    }
+    int t[64];
+    memcpy(t, s, sizeof(int) * (size_t)n);
+    for (int a = 0; a < n; a++) {
+        int rank = 0;
+        for (int b = 0; b < n; b++) rank += t[b] < t[a];
+        s[rank] = t[a];
+    }
+}
+
 /* After the nk keys of the band in keys, the distant keys of the blocks the query heads of key/
  * value head g choose at position n of layer l (row_blocks), and with the centroids beside the
  * blocks those of the row's groups (mask mi) that no chosen block holds, as rows of the layer's
@@ -649,39 +675,35 @@ static int distant_keys(const KVCache* c, const Model* m, int l, int n, int g, c
         if (!((mi >> grp) & 1)) continue;
         const int* gp = c->gpos + ((size_t)l * f->K + grp) * c->cap;
         const int* gi = c->gidx + ((size_t)l * f->K + grp) * c->cap;
-        const int len = c->gn[(size_t)l * f->K + grp];
-        int last = -1, chosen = 0; /* the block of the entry before, and whether it was chosen */
-        for (int t = 0; t < len && gp[t] < n - f->w; t++) {
+        /* the entries past the sinks and before the window */
+        const int len = c->gn[(size_t)l * f->K + grp], end = first_at(gp, len, n - f->w);
+        int t = first_at(gp, end, f->sinks);
+        const uint32_t lower = mi & ((1u << grp) - 1); /* the row's groups below this one */
+        if (!lower && ns <= 64) { /* every entry outside the chosen blocks: the stretches between */
+            int sb[64];
+            memcpy(sb, sel, sizeof(int) * (size_t)ns);
+            ascending(sb, ns);
+            for (int s = 0; s <= ns && t < end; s++) {
+                const int upto = s < ns ? first_at(gp + t, end - t, sb[s] * bs) + t : end;
+                memcpy(keys + nk, gi + t, sizeof(int) * (size_t)(upto - t));
+                nk += upto - t;
+                if (s < ns) t = upto + first_at(gp + upto, end - upto, (sb[s] + 1) * bs);
+            }
+            continue;
+        }
+        int next = -1, chosen = 0; /* the next block's first position; the entry's block chosen */
+        for (; t < end; t++) {
             const int j = gp[t];
-            if (j < f->sinks || (cm[j] & mi & ((1u << grp) - 1))) continue;
-            if (j / bs != last) { /* (the entries ascend: each block looked up once) */
-                last = j / bs, chosen = 0;
-                for (int s = 0; s < ns && !chosen; s++) chosen = sel[s] == last;
+            if (cm[j] & lower) continue;
+            if (j >= next) { /* (the entries ascend: each block looked up once) */
+                const int b = j / bs;
+                next = (b + 1) * bs, chosen = 0;
+                for (int s = 0; s < ns && !chosen; s++) chosen = sel[s] == b;
             }
             if (!chosen) keys[nk++] = gi[t];
         }
     }
     return nk;
-}
-
-/* n distinct block numbers in ascending order: each put at its rank (comparisons without
- * branches: an insertion sort's shifts are mispredicted), an insertion sort past 64 */
-static void ascending(int* s, int n) {
-    if (n > 64) {
-        for (int a = 1; a < n; a++)
-            for (int b = a; b > 0 && s[b - 1] > s[b]; b--) {
-                const int t = s[b];
-                s[b] = s[b - 1], s[b - 1] = t;
-            }
-        return;
-    }
-    int t[64];
-    memcpy(t, s, sizeof(int) * (size_t)n);
-    for (int a = 0; a < n; a++) {
-        int rank = 0;
-        for (int b = 0; b < n; b++) rank += t[b] < t[a];
-        s[rank] = t[a];
-    }
 }
 
 /* A prompt's rows (one cache, positions pos0 ..) on a block pattern's layer l: the band and the
