@@ -486,6 +486,8 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
 #pragma omp parallel reduction(+ : pairs)
     {
         Stacked t = stacked_new(rep, ET, hs);
+        uint32_t em[ET];
+        int eb[ET];
         unsigned char* bits = chosen ? mallocCheck((size_t)CQ * nbyte) : NULL;
         /* the groups one after another (a row in two merges the lower first, as decoding) */
         for (int grp = 0; grp < K; grp++) {
@@ -517,6 +519,12 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                     const int ce = len - t0 < ET ? len - t0 : ET;
                     int anyrow = 0;
                     t.masked = 0;
+                    /* each entry's mask, and its block (-1: a sink), once for the rows */
+                    for (int c = 0; c < ce; c++) {
+                        const int j = gp[t0 + c];
+                        em[c] = cmask[j] & lower;
+                        eb[c] = chosen && j >= chosen->sinks ? j / chosen->bs : -1;
+                    }
                     for (int r = 0; r < nq; r++) {
                         const int row = tr[r];
                         const uint32_t mr = rmask[row];
@@ -535,14 +543,10 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         memset(o, 1, (size_t)cb);
                         memset(o + cb, 0, (size_t)(ET - cb));
                         if (mr & lower || b) { /* the prefix's entries one by one */
-                            for (int c = 0; c < cb; c++) {
-                                const int j = gp[t0 + c];
+                            for (int c = 0; c < cb; c++)
                                 /* (with blocks: not a sink, not in a chosen block) */
-                                o[c] =
-                                    !(cmask[j] & mr & lower) &&
-                                    !(b && (j < chosen->sinks ||
-                                            ((b[j / chosen->bs / 8] >> (j / chosen->bs % 8)) & 1)));
-                            }
+                                o[c] = !(em[c] & mr) &&
+                                       !(b && (eb[c] < 0 || ((b[eb[c] / 8] >> (eb[c] % 8)) & 1)));
                             t.masked = 1;
                         }
                         int kept = 0;
@@ -1533,6 +1537,56 @@ __attribute__((target("avx2"))) static int best8_avx2(int* sel, const real* sc, 
 }
 #endif
 
+#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+/* best8_avx2 for 8 < cap <= 16: the 16 best in two vectors (lanes 0-7 the best, 8-15 the next),
+ * the high one's lane 0 shifted in from the low one's lane 7 */
+__attribute__((target("avx2"))) static int best16_avx2(int* sel, const real* sc, int c0, int c1,
+                                                       int cap) {
+    const __m256i back = _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6); /* lane k from k - 1 */
+    const __m256i seven = _mm256_set1_epi32(7);
+    const __m256 none = _mm256_set1_ps(-INFINITY);
+    const __m256 notfirst = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, -1, -1, -1, -1, -1, -1));
+    const __m256 lane0 = _mm256_castsi256_ps(_mm256_setr_epi32(-1, 0, 0, 0, 0, 0, 0, 0));
+    __m256 v0 = none, v1 = none; /* the kept scores, best first, -inf past them */
+    __m256 i0 = _mm256_castsi256_ps(_mm256_set1_epi32(-1)), i1 = i0;
+    int ns = 0;
+    float last = -INFINITY; /* the cap-th kept score (-inf while fewer) */
+    for (int c = c0; c < c1; c++) {
+        const float x = sc[c];
+        if (!(x > -INFINITY) || !(x > last)) continue;
+        const __m256 xb = _mm256_set1_ps(x), cb = _mm256_castsi256_ps(_mm256_set1_epi32(c));
+        /* lanes below the new one (a suffix of the 16), and past it: each lane takes the one
+         * before it */
+        const __m256 g0 = _mm256_cmp_ps(xb, v0, _CMP_GT_OQ), g1 = _mm256_cmp_ps(xb, v1, _CMP_GT_OQ);
+        const __m256 p0 = _mm256_and_ps(_mm256_permutevar8x32_ps(g0, back), notfirst);
+        const __m256 p1 = _mm256_blendv_ps(_mm256_permutevar8x32_ps(g1, back),
+                                           _mm256_permutevar8x32_ps(g0, seven), lane0);
+        const __m256 s0 = _mm256_permutevar8x32_ps(v0, back);
+        const __m256 s1 = _mm256_blendv_ps(_mm256_permutevar8x32_ps(v1, back),
+                                           _mm256_permutevar8x32_ps(v0, seven), lane0);
+        const __m256 t0 = _mm256_permutevar8x32_ps(i0, back);
+        const __m256 t1 = _mm256_blendv_ps(_mm256_permutevar8x32_ps(i1, back),
+                                           _mm256_permutevar8x32_ps(i0, seven), lane0);
+        v1 = _mm256_blendv_ps(_mm256_blendv_ps(v1, xb, g1), s1, p1);
+        i1 = _mm256_blendv_ps(_mm256_blendv_ps(i1, cb, g1), t1, p1);
+        v0 = _mm256_blendv_ps(_mm256_blendv_ps(v0, xb, g0), s0, p0);
+        i0 = _mm256_blendv_ps(_mm256_blendv_ps(i0, cb, g0), t0, p0);
+        ns += ns < cap;
+        if (ns == cap) {
+            float vs[16];
+            _mm256_storeu_ps(vs, v0);
+            _mm256_storeu_ps(vs + 8, v1);
+            last = vs[cap - 1];
+        }
+    }
+    int ids[16];
+    _mm256_storeu_si256((__m256i*)ids, _mm256_castps_si256(i0));
+    _mm256_storeu_si256((__m256i*)(ids + 8), _mm256_castps_si256(i1));
+    for (int k = 0; k < ns; k++) sel[k] = ids[k];
+    return ns;
+}
+#endif
+
 int block_select(int* sel, BlockScore score, const real* q, int rep, const int8_t* st,
                  const real* gate, const real* lband, size_t ldl, const real* k, int ldk, int i,
                  int w, int sinks, int bs, int nsel, real cover, int hs, real* sc, real* p) {
@@ -1586,6 +1640,7 @@ int block_select_made(int* sel, BlockScore score, const real* q, int rep, const 
                        * earlier block (a block enters only above the last one kept) */
 #if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
         if (cap <= 8 && quant_isa() >= QUANT_ISA_AVX2) return best8_avx2(sel, sc, c0, c1, cap);
+        if (cap <= 16 && quant_isa() >= QUANT_ISA_AVX2) return best16_avx2(sel, sc, c0, c1, cap);
 #endif
         for (int c = c0; c < c1; c++) {
             const real s = sc[c];

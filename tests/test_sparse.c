@@ -404,15 +404,16 @@ static void byte_products_agree(Rng* rng) {
             random_selection(nb, bs, hs, 1, rep * hs, rep, &st, &q, &gate, rng);
             real lband[5] = {1, 2, 3, 4, 5};
             real *p[QUANT_ISA_COUNT], sc[64], pp[5 * 64 + 1024];
-            int sel[QUANT_ISA_COUNT][3][8], ns[QUANT_ISA_COUNT][3];
+            int sel[QUANT_ISA_COUNT][6][16], ns[QUANT_ISA_COUNT][6];
             for (int isa = 0; isa <= best; isa++) {
                 quant_set_isa(isa);
                 p[isa] = mallocCheck(sizeof(real) * (size_t)rep * nb);
                 block_logits(p[isa], q, rep, st, gate, i, w, sinks, bs, hs);
                 const BlockScore s3[3] = {BLOCKS_LEARNED, BLOCKS_QUEST, BLOCKS_MEAN};
-                for (int s = 0; s < 3; s++)
-                    ns[isa][s] = block_select(sel[isa][s], s3[s], q, rep, st, gate, lband, 1, NULL,
-                                              0, i, w, sinks, bs, 8, 0, hs, sc, pp);
+                for (int s = 0; s < 6; s++) /* 8 blocks, then 14 (two vectors at AVX2) */
+                    ns[isa][s] =
+                        block_select(sel[isa][s], s3[s % 3], q, rep, st, gate, lband, 1, NULL, 0, i,
+                                     w, sinks, bs, s < 3 ? 8 : 14, 0, hs, sc, pp);
                 if (isa == 0) continue;
                 compared++;
                 CHECK(!memcmp(p[isa], p[0], sizeof(real) * (size_t)rep * nb),
@@ -435,15 +436,16 @@ static void byte_products_agree(Rng* rng) {
         for (int c = 0; c < nbt; c++)
             blockgate_key_stats8(st + c * BLOCKGATE_STAT_BYTES(hs), k, hs, c * 16, (c + 1) * 16,
                                  hs);
-        for (int isa = 0; isa <= best; isa++) {
-            quant_set_isa(isa);
-            int sel[8];
-            const int ns = block_select(sel, BLOCKS_MEAN, q0, 1, st, NULL, NULL, 1, NULL, 0,
-                                        nbt * 16 + 2, 2, 0, 16, 8, 0, hs, sc, pp);
-            int in_order = ns == 8;
-            for (int s = 0; s < ns; s++) in_order &= sel[s] == s;
-            CHECK(in_order, "tied blocks at level %d: not the first 8 in order", isa);
-        }
+        for (int isa = 0; isa <= best; isa++)
+            for (int want = 8; want <= 14; want += 6) {
+                quant_set_isa(isa);
+                int sel[16];
+                const int ns = block_select(sel, BLOCKS_MEAN, q0, 1, st, NULL, NULL, 1, NULL, 0,
+                                            nbt * 16 + 2, 2, 0, 16, want, 0, hs, sc, pp);
+                int in_order = ns == want;
+                for (int s = 0; s < ns; s++) in_order &= sel[s] == s;
+                CHECK(in_order, "tied blocks at level %d: not the first %d in order", isa, want);
+            }
     }
     quant_set_isa(level);
     printf("  block products in bytes: the same bits at levels 0 .. %d (%d comparisons)\n", best,
