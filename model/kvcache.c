@@ -398,6 +398,17 @@ static const void* kv_row(const KVCache* c, int vals, int run, int l, int g, int
     return (const char*)(vals ? c->v : c->k) + kv_at(c, l, g, j, NKV, hs) * es;
 }
 
+#ifndef FOCUS_DOUBLE
+/* [t0, t1) cut at the run rows' entries [ra, rb) into three spans, some empty: positions
+ * [cut[0], cut[1]), run rows [cut[1], cut[2]), positions [cut[2], cut[3]) (the half rows' kernels
+ * take one base a call) */
+static void spans(int* cut, int t0, int t1, int ra, int rb) {
+    cut[0] = t0, cut[3] = t1;
+    cut[1] = ra < t0 ? t0 : ra > t1 ? t1 : ra;
+    cut[2] = rb < cut[1] ? cut[1] : rb > t1 ? t1 : rb;
+}
+#endif
+
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
  * keys[g] of its key/value head g (one list for every g but in the block patterns): positions,
  * but for entries rlo[g] .. rhi[g] - 1, rows of the layer's group runs (rlo NULL: none). The keys
@@ -439,9 +450,8 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 const int ra = rlo ? rlo[g] : 0, rb = rlo ? rhi[g] : 0;
                 real* sg = sc + (size_t)g * rep * c->cap;
                 const int tp = pre > t0 ? (pre < t1 ? pre : t1) : t0; /* scores to make */
-                /* [t0, t1) in up to three spans: positions, run rows, positions */
-                int cut[4] = {tp, ra < tp ? tp : ra > t1 ? t1 : ra, 0, t1};
-                cut[2] = rb < cut[1] ? cut[1] : rb > t1 ? t1 : rb;
+                int cut[4];
+                spans(cut, tp, t1, ra, rb);
                 for (int sp = 0; sp < 3; sp++)
                     if (cut[sp] < cut[sp + 1])
                         f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep,
@@ -458,8 +468,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                     ph[0] = mx, ph[1] = sum;
                     for (int e = 0; e < hs; e++) ph[2 + e] = 0;
                 }
-                cut[0] = t0, cut[1] = ra < t0 ? t0 : ra > t1 ? t1 : ra;
-                cut[2] = rb < cut[1] ? cut[1] : rb > t1 ? t1 : rb;
+                spans(cut, t0, t1, ra, rb);
                 for (int sp = 0; sp < 3; sp++)
                     if (cut[sp] < cut[sp + 1])
                         f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep,
