@@ -1498,48 +1498,10 @@ static void block_scores(real* sc, BlockScore score, const real* q, int rep, con
 }
 
 #if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
-/* block_select_made's best cap <= 8 of the scores sc[c0 .. c1), the same blocks in the same
- * order, with the 8 best kept in a vector: a block above the last kept goes in without branches
- * (the mispredicted shifts of the insertion were most of a prompt's choice) */
-__attribute__((target("avx2"))) static int best8_avx2(int* sel, const real* sc, int c0, int c1,
-                                                      int cap) {
-    const __m256i back = _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6); /* lane k from k - 1 */
-    const __m256 none = _mm256_set1_ps(-INFINITY);
-    const __m256i first = _mm256_setr_epi32(0, -1, -1, -1, -1, -1, -1, -1);
-    __m256 v = none; /* the kept scores, best first, -inf past them */
-    __m256i id = _mm256_set1_epi32(-1);
-    int ns = 0;
-    float last = -INFINITY; /* the cap-th kept score (-inf while fewer) */
-    for (int c = c0; c < c1; c++) {
-        const float x = sc[c];
-        if (!(x > -INFINITY) || !(x > last)) continue;
-        const __m256 xb = _mm256_set1_ps(x);
-        /* lanes below the new one (x above them: a suffix, the scores in order), and past it */
-        const __m256 gt = _mm256_cmp_ps(xb, v, _CMP_GT_OQ);
-        const __m256 past =
-            _mm256_and_ps(_mm256_permutevar8x32_ps(gt, back), _mm256_castsi256_ps(first));
-        v = _mm256_blendv_ps(_mm256_blendv_ps(v, xb, gt), _mm256_permutevar8x32_ps(v, back), past);
-        id = _mm256_castps_si256(
-            _mm256_blendv_ps(_mm256_blendv_ps(_mm256_castsi256_ps(id),
-                                              _mm256_castsi256_ps(_mm256_set1_epi32(c)), gt),
-                             _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(id, back)), past));
-        ns += ns < cap;
-        if (ns == cap) {
-            float vs[8];
-            _mm256_storeu_ps(vs, v);
-            last = vs[cap - 1];
-        }
-    }
-    int ids[8];
-    _mm256_storeu_si256((__m256i*)ids, id);
-    for (int k = 0; k < ns; k++) sel[k] = ids[k];
-    return ns;
-}
-#endif
-
-#if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
-/* best8_avx2 for 8 < cap <= 16: the 16 best in two vectors (lanes 0-7 the best, 8-15 the next),
- * the high one's lane 0 shifted in from the low one's lane 7 */
+/* block_select_made's best cap <= 16 of the scores sc[c0 .. c1), the same blocks in the same
+ * order, kept in two vectors (lanes 0-7 the best, 8-15 the next; the high one's lane 0 shifted in
+ * from the low one's lane 7): a block above the last kept goes in without branches (the
+ * mispredicted shifts of the insertion were most of a prompt's choice) */
 __attribute__((target("avx2"))) static int best16_avx2(int* sel, const real* sc, int c0, int c1,
                                                        int cap) {
     const __m256i back = _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6); /* lane k from k - 1 */
@@ -1639,7 +1601,6 @@ int block_select_made(int* sel, BlockScore score, const real* q, int rep, const 
     if (cover <= 0) { /* the best cap in one pass, kept in order: the best first, ties to the
                        * earlier block (a block enters only above the last one kept) */
 #if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
-        if (cap <= 8 && quant_isa() >= QUANT_ISA_AVX2) return best8_avx2(sel, sc, c0, c1, cap);
         if (cap <= 16 && quant_isa() >= QUANT_ISA_AVX2) return best16_avx2(sel, sc, c0, c1, cap);
 #endif
         for (int c = c0; c < c1; c++) {
