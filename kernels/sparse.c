@@ -531,14 +531,7 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         const int lo = p0 + row - w;
                         unsigned char* o = t.ok + (size_t)r * ET;
                         const unsigned char* b = chosen ? bits + (size_t)r * nbyte : NULL;
-                        int cb = 0, hi = ce;
-                        while (cb < hi) {
-                            const int h = (cb + hi) / 2;
-                            if (gp[t0 + h] < lo)
-                                cb = h + 1;
-                            else
-                                hi = h;
-                        }
+                        const int cb = first_at(gp + t0, ce, lo);
                         t.ca[r] = 0, t.cb[r] = cb;
                         memset(o, 1, (size_t)cb);
                         memset(o + cb, 0, (size_t)(ET - cb));

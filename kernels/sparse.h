@@ -64,6 +64,20 @@ typedef struct {
     const int *sel, *nsel;
     int nbmax;
 } ChosenBlocks;
+/* The first of the n ascending values a at or after x (n where none is): where a group list's
+ * entries before a position end */
+static inline int first_at(const int* a, int n, int x) {
+    int lo = 0;
+    while (lo < n) {
+        const int h = (lo + n) / 2;
+        if (a[h] < x)
+            lo = h + 1;
+        else
+            n = h;
+    }
+    return lo;
+}
+
 /* A layer's group lists: group g's gn[g] positions at gpos + g cap, ascending, and where the
  * cache copies each group's keys and values in runs (runs: its copies, by key/value head as a
  * CachedKV; NULL: none), the row of each entry in them, gidx + g cap: a tile of a list is then

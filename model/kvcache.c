@@ -125,19 +125,6 @@ static uint32_t token_mask(const Model* m, int l, int n, const real* G, int key)
     return mi;
 }
 
-/* The first of the len ascending positions gp at or after j */
-static int first_at(const int* gp, int len, int j) {
-    int a = 0;
-    while (a < len) {
-        const int h = (a + len) / 2;
-        if (gp[h] < j)
-            a = h + 1;
-        else
-            len = h;
-    }
-    return a;
-}
-
 /* The keys token n of layer l attends to (it joined its groups already, mask mi), into keys:
  * its groups' earlier tokens before the window, each taken in the lowest group it shares (as
  * rows of the layer's group runs, *ng of them), then the window (everything when dense;
