@@ -519,12 +519,6 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                     const int ce = len - t0 < ET ? len - t0 : ET;
                     int anyrow = 0;
                     t.masked = 0;
-                    /* each entry's mask, and its block (-1: a sink), once for the rows */
-                    for (int c = 0; c < ce; c++) {
-                        const int j = gp[t0 + c];
-                        em[c] = cmask[j] & lower;
-                        eb[c] = chosen && j >= chosen->sinks ? j / chosen->bs : -1;
-                    }
                     for (int r = 0; r < nq; r++) {
                         const int row = tr[r];
                         const uint32_t mr = rmask[row];
@@ -536,6 +530,13 @@ long attention_cached_groups(real* out, int ldo, real* lse, const real* q, int l
                         memset(o, 1, (size_t)cb);
                         memset(o + cb, 0, (size_t)(ET - cb));
                         if (mr & lower || b) { /* the prefix's entries one by one */
+                            for (int c = 0; c < ce && !t.masked; c++) {
+                                /* (the first such row: each entry's mask, and its block, -1 for
+                                 * a sink, once for the rows) */
+                                const int j = gp[t0 + c];
+                                em[c] = cmask[j] & lower;
+                                eb[c] = chosen && j >= chosen->sinks ? j / chosen->bs : -1;
+                            }
                             for (int c = 0; c < cb; c++)
                                 /* (with blocks: not a sink, not in a chosen block) */
                                 o[c] = !(em[c] & mr) &&
