@@ -35,29 +35,52 @@ int quant_isa_parse(const char* name) {
     return -1;
 }
 
-int quant_isa_detected(void) {
+/* AVX-VNNI (the VEX-encoded VPDPBUSD): CPUID leaf 7, sub-leaf 1, EAX bit 4 */
+static int has_avx_vnni(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+#else
+    return 0;
+#endif
+}
+
+int quant_isa_has(int level) {
 #if defined(__x86_64__)
     /* every AVX2 CPU has F16C too (clang cannot test for it with this builtin) */
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vnni"))
-        return QUANT_ISA_AVX512_VNNI;
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return QUANT_ISA_SCALAR;
-    unsigned a, b, c, d; /* AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4 */
-    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4))) return QUANT_ISA_AVX_VNNI;
-    return QUANT_ISA_AVX2;
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    switch (level) {
+        case QUANT_ISA_SCALAR:
+            return 1;
+        case QUANT_ISA_AVX2:
+            return avx2;
+        case QUANT_ISA_AVX_VNNI:
+            return avx2 && has_avx_vnni();
+        case QUANT_ISA_AVX512_VNNI:
+            return avx2 && __builtin_cpu_supports("avx512f") &&
+                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+        default:
+            return 0;
+    }
 #else
-    return QUANT_ISA_SCALAR;
+    return level == QUANT_ISA_SCALAR;
 #endif
+}
+
+int quant_isa_detected(void) {
+    int best = QUANT_ISA_COUNT - 1;
+    while (best > QUANT_ISA_SCALAR && !quant_isa_has(best)) best--;
+    return best;
 }
 
 static int isa_level = -1; /* -1: not chosen yet */
 
 void quant_set_isa(int level) {
-    const int best = quant_isa_detected();
     if (level < 0 || level >= QUANT_ISA_COUNT)
         fatal("instruction-set level %d unknown (0 .. %d)", level, QUANT_ISA_COUNT - 1);
-    if (level > best)
-        fatal("FOCUS_ISA=%s: this CPU's best level is %s", isa_names[level], isa_names[best]);
+    if (!quant_isa_has(level))
+        fatal("FOCUS_ISA=%s: this CPU does not have it (its best level is %s)", isa_names[level],
+              isa_names[quant_isa_detected()]);
     isa_level = level;
 }
 

@@ -49,9 +49,12 @@ enum {
     QUANT_ISA_AVX512_VNNI,
     QUANT_ISA_COUNT
 };
-int quant_isa(void);           /* the level in use */
-int quant_isa_detected(void);  /* the best level this CPU has */
-void quant_set_isa(int level); /* force a level (tests, benchmarks); fatal above the CPU's */
+int quant_isa(void);          /* the level in use */
+int quant_isa_detected(void); /* the best level this CPU has */
+/* 1 when this CPU runs `level`'s instructions. The levels are not nested on every CPU: an
+ * AVX-512 VNNI CPU may lack AVX-VNNI (Ice Lake, Zen 4, or a virtual machine that hides it). */
+int quant_isa_has(int level);
+void quant_set_isa(int level); /* force a level (tests, benchmarks); fatal where the CPU lacks it */
 const char* quant_isa_name(int level);
 int quant_isa_parse(const char* name); /* -1 for an unknown name */
 

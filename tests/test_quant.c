@@ -230,6 +230,10 @@ int main(void) {
     /* every instruction-set level this CPU has, each against the scalar reference */
     const int best = quant_isa_detected();
     for (int level = best; level >= QUANT_ISA_SCALAR; level--) {
+        if (!quant_isa_has(level)) { /* (not nested on every CPU) */
+            printf(" level %s: not on this CPU\n", quant_isa_name(level));
+            continue;
+        }
         quant_set_isa(level);
         rng_seed(&r, 5); /* the same matrices at every level */
         printf(" level %s%s:\n", quant_isa_name(level), level == best ? " (this CPU's best)" : "");

@@ -403,9 +403,10 @@ static void byte_products_agree(Rng* rng) {
             real *q, *gate;
             random_selection(nb, bs, hs, 1, rep * hs, rep, &st, &q, &gate, rng);
             real lband[5] = {1, 2, 3, 4, 5};
-            real *p[QUANT_ISA_COUNT], sc[64], pp[5 * 64 + 1024];
+            real *p[QUANT_ISA_COUNT] = {NULL}, sc[64], pp[5 * 64 + 1024];
             int sel[QUANT_ISA_COUNT][6][16], ns[QUANT_ISA_COUNT][6];
             for (int isa = 0; isa <= best; isa++) {
+                if (!quant_isa_has(isa)) continue; /* (not nested on every CPU) */
                 quant_set_isa(isa);
                 p[isa] = mallocCheck(sizeof(real) * (size_t)rep * nb);
                 block_logits(p[isa], q, rep, st, gate, i, w, sinks, bs, hs);
@@ -437,7 +438,7 @@ static void byte_products_agree(Rng* rng) {
             blockgate_key_stats8(st + c * BLOCKGATE_STAT_BYTES(hs), k, hs, c * 16, (c + 1) * 16,
                                  hs);
         for (int isa = 0; isa <= best; isa++)
-            for (int want = 8; want <= 14; want += 6) {
+            for (int want = 8; want <= 14 && quant_isa_has(isa); want += 6) {
                 quant_set_isa(isa);
                 int sel[16];
                 const int ns = block_select(sel, BLOCKS_MEAN, q0, 1, st, NULL, NULL, 1, NULL, 0,
@@ -448,8 +449,10 @@ static void byte_products_agree(Rng* rng) {
             }
     }
     quant_set_isa(level);
-    printf("  block products in bytes: the same bits at levels 0 .. %d (%d comparisons)\n", best,
-           compared);
+    printf(
+        "  block products in bytes: the same bits at every level up to %d this CPU has (%d "
+        "comparisons)\n",
+        best, compared);
 }
 
 /* A prompt's tile of logits (block_logits_tile: at AVX-512 VNNI 16 blocks at a time against every
