@@ -873,9 +873,10 @@ int model_load_native(Model* m, const char* path, char* why, size_t n) {
                          .cols = cols,
                          .row_bytes = qtype_row_bytes((int)t->type, cols),
                          .data = t->data};
-        /* the products' packed copy for the decode (the embedding is only looked up by row) */
-        if (i < L * NATIVE_PER_LAYER + 1) qmatrix_prepare(&q[i]);
     }
+    /* the products' packed copies for the decode, in one block (the embedding, last, is only
+     * looked up by row) */
+    qmatrix_prepare_all(q, L * NATIVE_PER_LAYER + 1);
     GGUFFile* owner = mallocCheck(sizeof *owner);
     *owner = f;
     free(m->native);

@@ -105,7 +105,7 @@ static int bench_keys(int nk, int reps) {
             for (int l = 0; l < L; l++)
                 for (int g = 0; g < H; g++) {
                     const size_t at = ((size_t)l * H + g) * CAP * HS;
-                    f16_rows_scores(sc, CAP, q, H, k + at, HS, keys, 0, nk, HS, 0.125f);
+                    f16_rows_scores(sc, CAP, q, H, k + at, HS, keys, 0, nk, HS, 0.125f, v + at);
                     memset(o, 0, sizeof o);
                     f16_rows_mix(o, HS + 2, sc, CAP, H, v + at, HS, keys, 0, nk, HS);
                 }

@@ -1,6 +1,8 @@
 /* common.c: fatal errors, checked allocation, clock and the random number generator. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "common.h"
+#include <sys/mman.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -76,9 +78,14 @@ void* calloc_check(size_t n, size_t size, const char* file, int line) {
 }
 
 void* malloc_pages_check(size_t size, const char* file, int line) {
+    const size_t huge = (size_t)2 << 20;
     void* p = NULL;
-    if (posix_memalign(&p, 4096, size ? size : 1))
+    if (posix_memalign(&p, size >= huge ? huge : 4096, size ? size : 1))
         fatal("out of memory: could not allocate %zu bytes (%s:%d)", size, file, line);
+#ifdef MADV_HUGEPAGE
+    /* (a hint: where the kernel has no transparent huge pages, or none free, 4 KiB pages) */
+    if (size >= huge) madvise(p, size / huge * huge, MADV_HUGEPAGE);
+#endif
     return p;
 }
 

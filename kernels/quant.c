@@ -578,14 +578,20 @@ static size_t packed_scales_at(int type) {
 }
 static size_t vnni_block_bytes(int type) { return packed_scales_at(type) + 64; }
 
-void qmatrix_prepare(QMatrix* w) {
+/* The bytes of w's packed copy at this level, a multiple of 64; 0: w gets none. */
+static size_t packed_bytes(const QMatrix* w) {
+    if (w->packed || !vnni_format(w->type) || quant_isa() < QUANT_ISA_AVX2) return 0;
+    return ((size_t)(w->rows + 15) / 16 * (size_t)(w->cols / 32) * vnni_block_bytes(w->type) + 63) /
+           64 * 64;
+}
+
+/* w's packed copy laid out into v (packed_bytes(w) zeroed bytes) */
+static void pack_into(QMatrix* w, uint8_t* v) {
     const int level = quant_isa();
-    if (w->packed || !vnni_format(w->type) || level < QUANT_ISA_AVX2) return;
     const int nb = w->cols / 32, groups = (w->rows + 15) / 16;
     const size_t S = vnni_block_bytes(w->type);
     /* VPMADDUBSW saturates its int16 pairs: at avx2, Q8_0 stays signed (the sign trick) */
     const int off = panel_offset(w->type, level == QUANT_ISA_AVX2), q8 = w->type == QTYPE_Q8_0;
-    uint8_t* v = callocCheck((size_t)groups * nb, S);
     const size_t bb = block_bytes(w->type);
 #pragma omp parallel for schedule(static)
     for (int g = 0; g < groups; g++) {
@@ -620,9 +626,27 @@ void qmatrix_prepare(QMatrix* w) {
     w->packed_isa = level;
 }
 
+void qmatrix_prepare(QMatrix* w) { qmatrix_prepare_all(w, 1); }
+
+void qmatrix_prepare_all(QMatrix* w, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += packed_bytes(&w[i]);
+    if (!total) return;
+    uint8_t* v = mallocPages(total); /* (in 2 MiB pages: mallocPages) */
+    memset(v, 0, total);
+    uint8_t* owner = v;
+    for (int i = 0; i < n; i++) {
+        const size_t b = packed_bytes(&w[i]);
+        if (!b) continue;
+        pack_into(&w[i], v);
+        w[i].arena = owner, owner = NULL; /* the first one frees the block */
+        v += b;
+    }
+}
+
 void qmatrix_release(QMatrix* w) {
-    free(w->packed);
-    w->packed = NULL;
+    free(w->arena);
+    w->arena = w->packed = NULL;
 }
 
 #if defined(__x86_64__)
@@ -1054,7 +1078,8 @@ enum { KEY_AHEAD = 32 };
 /* f16_scores4_avx2's heads r0 .. r0 + NR - 1 against four keys at a time */
 __attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
 f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, const uint16_t* base,
-                 size_t stride, const int* keys, int t0, int t1, int n, __m128 sv) {
+                 size_t stride, const int* keys, int t0, int t1, int n, __m128 sv,
+                 const uint16_t* vpre) {
     for (int t = t0; t < t1; t += 4) {
         const uint16_t* kp[4];
         for (int u = 0; u < 4; u++)
@@ -1063,6 +1088,10 @@ f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, con
             for (int e = 0; e < n; e += 32)
                 _mm_prefetch((const char*)(base + (size_t)keys[t + KEY_AHEAD + u] * stride + e),
                              _MM_HINT_T0);
+        for (int u = 0; u < 4 && vpre && r0 == 0 && t + KEY_AHEAD + u < t1; u++)
+            for (int e = 0; e < n; e += 32)
+                _mm_prefetch((const char*)(vpre + (size_t)keys[t + KEY_AHEAD + u] * stride + e),
+                             _MM_HINT_T1);
         __m256 acc[3][4];
         for (int r = 0; r < NR; r++)
             for (int u = 0; u < 4; u++) acc[r][u] = _mm256_setzero_ps();
@@ -1088,15 +1117,15 @@ f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, con
  * any group and beside any heads: the last group repeats its last key) */
 __attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
 f16_scores4_heads(float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
-                  const int* keys, int t0, int t1, const int n, __m128 sv) {
+                  const int* keys, int t0, int t1, const int n, __m128 sv, const uint16_t* vpre) {
     for (int r0 = 0; r0 < nq; r0 += 3) {
         const int nr = nq - r0 < 3 ? nq - r0 : 3;
         if (nr == 3)
-            f16_scores4_rows(sc, ld, q, r0, 3, base, stride, keys, t0, t1, n, sv);
+            f16_scores4_rows(sc, ld, q, r0, 3, base, stride, keys, t0, t1, n, sv, vpre);
         else if (nr == 2)
-            f16_scores4_rows(sc, ld, q, r0, 2, base, stride, keys, t0, t1, n, sv);
+            f16_scores4_rows(sc, ld, q, r0, 2, base, stride, keys, t0, t1, n, sv, vpre);
         else
-            f16_scores4_rows(sc, ld, q, r0, 1, base, stride, keys, t0, t1, n, sv);
+            f16_scores4_rows(sc, ld, q, r0, 1, base, stride, keys, t0, t1, n, sv, vpre);
     }
 }
 
@@ -1104,25 +1133,25 @@ f16_scores4_heads(float* sc, size_t ld, const float* q, int nq, const uint16_t* 
  * faster at 64; the same arithmetic) */
 __attribute__((target("avx2,fma,f16c"))) static void f16_scores4_avx2(
     float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
-    const int* keys, int t0, int t1, int n, float scale) {
+    const int* keys, int t0, int t1, int n, float scale, const uint16_t* vpre) {
     const __m128 sv = _mm_set1_ps(scale);
     if (n == 64)
-        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 64, sv);
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 64, sv, vpre);
     else if (n == 128)
-        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 128, sv);
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 128, sv, vpre);
     else if (n == 256)
-        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 256, sv);
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, 256, sv, vpre);
     else
-        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, n, sv);
+        f16_scores4_heads(sc, ld, q, nq, base, stride, keys, t0, t1, n, sv, vpre);
 }
 
 /* up to 4 heads at a time: a key's 8-lane chunks against each head's, one conversion (n a
  * multiple of 8: f16_scores4_avx2) */
 __attribute__((target("avx2,fma,f16c"))) static void f16_scores_avx2(
     float* sc, size_t ld, const float* q, int nq, const uint16_t* base, size_t stride,
-    const int* keys, int t0, int t1, int n, float scale) {
+    const int* keys, int t0, int t1, int n, float scale, const uint16_t* vpre) {
     if (n % 8 == 0) {
-        f16_scores4_avx2(sc, ld, q, nq, base, stride, keys, t0, t1, n, scale);
+        f16_scores4_avx2(sc, ld, q, nq, base, stride, keys, t0, t1, n, scale, vpre);
         return;
     }
     for (int r0 = 0; r0 < nq; r0 += 4) {
@@ -1212,13 +1241,15 @@ __attribute__((target("avx2,fma,f16c"))) static void f16_mix_avx2(float* o, size
 #endif
 
 void f16_rows_scores(float* sc, size_t ld, const float* q, int nq, const uint16_t* base,
-                     size_t stride, const int* keys, int t0, int t1, int n, float scale) {
+                     size_t stride, const int* keys, int t0, int t1, int n, float scale,
+                     const uint16_t* vpre) {
 #if defined(__x86_64__)
     if (has_avx2()) {
-        f16_scores_avx2(sc, ld, q, nq, base, stride, keys, t0, t1, n, scale);
+        f16_scores_avx2(sc, ld, q, nq, base, stride, keys, t0, t1, n, scale, vpre);
         return;
     }
 #endif
+    (void)vpre; /* (a hint) */
     for (int r = 0; r < nq; r++)
         for (int t = t0; t < t1; t++) {
             const uint16_t* k = base + (size_t)keys[t] * stride;

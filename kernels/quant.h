@@ -33,6 +33,7 @@ typedef struct {
      * instruction-set level it was laid out for (its Q8_0 weights are signed at avx2) */
     uint8_t* packed;
     int packed_isa;
+    uint8_t* arena; /* the block `packed` lies in, where this matrix frees it (NULL: another) */
 } QMatrix;
 
 /* Instruction-set levels of the kernels, chosen at run time: the best this CPU has, or the one
@@ -71,6 +72,11 @@ void qrow(float* out, const QMatrix* w, int r);
  * Nothing at the scalar level or for other formats; a copy made for one level is not read at
  * another. qmatrix_release frees it. */
 void qmatrix_prepare(QMatrix* w);
+/* The packed copies of n matrices in one block of memory (mallocPages: in 2 MiB pages where the
+ * kernel gives them; a decode step streams every copy once, and with 4 KiB pages it missed the
+ * TLB at every page). qmatrix_release of the first matrix that got a copy frees the block: the
+ * set is released together. */
+void qmatrix_prepare_all(QMatrix* w, int n);
 void qmatrix_release(QMatrix* w);
 /* y (rows) = W x (cols) + bias (may be NULL); rows split over the OpenMP threads. */
 void qmatvec(float* y, const QMatrix* w, const float* x, const float* bias);
@@ -97,8 +103,8 @@ void qmatmul_int8_ref(float* y, int ldy, const QMatrix* w, const float* x, int n
                       const float* bias);
 
 /* Rows of IEEE half-precision values (the KV cache): dst := src rounded to nearest, saturating
- * at +-65504; dst := n halves as floats; the dot product of q with n halves; o += p times n halves. F16C where the CPU has
- * AVX2, portable conversions elsewhere. */
+ * at +-65504; dst := n halves as floats; the dot product of q with n halves; o += p times n halves.
+ * F16C where the CPU has AVX2, portable conversions elsewhere. */
 void f16_row_put(uint16_t* dst, const float* src, int n);
 void f16_row_get(float* dst, const uint16_t* src, int n); /* exact: every half is a float */
 float f16_row_dot(const float* q, const uint16_t* k, int n);
@@ -106,9 +112,12 @@ void f16_row_axpy(float* o, float p, const uint16_t* v, int n);
 /* The nq query heads that share one KV head, over the half rows keys[t0 .. t1) (row j at
  * base + j * stride halves), each row converted once for all of them: scores sc[r * ld + t] =
  * scale (q_r . k_t) for q_r = q + r n; and mix o_r += sum_t w[r * ld + t] v_t for
- * o_r = o + r ostride. */
+ * o_r = o + r ostride. vpre (NULL: none): the value rows the mix will read (row j at vpre + j
+ * stride), asked for into the core's second-level cache as the scores read the keys, so that
+ * the keys' and the values' misses overlap (a hint: the same arithmetic). */
 void f16_rows_scores(float* sc, size_t ld, const float* q, int nq, const uint16_t* base,
-                     size_t stride, const int* keys, int t0, int t1, int n, float scale);
+                     size_t stride, const int* keys, int t0, int t1, int n, float scale,
+                     const uint16_t* vpre);
 void f16_rows_mix(float* o, size_t ostride, const float* w, size_t ld, int nq, const uint16_t* base,
                   size_t stride, const int* keys, int t0, int t1, int n);
 

@@ -443,7 +443,8 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                     if (cut[sp] < cut[sp + 1])
                         f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep,
                                         kv_row(c, 0, sp == 1, l, g, 0, NKV, hs), hs, keys[g],
-                                        cut[sp], cut[sp + 1], hs, scale);
+                                        cut[sp], cut[sp + 1], hs, scale,
+                                        kv_row(c, 1, sp == 1, l, g, 0, NKV, hs));
                 for (int r = 0; r < rep; r++) {
                     real* sh = sg + (size_t)r * c->cap;
                     real mx = -INFINITY, sum = 0;
@@ -608,7 +609,8 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
     int made = 0; /* as attend_keys makes them */
 #ifndef FOCUS_DOUBLE
     if (c->half) { /* each key row converted once for the rep heads */
-        f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc, hs, keys, 0, nk, hs, scale);
+        f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc, hs, keys, 0, nk, hs, scale,
+                        (const uint16_t*)c->v + kv_at(c, l, g, 0, NKV, hs));
         made = 1;
     }
 #endif
