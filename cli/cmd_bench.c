@@ -62,8 +62,8 @@ static int bench_keys(int nk, int reps) {
     enum { L = 30, H = 3, CAP = 8192, HS = 64, SPAN = 7600 };
     if (nk > SPAN) fatal("bench keys: --n %d: at most %d keys a head", nk, SPAN);
     const size_t n = (size_t)L * H * CAP * HS, flush = (size_t)256 << 20;
-    uint16_t* k = mallocCheck(2 * n);
-    uint16_t* v = mallocCheck(2 * n);
+    uint16_t* k = mallocPages(2 * n); /* as the KV cache is held */
+    uint16_t* v = mallocPages(2 * n);
     for (size_t i = 0; i < n; i++)
         k[i] = (uint16_t)(0x3c00 ^ (i & 0xff)), v[i] = (uint16_t)(0x3c00 ^ (i & 0x7f));
     unsigned char* junk = mallocCheck(flush);
