@@ -65,9 +65,9 @@ void* realloc_check(void* p, size_t size, const char* file, int line);
  * halves then lie in whole 128-byte pairs of cache lines, as the L2 fetches them (a large malloc
  * starts 16 bytes past a page: each row touched three lines, and the rows read far apart paid
  * for it). One of 2 MiB or more starts on a 2 MiB boundary and asks the kernel for transparent
- * huge pages (madvise; Linux's default "madvise" mode gives them only where asked): a decode
- * step reads the weights and the chosen keys across hundreds of megabytes, and with 4 KiB pages
- * nearly every page it touched missed the TLB. */
+ * huge pages (madvise: in the kernel's "madvise" mode, a common default, only such buffers get
+ * them): a decode step reads the weights and the chosen keys across hundreds of megabytes, and with
+ * 4 KiB pages nearly every page it touched missed the TLB. */
 void* malloc_pages_check(size_t size, const char* file, int line);
 #define mallocPages(size) malloc_pages_check((size), __FILE__, __LINE__)
 
