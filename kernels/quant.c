@@ -1084,14 +1084,13 @@ f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, con
         const uint16_t* kp[4];
         for (int u = 0; u < 4; u++)
             kp[u] = base + (size_t)keys[t + u < t1 ? t + u : t1 - 1] * stride;
-        for (int u = 0; u < 4 && r0 == 0 && t + KEY_AHEAD + u < t1; u++)
-            for (int e = 0; e < n; e += 32)
-                _mm_prefetch((const char*)(base + (size_t)keys[t + KEY_AHEAD + u] * stride + e),
-                             _MM_HINT_T0);
-        for (int u = 0; u < 4 && vpre && r0 == 0 && t + KEY_AHEAD + u < t1; u++)
-            for (int e = 0; e < n; e += 32)
-                _mm_prefetch((const char*)(vpre + (size_t)keys[t + KEY_AHEAD + u] * stride + e),
-                             _MM_HINT_T1);
+        for (int u = 0; u < 4 && r0 == 0 && t + KEY_AHEAD + u < t1; u++) {
+            const size_t at = (size_t)keys[t + KEY_AHEAD + u] * stride;
+            for (int e = 0; e < n; e += 32) {
+                _mm_prefetch((const char*)(base + at + e), _MM_HINT_T0);
+                if (vpre) _mm_prefetch((const char*)(vpre + at + e), _MM_HINT_T1);
+            }
+        }
         __m256 acc[3][4];
         for (int r = 0; r < NR; r++)
             for (int u = 0; u < 4; u++) acc[r][u] = _mm256_setzero_ps();

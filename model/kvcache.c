@@ -610,7 +610,7 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
 #ifndef FOCUS_DOUBLE
     if (c->half) { /* each key row converted once for the rep heads */
         f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc, hs, keys, 0, nk, hs, scale,
-                        (const uint16_t*)c->v + kv_at(c, l, g, 0, NKV, hs));
+                        kv_row(c, 1, 0, l, g, 0, NKV, hs));
         made = 1;
     }
 #endif
