@@ -58,7 +58,7 @@ typedef struct {
     int run;         /* rows a run holds */
     int* keys;       /* (cap) the positions one query attends to */
     real* scores;    /* (NH, cap) one token's attention scores */
-    real* part;      /* (nparts, NH, hs + 2) the threads' partial softmax sums */
+    real* part;      /* (nparts + 1, NH, hs + 2) the threads' partial softmax sums (+ the band's) */
     int nparts;      /* parts a token's keys are split into (DECODE_KEY_PARTS) ... */
     int split_min;   /* ... when it has at least this many keys (256; fewer: one thread) */
     Governor gov;    /* the decode steps' thread count (on by default with more than one thread) */

@@ -46,7 +46,7 @@ void kvcache_init(KVCache* c, const Model* m, int cap, int half) {
     governor_init(&c->gov);
     const char* prof = getenv("FOCUS_PROFILE");
     c->profile = prof && !strcmp(prof, "1");
-    c->part = mallocCheck(sizeof(real) * (size_t)c->nparts * mc->NH * (hs + 2));
+    c->part = mallocCheck(sizeof(real) * (size_t)(c->nparts + 1) * mc->NH * (hs + 2));
 }
 
 size_t kvcache_bytes(const KVCache* c, const ModelConfig* mc, size_t* runs) {
@@ -369,12 +369,8 @@ static void axpy_kv(real* o, real p, const void* v, int half, int n) {
 #endif
 }
 
-/* Where part id of np starts among n keys whose first pre have their scores made already: the
- * parts share the work, a key with its score made counting as half of one without. */
-static int part_bound(int n, int pre, int id, int np) {
-    const long work = (long)pre + 2L * (n - pre), at = work * id / np; /* in halves */
-    return at <= pre ? (int)at : pre + (int)((at - pre) / 2);
-}
+/* Where part id of np starts among n keys */
+static int part_bound(int n, int id, int np) { return (int)((long)n * id / np); }
 
 /* The row of key/value head g of layer l's keys (vals = 0) or values (1): at position j of the
  * cache, or at row j of the group runs (run) */
@@ -405,11 +401,11 @@ static void spans(int* cut, int t0, int t1, int ra, int rb) {
  * counts only (one below c->split_min keys, else at most one per 2 split_min keys, a power of
  * two from 2 to c->nparts, their bounds by part_bound), never on the thread count, so a token's
  * arithmetic is the same on any number of threads. Scores go to sc (NH, cap), the parts to
- * partbuf (c->nparts, NH, hs + 2); the first npre[g] scores of key/value head g's heads
- * are there already (band_keys's; npre NULL: none), made by the same arithmetic. */
+ * partbuf (c->nparts, NH, hs + 2). first (NH, hs + 2), if not NULL, is a part made already (the
+ * learned selector's band, band_keys's), merged before the others. */
 static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
-                        const int* nk, const int* rlo, const int* rhi, const int* npre,
-                        const ModelConfig* mc, real* sc, real* partbuf) {
+                        const int* nk, const int* rlo, const int* rhi, const ModelConfig* mc,
+                        real* sc, real* partbuf, const real* first) {
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     const int half = c->half;
     const real scale = (real)(1.0 / sqrt((double)hs));
@@ -431,14 +427,11 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
 #ifndef FOCUS_DOUBLE
         if (half) { /* the rep heads of a KV head together: each key and value row converted once */
             for (int g = 0; g < NKV; g++) {
-                const int pre = npre ? npre[g] : 0;
-                const int t0 = part_bound(nk[g], pre, id, np),
-                          t1 = part_bound(nk[g], pre, id + 1, np);
+                const int t0 = part_bound(nk[g], id, np), t1 = part_bound(nk[g], id + 1, np);
                 const int ra = rlo ? rlo[g] : 0, rb = rlo ? rhi[g] : 0;
                 real* sg = sc + (size_t)g * rep * c->cap;
-                const int tp = pre > t0 ? (pre < t1 ? pre : t1) : t0; /* scores to make */
                 int cut[4];
-                spans(cut, tp, t1, ra, rb);
+                spans(cut, t0, t1, ra, rb);
                 for (int sp = 0; sp < 3; sp++)
                     if (cut[sp] < cut[sp + 1])
                         f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep,
@@ -467,9 +460,8 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
         }
 #endif
         for (int g = 0; g < NKV && !halves_done; g++) {
-            const int pre = npre ? npre[g] : 0;
             const int ra = rlo ? rlo[g] : 0, rb = rlo ? rhi[g] : 0;
-            const int t0 = part_bound(nk[g], pre, id, np), t1 = part_bound(nk[g], pre, id + 1, np);
+            const int t0 = part_bound(nk[g], id, np), t1 = part_bound(nk[g], id + 1, np);
             for (int r = 0; r < rep; r++) {
                 const int hh = g * rep + r;
                 const real* q = qkv + hh * hs;
@@ -477,7 +469,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                 real mx = -INFINITY;
                 for (int t = t0; t < t1; t++) {
                     const void* kj = kv_row(c, 0, t >= ra && t < rb, l, g, keys[g][t], NKV, hs);
-                    if (!npre || t >= npre[g]) sh[t] = dot_kv(q, kj, half, hs) * scale;
+                    sh[t] = dot_kv(q, kj, half, hs) * scale;
                     mx = sh[t] > mx ? sh[t] : mx;
                 }
                 real* ph = part + (size_t)hh * (hs + 2);
@@ -500,16 +492,18 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
             }
         }
     }
-    for (int hh = 0; hh < NH; hh++) { /* merge the parts */
+    for (int hh = 0; hh < NH; hh++) { /* merge the parts (first, if any, first) */
         real mx = -INFINITY, sum = 0;
-        for (int id = 0; id < parts; id++) {
-            const real* ph = partbuf + ((size_t)id * NH + hh) * (hs + 2);
+        for (int id = first ? -1 : 0; id < parts; id++) {
+            const real* ph =
+                (id < 0 ? first : partbuf + (size_t)id * NH * (hs + 2)) + hh * (hs + 2);
             if (ph[1] > 0 && ph[0] > mx) mx = ph[0];
         }
         real* o = att + hh * hs;
         for (int e = 0; e < hs; e++) o[e] = 0;
-        for (int id = 0; id < parts; id++) {
-            const real* ph = partbuf + ((size_t)id * NH + hh) * (hs + 2);
+        for (int id = first ? -1 : 0; id < parts; id++) {
+            const real* ph =
+                (id < 0 ? first : partbuf + (size_t)id * NH * (hs + 2)) + hh * (hs + 2);
             if (!(ph[1] > 0)) continue; /* no keys in this part */
             const real wgt = (real)exp((double)(ph[0] - mx));
             sum += wgt * ph[1];
@@ -591,10 +585,11 @@ static int row_blocks(const KVCache* c, const Model* m, int l, int n, int g, con
 
 /* The band of the query heads of key/value head g at position n of layer l (q: their rep
  * queries) into keys: the sinks before the window, the window; returns their number. The learned
- * selector needs the band's log-sum-exp per head (into lb): its scores go to sb (head r's score of
- * key t at sb[r ld + t], as attend_keys keeps them). */
+ * selector needs the band's log-sum-exp per head (into lb), so for it the band is attended here,
+ * as one of attend_keys's parts (part, (NH, hs + 2), at g's heads: each head's maximum, sum and
+ * output), sb (head r's score of key t at sb[r ld + t]) its scratch. */
 static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, const real* q,
-                     int* keys, real* sb, size_t ld, real* lb) {
+                     int* keys, real* sb, size_t ld, real* lb, real* part) {
     const FocusConfig* f = &m->fc;
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
@@ -606,7 +601,7 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
     const real scale = (real)(1.0 / sqrt((double)hs));
     const size_t es = c->half ? 2 : sizeof(real);
     const char* kc = (const char*)c->k + kv_at(c, l, g, 0, NKV, hs) * es; /* head g's keys */
-    int made = 0; /* as attend_keys makes them */
+    int made = 0; /* (the scores by f16_rows_scores) */
 #ifndef FOCUS_DOUBLE
     if (c->half) { /* each key row converted once for the rep heads */
         f16_rows_scores(sb, ld, q, rep, (const uint16_t*)kc, hs, keys, 0, nk, hs, scale,
@@ -624,8 +619,26 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
 #pragma omp simd reduction(max : mx)
         for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
 #pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < nk; t++) sum += exp_f(sr[t] - mx);
+        for (int t = 0; t < nk; t++) sum += sr[t] = exp_f(sr[t] - mx);
         lb[r] = mx + (real)log((double)sum);
+        real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+        ph[0] = mx, ph[1] = sum;
+        for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+    }
+    /* the band's values mixed here, on the thread that read its keys (attend_keys's arithmetic) */
+#ifndef FOCUS_DOUBLE
+    if (made) {
+        f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sb, ld, rep,
+                     kv_row(c, 1, 0, l, g, 0, NKV, hs), hs, keys, 0, nk, hs);
+        return nk;
+    }
+#endif
+    for (int t = 0; t < nk; t++) {
+        const void* vj = kv_row(c, 1, 0, l, g, keys[t], NKV, hs);
+        for (int r = 0; r < rep; r++) {
+            real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+            axpy_kv(ph + 2, sb[(size_t)r * ld + t], vj, c->half, hs);
+        }
     }
     return nk;
 }
@@ -838,7 +851,7 @@ typedef struct {
     real *scores, *part;
     int* bsel; /* the block patterns' scratch: (NKV, nbcap) each, bp (NH, nbcap) */
     real *bsc, *bp;
-    int* npre;      /* (NKV) the band scores band_keys made */
+    int* npre;      /* (NKV) the band's keys (blocks_learned: band_keys attends them) */
     int *rlo, *rhi; /* (NKV) the keys that are rows of the group runs */
 } RowWork;
 
@@ -850,14 +863,18 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     long pairs = 0;
-    int* npre = NULL;
+    real* band = NULL; /* the part band_keys made of the key lists' first entries, if any */
     if (kind == KEYS_BLOCKS) {
         /* on the threads (a decode step; nested in a prompt's parallel rows, one thread), each
          * task with its own scratch, the same arithmetic: each key/value head's band and, beside
          * them, the learned selector's logits of its blocks (Quest's bounds and the mean keys'
          * products: the band with the first half of the blocks' scores, then the second half);
          * the task that completes a head's parts then makes its choice (one parallel region a
-         * layer, and the choices spread over the threads as their parts end) */
+         * layer, and the choices spread over the threads as their parts end). The learned
+         * selector's band is attended where its scores were made (their softmax makes the log-
+         * sum-exp the choice needs): a part of its own, merged first, its values mixed by the
+         * thread that prefetched them with the keys (measured: mixed later, by another thread's
+         * part, they cost about as much as from memory) */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
         const BlockScore score = attn_block_score(f->attn);
@@ -868,7 +885,7 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
         real lb[1024];
         atomic_int ready[1024]; /* each key/value head's parts done */
         for (int g = 0; g < NKV; g++) atomic_init(&ready[g], 0);
-        npre = w->npre;
+        band = learned ? w->part + (size_t)c->nparts * NH * (hs + 2) : NULL;
 #pragma omp parallel for schedule(static, 1) \
     num_threads(threads < tasks ? threads : tasks) if (threads > 1 && tasks > 1)
         for (int t = 0; t < tasks; t++) {
@@ -879,9 +896,10 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
             selector_of(c, m, l, g, &st, &gate);
             if (t < NKV) {
                 w->kl[g] = w->bkeys + (size_t)g * c->cap;
-                w->nkg[g] = band_keys(c, m, l, p, g, qg, w->kl[g],
-                                      w->scores + (size_t)g * rep * c->cap, c->cap, lb + g * rep);
-                npre[g] = learned ? w->nkg[g] : 0;
+                w->nkg[g] =
+                    band_keys(c, m, l, p, g, qg, w->kl[g], w->scores + (size_t)g * rep * c->cap,
+                              c->cap, lb + g * rep, band);
+                w->npre[g] = learned ? w->nkg[g] : 0;
             }
             if (learned && t >= NKV)
                 block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
@@ -905,7 +923,12 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
         pairs = (long)nk * NH;
     }
     profile_tick(prof, mark, PART_SELECT);
-    attend_keys(att, qrow, l, c, w->kl, w->nkg, w->rlo, w->rhi, npre, mc, w->scores, w->part);
+    if (band) /* the lists past the band */
+        for (int g = 0; g < NKV; g++) {
+            const int b = w->npre[g];
+            w->kl[g] += b, w->nkg[g] -= b, w->rlo[g] -= b, w->rhi[g] -= b;
+        }
+    attend_keys(att, qrow, l, c, w->kl, w->nkg, w->rlo, w->rhi, mc, w->scores, w->part, band);
     profile_tick(prof, mark, PART_ATTENTION);
     return pairs;
 }
@@ -1034,7 +1057,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
                      mallocCheck(sizeof(int) * (size_t)c->cap),
                      kind == KEYS_BLOCKS ? mallocCheck(sizeof(int) * (size_t)NKV * c->cap) : NULL,
                      mallocCheck(sizeof(real) * (size_t)NH * c->cap),
-                     mallocCheck(sizeof(real) * (size_t)c->nparts * NH * (hs + 2)),
+                     mallocCheck(sizeof(real) * (size_t)(c->nparts + 1) * NH * (hs + 2)),
                      mallocCheck(sizeof(int) * (size_t)NKV * nbmax),
                      mallocCheck(sizeof(real) * (size_t)NKV * nbmax),
                      mallocCheck(sizeof(real) * (size_t)NH * nbmax),
