@@ -876,8 +876,7 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
          * thread that prefetched them with the keys (measured: mixed later, by another thread's
          * part, they cost about as much as from memory). The tasks go to the threads as they
          * free up, the bands (the heavier) first: three bands on two threads, handed out two by
-         * two, left one thread a band and the other two logits (measured: 4-8 % of the step's
-         * attention) */
+         * two, left one thread two of them (measured: 4-8 % of the step's attention) */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
         const BlockScore score = attn_block_score(f->attn);
