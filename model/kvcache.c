@@ -392,6 +392,43 @@ static void spans(int* cut, int t0, int t1, int ra, int rb) {
 }
 #endif
 
+/* A part of key/value head g's keys from their scores: entries [t0, t1) of keys (positions, but
+ * for entries [ra, rb), rows of the layer's group runs), head r's score of entry t at
+ * sg[r ld + t] (made exponentials of the part's maximum here); each of the rep heads' maximum,
+ * sum and output (the values mixed) into part, at g's heads (NH, hs + 2). */
+static void part_from_scores(real* part, real* sg, size_t ld, const KVCache* c, int l, int g,
+                             int rep, int NKV, int hs, const int* keys, int t0, int t1, int ra,
+                             int rb) {
+    for (int r = 0; r < rep; r++) {
+        real* sh = sg + (size_t)r * ld;
+        real mx = -INFINITY, sum = 0;
+#pragma omp simd reduction(max : mx)
+        for (int t = t0; t < t1; t++) mx = sh[t] > mx ? sh[t] : mx;
+#pragma omp simd reduction(+ : sum)
+        for (int t = t0; t < t1; t++) sum += sh[t] = exp_f(sh[t] - mx);
+        real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+        ph[0] = mx, ph[1] = sum;
+        for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+    }
+    real* pg = part + (size_t)g * rep * (hs + 2) + 2;
+#ifndef FOCUS_DOUBLE
+    if (c->half) { /* each value row converted once for the rep heads */
+        int cut[4];
+        spans(cut, t0, t1, ra, rb);
+        for (int sp = 0; sp < 3; sp++)
+            if (cut[sp] < cut[sp + 1])
+                f16_rows_mix(pg, hs + 2, sg, ld, rep, kv_row(c, 1, sp == 1, l, g, 0, NKV, hs), hs,
+                             keys, cut[sp], cut[sp + 1], hs);
+        return;
+    }
+#endif
+    for (int t = t0; t < t1; t++) {
+        const void* vj = kv_row(c, 1, t >= ra && t < rb, l, g, keys[t], NKV, hs);
+        for (int r = 0; r < rep; r++)
+            axpy_kv(pg + (size_t)r * (hs + 2), sg[(size_t)r * ld + t], vj, c->half, hs);
+    }
+}
+
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
  * keys[g] of its key/value head g (one list for every g but in the block patterns): positions,
  * but for entries rlo[g] .. rhi[g] - 1, rows of the layer's group runs (rlo NULL: none). The keys
@@ -438,23 +475,7 @@ static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int
                                         kv_row(c, 0, sp == 1, l, g, 0, NKV, hs), hs, keys[g],
                                         cut[sp], cut[sp + 1], hs, scale,
                                         kv_row(c, 1, sp == 1, l, g, 0, NKV, hs));
-                for (int r = 0; r < rep; r++) {
-                    real* sh = sg + (size_t)r * c->cap;
-                    real mx = -INFINITY, sum = 0;
-#pragma omp simd reduction(max : mx)
-                    for (int t = t0; t < t1; t++) mx = sh[t] > mx ? sh[t] : mx;
-#pragma omp simd reduction(+ : sum)
-                    for (int t = t0; t < t1; t++) sum += sh[t] = exp_f(sh[t] - mx);
-                    real* ph = part + (size_t)(g * rep + r) * (hs + 2);
-                    ph[0] = mx, ph[1] = sum;
-                    for (int e = 0; e < hs; e++) ph[2 + e] = 0;
-                }
-                spans(cut, t0, t1, ra, rb);
-                for (int sp = 0; sp < 3; sp++)
-                    if (cut[sp] < cut[sp + 1])
-                        f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sg, c->cap, rep,
-                                     kv_row(c, 1, sp == 1, l, g, 0, NKV, hs), hs, keys[g], cut[sp],
-                                     cut[sp + 1], hs);
+                part_from_scores(part, sg, c->cap, c, l, g, rep, NKV, hs, keys[g], t0, t1, ra, rb);
             }
             halves_done = 1;
         }
@@ -609,36 +630,16 @@ static int band_keys(const KVCache* c, const Model* m, int l, int n, int g, cons
         made = 1;
     }
 #endif
-    for (int r = 0; r < rep; r++) {
-        real* sr = sb + (size_t)r * ld;
-        if (!made)
+    if (!made)
+        for (int r = 0; r < rep; r++)
             for (int t = 0; t < nk; t++)
-                sr[t] =
+                sb[(size_t)r * ld + t] =
                     dot_kv(q + (size_t)r * hs, kc + (size_t)keys[t] * hs * es, c->half, hs) * scale;
-        real mx = -INFINITY, sum = 0;
-#pragma omp simd reduction(max : mx)
-        for (int t = 0; t < nk; t++) mx = sr[t] > mx ? sr[t] : mx;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < nk; t++) sum += sr[t] = exp_f(sr[t] - mx);
-        lb[r] = mx + (real)log((double)sum);
-        real* ph = part + (size_t)(g * rep + r) * (hs + 2);
-        ph[0] = mx, ph[1] = sum;
-        for (int e = 0; e < hs; e++) ph[2 + e] = 0;
-    }
-    /* the band's values mixed here, on the thread that read its keys (attend_keys's arithmetic) */
-#ifndef FOCUS_DOUBLE
-    if (made) {
-        f16_rows_mix(part + (size_t)g * rep * (hs + 2) + 2, hs + 2, sb, ld, rep,
-                     kv_row(c, 1, 0, l, g, 0, NKV, hs), hs, keys, 0, nk, hs);
-        return nk;
-    }
-#endif
-    for (int t = 0; t < nk; t++) {
-        const void* vj = kv_row(c, 1, 0, l, g, keys[t], NKV, hs);
-        for (int r = 0; r < rep; r++) {
-            real* ph = part + (size_t)(g * rep + r) * (hs + 2);
-            axpy_kv(ph + 2, sb[(size_t)r * ld + t], vj, c->half, hs);
-        }
+    /* attended here, on the thread that read the keys and prefetched the values */
+    part_from_scores(part, sb, ld, c, l, g, rep, NKV, hs, keys, 0, nk, 0, 0);
+    for (int r = 0; r < rep; r++) {
+        const real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+        lb[r] = ph[0] + (real)log((double)ph[1]);
     }
     return nk;
 }
