@@ -127,6 +127,7 @@ int cmd_bench_decode(int argc, char** argv) {
         memcpy(logits, all + (size_t)(ctx - 1) * m.cfg.V, sizeof(real) * m.cfg.V);
         free(all);
     }
+    const double t1d = now_seconds(); /* the decode's clock starts after the prompt's scoring */
     long pairs0 = c.pairs;            /* the prompt's pairs */
     memset(c.prof, 0, sizeof c.prof); /* FOCUS_PROFILE: the decoded tokens only */
     /* with --data each step's logits are kept and scored after the clock stops */
@@ -177,7 +178,7 @@ int cmd_bench_decode(int argc, char** argv) {
         : exact            ? "batched, fp32 products"
         : chunk && !scored ? "batched, in chunks"
                            : "batched",
-        scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1),
+        scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1d),
         (double)(c.pairs - pairs0) / dense_pairs,
         (double)pairs0 / ((double)ctx * (ctx + 1) / 2 * m.cfg.NH * m.cfg.L));
     for (int k = 0; c.profile && k < 2; k++) { /* where a prompt's and a decode step's time goes */
