@@ -5,6 +5,7 @@
 #include "layer_cpu.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,109 +430,126 @@ static void part_from_scores(real* part, real* sg, size_t ld, const KVCache* c, 
     }
 }
 
+/* Wait until *flag is set (acquiring what was released with it): a busy wait, the core yielded
+ * after a while (a team with more threads than cores would otherwise spin out its time slices
+ * while the thread it waits for is not running) */
+static void wait_set(atomic_int* flag) {
+    for (int k = 0; !atomic_load_explicit(flag, memory_order_acquire); k++) {
+        if (k >= 4096) sched_yield();
+#if defined(__x86_64__)
+        else
+            __builtin_ia32_pause();
+#endif
+    }
+}
+
+/* How many parts n keys are split into: one below c->split_min keys, else one per 2 split_min
+ * keys, at least two, at most c->nparts, and a power of two (the parts then share out evenly over
+ * 2, 4 .. threads; 3 parts on 2 threads left one idle a third of the time, measured: a third of
+ * the steps' attention at p = 0.2 of 8K). Key counts only, never the thread count, so a token's
+ * arithmetic is the same on any number of threads. */
+static int key_parts(const KVCache* c, int n) {
+    int parts = n < c->split_min ? 1 : 2;
+    while (n >= c->split_min && 2 * parts * 2 * c->split_min <= n && 2 * parts <= c->nparts)
+        parts *= 2;
+    return parts;
+}
+
+/* Part id of np (bounds by part_bound) of the nk keys keys of key/value head g, for its rep query
+ * heads (queries in qkv): positions, but for entries [ra, rb), rows of the layer's group runs.
+ * Each key and value row is read once for the rep heads; each head's running maximum, sum and
+ * output go to part, at g's heads (NH, hs + 2); the scores to sc (NH, cap), at g's heads. */
+static void attend_part(real* part, const real* qkv, int l, const KVCache* c, const int* keys,
+                        int nk, int ra, int rb, int g, int id, int np, const ModelConfig* mc,
+                        real* sc) {
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
+    const real scale = (real)(1.0 / sqrt((double)hs));
+    const int t0 = part_bound(nk, id, np), t1 = part_bound(nk, id + 1, np);
+    real* sg = sc + (size_t)g * rep * c->cap;
+#ifndef FOCUS_DOUBLE
+    if (c->half) { /* each key and value row converted once for the rep heads */
+        int cut[4];
+        spans(cut, t0, t1, ra, rb);
+        for (int sp = 0; sp < 3; sp++)
+            if (cut[sp] < cut[sp + 1])
+                f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep,
+                                kv_row(c, 0, sp == 1, l, g, 0, NKV, hs), hs, keys, cut[sp],
+                                cut[sp + 1], hs, scale, kv_row(c, 1, sp == 1, l, g, 0, NKV, hs));
+        part_from_scores(part, sg, c->cap, c, l, g, rep, NKV, hs, keys, t0, t1, ra, rb);
+        return;
+    }
+#endif
+    for (int r = 0; r < rep; r++) {
+        const int hh = g * rep + r;
+        const real* q = qkv + hh * hs;
+        real* sh = sg + (size_t)r * c->cap;
+        real mx = -INFINITY;
+        for (int t = t0; t < t1; t++) {
+            const void* kj = kv_row(c, 0, t >= ra && t < rb, l, g, keys[t], NKV, hs);
+            sh[t] = dot_kv(q, kj, c->half, hs) * scale;
+            mx = sh[t] > mx ? sh[t] : mx;
+        }
+        real* ph = part + (size_t)hh * (hs + 2);
+        ph[0] = mx, ph[1] = 0;
+        for (int e = 0; e < hs; e++) ph[2 + e] = 0;
+    }
+    for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
+        const void* vj = kv_row(c, 1, t >= ra && t < rb, l, g, keys[t], NKV, hs);
+        for (int r = 0; r < rep; r++) {
+            real* ph = part + (size_t)(g * rep + r) * (hs + 2);
+#ifdef FOCUS_DOUBLE
+            const real pj = exp(sg[(size_t)r * c->cap + t] - ph[0]);
+#else
+            const real pj = expf(sg[(size_t)r * c->cap + t] - ph[0]);
+#endif
+            ph[1] += pj;
+            axpy_kv(ph + 2, pj, vj, c->half, hs);
+        }
+    }
+}
+
+/* Query head hh's attention (att, hs) from its parts: first (if not NULL), then parts 0 ..
+ * parts - 1 of partbuf (each (NH, hs + 2): maximum, sum, output), in that order, rescaled to
+ * their common maximum. */
+static void merge_parts(real* att, const real* partbuf, const real* first, int parts, int hh,
+                        int NH, int hs) {
+    real mx = -INFINITY, sum = 0;
+    for (int id = first ? -1 : 0; id < parts; id++) {
+        const real* ph = (id < 0 ? first : partbuf + (size_t)id * NH * (hs + 2)) + hh * (hs + 2);
+        if (ph[1] > 0 && ph[0] > mx) mx = ph[0];
+    }
+    for (int e = 0; e < hs; e++) att[e] = 0;
+    for (int id = first ? -1 : 0; id < parts; id++) {
+        const real* ph = (id < 0 ? first : partbuf + (size_t)id * NH * (hs + 2)) + hh * (hs + 2);
+        if (!(ph[1] > 0)) continue; /* no keys in this part */
+        const real wgt = (real)exp((double)(ph[0] - mx));
+        sum += wgt * ph[1];
+        for (int e = 0; e < hs; e++) att[e] += wgt * ph[2 + e];
+    }
+    for (int e = 0; e < hs; e++) att[e] /= sum;
+}
+
 /* att (NH * hs) = softmax(q k / sqrt(hs)) v for every head of qkv's query, over the nk[g] keys
  * keys[g] of its key/value head g (one list for every g but in the block patterns): positions,
  * but for entries rlo[g] .. rhi[g] - 1, rows of the layer's group runs (rlo NULL: none). The keys
- * are split into parts (each part's keys and values read once for the rep query heads of a KV
- * head, keeping its own running maximum, sum and output per head), which the threads share; the
- * parts are then merged in order, rescaled to the common maximum. The parts depend on the key
- * counts only (one below c->split_min keys, else at most one per 2 split_min keys, a power of
- * two from 2 to c->nparts, their bounds by part_bound), never on the thread count, so a token's
- * arithmetic is the same on any number of threads. Scores go to sc (NH, cap), the parts to
- * partbuf (c->nparts, NH, hs + 2). first (NH, hs + 2), if not NULL, is a part made already (the
- * learned selector's band, band_keys's), merged before the others. */
+ * are split into key_parts(the most keys of a head) parts (attend_part), which the threads
+ * share; the parts are then merged in order (merge_parts). Scores go to sc (NH, cap), the parts
+ * to partbuf (c->nparts, NH, hs + 2). */
 static void attend_keys(real* att, const real* qkv, int l, const KVCache* c, int* const* keys,
                         const int* nk, const int* rlo, const int* rhi, const ModelConfig* mc,
-                        real* sc, real* partbuf, const real* first) {
-    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
-    const int half = c->half;
-    const real scale = (real)(1.0 / sqrt((double)hs));
+                        real* sc, real* partbuf) {
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc);
     const int threads = omp_get_max_threads();
     int most = 0;
     for (int g = 0; g < NKV; g++) most = nk[g] > most ? nk[g] : most;
-    /* one part per 2 split_min keys, at least two, at most nparts, and a power of two: the
-     * parts then share out evenly over 2, 4 .. threads (3 parts on 2 threads left one idle a
-     * third of the time, measured: a third of the steps' attention at p = 0.2 of 8K) */
-    int parts = most < c->split_min ? 1 : 2;
-    while (most >= c->split_min && 2 * parts * 2 * c->split_min <= most && 2 * parts <= c->nparts)
-        parts *= 2;
+    const int parts = key_parts(c, most);
 #pragma omp parallel for schedule(static, 1) \
     num_threads(threads < parts ? threads : parts) if (parts > 1 && threads > 1)
-    for (int id = 0; id < parts; id++) {
-        const int np = parts;
-        real* part = partbuf + (size_t)id * NH * (hs + 2); /* per head: max, sum, output */
-        int halves_done = 0;
-#ifndef FOCUS_DOUBLE
-        if (half) { /* the rep heads of a KV head together: each key and value row converted once */
-            for (int g = 0; g < NKV; g++) {
-                const int t0 = part_bound(nk[g], id, np), t1 = part_bound(nk[g], id + 1, np);
-                const int ra = rlo ? rlo[g] : 0, rb = rlo ? rhi[g] : 0;
-                real* sg = sc + (size_t)g * rep * c->cap;
-                int cut[4];
-                spans(cut, t0, t1, ra, rb);
-                for (int sp = 0; sp < 3; sp++)
-                    if (cut[sp] < cut[sp + 1])
-                        f16_rows_scores(sg, c->cap, qkv + (size_t)g * rep * hs, rep,
-                                        kv_row(c, 0, sp == 1, l, g, 0, NKV, hs), hs, keys[g],
-                                        cut[sp], cut[sp + 1], hs, scale,
-                                        kv_row(c, 1, sp == 1, l, g, 0, NKV, hs));
-                part_from_scores(part, sg, c->cap, c, l, g, rep, NKV, hs, keys[g], t0, t1, ra, rb);
-            }
-            halves_done = 1;
-        }
-#endif
-        for (int g = 0; g < NKV && !halves_done; g++) {
-            const int ra = rlo ? rlo[g] : 0, rb = rlo ? rhi[g] : 0;
-            const int t0 = part_bound(nk[g], id, np), t1 = part_bound(nk[g], id + 1, np);
-            for (int r = 0; r < rep; r++) {
-                const int hh = g * rep + r;
-                const real* q = qkv + hh * hs;
-                real* sh = sc + (size_t)hh * c->cap;
-                real mx = -INFINITY;
-                for (int t = t0; t < t1; t++) {
-                    const void* kj = kv_row(c, 0, t >= ra && t < rb, l, g, keys[g][t], NKV, hs);
-                    sh[t] = dot_kv(q, kj, half, hs) * scale;
-                    mx = sh[t] > mx ? sh[t] : mx;
-                }
-                real* ph = part + (size_t)hh * (hs + 2);
-                ph[0] = mx, ph[1] = 0;
-                for (int e = 0; e < hs; e++) ph[2 + e] = 0;
-            }
-            for (int t = t0; t < t1; t++) { /* each value row read once for the rep heads */
-                const void* vj = kv_row(c, 1, t >= ra && t < rb, l, g, keys[g][t], NKV, hs);
-                for (int r = 0; r < rep; r++) {
-                    const int hh = g * rep + r;
-                    real* ph = part + (size_t)hh * (hs + 2);
-#ifdef FOCUS_DOUBLE
-                    const real pj = exp(sc[(size_t)hh * c->cap + t] - ph[0]);
-#else
-                    const real pj = expf(sc[(size_t)hh * c->cap + t] - ph[0]);
-#endif
-                    ph[1] += pj;
-                    axpy_kv(ph + 2, pj, vj, half, hs);
-                }
-            }
-        }
-    }
-    for (int hh = 0; hh < NH; hh++) { /* merge the parts (first, if any, first) */
-        real mx = -INFINITY, sum = 0;
-        for (int id = first ? -1 : 0; id < parts; id++) {
-            const real* ph =
-                (id < 0 ? first : partbuf + (size_t)id * NH * (hs + 2)) + hh * (hs + 2);
-            if (ph[1] > 0 && ph[0] > mx) mx = ph[0];
-        }
-        real* o = att + hh * hs;
-        for (int e = 0; e < hs; e++) o[e] = 0;
-        for (int id = first ? -1 : 0; id < parts; id++) {
-            const real* ph =
-                (id < 0 ? first : partbuf + (size_t)id * NH * (hs + 2)) + hh * (hs + 2);
-            if (!(ph[1] > 0)) continue; /* no keys in this part */
-            const real wgt = (real)exp((double)(ph[0] - mx));
-            sum += wgt * ph[1];
-            for (int e = 0; e < hs; e++) o[e] += wgt * ph[2 + e];
-        }
-        for (int e = 0; e < hs; e++) o[e] /= sum;
-    }
+    for (int id = 0; id < parts; id++)
+        for (int g = 0; g < NKV; g++)
+            attend_part(partbuf + (size_t)id * NH * (hs + 2), qkv, l, c, keys[g], nk[g],
+                        rlo ? rlo[g] : 0, rlo ? rhi[g] : 0, g, id, parts, mc, sc);
+    for (int hh = 0; hh < NH; hh++) merge_parts(att + hh * hs, partbuf, NULL, parts, hh, NH, hs);
 }
 
 /* ---- the block patterns (blocks, blocks_mean, blocks_learned) over the cache: each layer and
@@ -864,34 +882,49 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     const ModelConfig* mc = &m->cfg;
     const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
     long pairs = 0;
-    real* band = NULL; /* the part band_keys made of the key lists' first entries, if any */
     if (kind == KEYS_BLOCKS) {
-        /* on the threads (a decode step; nested in a prompt's parallel rows, one thread), each
-         * task with its own scratch, the same arithmetic: each key/value head's band and, beside
-         * them, the learned selector's logits of its blocks (Quest's bounds and the mean keys'
-         * products: the band with the first half of the blocks' scores, then the second half);
-         * the task that completes a head's parts then makes its choice (one parallel region a
-         * layer, and the choices spread over the threads as their parts end). The learned
-         * selector's band is attended where its scores were made (their softmax makes the log-
-         * sum-exp the choice needs): a part of its own, merged first, its values mixed by the
-         * thread that prefetched them with the keys (measured: mixed later, by another thread's
-         * part, they cost about as much as from memory). The tasks go to the threads as they
-         * free up, the bands (the heavier) first: three bands on two threads, handed out two by
-         * two, left one thread two of them (measured: 4-8 % of the step's attention) */
+        /* One parallel region (a decode step; nested in a prompt's parallel rows, one thread),
+         * its tasks handed out in order to the threads as they free up, each with its own
+         * scratch, the same arithmetic on any number of threads:
+         * - each key/value head's band (the heavier, first) and, beside them, the learned
+         *   selector's logits of its blocks (Quest's bounds and the mean keys' products: the
+         *   band with the first half of the blocks' scores, then the second half). The task
+         *   that completes a head's two makes its choice. The learned selector's band is
+         *   attended where its scores were made (their softmax makes the log-sum-exp the choice
+         *   needs): a part of its own, merged first, its values mixed by the thread that
+         *   prefetched them with the keys (measured: mixed by another thread, they cost about as
+         *   much as from memory);
+         * - then each head's two halves of its chosen keys' parts (key_parts of its list), each
+         *   waiting for the head's choice. A thread free before the last choice starts on a
+         *   head already chosen: no barrier between choosing and attending (measured against
+         *   two regions a layer: RESULTS). */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
         const BlockScore score = attn_block_score(f->attn);
         const int learned = score == BLOCKS_LEARNED,
                   bounds = score == BLOCKS_QUEST || score == BLOCKS_MEAN;
         const int made = learned || bounds, need = made ? 2 : 1, tasks = need * NKV;
+        const int total = tasks + 2 * NKV;
         if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
         real lb[1024];
-        atomic_int ready[1024]; /* each key/value head's parts done */
-        for (int g = 0; g < NKV; g++) atomic_init(&ready[g], 0);
-        band = learned ? w->part + (size_t)c->nparts * NH * (hs + 2) : NULL;
+        atomic_int ready[1024];  /* each key/value head's parts done */
+        atomic_int chosen[1024]; /* each key/value head's keys chosen */
+        int parts[1024];         /* and the parts of its list past the band */
+        int nkeys[1024];         /* its keys, the band's included */
+        for (int g = 0; g < NKV; g++) atomic_init(&ready[g], 0), atomic_init(&chosen[g], 0);
+        real* band = learned ? w->part + (size_t)c->nparts * NH * (hs + 2) : NULL;
 #pragma omp parallel for schedule(dynamic, 1) \
-    num_threads(threads < tasks ? threads : tasks) if (threads > 1 && tasks > 1)
-        for (int t = 0; t < tasks; t++) {
+    num_threads(threads < total ? threads : total) if (threads > 1)
+        for (int t = 0; t < total; t++) {
+            if (t >= tasks) { /* half of a head's parts, once its keys are chosen */
+                const int g = (t - tasks) / 2, half = (t - tasks) % 2;
+                wait_set(&chosen[g]);
+                const int np = parts[g];
+                for (int id = part_bound(np, half, 2); id < part_bound(np, half + 1, 2); id++)
+                    attend_part(w->part + (size_t)id * NH * (hs + 2), qrow, l, c, w->kl[g],
+                                w->nkg[g], w->rlo[g], w->rhi[g], g, id, np, mc, w->scores);
+                continue;
+            }
             const int g = t % NKV;
             const real* qg = qrow + (size_t)g * rep * hs;
             const int8_t* st;
@@ -911,27 +944,28 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
                 block_bounds(w->bsc + (size_t)g * nb, score, qg, rep, st, p, f->w, f->sinks,
                              f->block, hs, t >= NKV, 2);
             /* acquire the other part's writes, release this one's */
-            if (atomic_fetch_add_explicit(&ready[g], 1, memory_order_acq_rel) == need - 1)
-                w->rhi[g] = w->nkg[g] =
-                    distant_keys(c, m, l, p, g, qg, mi, w->kl[g], w->nkg[g], lb + g * rep,
-                                 w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
-                                 w->bp + (size_t)g * rep * nb, made, &w->rlo[g]);
+            if (atomic_fetch_add_explicit(&ready[g], 1, memory_order_acq_rel) < need - 1) continue;
+            const int nk = distant_keys(c, m, l, p, g, qg, mi, w->kl[g], w->nkg[g], lb + g * rep,
+                                        w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
+                                        w->bp + (size_t)g * rep * nb, made, &w->rlo[g]);
+            const int b = w->npre[g]; /* the list past the band band_keys attended */
+            nkeys[g] = nk;
+            w->kl[g] += b, w->nkg[g] = nk - b, w->rlo[g] -= b, w->rhi[g] = nk - b;
+            parts[g] = key_parts(c, w->nkg[g]);
+            atomic_store_explicit(&chosen[g], 1, memory_order_release);
         }
-        for (int g = 0; g < NKV; g++) pairs += (long)w->nkg[g] * rep;
-    } else {
-        int ng;
-        const int nk = token_keys(c, m, l, p, mi, kind, w->keys, &ng);
-        for (int g = 0; g < NKV; g++)
-            w->kl[g] = w->keys, w->nkg[g] = nk, w->rlo[g] = 0, w->rhi[g] = ng;
-        pairs = (long)nk * NH;
+        for (int g = 0; g < NKV; g++) pairs += (long)nkeys[g] * rep;
+        for (int hh = 0; hh < NH; hh++)
+            merge_parts(att + hh * hs, w->part, band, parts[hh / rep], hh, NH, hs);
+        profile_tick(prof, mark, PART_ATTENTION);
+        return pairs;
     }
+    int ng;
+    const int nk = token_keys(c, m, l, p, mi, kind, w->keys, &ng);
+    for (int g = 0; g < NKV; g++) w->kl[g] = w->keys, w->nkg[g] = nk, w->rlo[g] = 0, w->rhi[g] = ng;
+    pairs = (long)nk * NH;
     profile_tick(prof, mark, PART_SELECT);
-    if (band) /* the lists past the band */
-        for (int g = 0; g < NKV; g++) {
-            const int b = w->npre[g];
-            w->kl[g] += b, w->nkg[g] -= b, w->rlo[g] -= b, w->rhi[g] -= b;
-        }
-    attend_keys(att, qrow, l, c, w->kl, w->nkg, w->rlo, w->rhi, mc, w->scores, w->part, band);
+    attend_keys(att, qrow, l, c, w->kl, w->nkg, w->rlo, w->rhi, mc, w->scores, w->part);
     profile_tick(prof, mark, PART_ATTENTION);
     return pairs;
 }
