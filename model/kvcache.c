@@ -584,10 +584,14 @@ static void block_complete(KVCache* c, int l, int n, const ModelConfig* mc) {
         for (int j = j0; j <= n; j++) {
             const size_t at = kv_at(c, l, g, j, NKV, hs);
             real* r = rows + (size_t)(j - j0) * hs;
-            if (c->half)
-                for (int e = 0; e < hs; e++) r[e] = f16_to_f32(((const uint16_t*)c->k)[at + e]);
-            else
+            if (!c->half)
                 memcpy(r, (const real*)c->k + at, sizeof(real) * hs);
+            else
+#ifndef FOCUS_DOUBLE
+                f16_row_get(r, (const uint16_t*)c->k + at, hs);
+#else
+                for (int e = 0; e < hs; e++) r[e] = f16_to_f32(((const uint16_t*)c->k)[at + e]);
+#endif
         }
         blockgate_key_stats8(
             c->bstat + (((size_t)l * NKV + g) * c->nbcap + b) * BLOCKGATE_STAT_BYTES(hs), rows, hs,
@@ -997,11 +1001,12 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
         }
         return;
     }
-    if (kind == KEYS_BLOCKS)
-        for (int i = 0; i < n; i++) {
-            block_cache(cs[i], mc, f->block);
-            block_complete(cs[i], l, pos[i], mc);
-        }
+    if (kind == KEYS_BLOCKS) { /* the statistics of the blocks the rows complete, on the threads
+                                * (each block's its own) */
+        for (int i = 0; i < n; i++) block_cache(cs[i], mc, f->block);
+#pragma omp parallel for schedule(static) if (n >= 2 * f->block)
+        for (int i = 0; i < n; i++) block_complete(cs[i], l, pos[i], mc);
+    }
     profile_tick(r->prof, r->mark, PART_ATTENTION);
     /* each row's groups (mi: those it keeps as a query). The router's groups: hard mode, or
      * beside the blocks; a pattern's come from its row. */
