@@ -192,14 +192,43 @@ static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real th
             rope_row(qkv + ((size_t)b * T + t) * QKV, pos0 + t, freq, NH, NKV, hs, sign, halves);
 }
 
-void rope_rows_forward(real* qkv, int n, const int* pos, int NH, int NKV, int hs, real theta,
-                       int halves) {
-    const size_t QKV = (size_t)(NH + 2 * NKV) * hs;
+void rope_rows_table(real* cs, int n, const int* pos, int hs, real theta) {
     double freq[1024];
     rope_freqs(freq, hs, theta);
 #pragma omp parallel for schedule(static) if (n > 1)
     for (int r = 0; r < n; r++)
-        rope_row(qkv + (size_t)r * QKV, pos[r], freq, NH, NKV, hs, 1, halves);
+        for (int i = 0; i < hs / 2; i++) { /* rope_row's angles */
+            const double ang = (double)pos[r] * freq[i];
+            cs[(size_t)r * hs + 2 * i] = (real)cos(ang);
+            cs[(size_t)r * hs + 2 * i + 1] = (real)sin(ang);
+        }
+}
+
+void rope_rows_apply(real* qkv, int n, const real* cs, int NH, int NKV, int hs, int halves) {
+    const size_t QKV = (size_t)(NH + 2 * NKV) * hs;
+    const int half = hs / 2, step = halves ? half : 1, stride = halves ? 1 : 2;
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int r = 0; r < n; r++) {
+        const real* cr = cs + (size_t)r * hs;
+        for (int h = 0; h < NH + NKV; h++) { /* each pair as rope_row turns it */
+            real* v = qkv + (size_t)r * QKV + (size_t)h * hs;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const real c = cr[2 * i], s = cr[2 * i + 1];
+                const real x0 = v[stride * i], x1 = v[stride * i + step];
+                v[stride * i] = x0 * c - x1 * s;
+                v[stride * i + step] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void rope_rows_forward(real* qkv, int n, const int* pos, int NH, int NKV, int hs, real theta,
+                       int halves) {
+    real* cs = mallocCheck(sizeof(real) * (size_t)n * hs);
+    rope_rows_table(cs, n, pos, hs, theta);
+    rope_rows_apply(qkv, n, cs, NH, NKV, hs, halves);
+    free(cs);
 }
 
 void rope_forward(real* qkv, int B, int T, int NH, int NKV, int hs, real theta, int pos0) {

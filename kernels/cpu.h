@@ -129,6 +129,11 @@ void rope_halves_backward(real* dqkv, int B, int T, int NH, int NKV, int hs, rea
  * call per row, in one parallel pass. */
 void rope_rows_forward(real* qkv, int n, const int* pos, int NH, int NKV, int hs, real theta,
                        int halves);
+/* The same in two steps, the angles' cosines and sines made once for every layer of one base:
+ * rope_rows_table fills cs (n, hs) with row r's (cos, sin) of each pair's angle, rope_rows_apply
+ * rotates by them (rope_rows_forward's values: it is the two in turn). */
+void rope_rows_table(real* cs, int n, const int* pos, int hs, real theta);
+void rope_rows_apply(real* qkv, int n, const real* cs, int NH, int NKV, int hs, int halves);
 
 /* RMSNorm of every q and k head (QK-norm, Gemma 3) of qkv (N rows of (NH + 2 NKV) hs), in place:
  * q heads by qw (hs), k heads by kw (hs); the v heads are left alone. pre (N, NH + NKV, hs): the

@@ -160,6 +160,21 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                           .attp_rstd = stat,
                           .mlpp = tmp,
                           .mlpp_rstd = stat};
+    /* RoPE's cosines and sines of the rows' positions, once for the layers of each base (two
+     * in Gemma 3: its local and global layers) instead of once a layer (measured: 2-3 % of a
+     * sparse 8K prompt's attention) */
+    real* rope_cs[2] = {NULL, NULL};
+    float rope_base[2] = {0, 0};
+    int nrope = 0;
+    for (int l = 0; l < mc->L; l++) {
+        const LayerSpec S = model_layer_spec(mc, l);
+        int have = !S.rope;
+        for (int k = 0; k < nrope; k++) have |= rope_base[k] == S.rope_theta;
+        if (have || nrope == 2) continue;
+        rope_base[nrope] = S.rope_theta;
+        rope_cs[nrope] = mallocCheck(sizeof(real) * N * S.hs);
+        rope_rows_table(rope_cs[nrope++], n, pos, S.hs, S.rope_theta);
+    }
     const LayerRows rows = {.kind = ROWS_CACHED,
                             .B = 1,
                             .T = n,
@@ -169,7 +184,10 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                             .per_row = per_row,
                             .scratch = &rs,
                             .prof = prof,
-                            .mark = &mark};
+                            .mark = &mark,
+                            .rope_cs = {rope_cs[0], rope_cs[1]},
+                            .rope_base = {rope_base[0], rope_base[1]},
+                            .nrope = nrope};
     for (int l = 0; l < mc->L; l++) cpu_layer(m, l, x, &la, &rows);
     /* the head: every row's logits, or the last row's only (a prompt needs no more) */
     const int nr = all ? n : 1;
@@ -185,6 +203,7 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
     for (int i = 0; i < n; i++) cs[i]->n++;
     free(rs.kl), free(rs.nkg), free(rs.bsel), free(rs.bsc), free(rs.bp), free(rs.npre);
     free(rs.rlo), free(rs.rhi);
+    free(rope_cs[0]), free(rope_cs[1]);
     free(mask);
     free(buf);
 }

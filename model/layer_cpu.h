@@ -46,6 +46,12 @@ typedef struct {
      * prompt's rows */
     int exact, per_row;
     RowScratch* scratch; /* ROWS_CACHED */
+    /* ROWS_CACHED: the rows' RoPE cosines and sines (rope_rows_table), made once for every layer
+     * of rotary base rope_base[k] (nrope tables, at most 2; a layer of another base makes its
+     * own) */
+    const real* rope_cs[2];
+    float rope_base[2];
+    int nrope;
     double *prof, *mark; /* FOCUS_PROFILE: seconds by part (DECODE_PARTS), the last tick */
 } LayerRows;
 

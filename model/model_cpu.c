@@ -84,8 +84,15 @@ static void layer_rope(const LayerSpec* S, real* qkv, int B, int T, int NH, int 
 }
 
 /* ... on n cached rows, row i at position pos[i]. */
-static void layer_rope_rows(const LayerSpec* S, real* qkv, int n, int NH, int NKV, const int* pos) {
-    if (S->rope) rope_rows_forward(qkv, n, pos, NH, NKV, S->hs, S->rope_theta, S->rope_halves);
+static void layer_rope_rows(const LayerSpec* S, real* qkv, int n, int NH, int NKV,
+                            const LayerRows* r) {
+    if (!S->rope) return;
+    for (int k = 0; k < r->nrope; k++)
+        if (r->rope_base[k] == S->rope_theta) { /* the table of this base, made already */
+            rope_rows_apply(qkv, n, r->rope_cs[k], NH, NKV, S->hs, S->rope_halves);
+            return;
+        }
+    rope_rows_forward(qkv, n, r->pos, NH, NKV, S->hs, S->rope_theta, S->rope_halves);
 }
 
 /* The MLP's activation of fch (BT rows) into act, and its backward. */
@@ -352,7 +359,7 @@ void cpu_layer(Model* m, int l, const real* x, const LayerActs* la, const LayerR
         qknorm_forward(la->qkv, la->qkpre, la->qkrstd, model_slice(p->qnormw, l, hs),
                        model_slice(p->knormw, l, hs), n, NH, NKV, hs, c->eps);
     if (r->kind == ROWS_CACHED) { /* each row at its own position */
-        layer_rope_rows(&S, la->qkv, (int)n, NH, NKV, r->pos);
+        layer_rope_rows(&S, la->qkv, (int)n, NH, NKV, r);
         kvcache_attend_rows(m, l, r, la->ln1, la->qkv, la->att);
     } else {
         layer_rope(&S, la->qkv, r->B, r->T, NH, NKV, 1);

@@ -13,6 +13,7 @@
 
 #include <omp.h>
 
+#include "../kernels/cpu.h"
 #include "../model/decode.h"
 #include "testutil.h"
 
@@ -386,8 +387,32 @@ static void check_strided(void) {
     }
 }
 
+/* RoPE of cached rows through a table of their angles (made once for every layer of a base):
+ * the bits of rope_forward / rope_halves_forward at each row's position */
+static void check_rope_table(void) {
+    enum { NH = 3, NKV = 1, HS = 16, N = 5 };
+    const int Q = (NH + 2 * NKV) * HS, pos[N] = {0, 7, 1000, 8191, 3};
+    real a[N * Q], b[N * Q], cs[N * HS];
+    Rng rng;
+    rng_seed(&rng, 5);
+    for (int e = 0; e < N * Q; e++) a[e] = b[e] = (real)rng_normal(&rng);
+    for (int halves = 0; halves <= 1; halves++) {
+        rope_rows_table(cs, N, pos, HS, 1e4f);
+        rope_rows_apply(a, N, cs, NH, NKV, HS, halves);
+        for (int r = 0; r < N; r++)
+            (halves ? rope_halves_forward : rope_forward)(b + (size_t)r * Q, 1, 1, NH, NKV, HS,
+                                                          1e4f, pos[r]);
+        int bad = 0;
+        for (int e = 0; e < N * Q; e++) bad += a[e] != b[e];
+        printf("  RoPE from a table of the rows' angles, halves %d: %d values differ\n", halves,
+               bad);
+        CHECK(!bad, "rope_rows_apply (halves %d): %d values differ from rope_forward", halves, bad);
+    }
+}
+
 int main(void) {
     nthreads = omp_get_max_threads();
+    check_rope_table();
     check_governor();
     check_strided();
     run("tiny-gpt2", ATTN_DENSE, 1, 0, 0, 0);
