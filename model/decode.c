@@ -161,8 +161,8 @@ static void rows_pass(Model* m, KVCache* const* cs, const int* pos, const int* t
                           .mlpp = tmp,
                           .mlpp_rstd = stat};
     /* RoPE's cosines and sines of the rows' positions, once for the layers of each base (two
-     * in Gemma 3: its local and global layers) instead of once a layer (measured: 2-3 % of a
-     * sparse 8K prompt's attention) */
+     * in Gemma 3: its local and global layers) instead of once a layer (perf, an 8K prompt with
+     * the block selector: 0.6 % of the samples, 0.04 % after) */
     real* rope_cs[2] = {NULL, NULL};
     float rope_base[2] = {0, 0};
     int nrope = 0;
