@@ -1077,10 +1077,10 @@ enum { KEY_AHEAD = 32 };
 
 /* 1 when keys [t0, t1) are not one run of positions (chosen blocks, sinks before a window, group
  * runs): their rows are then asked for into L2 (T1), not L1. The requests of a list that jumps
- * each wait for memory, and L1 holds fewer outstanding misses than L2: measured on a Zen 4, the
- * learned selector's decode attention 4-8 % faster, Quest's 4-10 %; one run keeps T0, the
- * hardware's prefetcher streaming it into L2 (one process switching paths step by step,
- * docs/RESULTS.md). */
+ * each wait for memory, and L1 holds fewer outstanding misses than L2: measured on a Zen 4 (one
+ * process switching paths step by step, docs/RESULTS.md), the learned selector's decode
+ * attention 2-4 % faster, Quest's 7-10 %, runs of 64 rows in `bench keys` 1.01-1.08 times one
+ * run (1.43 before). One run keeps T0: the hardware's prefetcher streams it into L2. */
 static inline int keys_jump(const int* keys, int t0, int t1) {
     return t1 > t0 && keys[t1 - 1] - keys[t0] != t1 - 1 - t0;
 }
