@@ -33,7 +33,7 @@ static const char decode_usage[] =
     "                          [--router router.h5 [--topk k]] [--attn A] [--set key=value]...\n"
     "                          [--prefill batched|exact|steps] [--chunk N]\n"
     "                          [--kv f16|f32] [--threads N] [--seed s]\n"
-    "                          [--data D [--tokenizer T]]\n"
+    "                          [--data D [--tokenizer T]] [--against dense]\n"
     "Tokens/s of the prompt (--ctx random token ids in one batched pass as generate feeds them:\n"
     "int8 products where the CPU has VNNI, fp32 ones with --prefill exact; or with --prefill\n"
     "steps one at a time; --chunk N feeds the batched prompt in calls of N tokens, as the server\n"
@@ -48,19 +48,24 @@ static const char decode_usage[] =
     "blocks_mean need no router; --set w=N and the other attention settings as for eval.\n"
     "With --data the prompt and the decoded tokens are the first ctx + n tokens of that text or\n"
     "shard (teacher-forced), and the perplexity of the stream is printed: native and fp32\n"
-    "weights compared on the same tokens.\n";
+    "weights compared on the same tokens.\n"
+    "--against dense: the decode steps alternate between the method and dense attention over\n"
+    "the same cache (the method's block statistics and group lists kept up in both), on\n"
+    "OMP_NUM_THREADS threads, and the attention of each kind of step is timed: the method's\n"
+    "against dense's under the same load of the machine (the decode's tokens/s: the method's\n"
+    "steps only).\n";
 
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
-               *attn = NULL, *tok = NULL, *prefill = "batched", *kv = "f16";
+               *attn = NULL, *tok = NULL, *prefill = "batched", *kv = "f16", *against = NULL;
     int ctx = 1024, n = 64, seed = 1, threads = 0, chunk = 0;
     CliList sets = {0};
     if (cli_parse("bench decode", argc, argv, 2, decode_usage,
                   "--model:s --ctx:i[1,1048576] -n:i[1,1048576] --weights:s --router:s --topk:s "
                   "--seed:i --data:s --tokenizer:s --prefill:s --threads:i[1,1024] --kv:s --attn:s "
-                  "--chunk:i[1,1048576] --set:*",
+                  "--chunk:i[1,1048576] --against:s --set:*",
                   &model, &ctx, &n, &weights, &router, &topk, &seed, &data, &tok, &prefill,
-                  &threads, &kv, &attn, &chunk, &sets))
+                  &threads, &kv, &attn, &chunk, &against, &sets))
         return 0;
     if (!model) fatal("bench decode: needs --model");
     const int steps = !strcmp(prefill, "steps"), exact = !strcmp(prefill, "exact");
@@ -68,6 +73,9 @@ int cmd_bench_decode(int argc, char** argv) {
         fatal("bench decode: --prefill must be batched, exact or steps, got '%s'", prefill);
     if (strcmp(kv, "f16") && strcmp(kv, "f32"))
         fatal("bench decode: --kv must be f16 or f32, got '%s'", kv);
+    if (against && strcmp(against, "dense"))
+        fatal("bench decode: --against takes dense, got '%s'", against);
+    if (against && n < 2) fatal("bench decode: --against dense needs -n 2 or more");
     long anon0, file0, anon1, file1;
     resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
@@ -86,7 +94,9 @@ int cmd_bench_decode(int argc, char** argv) {
     if (threads) omp_set_num_threads(threads);
     KVCache c;
     kvcache_init(&c, &m, ctx + n, !strcmp(kv, "f16"));
-    if (threads) c.gov.on = 0;
+    /* interleaved steps of two kinds would mislead the governor's timing of the steps */
+    if (threads || against) c.gov.on = 0;
+    if (against) c.profile = 1; /* each kind of step's attention */
     real* logits = mallocCheck(sizeof(real) * m.cfg.V);
     /* the token stream: random ids, or the text's (teacher-forced, scored) */
     int* ids = mallocCheck(sizeof(int) * (size_t)(ctx + n));
@@ -132,7 +142,17 @@ int cmd_bench_decode(int argc, char** argv) {
     memset(c.prof, 0, sizeof c.prof); /* FOCUS_PROFILE: the decoded tokens only */
     /* with --data each step's logits are kept and scored after the clock stops */
     real* kept = data ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)n) : NULL;
+    /* --against dense: odd steps dense; each kind's seconds, pairs and profile */
+    double kind_s[2] = {0, 0}, kind_prof[2][DECODE_NPARTS] = {{0}};
+    long kind_pairs[2] = {0, 0};
+    double causal[2] = {0, 0}; /* each kind's causal pairs (each attending to every earlier) */
     for (int i = 0; i < n; i++) {
+        const int dense = against && (i & 1);
+        double prof0[DECODE_NPARTS];
+        memcpy(prof0, c.prof, sizeof prof0);
+        const long pairs_i = c.pairs;
+        const double ts = now_seconds();
+        c.dense_steps = dense;
         int next = 0;
         if (data) {
             memcpy(kept + (size_t)i * m.cfg.V, logits, sizeof(real) * m.cfg.V);
@@ -142,7 +162,12 @@ int cmd_bench_decode(int argc, char** argv) {
                 if (logits[v] > logits[next]) next = v;
         }
         model_decode_step(&m, &c, next, logits);
+        kind_s[dense] += now_seconds() - ts;
+        kind_pairs[dense] += c.pairs - pairs_i;
+        for (int k = 0; k < DECODE_NPARTS; k++) kind_prof[dense][k] += c.prof[k] - prof0[k];
+        causal[dense] += (double)(ctx + i + 1) * m.cfg.NH * m.cfg.L;
     }
+    c.dense_steps = 0;
     double t2 = now_seconds();
     for (int i = 0; data && i < n; i++)
         nll += log_softmax_at(kept + (size_t)i * m.cfg.V, m.cfg.V, ids[ctx + i]);
@@ -178,17 +203,19 @@ int cmd_bench_decode(int argc, char** argv) {
         : exact            ? "batched, fp32 products"
         : chunk && !scored ? "batched, in chunks"
                            : "batched",
-        scored ? ", every position's logits" : "", ctx / (t1 - t0), n, ctx, n / (t2 - t1d),
-        (double)(c.pairs - pairs0) / dense_pairs,
+        scored ? ", every position's logits" : "", ctx / (t1 - t0), against ? (n + 1) / 2 : n, ctx,
+        against ? (n + 1) / 2 / kind_s[0] : n / (t2 - t1d),
+        against ? kind_pairs[0] / causal[0] : (double)(c.pairs - pairs0) / dense_pairs,
         (double)pairs0 / ((double)ctx * (ctx + 1) / 2 * m.cfg.NH * m.cfg.L));
     for (int k = 0; c.profile && k < 2; k++) { /* where a prompt's and a decode step's time goes */
         static const char* const parts[] = {DECODE_PARTS};
-        const double* pr = k ? c.prof : c.pprof;
+        const double* pr = k ? (against ? kind_prof[0] : c.prof) : c.pprof;
         double total = 0;
         for (int i = 0; i < DECODE_NPARTS; i++) total += pr[i];
         if (!k && steps) continue; /* a prompt fed one token at a time is in the decode steps */
-        printf("%s profile (FOCUS_PROFILE=1), %.3f ms a token:", k ? "decode" : "prompt",
-               1e3 * total / (k ? n : ctx));
+        printf("%s profile (FOCUS_PROFILE=1%s), %.3f ms a token:", k ? "decode" : "prompt",
+               k && against ? "; the method's steps" : "",
+               1e3 * total / (k ? (against ? (n + 1) / 2 : n) : ctx));
         const double att = pr[PART_ATTENTION] + pr[PART_BAND] + pr[PART_SELECT] + pr[PART_DISTANT];
         for (int i = 0; i < PART_BAND; i++) {
             const double t = i == PART_ATTENTION ? att : pr[i];
@@ -203,8 +230,24 @@ int cmd_bench_decode(int argc, char** argv) {
         }
         printf("\n");
     }
+    if (against) { /* each kind's attention seconds; a dense step's key list is left out */
+        const int nm = (n + 1) / 2, nd = n / 2;
+        const double* pm = kind_prof[0];
+        const double* pd = kind_prof[1];
+        const double am = (pm[PART_ATTENTION] + pm[PART_BAND] + pm[PART_SELECT] + pm[PART_DISTANT]);
+        const double ad = (pd[PART_ATTENTION] + pd[PART_BAND] + pd[PART_DISTANT]);
+        /* each kind's share of its steps' causal pairs: a dense step is one position on */
+        const double p = (kind_pairs[0] / causal[0]) / (kind_pairs[1] / causal[1]);
+        printf(
+            "against dense, steps interleaved (%d of the method, %d dense, one cache): "
+            "attention %.3f ms a token against %.3f: %.3f of dense at pairs kept %.3f of "
+            "dense's, %.2f times that share (the method's selection counted, a dense step's "
+            "key list not)\n",
+            nm, nd, 1e3 * am / nm, 1e3 * ad / nd, am / nm / (ad / nd), p, am / nm / (ad / nd) / p);
+    }
     if (data)
-        printf("perplexity of the %d tokens after the first: %.4f\n", ctx + n - 1,
+        printf("perplexity of the %d tokens after the first%s: %.4f\n", ctx + n - 1,
+               against ? " (the decoded ones scored by both kinds of step)" : "",
                exp(-nll / (ctx + n - 1)));
     resident_kb(&anon1, &file1);
     struct stat st;

@@ -62,7 +62,11 @@ typedef struct {
     int nparts;      /* parts a token's keys are split into (DECODE_KEY_PARTS) ... */
     int split_min;   /* ... when it has at least this many keys (256; fewer: one thread) */
     Governor gov;    /* the decode steps' thread count (on by default with more than one thread) */
-    long pairs;      /* attention pairs evaluated so far, summed over layers */
+    /* decode steps attend as the dense model does (every cached key; a layer with a window of
+     * its own, its window), the method's upkeep (block statistics, group lists) still done: its
+     * steps and dense ones interleaved over one cache (bench decode --against dense) */
+    int dense_steps;
+    long pairs; /* attention pairs evaluated so far, summed over layers */
     /* the block patterns (blocks, blocks_mean, blocks_learned), made on first use: */
     int bs, nbcap; /* key block size, blocks held per layer and key/value head */
     int8_t* bstat; /* (L, NKV, nbcap, BLOCKGATE_STAT_BYTES(hs)): each complete block's key

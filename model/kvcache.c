@@ -99,10 +99,19 @@ enum {
 };
 static int layer_keys(const Model* m, int l) { return attn_methods[model_layer_attn(m, l)]->cache; }
 
+/* The keys a decode step of c attends to on layer l: the layer's method's, or in a dense step
+ * (c->dense_steps) the dense model's: a layer with a window of its own, that window, else every
+ * key. */
+static int step_keys(const KVCache* c, const Model* m, int l) {
+    if (!c->dense_steps) return layer_keys(m, l);
+    return model_layer_spec(&m->cfg, l).window >= 0 ? KEYS_WINDOW : KEYS_DENSE;
+}
+
 /* The band of KEYS_WINDOW on layer l: the window pattern's w and sinks, or a sliding-window
- * layer's own window without sinks. */
-static void layer_band(const Model* m, int l, int* w, int* sinks) {
-    if (attn_methods[model_layer_attn(m, l)]->own_window) {
+ * layer's own window without sinks (as in c's dense steps). */
+static void layer_band(const KVCache* c, const Model* m, int l, int* w, int* sinks) {
+    if (attn_methods[model_layer_attn(m, l)]->own_window ||
+        (c->dense_steps && model_layer_spec(&m->cfg, l).window >= 0)) {
         *w = model_layer_spec(&m->cfg, l).window, *sinks = 0;
         return;
     }
@@ -135,7 +144,7 @@ static int token_keys(const KVCache* c, const Model* m, int l, int n, uint32_t m
                       int* keys, int* ng) {
     const FocusConfig* f = &m->fc;
     int bw, bsinks; /* KEYS_WINDOW's band */
-    layer_band(m, l, &bw, &bsinks);
+    layer_band(c, m, l, &bw, &bsinks);
     const int K = f->K;
     const uint32_t* cm = c->mask + (size_t)l * c->cap;
     const int* gn = c->gn + (size_t)l * K;
@@ -991,7 +1000,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
          * row's arithmetic independent of the chunk it is in */
         KVCache* c = cs[0];
         int bw = -1, bsinks = 0;
-        if (kind == KEYS_WINDOW) layer_band(m, l, &bw, &bsinks);
+        if (kind == KEYS_WINDOW) layer_band(c, m, l, &bw, &bsinks);
         const CachedKV kv = layer_kv(c, l, NKV, hs);
         attention_cached_forward(att, A, NULL, qkv, Q, pos[0], n, &kv, bw, bsinks, NH, NKV, hs);
         profile_tick(r->prof, r->mark, kind == KEYS_WINDOW ? PART_BAND : PART_ATTENTION);
@@ -1081,7 +1090,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
             KVCache* c = cs[i];
             RowWork w = {s->kl,   s->nkg, c->keys, c->bkeys, c->scores, c->part,
                          s->bsel, s->bsc, s->bp,   s->npre,  s->rlo,    s->rhi};
-            c->pairs += row_attend(m, l, kind, c, pos[i], mi[i], qkv + (size_t)i * Q,
+            c->pairs += row_attend(m, l, step_keys(c, m, l), c, pos[i], mi[i], qkv + (size_t)i * Q,
                                    att + (size_t)i * A, &w, r->prof, r->mark);
         }
         free(mi);

@@ -12,8 +12,11 @@
 # N (32), THREADS (2), ROUNDS (1), BUILD (the build folder: build), DATA (a token shard, e.g.
 # cache/shards/pg19test/train_000.bin of scripts/pg19_shards.sh: every method and build then reads
 # and decodes the same tokens, the shard's first CTX + N; default: random prompt tokens and
-# sampled ones after, which differ between builds). Writes OUT/table.md and each run's output in
-# OUT/*.txt (default OUT: runs/attn_shares).
+# sampled ones after, which differ between builds), AGAINST (1: each method's decode steps
+# interleaved with as many dense ones over its own cache, `bench decode --against dense`, and a
+# last column, that ratio over p measured within the run: the method's and dense's steps under
+# the same load of the machine). Writes OUT/table.md and each run's output in OUT/*.txt
+# (default OUT: runs/attn_shares).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/attn_shares}
@@ -49,9 +52,11 @@ for round in $(seq 1 "$rounds"); do
     args=${entry#*|}
     file=$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').r$round.txt
     echo "round $round: $name" >&2
+    steps=(-n "$n")
+    if [ "${AGAINST:-0}" = 1 ] && [ "$name" != dense ]; then steps=(-n $((2 * n)) --against dense); fi
     # shellcheck disable=SC2086
     FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads "$build/focus" bench decode --model "$model" \
-      --ctx "$ctx" -n "$n" ${data[@]+"${data[@]}"} $args >"$file"
+      --ctx "$ctx" "${steps[@]}" ${data[@]+"${data[@]}"} $args >"$file"
     printf '%s\n' "$name" >>"$file"
   done
 done
@@ -70,11 +75,13 @@ for f in glob.glob(os.path.join(out, "*.r*.txt")):
     r = {"name": name, "tps": (float(m.group(1)), float(m.group(2))), "p": (float(m.group(4)), float(m.group(3))),
          "mtime": os.path.getmtime(f)}
     for k, part in enumerate(("prompt", "decode")):
-        pm = re.search(part + r" profile \(FOCUS_PROFILE=1\), ([\d.]+) ms a token:(.*)", t)
+        pm = re.search(part + r" profile \(FOCUS_PROFILE=1[^)]*\), ([\d.]+) ms a token:(.*)", t)
         ms, rest = float(pm.group(1)), pm.group(2)
         am = re.search(r"attention ([\d.]+) %( \(([^)]*)\))?", rest)
         r[part] = ms * float(am.group(1)) / 100
         r[part + "_split"] = am.group(3) or ""
+    im = re.search(r"against dense, steps interleaved .*, ([\d.]+) times that share", t)
+    r["within"] = float(im.group(1)) if im else None
     runs.setdefault(rnd, {})[name] = r
 if not runs:
     sys.exit("attn_shares: no runs in %s" % out)
@@ -87,8 +94,9 @@ nr = len(runs)
 def cell(vals, fmt):
     med = statistics.median(vals)
     return fmt % med if len(vals) == 1 else (fmt + " (" + fmt + "-" + fmt + ")") % (med, min(vals), max(vals))
-lines = ["| method | prompt tokens/s | prompt p | prompt attention, ms a token | / dense | / (p dense) | decode tokens/s | decode p | decode attention, ms a token | / dense | / (p dense) |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+within = any(r["within"] is not None for rr in runs.values() for r in rr.values())
+lines = ["| method | prompt tokens/s | prompt p | prompt attention, ms a token | / dense | / (p dense) | decode tokens/s | decode p | decode attention, ms a token | / dense | / (p dense) |" + (" decode / (p dense), interleaved |" if within else ""),
+         "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if within else "")]
 for name in names:
     ks = [k for k in sorted(runs) if name in runs[k]]
     rs = [runs[k][name] for k in ks]
@@ -98,6 +106,9 @@ for name in names:
         cells += [cell([r["tps"][i] for r in rs], "%.1f"), "%.3f" % statistics.median(r["p"][i] for r in rs),
                   cell([r[part] for r in rs], "%.3f"), cell(rel, "%.3f"),
                   cell([x / r["p"][i] for x, r in zip(rel, rs)], "%.2f")]
+    if within:
+        w = [r["within"] for r in rs if r["within"] is not None]
+        cells.append(cell(w, "%.2f") if w else "-")
     lines.append("| " + " | ".join(cells) + " |")
 lines.append("")
 lines.append("The attention's parts (shares of the whole prompt or step time, round 1):")
