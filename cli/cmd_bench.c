@@ -120,6 +120,49 @@ static int bench_keys(int nk, int reps) {
     return 0;
 }
 
+/* The learned selector's logits as a decode step makes them (block_logits): for the 3 query heads
+ * of one key/value head (head size 64, SmolLM2's) over nb blocks' statistics, from memory (each
+ * call another head's, in a scrambled order among copies spanning 64 MB, as a step's layers find
+ * them) and from cache (the same statistics each call); the best of reps rounds of 2000 calls. */
+static int bench_logits(int nb, int reps) {
+    enum { HS = 64, REP = 3, BS = 64, W = 512, CALLS = 2000 };
+    const size_t sb = BLOCKGATE_STAT_BYTES(HS), head = sb * (size_t)nb;
+    const int copies = (int)(((size_t)64 << 20) / head) + 1;
+    int8_t* st = mallocPages(head * (size_t)copies);
+    Rng rng;
+    rng_seed(&rng, 1);
+    for (size_t i = 0; i < head * (size_t)copies; i++) st[i] = (int8_t)(rng_u64(&rng) % 255 - 127);
+    for (size_t c = 0; c < (size_t)nb * copies; c++) { /* each statistic's scale */
+        const float sc[4] = {0.01f, 0.02f, 0.01f, 0.01f};
+        memcpy(st + c * sb, sc, sizeof sc);
+    }
+    real q[REP * HS], gate[REP * BLOCKGATE_WIDTH(HS)];
+    real* p = mallocCheck(sizeof(real) * REP * (size_t)nb);
+    for (int i = 0; i < REP * HS; i++) q[i] = (real)rng_normal(&rng);
+    for (int i = 0; i < REP * BLOCKGATE_WIDTH(HS); i++) gate[i] = (real)rng_uniform(&rng);
+    const int pos = nb * BS + W; /* the query: nb candidate blocks before its window */
+    printf(
+        "the learned selector's logits, %d query heads of head size %d over %d blocks of %d "
+        "keys (%.1f KB of statistics), one thread, best of %d:\n",
+        REP, HS, nb, BS, head / 1024.0, reps);
+    for (int hot = 0; hot < 2; hot++) {
+        double best = 1e30;
+        for (int r = 0; r < reps; r++) {
+            const double t0 = now_seconds();
+            for (int i = 0; i < CALLS; i++) {
+                const size_t at = hot ? 0 : (size_t)(((unsigned)i * 7919u) % (unsigned)copies);
+                block_logits(p, q, REP, st + at * head, gate, pos, W, 0, BS, HS);
+            }
+            const double dt = (now_seconds() - t0) / CALLS;
+            best = dt < best ? dt : best;
+        }
+        printf("  %-12s %7.3f us a call (the key/value head's query heads)\n",
+               hot ? "from cache" : "from memory", best * 1e6);
+    }
+    free(st), free(p);
+    return 0;
+}
+
 /* Dense flash attention against the hard top-k executor on the same random inputs, with
  * synthetic balanced routing: every token's k groups drawn uniformly at random. */
 static int bench_attention(const int* Ts, int nT, int K, int topk, int NH, int NKV, int hs, int w,
@@ -336,13 +379,18 @@ static const char bench_keys_usage[] =
     "keys: the decode step's key kernels over n keys a head from memory (SmolLM2's cache at\n"
     "8K: 30 layers, 3 key/value heads of 3 queries, f16), the keys laid out as one run, as runs\n"
     "of 256 and of 64 rows, and as single rows at random positions; ns a key and head.\n";
+static const char bench_logits_usage[] =
+    "usage: focus bench logits [--n 127] [--iters 5]\n"
+    "logits: the learned block selector's logits of a decode step for one key/value head's 3\n"
+    "query heads (head size 64) over n blocks of 64 keys (127: SmolLM2 at 8K), the blocks'\n"
+    "statistics from memory and from cache; us a call.\n";
 static const char bench_decode_line[] =
     "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]:\n"
     "generation speed (focus bench decode --help).\n";
 
 static void bench_help(FILE* f) {
-    fprintf(f, "%s\n%s\n%s\n%s\n%s", bench_forward_usage, bench_gemm_usage, bench_attention_usage,
-            bench_keys_usage, bench_decode_line);
+    fprintf(f, "%s\n%s\n%s\n%s\n%s\n%s", bench_forward_usage, bench_gemm_usage,
+            bench_attention_usage, bench_keys_usage, bench_logits_usage, bench_decode_line);
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -353,7 +401,7 @@ int cmd_bench(int argc, char** argv) {
     const char* what = argv[1];
     if (!strcmp(what, "decode")) return cmd_bench_decode(argc, argv);
     const char *preset = "smollm2-135m", *config = NULL;
-    int B = 1, T = 1024, iters = 0, gemm_n = 2048; /* iters: 2, or 20 for keys, unless given */
+    int B = 1, T = 1024, iters = 0, gemm_n = 0; /* iters: 2, or 20 for keys, unless given */
     int Ts[16] = {4096, 16384, 65536}, nT = 3, K = 8, topk = 1, heads = 1, kv_heads = 1, dhead = 64,
         w = 128;
     ModelConfig cfg;
@@ -369,6 +417,7 @@ int cmd_bench(int argc, char** argv) {
             !strcmp(what, "gemm")        ? bench_gemm_usage
             : !strcmp(what, "attention") ? bench_attention_usage
             : !strcmp(what, "keys")      ? bench_keys_usage
+            : !strcmp(what, "logits")    ? bench_logits_usage
                                          : bench_forward_usage,
             "--preset:s --config:s --set:* --B:i[1,4096] --T:s --iters:i[1,100000] --n:i[1,16384] "
             "--K:s "
@@ -394,7 +443,8 @@ int cmd_bench(int argc, char** argv) {
         nK = parse_list(Klist, Ks, "--K", "4,8,16");
         K = Ks[0];
     }
-    const int iters_given = iters > 0;
+    const int iters_given = iters > 0, gemm_n_given = gemm_n > 0;
+    if (!gemm_n_given) gemm_n = 2048;
     if (!iters_given) iters = 2;
     if (B < 1 || T < 1 || iters < 1) fatal("bench: --B, --T and --iters must be positive");
     if (strcmp(what, "forward") && sets.n) fatal("bench: --set applies to bench forward only");
@@ -420,8 +470,11 @@ int cmd_bench(int argc, char** argv) {
         return 0;
     }
     if (!strcmp(what, "keys")) return bench_keys(gemm_n, iters_given ? iters : 20);
+    if (!strcmp(what, "logits"))
+        return bench_logits(gemm_n_given ? gemm_n : 127, iters_given ? iters : 5);
     if (strcmp(what, "forward"))
-        fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention | keys)", what);
+        fatal("bench: unknown benchmark '%s' (forward | decode | gemm | attention | keys | logits)",
+              what);
     if (model_config_preset(preset, &cfg))
         fatal(
             "bench: unknown preset '%s' (gpt2-124m | smollm2-135m | tiny-gpt2 | tiny-llama | "

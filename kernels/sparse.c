@@ -1052,11 +1052,12 @@ byte_products_avx2_nh(float* out, const ByteFeatures* bf, const int nh, const in
 }
 
 /* AVX-512 VNNI: 64 bytes at a time (a masked tail), as (s + 128) q, an unsigned byte times a
- * signed one, less 128 times the features' sum. Accumulator 4 h + a: the sums of 16 lanes of the
- * 16 through a tree put accumulator 4 i + k at element 4 k + i, that is statistic k of head i. */
+ * signed one, less 128 times the features' sum (off, taken from the sums). Accumulator 4 h + a:
+ * the sums of 16 lanes of the 16 through a tree put accumulator 4 i + k at element 4 k + i, that
+ * is statistic k of head i. */
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
     __attribute__((always_inline)) void
-    values16(float* out, const __m512i* v, __m512 fs, __m512 ss) {
+    values16(float* out, const __m512i* v, __m512i off, __m512 fs, __m512 ss) {
     __m512i s[8], t[4], u[2];
     for (int i = 0; i < 8; i++)
         s[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44),
@@ -1067,8 +1068,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
     for (int i = 0; i < 2; i++)
         u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(t[2 * i], t[2 * i + 1]),
                                 _mm512_unpackhi_epi32(t[2 * i], t[2 * i + 1]));
-    const __m512i r =
-        _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+    const __m512i r = _mm512_sub_epi32(
+        _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1])),
+        off);
     const __m512 x = _mm512_mul_ps(_mm512_mul_ps(fs, ss), _mm512_cvtepi32_ps(r));
     const __m256 y = _mm256_add_ps(_mm512_castps512_ps256(x),
                                    _mm512_extractf32x8_ps(x, 1)); /* t_0 + t_2, t_1 + t_3 */
@@ -1082,22 +1084,39 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     const __m512i perm = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     float x[16], tmp[4 * 4];
+    int32_t o[16];
     for (int k = 0; k < 4; k++)
-        for (int i = 0; i < 4; i++) x[4 * k + i] = i < nh ? bf[i].scale[k] : 0;
+        for (int i = 0; i < 4; i++) {
+            const int used = i < nh && k >= a0 && k < a0 + na;
+            x[4 * k + i] = i < nh ? bf[i].scale[k] : 0;
+            o[4 * k + i] = used ? 128 * bf[i].sum[k] : 0; /* element 4 k + i: see values16 */
+        }
     const __m512 fs = _mm512_loadu_ps(x);
+    const __m512i off = _mm512_loadu_si512(o);
+    /* a head size of 64: each head's features held in registers across the blocks */
+    __m512i fq[4][4];
+    for (int h = 0; h < nh && hs == 64; h++)
+        for (int a = a0; a < a0 + na; a++) fq[h][a] = _mm512_loadu_si512(bf[h].q + (size_t)a * hs);
     for (int c = c0; c < c1; c++) {
         const int8_t* blk = st + (size_t)c * BLOCKGATE_STAT_BYTES(hs);
         const int8_t* s = blk + 4 * sizeof(float);
         __m512i acc[16];
         for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_si512();
-        for (int e = 0; e < nv; e += 64) /* (plain loads: a masked one is slower from memory) */
+        if (hs == 64)
             for (int a = a0; a < a0 + na; a++) {
-                const size_t at = (size_t)a * hs + e;
-                const __m512i y = _mm512_xor_si512(_mm512_loadu_si512(s + at), flip);
+                const __m512i y = _mm512_xor_si512(_mm512_loadu_si512(s + (size_t)a * 64), flip);
                 for (int h = 0; h < nh; h++)
-                    acc[4 * h + a] =
-                        _mm512_dpbusd_epi32(acc[4 * h + a], y, _mm512_loadu_si512(bf[h].q + at));
+                    acc[4 * h + a] = _mm512_dpbusd_epi32(acc[4 * h + a], y, fq[h][a]);
             }
+        else
+            for (int e = 0; e < nv; e += 64) /* (plain loads: a masked one is slower from memory) */
+                for (int a = a0; a < a0 + na; a++) {
+                    const size_t at = (size_t)a * hs + e;
+                    const __m512i y = _mm512_xor_si512(_mm512_loadu_si512(s + at), flip);
+                    for (int h = 0; h < nh; h++)
+                        acc[4 * h + a] = _mm512_dpbusd_epi32(acc[4 * h + a], y,
+                                                             _mm512_loadu_si512(bf[h].q + at));
+                }
         if (nv < hs) { /* the tail; past it, 128 times a feature of 0 */
             const __mmask64 m = (1ULL << (hs - nv)) - 1;
             for (int a = a0; a < a0 + na; a++) {
@@ -1108,13 +1127,9 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
                                                          _mm512_maskz_loadu_epi8(m, bf[h].q + at));
             }
         }
-        for (int h = 0; h < nh; h++) /* in lane 0 */
-            for (int a = a0; a < a0 + na; a++)
-                acc[4 * h + a] = _mm512_sub_epi32(acc[4 * h + a],
-                                                  _mm512_maskz_set1_epi32(1, 128 * bf[h].sum[a]));
         const __m512 ss =
             _mm512_permutexvar_ps(perm, _mm512_castps128_ps512(_mm_loadu_ps((const float*)blk)));
-        values16(nh == 4 ? out + (size_t)4 * (c - c0) : tmp, acc, fs, ss);
+        values16(nh == 4 ? out + (size_t)4 * (c - c0) : tmp, acc, off, fs, ss);
         if (nh < 4)
             for (int h = 0; h < nh; h++) out[(size_t)4 * (c - c0) + h] = tmp[h];
     }
