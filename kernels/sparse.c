@@ -1095,6 +1095,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static inline
     const __m512i off = _mm512_loadu_si512(o);
     /* a head size of 64: each head's features held in registers across the blocks */
     __m512i fq[4][4];
+    for (int h = 0; h < 4; h++)
+        for (int a = 0; a < 4; a++) fq[h][a] = _mm512_setzero_si512();
     for (int h = 0; h < nh && hs == 64; h++)
         for (int a = a0; a < a0 + na; a++) fq[h][a] = _mm512_loadu_si512(bf[h].q + (size_t)a * hs);
     for (int c = c0; c < c1; c++) {
