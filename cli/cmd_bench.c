@@ -120,10 +120,11 @@ static int bench_keys(int nk, int reps) {
     return 0;
 }
 
-/* The learned selector's logits as a decode step makes them (block_logits): for the 3 query heads
- * of one key/value head (head size 64, SmolLM2's) over nb blocks' statistics, from memory (each
- * call another head's, in a scrambled order among copies spanning 64 MB, as a step's layers find
- * them) and from cache (the same statistics each call); the best of reps rounds of 2000 calls. */
+/* The learned selector's logits as a decode step makes them (block_logits), and Quest's bounds
+ * with its choice of 8 blocks (block_select): for the 3 query heads of one key/value head (head
+ * size 64, SmolLM2's) over nb blocks' statistics, from memory (each call another head's, in a
+ * scrambled order among copies spanning 64 MB, as a step's layers find them) and from cache (the
+ * same statistics each call); the best of reps rounds of 2000 calls. */
 static int bench_logits(int nb, int reps) {
     enum { HS = 64, REP = 3, BS = 64, W = 512, CALLS = 2000 };
     const size_t sb = BLOCKGATE_STAT_BYTES(HS), head = sb * (size_t)nb;
@@ -138,28 +139,38 @@ static int bench_logits(int nb, int reps) {
     }
     real q[REP * HS], gate[REP * BLOCKGATE_WIDTH(HS)];
     real* p = mallocCheck(sizeof(real) * REP * (size_t)nb);
+    real* sc = mallocCheck(sizeof(real) * (size_t)nb);
+    int sel[8];
     for (int i = 0; i < REP * HS; i++) q[i] = (real)rng_normal(&rng);
     for (int i = 0; i < REP * BLOCKGATE_WIDTH(HS); i++) gate[i] = (real)rng_uniform(&rng);
     const int pos = nb * BS + W; /* the query: nb candidate blocks before its window */
     printf(
-        "the learned selector's logits, %d query heads of head size %d over %d blocks of %d "
+        "the learned selector's logits and Quest's choice, %d query heads of head size %d over %d "
+        "blocks of %d "
         "keys (%.1f KB of statistics), one thread, best of %d:\n",
         REP, HS, nb, BS, head / 1024.0, reps);
-    for (int hot = 0; hot < 2; hot++) {
-        double best = 1e30;
-        for (int r = 0; r < reps; r++) {
-            const double t0 = now_seconds();
-            for (int i = 0; i < CALLS; i++) {
-                const size_t at = hot ? 0 : (size_t)(((unsigned)i * 7919u) % (unsigned)copies);
-                block_logits(p, q, REP, st + at * head, gate, pos, W, 0, BS, HS);
+    for (int quest = 0; quest < 2; quest++)
+        for (int hot = 0; hot < 2; hot++) {
+            double best = 1e30;
+            for (int r = 0; r < reps; r++) {
+                const double t0 = now_seconds();
+                for (int i = 0; i < CALLS; i++) {
+                    const size_t at = hot ? 0 : (size_t)(((unsigned)i * 7919u) % (unsigned)copies);
+                    if (quest)
+                        block_select(sel, BLOCKS_QUEST, q, REP, st + at * head, NULL, NULL, 0, NULL,
+                                     0, pos, W, 0, BS, 8, 0, HS, sc, p);
+                    else
+                        block_logits(p, q, REP, st + at * head, gate, pos, W, 0, BS, HS);
+                }
+                const double dt = (now_seconds() - t0) / CALLS;
+                best = dt < best ? dt : best;
             }
-            const double dt = (now_seconds() - t0) / CALLS;
-            best = dt < best ? dt : best;
+            printf("  %-28s %7.3f us a call (the key/value head's query heads)\n",
+                   quest ? (hot ? "Quest's choice, from cache" : "Quest's choice, from memory")
+                         : (hot ? "the logits, from cache" : "the logits, from memory"),
+                   best * 1e6);
         }
-        printf("  %-12s %7.3f us a call (the key/value head's query heads)\n",
-               hot ? "from cache" : "from memory", best * 1e6);
-    }
-    free(st), free(p);
+    free(st), free(p), free(sc);
     return 0;
 }
 
@@ -382,8 +393,8 @@ static const char bench_keys_usage[] =
 static const char bench_logits_usage[] =
     "usage: focus bench logits [--n 127] [--iters 5]\n"
     "logits: the learned block selector's logits of a decode step for one key/value head's 3\n"
-    "query heads (head size 64) over n blocks of 64 keys (127: SmolLM2 at 8K), the blocks'\n"
-    "statistics from memory and from cache; us a call.\n";
+    "query heads (head size 64) over n blocks of 64 keys (127: SmolLM2 at 8K), and Quest's\n"
+    "bounds with its choice of 8, the blocks' statistics from memory and from cache; us a call.\n";
 static const char bench_decode_line[] =
     "decode: focus bench decode --model M [--ctx 1024] [-n 64] [--weights native|f32]:\n"
     "generation speed (focus bench decode --help).\n";

@@ -404,6 +404,7 @@ static void byte_products_agree(Rng* rng) {
             random_selection(nb, bs, hs, 1, rep * hs, rep, &st, &q, &gate, rng);
             real lband[5] = {1, 2, 3, 4, 5};
             real *p[QUANT_ISA_COUNT] = {NULL}, sc[64], pp[5 * 64 + 1024];
+            real scs[QUANT_ISA_COUNT][6][64]; /* each choice's scores of the nb blocks */
             int sel[QUANT_ISA_COUNT][6][16], ns[QUANT_ISA_COUNT][6];
             for (int isa = 0; isa <= best; isa++) {
                 if (!quant_isa_has(isa)) continue; /* (not nested on every CPU) */
@@ -411,15 +412,24 @@ static void byte_products_agree(Rng* rng) {
                 p[isa] = mallocCheck(sizeof(real) * (size_t)rep * nb);
                 block_logits(p[isa], q, rep, st, gate, i, w, sinks, bs, hs);
                 const BlockScore s3[3] = {BLOCKS_LEARNED, BLOCKS_QUEST, BLOCKS_MEAN};
-                for (int s = 0; s < 6; s++) /* 8 blocks, then 14 (two vectors at AVX2) */
+                for (int s = 0; s < 6; s++) { /* 8 blocks, then 14 (two vectors at AVX2) */
+                    memset(sc, 0, sizeof sc);
                     ns[isa][s] =
                         block_select(sel[isa][s], s3[s % 3], q, rep, st, gate, lband, 1, NULL, 0, i,
                                      w, sinks, bs, s < 3 ? 8 : 14, 0, hs, sc, pp);
+                    memcpy(scs[isa][s], sc, sizeof(real) * nb);
+                }
                 if (isa == 0) continue;
                 compared++;
                 CHECK(!memcmp(p[isa], p[0], sizeof(real) * (size_t)rep * nb),
                       "block_logits at level %d differs from the scalar one (hs %d, %d heads)", isa,
                       hs, rep);
+                for (int s = 0; s < 3;
+                     s++) /* the shares, Quest's bounds, the mean keys' products */
+                    CHECK(!memcmp(scs[isa][s], scs[0][s], sizeof(real) * nb),
+                          "block scores (kind %d) at level %d differ from the scalar ones (hs %d, "
+                          "%d heads)",
+                          s, isa, hs, rep);
                 CHECK(!memcmp(ns[isa], ns[0], sizeof ns[0]) &&
                           !memcmp(sel[isa], sel[0], sizeof sel[0]),
                       "block choices at level %d differ from the scalar ones (hs %d, %d heads)",
