@@ -173,8 +173,6 @@ refused "an option missing its value" "option --tokenizer needs a value" \
     "$focus" eval ppl --model "$base" --tokenizer --data $shk
 refused "bench attention --K 0" "--K '0': expected positive integers" "$focus" bench attention --K 0
 refused "bench forward --config PRESET" "--preset tiny-llama" "$focus" bench forward --config tiny-llama
-out=$("$focus" bench logits --n 8 --iters 1 2>&1)
-[ "$(echo "$out" | grep -c "us a call")" = 2 ] && ok "bench logits: from memory and from cache" || bad "bench logits: $out"
 "$focus" retrofit --config configs/tiny.conf "${small[@]}" --set tau=0.0001 --set lr=0.001 --set steps=1 \
     --out "$work/tau" > /dev/null 2>&1
 grep -q "^tau = 0.0001$" "$work/tau/config.conf" && grep -q "^lr = 0.001$" "$work/tau/config.conf" &&
