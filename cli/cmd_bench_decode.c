@@ -55,6 +55,11 @@ static const char decode_usage[] =
     "against dense's under the same load of the machine (the decode's tokens/s: the method's\n"
     "steps only).\n";
 
+/* The attention's seconds in a profile (DECODE_PARTS), its selection counted when select is set */
+static double attention_seconds(const double* pr, int select) {
+    return pr[PART_ATTENTION] + pr[PART_BAND] + (select ? pr[PART_SELECT] : 0) + pr[PART_DISTANT];
+}
+
 int cmd_bench_decode(int argc, char** argv) {
     const char *model = NULL, *weights = NULL, *router = NULL, *topk = NULL, *data = NULL,
                *attn = NULL, *tok = NULL, *prefill = "batched", *kv = "f16", *against = NULL;
@@ -76,6 +81,8 @@ int cmd_bench_decode(int argc, char** argv) {
     if (against && strcmp(against, "dense"))
         fatal("bench decode: --against takes dense, got '%s'", against);
     if (against && n < 2) fatal("bench decode: --against dense needs -n 2 or more");
+    /* --against dense: the method's steps (the even ones) and the dense ones */
+    const int nm = against ? (n + 1) / 2 : n, nd = n - nm;
     long anon0, file0, anon1, file1;
     resident_kb(&anon0, &file0); /* the program and its libraries (CUDA's too, where built) */
     Model m;
@@ -203,8 +210,8 @@ int cmd_bench_decode(int argc, char** argv) {
         : exact            ? "batched, fp32 products"
         : chunk && !scored ? "batched, in chunks"
                            : "batched",
-        scored ? ", every position's logits" : "", ctx / (t1 - t0), against ? (n + 1) / 2 : n, ctx,
-        against ? (n + 1) / 2 / kind_s[0] : n / (t2 - t1d),
+        scored ? ", every position's logits" : "", ctx / (t1 - t0), nm, ctx,
+        against ? nm / kind_s[0] : n / (t2 - t1d),
         against ? kind_pairs[0] / causal[0] : (double)(c.pairs - pairs0) / dense_pairs,
         (double)pairs0 / ((double)ctx * (ctx + 1) / 2 * m.cfg.NH * m.cfg.L));
     for (int k = 0; c.profile && k < 2; k++) { /* where a prompt's and a decode step's time goes */
@@ -214,9 +221,8 @@ int cmd_bench_decode(int argc, char** argv) {
         for (int i = 0; i < DECODE_NPARTS; i++) total += pr[i];
         if (!k && steps) continue; /* a prompt fed one token at a time is in the decode steps */
         printf("%s profile (FOCUS_PROFILE=1%s), %.3f ms a token:", k ? "decode" : "prompt",
-               k && against ? "; the method's steps" : "",
-               1e3 * total / (k ? (against ? (n + 1) / 2 : n) : ctx));
-        const double att = pr[PART_ATTENTION] + pr[PART_BAND] + pr[PART_SELECT] + pr[PART_DISTANT];
+               k && against ? "; the method's steps" : "", 1e3 * total / (k ? nm : ctx));
+        const double att = attention_seconds(pr, 1);
         for (int i = 0; i < PART_BAND; i++) {
             const double t = i == PART_ATTENTION ? att : pr[i];
             printf("%s %s %.1f %%", i ? "," : "", parts[i], total > 0 ? 100 * t / total : 0);
@@ -230,12 +236,9 @@ int cmd_bench_decode(int argc, char** argv) {
         }
         printf("\n");
     }
-    if (against) { /* each kind's attention seconds; a dense step's key list is left out */
-        const int nm = (n + 1) / 2, nd = n / 2;
-        const double* pm = kind_prof[0];
-        const double* pd = kind_prof[1];
-        const double am = (pm[PART_ATTENTION] + pm[PART_BAND] + pm[PART_SELECT] + pm[PART_DISTANT]);
-        const double ad = (pd[PART_ATTENTION] + pd[PART_BAND] + pd[PART_DISTANT]);
+    if (against) { /* each kind's attention a step; a dense step's key list is left out */
+        const double am = attention_seconds(kind_prof[0], 1) / nm,
+                     ad = attention_seconds(kind_prof[1], 0) / nd;
         /* each kind's share of its steps' causal pairs: a dense step is one position on */
         const double p = (kind_pairs[0] / causal[0]) / (kind_pairs[1] / causal[1]);
         printf(
@@ -243,7 +246,7 @@ int cmd_bench_decode(int argc, char** argv) {
             "attention %.3f ms a token against %.3f: %.3f of dense at pairs kept %.3f of "
             "dense's, %.2f times that share (the method's selection counted, a dense step's "
             "key list not)\n",
-            nm, nd, 1e3 * am / nm, 1e3 * ad / nd, am / nm / (ad / nd), p, am / nm / (ad / nd) / p);
+            nm, nd, 1e3 * am, 1e3 * ad, am / ad, p, am / ad / p);
     }
     if (data)
         printf("perplexity of the %d tokens after the first%s: %.4f\n", ctx + n - 1,

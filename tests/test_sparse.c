@@ -424,8 +424,8 @@ static void byte_products_agree(Rng* rng) {
                 CHECK(!memcmp(p[isa], p[0], sizeof(real) * (size_t)rep * nb),
                       "block_logits at level %d differs from the scalar one (hs %d, %d heads)", isa,
                       hs, rep);
-                for (int s = 0; s < 3;
-                     s++) /* the shares, Quest's bounds, the mean keys' products */
+                /* the scores: the learned shares, Quest's bounds, the mean keys' products */
+                for (int s = 0; s < 3; s++)
                     CHECK(!memcmp(scs[isa][s], scs[0][s], sizeof(real) * nb),
                           "block scores (kind %d) at level %d differ from the scalar ones (hs %d, "
                           "%d heads)",
