@@ -1085,12 +1085,36 @@ static inline int keys_jump(const int* keys, int t0, int t1) {
     return t1 > t0 && keys[t1 - 1] - keys[t0] != t1 - 1 - t0;
 }
 
+/* Before the loop over keys [t0, t1): the value rows of the first KEY_AHEAD keys (the loop asks
+ * for a value row KEY_AHEAD keys ahead, so these would come from memory one by one in the values'
+ * pass) and the key rows of keys 4 .. 15 (the first four are loaded at once), into L2. A decode
+ * step starts such a list for every part and head, some hundred times a token: measured on a Zen 4
+ * (`bench keys`, one thread), 64 keys a list 35.2 -> 27.4 ns a key and head, 256 keys 20.5 ->
+ * 18.3, 1024 keys 16.3 -> 15.4; one process switching step by step (docs/RESULTS.md), the
+ * selector's decode attention 0.95 times as long, Quest's 0.96-0.99, the window's 0.96-1.02,
+ * dense's 0.98-0.99. (Key rows 4 .. 31 into L2 measured the same; into L1 slower: the requests
+ * at once fill its queue.) */
+__attribute__((target("avx2"))) static inline void keys_start(const uint16_t* base, size_t stride,
+                                                              const uint16_t* vpre, const int* keys,
+                                                              int t0, int t1, int n) {
+    const int te = t0 + KEY_AHEAD < t1 ? t0 + KEY_AHEAD : t1;
+    for (int t = t0; t < te; t++) {
+        const size_t at = (size_t)keys[t] * stride;
+        for (int e = 0; e < n; e += 32) {
+            if (vpre) _mm_prefetch((const char*)(vpre + at + e), _MM_HINT_T1);
+            if (t >= t0 + 4 && t < t0 + 16) _mm_prefetch((const char*)(base + at + e), _MM_HINT_T1);
+        }
+    }
+}
+
 /* f16_scores4_avx2's heads r0 .. r0 + NR - 1 against four keys at a time */
 __attribute__((target("avx2,fma,f16c"))) static inline __attribute__((always_inline)) void
 f16_scores4_rows(float* sc, size_t ld, const float* q, int r0, const int NR, const uint16_t* base,
                  size_t stride, const int* keys, int t0, int t1, int n, __m128 sv,
                  const uint16_t* vpre) {
     const int jumps = keys_jump(keys, t0, t1);
+    if (r0 == 0) /* the list's start: what the loop's requests, KEY_AHEAD on, leave to memory */
+        keys_start(base, stride, vpre, keys, t0, t1, n);
     for (int t = t0; t < t1; t += 4) {
         const uint16_t* kp[4];
         for (int u = 0; u < 4; u++)
