@@ -899,21 +899,22 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
         /* One parallel region (a decode step; nested in a prompt's parallel rows, one thread),
          * its tasks handed out in order to the threads as they free up, each with its own
          * scratch, the same arithmetic on any number of threads:
-         * - each key/value head's band (the heavier, first) and, beside them, the learned
-         *   selector's logits of its blocks (Quest's bounds and the mean keys' products: the
-         *   band with the first half of the blocks' scores, then the second half). The task
-         *   that completes a head's two makes its choice. The learned selector's band is
-         *   attended where its scores were made (their softmax makes the log-sum-exp the choice
-         *   needs): a part of its own, merged first, its values mixed by the thread that
-         *   prefetched them with the keys (measured: mixed by another thread, they cost about as
-         *   much as from memory);
+         * - two tasks for each key/value head; the task that completes a head's two makes its
+         *   choice. The learned selector: every head's logits of its blocks, then every head's
+         *   band (measured against the bands first: 0.96-0.97 times the attention, the threads
+         *   then ending closer together). Its band is attended where its scores were made
+         *   (their softmax makes the log-sum-exp the choice needs): a part of its own, merged
+         *   first, its values mixed by the thread that prefetched them with the keys (measured:
+         *   mixed by another thread, they cost about as much as from memory). Quest's bounds and
+         *   the mean keys' products: the band's list with the first half of the blocks' scores,
+         *   then the second half;
          * - then each head's two halves of its chosen keys' parts (key_parts of its list, split
          *   only from 4 split_min keys: the heads' lists, bands and logits share the threads
          *   already, and each part starts its rows from memory; measured, the selector's 512
          *   chosen keys in one part against two: 0.93-1.03 times the attention, median 0.96),
-         *   each waiting for the head's choice (the second half empty when there is one part). A
-         * thread free before the last choice starts on a head already chosen: no barrier between
-         * choosing and attending (measured against two regions a layer: RESULTS). */
+         *   each waiting for the head's choice (the second half empty when there is one part).
+         *   A thread free before the last choice starts on a head already chosen: no barrier
+         *   between choosing and attending (measured against two regions a layer: RESULTS). */
         const FocusConfig* f = &m->fc;
         const int threads = omp_get_max_threads(), nb = c->nbcap;
         const BlockScore score = attn_block_score(f->attn);
@@ -946,14 +947,15 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
             const int8_t* st;
             const real* gate;
             selector_of(c, m, l, g, &st, &gate);
-            if (t < NKV) {
+            const int isband = learned ? t >= NKV : t < NKV; /* (else the head's second task) */
+            if (isband) {
                 w->kl[g] = w->bkeys + (size_t)g * c->cap;
                 w->nkg[g] =
                     band_keys(c, m, l, p, g, qg, w->kl[g], w->scores + (size_t)g * rep * c->cap,
                               c->cap, lb + g * rep, band);
                 w->npre[g] = learned ? w->nkg[g] : 0;
             }
-            if (learned && t >= NKV)
+            if (learned && !isband)
                 block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
                              f->block, hs);
             if (bounds)
