@@ -526,6 +526,18 @@ def open_stream(port, body):
     return sock
 
 
+def read_until(sock, got, mark, limit=60):
+    """got and what sock sends after it, until mark is in it, the socket closes or limit
+    seconds pass"""
+    t0 = time.time()
+    while mark not in got and time.time() - t0 < limit:
+        more = sock.recv(65536)
+        if not more:
+            break
+        got += more
+    return got
+
+
 def slow_checks(model_args, label):
     """What needs generations that last (SmolLM2: about 100 tokens/s here): a full queue, and
     SIGTERM during a stream."""
@@ -565,20 +577,9 @@ def slow_checks(model_args, label):
     # the first event, not only the headers: those leave when the job is queued, and a job
     # still queued at SIGTERM is cancelled by design (seen once in CI: 2 events, the error and
     # [DONE])
-    got = sock.recv(4096)
-    t0 = time.time()
-    while b"data: " not in got and time.time() - t0 < 60:
-        more = sock.recv(4096)
-        if not more:
-            break
-        got += more
+    got = read_until(sock, sock.recv(4096), b"data: ")
     s.p.send_signal(signal.SIGTERM)
-    t0 = time.time()
-    while b"[DONE]" not in got and time.time() - t0 < 60:
-        more = sock.recv(65536)
-        if not more:
-            break
-        got += more
+    got = read_until(sock, got, b"[DONE]")
     sock.close()
     rc = s.stop()
     check(b"[DONE]" in got and b'"finish_reason":"length"' in got and rc == 0,
