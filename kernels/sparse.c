@@ -1364,6 +1364,117 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static void logi
     }
     free(P), free(I);
 }
+
+/* d = |s| over n bytes (a multiple of 16) of at most 127 in magnitude (a branch on the sign was
+ * mispredicted every other byte) */
+__attribute__((target("avx2"))) static void bytes_abs(int8_t* d, const int8_t* s, int n) {
+    for (int e = 0; e < n; e += 16)
+        _mm_storeu_si128((__m128i*)(d + e), _mm_abs_epi8(_mm_loadu_si128((const __m128i*)(s + e))));
+}
+
+/* block_logits_tile at AVX2: the statistics of 16 blocks packed as logits_tile_vnni packs them
+ * (the bytes signed), then for 4 feature rows at a time each statistic's sums over the words,
+ * 8 blocks in the lanes of a sum: s q as |q| (sign(q) s), pairs of at most 2 127 127 (no
+ * saturation) widened by the pairs' sum (byte_products_avx2's products, without its sums across
+ * lanes); the values as block_logits makes them. aq: each feature row's magnitudes. */
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+tile_products_avx2(int32_t* I, const int8_t* const* fq, const int8_t* const* aq, const int NR,
+                   const int32_t* P, int nw, int hs) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; half++)
+        for (int a = 0; a < 4; a++) {
+            __m256i acc[4];
+            for (int k = 0; k < NR; k++) acc[k] = _mm256_setzero_si256();
+            for (int j = 0; j < nw; j++) {
+                const __m256i y =
+                    _mm256_loadu_si256((const __m256i*)(P + ((size_t)a * nw + j) * 16 + 8 * half));
+                for (int k = 0; k < NR; k++) {
+                    int32_t f, m;
+                    memcpy(&f, fq[k] + (size_t)a * hs + 4 * j, 4);
+                    memcpy(&m, aq[k] + (size_t)a * hs + 4 * j, 4);
+                    const __m256i pr = _mm256_maddubs_epi16(
+                        _mm256_set1_epi32(m), _mm256_sign_epi8(y, _mm256_set1_epi32(f)));
+                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(pr, ones));
+                }
+            }
+            for (int k = 0; k < NR; k++)
+                _mm256_storeu_si256((__m256i*)(I + ((size_t)k * 4 + a) * 16 + 8 * half), acc[k]);
+        }
+}
+__attribute__((target("avx2"))) static void logits_tile_avx2(
+    real* p, size_t ldp, const ByteFeatures* bf, const int8_t* aq0, int nq, int rep, int i0,
+    const int8_t* st, const real* gate, int w, int sinks, int bs, int hs, int c0, int c1max) {
+    const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+    const int nw = hs / 4, nr = nq * rep, W = BLOCKGATE_WIDTH(hs), S4 = BLOCKGATE_STATS(hs);
+    const real lfull = logf((real)bs);
+    int32_t* P = mallocCheck(sizeof(int32_t) * 16 * 4 * (size_t)nw);
+    int32_t I[4 * 4 * 16];
+    for (int b0 = c0; b0 < c1max; b0 += 16) {
+        const int nb = c1max - b0 < 16 ? c1max - b0 : 16;
+        float S[4][16] = {{0}};
+        for (int b = 0; b < 16; b++) { /* (past the last block: statistics of 0) */
+            const int8_t* blk = st + (size_t)(b0 + b) * sb;
+            if (b < nb)
+                for (int a = 0; a < 4; a++) memcpy(&S[a][b], blk + 4 * a, sizeof(float));
+            for (int a = 0; a < 4; a++)
+                for (int j = 0; j < nw; j++) {
+                    int32_t x = 0;
+                    if (b < nb) memcpy(&x, blk + 4 * sizeof(float) + (size_t)a * hs + 4 * j, 4);
+                    P[((size_t)a * nw + j) * 16 + b] = x;
+                }
+        }
+        for (int x0 = 0; x0 < nr; x0 += 4) {
+            const int n = nr - x0 < 4 ? nr - x0 : 4;
+            const int8_t *fq[4], *aq[4];
+            for (int k = 0; k < n; k++) fq[k] = bf[x0 + k].q, aq[k] = aq0 + (size_t)(x0 + k) * S4;
+            switch (n) { /* (the rows' count a constant: the sums in registers) */
+                case 1:
+                    tile_products_avx2(I, fq, aq, 1, P, nw, hs);
+                    break;
+                case 2:
+                    tile_products_avx2(I, fq, aq, 2, P, nw, hs);
+                    break;
+                case 3:
+                    tile_products_avx2(I, fq, aq, 3, P, nw, hs);
+                    break;
+                default:
+                    tile_products_avx2(I, fq, aq, 4, P, nw, hs);
+            }
+            for (int k = 0; k < n; k++) { /* the values, 8 blocks at a time */
+                const int x = x0 + k, r = x / rep, h = x % rep, i = i0 + r;
+                const ByteFeatures* g = &bf[x];
+                int a0, c1;
+                candidate_blocks(i, w, sinks, bs, &a0, &c1);
+                const int nc = c1 - c0, m = c1 - b0 < nb ? c1 - b0 : nb;
+                if (m <= 0) continue;
+                float logn[16], v[16];
+                for (int b = 0; b < 16; b++)
+                    logn[b] = b < m ? (float)block_logn(b0 + b, bs, sinks, i, w, lfull) : 0;
+                for (int half = 0; half < 2; half++) {
+                    __m256 t[4];
+                    for (int a = 0; a < 4; a++) {
+                        t[a] = _mm256_mul_ps(
+                            _mm256_mul_ps(_mm256_set1_ps(g->scale[a]),
+                                          _mm256_loadu_ps(S[a] + 8 * half)),
+                            _mm256_cvtepi32_ps(_mm256_loadu_si256(
+                                (const __m256i*)(I + ((size_t)k * 4 + a) * 16 + 8 * half))));
+                        __asm__("" : "+x"(t[a])); /* (a product never fused into the sums) */
+                    }
+                    /* (w_0 + (t_0 + t_2) + (t_1 + t_3)) + log n, as block_logits adds them */
+                    const __m256 d =
+                        _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]));
+                    _mm256_storeu_ps(
+                        v + 8 * half,
+                        _mm256_add_ps(_mm256_add_ps(_mm256_set1_ps(gate[(size_t)h * W]), d),
+                                      _mm256_loadu_ps(logn + 8 * half)));
+                }
+                memcpy(p + (size_t)r * ldp + (size_t)h * nc + (b0 - c0), v,
+                       sizeof(float) * (size_t)m);
+            }
+        }
+    }
+    free(P);
+}
 #endif
 
 void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
@@ -1386,6 +1497,28 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
         int c0, c1max;
         candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
         logits_tile_vnni(p, ldp, bf, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
+        free(bf), free(qb);
+        return;
+    }
+    if (quant_isa() >= QUANT_ISA_AVX2 && hs % 4 == 0 && hs <= BLOCKGATE_MAX_HS) {
+        const int W = BLOCKGATE_WIDTH(hs), S4 = BLOCKGATE_STATS(hs);
+        const real scale = (real)(1.0 / sqrt((double)hs));
+        real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
+        ByteFeatures* bf = mallocCheck(sizeof *bf * (size_t)nq * rep);
+        int8_t* qb = mallocCheck((size_t)nq * rep * 2 * S4); /* the bytes, then their magnitudes */
+        int8_t* aq = qb + (size_t)nq * rep * S4;
+        for (int r = 0; r < nq; r++)
+            for (int h = 0; h < rep; h++) {
+                const int x = r * rep + h;
+                bf[x].q = qb + (size_t)x * S4;
+                blockgate_features(f, gate + (size_t)h * W, q + (size_t)r * ldq + (size_t)h * hs,
+                                   hs, scale);
+                features_bytes(&bf[x], f, 0, 4, hs);
+                bytes_abs(aq + (size_t)x * S4, bf[x].q, S4);
+            }
+        int c0, c1max;
+        candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
+        logits_tile_avx2(p, ldp, bf, aq, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
         free(bf), free(qb);
         return;
     }

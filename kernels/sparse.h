@@ -204,8 +204,9 @@ void block_bounds(real* sc, BlockScore score, const real* q, int rep, const int8
                   int w, int sinks, int bs, int hs, int part, int nparts);
 /* block_logits for the nq rows at positions i0 .. of a prompt's tile (queries q, row stride
  * ldq: the rep heads of one key/value head), row r's into p + r ldp: the same values, made at
- * AVX-512 VNNI 16 blocks at a time against every row (the statistics read once for the rows;
- * sums of bytes in the blocks' lanes), elsewhere row by row. */
+ * AVX-512 VNNI and AVX2 16 blocks at a time against every row (the statistics read once for the
+ * rows; sums of bytes in the blocks' lanes; at AVX2 a head size that is a multiple of 4), else
+ * row by row. */
 enum { BLOCK_TILE_ROWS = 32 };
 void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int nq,
                        const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,

@@ -470,6 +470,7 @@ static void byte_products_agree(Rng* rng) {
  * partial or whole, with 1 to 5 heads. */
 static void logits_tile_agrees(Rng* rng) {
     const int hss[] = {40, 64, 256}, reps[] = {1, 3, 5}, bs = 16, nb = 40, nq = 21;
+    const int best = quant_isa_detected(), level = quant_isa();
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
             const int hs = hss[a], rep = reps[b], w = 20, sinks = 3, i0 = 27 * bs + 9;
@@ -479,17 +480,25 @@ static void logits_tile_agrees(Rng* rng) {
             int8_t* st;
             real *q, *gate;
             random_selection(nb, bs, hs, nq, ldq, rep, &st, &q, &gate, rng);
-            block_logits_tile(pt, ldp, q, ldq, i0, nq, st, gate, w, sinks, bs, rep, hs);
-            int same = 1;
-            for (int r = 0; r < nq; r++) {
-                const int i = i0 + r, nc = (i - w - 1) / bs + 1 - sinks / bs;
-                block_logits(pr, q + (size_t)r * ldq, rep, st, gate, i, w, sinks, bs, hs);
-                same &= !memcmp(pr, pt + r * ldp, sizeof(real) * (size_t)rep * nc);
+            for (int isa = 0; isa <= best; isa++) { /* each level's tile against the scalar rows */
+                if (!quant_isa_has(isa)) continue;
+                quant_set_isa(isa);
+                block_logits_tile(pt, ldp, q, ldq, i0, nq, st, gate, w, sinks, bs, rep, hs);
+                quant_set_isa(QUANT_ISA_SCALAR);
+                int same = 1;
+                for (int r = 0; r < nq; r++) {
+                    const int i = i0 + r, nc = (i - w - 1) / bs + 1 - sinks / bs;
+                    block_logits(pr, q + (size_t)r * ldq, rep, st, gate, i, w, sinks, bs, hs);
+                    same &= !memcmp(pr, pt + r * ldp, sizeof(real) * (size_t)rep * nc);
+                }
+                CHECK(same,
+                      "block_logits_tile at level %d differs from block_logits (hs %d, %d heads)",
+                      isa, hs, rep);
             }
-            CHECK(same, "block_logits_tile differs from block_logits (hs %d, %d heads)", hs, rep);
             free(q), free(gate), free(pt), free(pr), free(st);
         }
-    printf("  block logits of a prompt's tile: each row's bits of block_logits\n");
+    quant_set_isa(level);
+    printf("  block logits of a prompt's tile: each row's bits of block_logits at every level\n");
 }
 
 static void oracle_is_ceiling(Rng* rng) {
