@@ -1282,6 +1282,27 @@ void block_logits(real* p, const real* q, int rep, const int8_t* st, const real*
 }
 
 #if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
+/* The statistics of blocks b0 .. b0 + nb - 1 (nb <= 16) of st packed for a tile: their scales
+ * S[a][b] and their bytes as words P[a][j][b] (word j of statistic a of block b0 + b, xored with
+ * flip); past the last block, statistics of 0 */
+static void tile_pack(int32_t* P, float S[4][16], const int8_t* st, int b0, int nb, int hs,
+                      uint32_t flip) {
+    const size_t sb = BLOCKGATE_STAT_BYTES(hs);
+    const int nw = hs / 4;
+    for (int b = 0; b < 16; b++) {
+        const int8_t* blk = st + (size_t)(b0 + b) * sb;
+        for (int a = 0; a < 4; a++) S[a][b] = 0;
+        if (b < nb)
+            for (int a = 0; a < 4; a++) memcpy(&S[a][b], blk + 4 * a, sizeof(float));
+        for (int a = 0; a < 4; a++)
+            for (int j = 0; j < nw; j++) {
+                uint32_t x = 0;
+                if (b < nb) memcpy(&x, blk + 4 * sizeof(float) + (size_t)a * hs + 4 * j, 4);
+                P[((size_t)a * nw + j) * 16 + b] = (int32_t)(x ^ flip);
+            }
+    }
+}
+
 /* block_logits_tile at AVX-512 VNNI: 16 blocks at a time, their statistics packed as words of 4
  * bytes (s + 128 each: unsigned), P[a][j] holding word j of statistic a of the 16 blocks; then for
  * 4 feature rows (a row's head) at a time and each statistic, a sum over the words of P[a][j]
@@ -1290,25 +1311,14 @@ void block_logits(real* p, const real* q, int rep, const int8_t* st, const real*
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) static void logits_tile_vnni(
     real* p, size_t ldp, const ByteFeatures* bf, int nq, int rep, int i0, const int8_t* st,
     const real* gate, int w, int sinks, int bs, int hs, int c0, int c1max) {
-    const size_t sb = BLOCKGATE_STAT_BYTES(hs);
     const int nw = hs / 4, nr = nq * rep, W = BLOCKGATE_WIDTH(hs);
     const real lfull = logf((real)bs);
     int32_t* P = mallocPages(sizeof(int32_t) * 16 * 4 * (size_t)nw);
     int32_t* I = mallocPages(sizeof(int32_t) * 16 * 4 * (size_t)(nr + 8)); /* [row][a][16] */
     for (int b0 = c0; b0 < c1max; b0 += 16) {
         const int nb = c1max - b0 < 16 ? c1max - b0 : 16;
-        float S[4][16] = {{0}};
-        for (int b = 0; b < 16; b++) { /* (past the last block: statistics of 0) */
-            const int8_t* blk = st + (size_t)(b0 + b) * sb;
-            if (b < nb)
-                for (int a = 0; a < 4; a++) memcpy(&S[a][b], blk + 4 * a, sizeof(float));
-            for (int a = 0; a < 4; a++)
-                for (int j = 0; j < nw; j++) {
-                    uint32_t x = 0;
-                    if (b < nb) memcpy(&x, blk + 4 * sizeof(float) + (size_t)a * hs + 4 * j, 4);
-                    P[((size_t)a * nw + j) * 16 + b] = (int32_t)(x ^ 0x80808080u);
-                }
-        }
+        float S[4][16];
+        tile_pack(P, S, st, b0, nb, hs, 0x80808080u);
         /* the products: 8 rows at a time and one statistic (rows past nr repeat row 0) */
         for (int a = 0; a < 4; a++)
             for (int r0 = 0; r0 < nr; r0 += 8) {
@@ -1404,25 +1414,14 @@ tile_products_avx2(int32_t* I, const int8_t* const* fq, const int8_t* const* aq,
 __attribute__((target("avx2"))) static void logits_tile_avx2(
     real* p, size_t ldp, const ByteFeatures* bf, const int8_t* aq0, int nq, int rep, int i0,
     const int8_t* st, const real* gate, int w, int sinks, int bs, int hs, int c0, int c1max) {
-    const size_t sb = BLOCKGATE_STAT_BYTES(hs);
     const int nw = hs / 4, nr = nq * rep, W = BLOCKGATE_WIDTH(hs), S4 = BLOCKGATE_STATS(hs);
     const real lfull = logf((real)bs);
     int32_t* P = mallocCheck(sizeof(int32_t) * 16 * 4 * (size_t)nw);
     int32_t I[4 * 4 * 16];
     for (int b0 = c0; b0 < c1max; b0 += 16) {
         const int nb = c1max - b0 < 16 ? c1max - b0 : 16;
-        float S[4][16] = {{0}};
-        for (int b = 0; b < 16; b++) { /* (past the last block: statistics of 0) */
-            const int8_t* blk = st + (size_t)(b0 + b) * sb;
-            if (b < nb)
-                for (int a = 0; a < 4; a++) memcpy(&S[a][b], blk + 4 * a, sizeof(float));
-            for (int a = 0; a < 4; a++)
-                for (int j = 0; j < nw; j++) {
-                    int32_t x = 0;
-                    if (b < nb) memcpy(&x, blk + 4 * sizeof(float) + (size_t)a * hs + 4 * j, 4);
-                    P[((size_t)a * nw + j) * 16 + b] = x;
-                }
-        }
+        float S[4][16];
+        tile_pack(P, S, st, b0, nb, hs, 0); /* (the bytes signed) */
         for (int x0 = 0; x0 < nr; x0 += 4) {
             const int n = nr - x0 < 4 ? nr - x0 : 4;
             const int8_t *fq[4], *aq[4];
