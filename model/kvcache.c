@@ -900,18 +900,18 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
          * its tasks handed out in order to the threads as they free up, each with its own
          * scratch, the same arithmetic on any number of threads:
          * - one or two tasks for each key/value head; the task that completes a head's makes
-         *   its choice. The learned selector, two: every head's logits of its blocks, then every
-         * head's band (measured against the bands first: 0.96-0.97 times the attention, the threads
-         *   then ending closer together). Its band is attended where its scores were made
-         *   (their softmax makes the log-sum-exp the choice needs): a part of its own, merged
-         *   first, its values mixed by the thread that prefetched them with the keys (measured:
-         *   mixed by another thread, they cost about as much as from memory). Quest's bounds and
-         *   the mean keys' products: the band's list with the blocks' scores, in one task (each
-         *   task reads its statistics from memory; measured against two tasks a head, each
-         *   with half the blocks: 0.95-1.00 times the attention natively, 0.96-0.99 at AVX2),
-         *   but for fewer heads than threads (Gemma 3's one), the band's list with the first
-         *   half of the blocks' scores, then the second half (a block's score is the same
-         *   either way);
+         *   its choice. The learned selector, two: every head's logits of its blocks, then
+         *   every head's band (measured against the bands first: 0.96-0.97 times the
+         *   attention, the threads then ending closer together). Its band is attended where
+         *   its scores were made (their softmax makes the log-sum-exp the choice needs): a
+         *   part of its own, merged first, its values mixed by the thread that prefetched them
+         *   with the keys (measured: mixed by another thread, they cost about as much as from
+         *   memory). Quest's bounds and the mean keys' products: the band's list with the
+         *   blocks' scores, in one task (each task reads its statistics from memory; measured
+         *   against two tasks a head, each with half the blocks: 0.95-1.00 times the
+         *   attention natively, 0.96-0.99 at AVX2), but for fewer heads than threads (Gemma
+         *   3's one), the band's list with the first half of the blocks' scores, then the
+         *   second half (a block's score is the same either way);
          * - then each head's two halves of its chosen keys' parts (key_parts of its list, split
          *   only from 4 split_min keys: the heads' lists, bands and logits share the threads
          *   already, and each part starts its rows from memory; measured, the selector's 512

@@ -465,9 +465,9 @@ static void byte_products_agree(Rng* rng) {
         best, compared);
 }
 
-/* A prompt's tile of logits (block_logits_tile: at AVX-512 VNNI 16 blocks at a time against every
- * row) has each row's bits of block_logits, rows whose candidates end in different blocks,
- * partial or whole, with 1 to 5 heads. */
+/* A prompt's tile of logits (block_logits_tile: at AVX-512 VNNI and AVX2 16 blocks at a time
+ * against every row) has each row's bits of block_logits at every level this CPU has, rows whose
+ * candidates end in different blocks, partial or whole, with 1 to 5 heads. */
 static void logits_tile_agrees(Rng* rng) {
     const int hss[] = {40, 64, 256}, reps[] = {1, 3, 5}, bs = 16, nb = 40, nq = 21;
     const int best = quant_isa_detected(), level = quant_isa();
