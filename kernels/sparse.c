@@ -1480,32 +1480,16 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
                        const int8_t* st, const real* gate, int w, int sinks, int bs, int rep,
                        int hs) {
 #if defined(__x86_64__) && !defined(FOCUS_DOUBLE)
-    if (quant_isa() >= QUANT_ISA_AVX512_VNNI && hs % 4 == 0 && hs <= BLOCKGATE_MAX_HS) {
-        const int W = BLOCKGATE_WIDTH(hs);
+    const int isa = quant_isa();
+    if (isa >= QUANT_ISA_AVX2 && hs % 4 == 0 && hs <= BLOCKGATE_MAX_HS) {
+        /* every row's features in bytes (and at AVX2 their magnitudes after them) */
+        const int W = BLOCKGATE_WIDTH(hs), S4 = BLOCKGATE_STATS(hs), nr = nq * rep;
+        const int vnni = isa >= QUANT_ISA_AVX512_VNNI;
         const real scale = (real)(1.0 / sqrt((double)hs));
         real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
-        ByteFeatures* bf = mallocCheck(sizeof *bf * (size_t)nq * rep);
-        int8_t* qb = mallocCheck((size_t)nq * rep * BLOCKGATE_STATS(hs));
-        for (int x = 0; x < nq * rep; x++) bf[x].q = qb + (size_t)x * BLOCKGATE_STATS(hs);
-        for (int r = 0; r < nq; r++)
-            for (int h = 0; h < rep; h++) {
-                blockgate_features(f, gate + (size_t)h * W, q + (size_t)r * ldq + (size_t)h * hs,
-                                   hs, scale);
-                features_bytes(&bf[r * rep + h], f, 0, 4, hs);
-            }
-        int c0, c1max;
-        candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
-        logits_tile_vnni(p, ldp, bf, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
-        free(bf), free(qb);
-        return;
-    }
-    if (quant_isa() >= QUANT_ISA_AVX2 && hs % 4 == 0 && hs <= BLOCKGATE_MAX_HS) {
-        const int W = BLOCKGATE_WIDTH(hs), S4 = BLOCKGATE_STATS(hs);
-        const real scale = (real)(1.0 / sqrt((double)hs));
-        real f[BLOCKGATE_STATS(BLOCKGATE_MAX_HS)];
-        ByteFeatures* bf = mallocCheck(sizeof *bf * (size_t)nq * rep);
-        int8_t* qb = mallocCheck((size_t)nq * rep * 2 * S4); /* the bytes, then their magnitudes */
-        int8_t* aq = qb + (size_t)nq * rep * S4;
+        ByteFeatures* bf = mallocCheck(sizeof *bf * (size_t)nr);
+        int8_t* qb = mallocCheck((size_t)nr * (vnni ? 1 : 2) * S4);
+        int8_t* aq = qb + (size_t)nr * S4;
         for (int r = 0; r < nq; r++)
             for (int h = 0; h < rep; h++) {
                 const int x = r * rep + h;
@@ -1513,11 +1497,14 @@ void block_logits_tile(real* p, size_t ldp, const real* q, int ldq, int i0, int 
                 blockgate_features(f, gate + (size_t)h * W, q + (size_t)r * ldq + (size_t)h * hs,
                                    hs, scale);
                 features_bytes(&bf[x], f, 0, 4, hs);
-                bytes_abs(aq + (size_t)x * S4, bf[x].q, S4);
+                if (!vnni) bytes_abs(aq + (size_t)x * S4, bf[x].q, S4);
             }
         int c0, c1max;
         candidate_blocks(i0 + nq - 1, w, sinks, bs, &c0, &c1max);
-        logits_tile_avx2(p, ldp, bf, aq, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
+        if (vnni)
+            logits_tile_vnni(p, ldp, bf, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
+        else
+            logits_tile_avx2(p, ldp, bf, aq, nq, rep, i0, st, gate, w, sinks, bs, hs, c0, c1max);
         free(bf), free(qb);
         return;
     }
