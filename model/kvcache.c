@@ -887,116 +887,114 @@ typedef struct {
     int *rlo, *rhi; /* (NKV) the keys that are rows of the group runs */
 } RowWork;
 
+/* Row p of layer l attends to its chosen key blocks (KEYS_BLOCKS) through the cache: one parallel
+ * region (a decode step's; nested in a prompt's parallel rows, it runs on one thread), its tasks
+ * handed out in order to the threads as they free up, each with its own scratch, the same
+ * arithmetic on any number of threads. Returns the pairs attended.
+ * - First, one or two tasks for each key/value head; the one that completes a head makes its
+ *   choice (distant_keys).
+ *   - The learned selector: every head's logits of its blocks, then every head's band (the
+ *     threads then end closer together). The band is attended where its scores are made, as a
+ *     part of its own: their softmax gives the log-sum-exp the choice needs, and its values are
+ *     mixed by the thread that prefetched them with the keys.
+ *   - Quest's bounds and the mean keys' products: the band's list with the blocks' scores, in
+ *     one task a head (each reads its statistics from memory). With fewer heads than threads
+ *     (Gemma 3's one) two tasks, each with half the blocks' scores.
+ * - Then each head's two halves of its chosen keys' parts, each waiting for the head's choice: a
+ *   thread free before the last choice starts on a head already chosen, with no barrier between
+ *   choosing and attending. A list is split into parts only from 4 split_min keys (the heads
+ *   share the threads already, and each part starts its rows from memory). Where the band is in
+ *   the list (Quest's), every head's second half (its chosen blocks, slower a key than the
+ *   band's run) comes before the first halves.
+ * Each of these orders was measured against the one it replaced: docs/RESULTS.md, issue 41's
+ * sections of 2026-12-07. */
+static long blocks_decode_row(Model* m, int l, const KVCache* c, int p, uint32_t mi,
+                              const real* qrow, real* att, RowWork* w, double* prof, double* mark) {
+    const ModelConfig* mc = &m->cfg;
+    const FocusConfig* f = &m->fc;
+    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
+    const int threads = omp_get_max_threads(), nb = c->nbcap;
+    const BlockScore score = attn_block_score(f->attn);
+    const int learned = score == BLOCKS_LEARNED,
+              bounds = score == BLOCKS_QUEST || score == BLOCKS_MEAN;
+    const int halves = bounds && NKV < threads; /* (the bounds in two tasks a head) */
+    const int made = learned || bounds, need = learned || halves ? 2 : 1, tasks = need * NKV;
+    const int total = tasks + 2 * NKV;
+    if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
+    real lb[1024];
+    atomic_int ready[1024];  /* each key/value head's parts done */
+    atomic_int chosen[1024]; /* each key/value head's keys chosen */
+    int parts[1024];         /* and the parts of its list past the band */
+    int nkeys[1024];         /* its keys, the band's included */
+    for (int g = 0; g < NKV; g++) atomic_init(&ready[g], 0), atomic_init(&chosen[g], 0);
+    real* band = learned ? w->part + (size_t)c->nparts * NH * (hs + 2) : NULL;
+#pragma omp parallel for schedule(dynamic, 1) \
+    num_threads(threads < total ? threads : total) if (threads > 1)
+    for (int t = 0; t < total; t++) {
+        if (t >= tasks) { /* half of a head's parts, once its keys are chosen */
+            /* (the learned selector's band apart: a head's halves in turn; else every head's
+             * second half first: the chosen blocks, slower than the band's run) */
+            const int u = t - tasks, g = learned ? u / 2 : u % NKV,
+                      half = learned ? u % 2 : 1 - u / NKV;
+            wait_set(&chosen[g]);
+            const int np = parts[g];
+            for (int id = part_bound(np, half, 2); id < part_bound(np, half + 1, 2); id++)
+                attend_part(w->part + (size_t)id * NH * (hs + 2), qrow, l, c, w->kl[g], w->nkg[g],
+                            w->rlo[g], w->rhi[g], g, id, np, mc, w->scores);
+            continue;
+        }
+        const int g = t % NKV;
+        const real* qg = qrow + (size_t)g * rep * hs;
+        const int8_t* st;
+        const real* gate;
+        selector_of(c, m, l, g, &st, &gate);
+        const int isband = learned ? t >= NKV : t < NKV; /* (else the head's second task) */
+        if (isband) {
+            w->kl[g] = w->bkeys + (size_t)g * c->cap;
+            w->nkg[g] = band_keys(c, m, l, p, g, qg, w->kl[g], w->scores + (size_t)g * rep * c->cap,
+                                  c->cap, lb + g * rep, band);
+            w->npre[g] = learned ? w->nkg[g] : 0;
+        }
+        if (learned && !isband)
+            block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
+                         f->block, hs);
+        if (bounds)
+            block_bounds(w->bsc + (size_t)g * nb, score, qg, rep, st, p, f->w, f->sinks, f->block,
+                         hs, halves && t >= NKV, halves ? 2 : 1);
+        /* acquire the other part's writes, release this one's */
+        if (atomic_fetch_add_explicit(&ready[g], 1, memory_order_acq_rel) < need - 1) continue;
+        const int nk = distant_keys(c, m, l, p, g, qg, mi, w->kl[g], w->nkg[g], lb + g * rep,
+                                    w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
+                                    w->bp + (size_t)g * rep * nb, made, &w->rlo[g]);
+        const int b = w->npre[g]; /* the list past the band band_keys attended */
+        nkeys[g] = nk;
+        w->kl[g] += b, w->nkg[g] = nk - b, w->rlo[g] -= b, w->rhi[g] = nk - b;
+        parts[g] = key_parts(c, w->nkg[g], 4 * c->split_min);
+        atomic_store_explicit(&chosen[g], 1, memory_order_release);
+    }
+    long pairs = 0;
+    for (int g = 0; g < NKV; g++) pairs += (long)nkeys[g] * rep;
+    for (int hh = 0; hh < NH; hh++)
+        merge_parts(att + hh * hs, w->part, band, parts[hh / rep], hh, NH, hs);
+    profile_tick(prof, mark, PART_ATTENTION);
+    return pairs;
+}
+
 /* The keys of the row at position p of cache c on layer l (mask mi: its groups, joined already)
  * and its attention into att; returns the pairs it evaluated. prof, mark: FOCUS_PROFILE's
  * (choosing the keys, then attending), or NULL. */
 static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint32_t mi,
                        const real* qrow, real* att, RowWork* w, double* prof, double* mark) {
+    if (kind == KEYS_BLOCKS) return blocks_decode_row(m, l, c, p, mi, qrow, att, w, prof, mark);
     const ModelConfig* mc = &m->cfg;
-    const int NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc), rep = NH / NKV;
-    long pairs = 0;
-    if (kind == KEYS_BLOCKS) {
-        /* One parallel region (a decode step; nested in a prompt's parallel rows, one thread),
-         * its tasks handed out in order to the threads as they free up, each with its own
-         * scratch, the same arithmetic on any number of threads:
-         * - one or two tasks for each key/value head; the task that completes a head's makes
-         *   its choice. The learned selector, two: every head's logits of its blocks, then
-         *   every head's band (measured against the bands first: 0.96-0.97 times the
-         *   attention, the threads then ending closer together). Its band is attended where
-         *   its scores were made (their softmax makes the log-sum-exp the choice needs): a
-         *   part of its own, merged first, its values mixed by the thread that prefetched them
-         *   with the keys (measured: mixed by another thread, they cost about as much as from
-         *   memory). Quest's bounds and the mean keys' products: the band's list with the
-         *   blocks' scores, in one task (each task reads its statistics from memory; measured
-         *   against two tasks a head, each with half the blocks: 0.95-1.00 times the
-         *   attention natively, 0.96-0.99 at AVX2), but for fewer heads than threads (Gemma
-         *   3's one), the band's list with the first half of the blocks' scores, then the
-         *   second half (a block's score is the same either way);
-         * - then each head's two halves of its chosen keys' parts (key_parts of its list, split
-         *   only from 4 split_min keys: the heads' lists, bands and logits share the threads
-         *   already, and each part starts its rows from memory; measured, the selector's 512
-         *   chosen keys in one part against two: 0.93-1.03 times the attention, median 0.96),
-         *   each waiting for the head's choice (the second half empty when there is one part).
-         *   Where the band is in the list (Quest's), every head's second half (its chosen
-         *   blocks, slower a key than the band's run) comes before the first halves (measured:
-         *   0.97-0.98 times the attention of a head's halves in turn).
-         *   A thread free before the last choice starts on a head already chosen: no barrier
-         *   between choosing and attending (measured against two regions a layer: RESULTS). */
-        const FocusConfig* f = &m->fc;
-        const int threads = omp_get_max_threads(), nb = c->nbcap;
-        const BlockScore score = attn_block_score(f->attn);
-        const int learned = score == BLOCKS_LEARNED,
-                  bounds = score == BLOCKS_QUEST || score == BLOCKS_MEAN;
-        const int halves = bounds && NKV < threads; /* (the bounds in two tasks a head) */
-        const int made = learned || bounds, need = learned || halves ? 2 : 1, tasks = need * NKV;
-        const int total = tasks + 2 * NKV;
-        if (NH > 1024) fatal("the block patterns decode at most 1024 query heads");
-        real lb[1024];
-        atomic_int ready[1024];  /* each key/value head's parts done */
-        atomic_int chosen[1024]; /* each key/value head's keys chosen */
-        int parts[1024];         /* and the parts of its list past the band */
-        int nkeys[1024];         /* its keys, the band's included */
-        for (int g = 0; g < NKV; g++) atomic_init(&ready[g], 0), atomic_init(&chosen[g], 0);
-        real* band = learned ? w->part + (size_t)c->nparts * NH * (hs + 2) : NULL;
-#pragma omp parallel for schedule(dynamic, 1) \
-    num_threads(threads < total ? threads : total) if (threads > 1)
-        for (int t = 0; t < total; t++) {
-            if (t >= tasks) { /* half of a head's parts, once its keys are chosen */
-                /* (the learned selector's band apart: a head's halves in turn; else every head's
-                 * second half first: the chosen blocks, slower than the band's run) */
-                const int u = t - tasks, g = learned ? u / 2 : u % NKV,
-                          half = learned ? u % 2 : 1 - u / NKV;
-                wait_set(&chosen[g]);
-                const int np = parts[g];
-                for (int id = part_bound(np, half, 2); id < part_bound(np, half + 1, 2); id++)
-                    attend_part(w->part + (size_t)id * NH * (hs + 2), qrow, l, c, w->kl[g],
-                                w->nkg[g], w->rlo[g], w->rhi[g], g, id, np, mc, w->scores);
-                continue;
-            }
-            const int g = t % NKV;
-            const real* qg = qrow + (size_t)g * rep * hs;
-            const int8_t* st;
-            const real* gate;
-            selector_of(c, m, l, g, &st, &gate);
-            const int isband = learned ? t >= NKV : t < NKV; /* (else the head's second task) */
-            if (isband) {
-                w->kl[g] = w->bkeys + (size_t)g * c->cap;
-                w->nkg[g] =
-                    band_keys(c, m, l, p, g, qg, w->kl[g], w->scores + (size_t)g * rep * c->cap,
-                              c->cap, lb + g * rep, band);
-                w->npre[g] = learned ? w->nkg[g] : 0;
-            }
-            if (learned && !isband)
-                block_logits(w->bp + (size_t)g * rep * nb, qg, rep, st, gate, p, f->w, f->sinks,
-                             f->block, hs);
-            if (bounds)
-                block_bounds(w->bsc + (size_t)g * nb, score, qg, rep, st, p, f->w, f->sinks,
-                             f->block, hs, halves && t >= NKV, halves ? 2 : 1);
-            /* acquire the other part's writes, release this one's */
-            if (atomic_fetch_add_explicit(&ready[g], 1, memory_order_acq_rel) < need - 1) continue;
-            const int nk = distant_keys(c, m, l, p, g, qg, mi, w->kl[g], w->nkg[g], lb + g * rep,
-                                        w->bsel + (size_t)g * nb, w->bsc + (size_t)g * nb,
-                                        w->bp + (size_t)g * rep * nb, made, &w->rlo[g]);
-            const int b = w->npre[g]; /* the list past the band band_keys attended */
-            nkeys[g] = nk;
-            w->kl[g] += b, w->nkg[g] = nk - b, w->rlo[g] -= b, w->rhi[g] = nk - b;
-            parts[g] = key_parts(c, w->nkg[g], 4 * c->split_min);
-            atomic_store_explicit(&chosen[g], 1, memory_order_release);
-        }
-        for (int g = 0; g < NKV; g++) pairs += (long)nkeys[g] * rep;
-        for (int hh = 0; hh < NH; hh++)
-            merge_parts(att + hh * hs, w->part, band, parts[hh / rep], hh, NH, hs);
-        profile_tick(prof, mark, PART_ATTENTION);
-        return pairs;
-    }
     int ng;
     const int nk = token_keys(c, m, l, p, mi, kind, w->keys, &ng);
-    for (int g = 0; g < NKV; g++) w->kl[g] = w->keys, w->nkg[g] = nk, w->rlo[g] = 0, w->rhi[g] = ng;
-    pairs = (long)nk * NH;
+    for (int g = 0; g < mc->NKV; g++)
+        w->kl[g] = w->keys, w->nkg[g] = nk, w->rlo[g] = 0, w->rhi[g] = ng;
     profile_tick(prof, mark, PART_SELECT);
     attend_keys(att, qrow, l, c, w->kl, w->nkg, w->rlo, w->rhi, mc, w->scores, w->part);
     profile_tick(prof, mark, PART_ATTENTION);
-    return pairs;
+    return (long)nk * mc->NH;
 }
 
 void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
