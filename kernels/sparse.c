@@ -1391,25 +1391,31 @@ __attribute__((target("avx2"))) static inline __attribute__((always_inline)) voi
 tile_products_avx2(int32_t* I, const int8_t* const* fq, const int8_t* const* aq, const int NR,
                    const int32_t* P, int nw, int hs) {
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int half = 0; half < 2; half++)
-        for (int a = 0; a < 4; a++) {
-            __m256i acc[4];
-            for (int k = 0; k < NR; k++) acc[k] = _mm256_setzero_si256();
-            for (int j = 0; j < nw; j++) {
-                const __m256i y =
-                    _mm256_loadu_si256((const __m256i*)(P + ((size_t)a * nw + j) * 16 + 8 * half));
-                for (int k = 0; k < NR; k++) {
-                    int32_t f, m;
-                    memcpy(&f, fq[k] + (size_t)a * hs + 4 * j, 4);
-                    memcpy(&m, aq[k] + (size_t)a * hs + 4 * j, 4);
-                    const __m256i pr = _mm256_maddubs_epi16(
-                        _mm256_set1_epi32(m), _mm256_sign_epi8(y, _mm256_set1_epi32(f)));
-                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(pr, ones));
-                }
+    for (int a = 0; a < 4; a++) { /* both halves' 8 blocks at once: a row's words broadcast once */
+        __m256i acc[2][4];
+        for (int k = 0; k < NR; k++) acc[0][k] = acc[1][k] = _mm256_setzero_si256();
+        for (int j = 0; j < nw; j++) {
+            const int32_t* Pj = P + ((size_t)a * nw + j) * 16;
+            const __m256i y0 = _mm256_loadu_si256((const __m256i*)Pj),
+                          y1 = _mm256_loadu_si256((const __m256i*)(Pj + 8));
+            for (int k = 0; k < NR; k++) {
+                int32_t f, m;
+                memcpy(&f, fq[k] + (size_t)a * hs + 4 * j, 4);
+                memcpy(&m, aq[k] + (size_t)a * hs + 4 * j, 4);
+                const __m256i fv = _mm256_set1_epi32(f), mv = _mm256_set1_epi32(m);
+                acc[0][k] = _mm256_add_epi32(
+                    acc[0][k],
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(mv, _mm256_sign_epi8(y0, fv)), ones));
+                acc[1][k] = _mm256_add_epi32(
+                    acc[1][k],
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(mv, _mm256_sign_epi8(y1, fv)), ones));
             }
-            for (int k = 0; k < NR; k++)
-                _mm256_storeu_si256((__m256i*)(I + ((size_t)k * 4 + a) * 16 + 8 * half), acc[k]);
         }
+        for (int k = 0; k < NR; k++)
+            for (int half = 0; half < 2; half++)
+                _mm256_storeu_si256((__m256i*)(I + ((size_t)k * 4 + a) * 16 + 8 * half),
+                                    acc[half][k]);
+    }
 }
 __attribute__((target("avx2"))) static void logits_tile_avx2(
     real* p, size_t ldp, const ByteFeatures* bf, const int8_t* aq0, int nq, int rep, int i0,
