@@ -191,29 +191,35 @@ static CachedKV layer_kv(const KVCache* c, int l, int NKV, int hs) {
     return (CachedKV){(const char*)c->k + at, (const char*)c->v + at, c->half, c->cap};
 }
 
-/* position `row` of layer l's keys (vals = 0) or values (1) := src (NKV heads of hs values) */
-static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int NKV, int hs) {
-    for (int g = 0; g < NKV; g++) {
-        const size_t at = kv_at(c, l, g, row, NKV, hs);
-        const real* sg = src + (size_t)g * hs;
-        if (!c->half) {
-            memcpy((real*)(vals ? c->v : c->k) + at, sg, sizeof(real) * hs);
-            continue;
-        }
-        uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
-#ifdef FOCUS_DOUBLE
-        for (int e = 0; e < hs; e++) dst[e] = f32_to_f16((float)sg[e], 1);
-#else
-        f16_row_put(dst, sg, hs);
-#endif
+/* position `row` of layer l's keys (vals = 0) or values (1), head g := src (hs values) */
+static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int g, int NKV, int hs) {
+    const size_t at = kv_at(c, l, g, row, NKV, hs);
+    if (!c->half) {
+        memcpy((real*)(vals ? c->v : c->k) + at, src, sizeof(real) * hs);
+        return;
     }
+    uint16_t* dst = (uint16_t*)(vals ? c->v : c->k) + at;
+#ifdef FOCUS_DOUBLE
+    for (int e = 0; e < hs; e++) dst[e] = f32_to_f16((float)src[e], 1);
+#else
+    f16_row_put(dst, src, hs);
+#endif
 }
 
-/* position `row` of layer l := the key and value heads of one qkv row (after its A query
- * values) */
-static void kv_put_row(KVCache* c, int l, int row, const real* qkv_row, int A, int NKV, int hs) {
-    kv_put(c, 0, l, row, qkv_row + A, NKV, hs);
-    kv_put(c, 1, l, row, qkv_row + A + (size_t)NKV * hs, NKV, hs);
+/* row i of the n rows qkv (stride Q) into cache cs[i] at position pos[i] of layer l: its key and
+ * value heads (after its A query values). A prompt's rows go on the threads, a task a head's keys
+ * or values (the keys' tasks first: with two threads one writes the keys, the other the values).
+ * Most of this time is the kernel's zeroing of the cache's pages at their first write (measured,
+ * SmolLM2 at 8K on 2 cores: 54 us of 65 a prompt token), and the tasks write apart. */
+static void kv_put_rows(KVCache* const* cs, int l, const int* pos, const real* qkv, int n, int Q,
+                        int A, int NKV, int hs) {
+#pragma omp parallel for schedule(static) if (n >= 64)
+    for (int t = 0; t < 2 * NKV; t++) {
+        const int vals = t / NKV, g = t % NKV;
+        const size_t from = (size_t)A + ((size_t)vals * NKV + g) * hs;
+        for (int i = 0; i < n; i++)
+            kv_put(cs[i], vals, l, pos[i], qkv + (size_t)i * Q + from, g, NKV, hs);
+    }
 }
 
 /* ---- the group runs: each group's keys and values copied, in list order, into runs of c->run
@@ -1007,7 +1013,7 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     const int* pos = r->pos;
     RowScratch* s = r->scratch;
     const size_t lC = (size_t)l * C;
-    for (int i = 0; i < n; i++) kv_put_row(cs[i], l, pos[i], qkv + (size_t)i * Q, A, NKV, hs);
+    kv_put_rows(cs, l, pos, qkv, n, Q, A, NKV, hs);
     const int kind = layer_keys(m, l);
     if (!r->per_row && (kind == KEYS_DENSE || kind == KEYS_WINDOW)) {
         /* a prompt's rows (one cache, positions pos[0] ..): tiled over the cached keys, each
