@@ -53,7 +53,9 @@ static const char decode_usage[] =
     "the same cache (the method's block statistics and group lists kept up in both), on\n"
     "OMP_NUM_THREADS threads, and the attention of each kind of step is timed: the method's\n"
     "against dense's under the same load of the machine (the decode's tokens/s: the method's\n"
-    "steps only).\n";
+    "steps only). A batched prompt then goes in calls of --chunk rows (1024 by default), each\n"
+    "into the method's cache and then into a dense cache of its own, and the two prompts'\n"
+    "attention is compared the same way (the prompt's tokens/s: the method's calls only).\n";
 
 /* The attention's seconds in a profile (DECODE_PARTS), its selection counted when select is set */
 static double attention_seconds(const double* pr, int select) {
@@ -125,19 +127,42 @@ int cmd_bench_decode(int argc, char** argv) {
     const int scored = data && !steps;
     real* all = scored ? mallocCheck(sizeof(real) * m.cfg.V * (size_t)ctx) : NULL;
     memset(c.pprof, 0, sizeof c.pprof); /* FOCUS_PROFILE: the prompt's rows */
-    double t0 = now_seconds();
+    /* a batched prompt in calls of pchunk rows. --against dense: each call's rows then go into a
+     * cache of the dense model's too (d, dense_steps: no state of the method's), the method's
+     * and dense's prompt attention timed in turn under the same load of the machine */
+    const int pchunk = chunk ? chunk : against ? 1024 : ctx;
+    KVCache d;
+    real* dlogits = NULL;
+    if (against && !steps) {
+        kvcache_init(&d, &m, ctx, c.half);
+        d.dense_steps = 1, d.profile = 1, d.gov.on = 0;
+        dlogits = mallocCheck(sizeof(real) * m.cfg.V);
+    }
+    double prompt_s = 0; /* the method's calls only */
     if (steps) {
+        const double t0 = now_seconds();
         for (int i = 0; i < ctx; i++) {
             if (i) nll += log_softmax_at(logits, m.cfg.V, ids[i]);
             model_decode_step(&m, &c, ids[i], logits);
         }
-    } else if (chunk && !scored) {
-        for (int i = 0; i < ctx; i += chunk)
-            model_prefill(&m, &c, ids + i, ctx - i < chunk ? ctx - i : chunk, logits, 0);
+        prompt_s = now_seconds() - t0;
     } else {
-        model_prefill(&m, &c, ids, ctx, scored ? all : logits, scored);
+        for (int i = 0; i < ctx; i += pchunk) {
+            const int len = ctx - i < pchunk ? ctx - i : pchunk;
+            const double t0 = now_seconds();
+            model_prefill(&m, &c, ids + i, len, scored ? all + (size_t)i * m.cfg.V : logits,
+                          scored);
+            prompt_s += now_seconds() - t0;
+            if (dlogits) model_prefill(&m, &d, ids + i, len, dlogits, 0);
+        }
     }
-    double t1 = now_seconds();
+    /* the dense prompt's attention seconds and pairs */
+    double dense_prompt_s = 0;
+    long dense_prompt_pairs = 0;
+    if (dlogits) {
+        dense_prompt_s = attention_seconds(d.pprof, 0), dense_prompt_pairs = d.pairs;
+        kvcache_free(&d), free(dlogits);
+    }
     if (scored) {
         for (int i = 1; i < ctx; i++)
             nll += log_softmax_at(all + (size_t)(i - 1) * m.cfg.V, m.cfg.V, ids[i]);
@@ -206,11 +231,11 @@ int cmd_bench_decode(int argc, char** argv) {
         "prompt %d tokens (%s%s): %.1f tokens/s | decode %d tokens at context %d: %.1f tokens/s "
         "| pairs kept %.3f (the prompt's rows: %.3f)\n",
         ctx,
-        steps              ? "one at a time"
-        : exact            ? "batched, fp32 products"
-        : chunk && !scored ? "batched, in chunks"
-                           : "batched",
-        scored ? ", every position's logits" : "", ctx / (t1 - t0), nm, ctx,
+        steps          ? "one at a time"
+        : exact        ? "batched, fp32 products"
+        : pchunk < ctx ? "batched, in chunks"
+                       : "batched",
+        scored ? ", every position's logits" : "", ctx / prompt_s, nm, ctx,
         against ? nm / kind_s[0] : n / (t2 - t1d),
         against ? kind_pairs[0] / causal[0] : (double)(c.pairs - pairs0) / dense_pairs,
         (double)pairs0 / ((double)ctx * (ctx + 1) / 2 * m.cfg.NH * m.cfg.L));
@@ -235,6 +260,15 @@ int cmd_bench_decode(int argc, char** argv) {
             }
         }
         printf("\n");
+    }
+    if (dense_prompt_pairs > 0) { /* the prompt's attention, each kind's calls in turn */
+        const double am = attention_seconds(c.pprof, 1), ad = dense_prompt_s;
+        const double p = (double)pairs0 / (double)dense_prompt_pairs;
+        printf(
+            "against dense, the prompt interleaved (calls of %d rows, the method's cache and a "
+            "dense one in turn): attention %.3f ms a token against %.3f: %.3f of dense at pairs "
+            "kept %.3f of dense's, %.2f times that share (the method's selection counted)\n",
+            pchunk, 1e3 * am / ctx, 1e3 * ad / ctx, am / ad, p, am / ad / p);
     }
     if (against) { /* each kind's attention a step; a dense step's key list is left out */
         const double am = attention_seconds(kind_prof[0], 1) / nm,

@@ -64,7 +64,8 @@ typedef struct {
     Governor gov;    /* the decode steps' thread count (on by default with more than one thread) */
     /* decode steps attend as the dense model does (every cached key; a layer with a window of
      * its own, its window), the method's upkeep (block statistics, group lists) still done: its
-     * steps and dense ones interleaved over one cache (bench decode --against dense) */
+     * steps and dense ones interleaved over one cache (bench decode --against dense). A prompt
+     * fed with it set is the dense model's, without the method's upkeep (a cache of its own). */
     int dense_steps;
     long pairs; /* attention pairs evaluated so far, summed over layers */
     /* the block patterns (blocks, blocks_mean, blocks_learned), made on first use: */

@@ -1014,7 +1014,9 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     RowScratch* s = r->scratch;
     const size_t lC = (size_t)l * C;
     kv_put_rows(cs, l, pos, qkv, n, Q, A, NKV, hs);
-    const int kind = layer_keys(m, l);
+    /* a prompt into a cache with dense_steps set is the dense model's, and keeps none of the
+     * method's state (bench decode --against dense: a cache of its own) */
+    const int kind = r->per_row ? layer_keys(m, l) : step_keys(cs[0], m, l);
     if (!r->per_row && (kind == KEYS_DENSE || kind == KEYS_WINDOW)) {
         /* a prompt's rows (one cache, positions pos[0] ..): tiled over the cached keys, each
          * row's arithmetic independent of the chunk it is in */

@@ -13,9 +13,11 @@
 # cache/shards/pg19test/train_000.bin of scripts/pg19_shards.sh: every method and build then reads
 # and decodes the same tokens, the shard's first CTX + N; default: random prompt tokens and
 # sampled ones after, which differ between builds), AGAINST (1: each method's decode steps
-# interleaved with as many dense ones over its own cache, `bench decode --against dense`, and a
-# last column, that ratio over p measured within the run: the method's and dense's steps under
-# the same load of the machine). Writes OUT/table.md and each run's output in OUT/*.txt
+# interleaved with as many dense ones over its own cache, `bench decode --against dense`, its
+# prompt fed in calls of 1024 rows, each into its cache and then into a dense one, and two last
+# columns, those ratios over p measured within the run: the method's and dense's prompt calls and
+# steps under the same load of the machine; every method's prompt, dense's too, then goes in
+# calls of 1024 rows). Writes OUT/table.md and each run's output in OUT/*.txt
 # (default OUT: runs/attn_shares).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +55,10 @@ for round in $(seq 1 "$rounds"); do
     file=$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').r$round.txt
     echo "round $round: $name" >&2
     steps=(-n "$n")
-    if [ "${AGAINST:-0}" = 1 ] && [ "$name" != dense ]; then steps=(-n $((2 * n)) --against dense); fi
+    if [ "${AGAINST:-0}" = 1 ]; then
+      steps=(-n "$n" --chunk 1024)
+      [ "$name" != dense ] && steps=(-n $((2 * n)) --against dense --chunk 1024)
+    fi
     # shellcheck disable=SC2086
     FOCUS_PROFILE=1 OMP_NUM_THREADS=$threads "$build/focus" bench decode --model "$model" \
       --ctx "$ctx" "${steps[@]}" ${data[@]+"${data[@]}"} $args >"$file"
@@ -82,6 +87,8 @@ for f in glob.glob(os.path.join(out, "*.r*.txt")):
         r[part + "_split"] = am.group(3) or ""
     im = re.search(r"against dense, steps interleaved .*, ([\d.]+) times that share", t)
     r["within"] = float(im.group(1)) if im else None
+    im = re.search(r"against dense, the prompt interleaved .*, ([\d.]+) times that share", t)
+    r["pwithin"] = float(im.group(1)) if im else None
     runs.setdefault(rnd, {})[name] = r
 if not runs:
     sys.exit("attn_shares: no runs in %s" % out)
@@ -95,8 +102,9 @@ def cell(vals, fmt):
     med = statistics.median(vals)
     return fmt % med if len(vals) == 1 else (fmt + " (" + fmt + "-" + fmt + ")") % (med, min(vals), max(vals))
 within = any(r["within"] is not None for rr in runs.values() for r in rr.values())
-lines = ["| method | prompt tokens/s | prompt p | prompt attention, ms a token | / dense | / (p dense) | decode tokens/s | decode p | decode attention, ms a token | / dense | / (p dense) |" + (" decode / (p dense), interleaved |" if within else ""),
-         "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if within else "")]
+pwithin = any(r["pwithin"] is not None for rr in runs.values() for r in rr.values())
+lines = ["| method | prompt tokens/s | prompt p | prompt attention, ms a token | / dense | / (p dense) | decode tokens/s | decode p | decode attention, ms a token | / dense | / (p dense) |" + (" prompt / (p dense), interleaved |" if pwithin else "") + (" decode / (p dense), interleaved |" if within else ""),
+         "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if pwithin else "") + ("---|" if within else "")]
 for name in names:
     ks = [k for k in sorted(runs) if name in runs[k]]
     rs = [runs[k][name] for k in ks]
@@ -106,9 +114,10 @@ for name in names:
         cells += [cell([r["tps"][i] for r in rs], "%.1f"), "%.3f" % statistics.median(r["p"][i] for r in rs),
                   cell([r[part] for r in rs], "%.3f"), cell(rel, "%.3f"),
                   cell([x / r["p"][i] for x, r in zip(rel, rs)], "%.2f")]
-    if within:
-        w = [r["within"] for r in rs if r["within"] is not None]
-        cells.append(cell(w, "%.2f") if w else "-")
+    for key, on in (("pwithin", pwithin), ("within", within)):
+        w = [r[key] for r in rs if r[key] is not None]
+        if on:
+            cells.append(cell(w, "%.2f") if w else "-")
     lines.append("| " + " | ".join(cells) + " |")
 lines.append("")
 lines.append("The attention's parts (shares of the whole prompt or step time, round 1):")

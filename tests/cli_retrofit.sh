@@ -78,16 +78,19 @@ split=$(echo "$out" | grep -E "^(prompt|decode) profile" | grep -o "attention [0
 [ "$sums" = "100 100 " ] && [ -n "$split" ] && ! echo "$split" | grep -q off && ok "FOCUS_PROFILE=1: the prompt's and the decode steps' parts ($sums), the attention's parts ($split)" || bad "profile: '$sums' '$split' $out"
 out=$("$focus" generate --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --router "$work/full/router.h5" --topk 1 --prompt "ROMEO: what light" -n 8 2>&1)
 echo "$out" | grep -q "hard top-k over the group KV cache" && ok "generate with a router" || bad "generate: $out"
-# --against dense: the steps alternate with dense ones over one cache; a dense model's
-# perplexity is then unchanged to the last digit, a router's steps keep fewer pairs than dense's
+# --against dense: the steps alternate with dense ones over one cache, the prompt's calls go
+# into the method's cache and a dense one in turn; a dense model's perplexity is then unchanged
+# to the last digit (a prompt in calls of 16 rows scored as in one), a router's steps and
+# prompt keep fewer pairs than dense's
 dd=(bench decode --model "$work/full/base.gguf" --tokenizer ../shared/data/gpt2-tokenizer --data "$shk" --ctx 40 -n 8 --kv f32)
 a=$("$focus" "${dd[@]}" 2>/dev/null | grep perplexity | grep -o "[0-9.]*$")
-out=$("$focus" "${dd[@]}" --against dense 2>/dev/null)
+out=$("$focus" "${dd[@]}" --against dense --chunk 16 2>/dev/null)
 b=$(echo "$out" | grep perplexity | grep -o "[0-9.]*$")
-echo "$out" | grep -q "against dense, steps interleaved (4 of the method, 4 dense, one cache).*pairs kept 1.000 of dense's" && [ -n "$a" ] && [ "$a" = "$b" ] && ok "bench decode --against dense: a dense model's steps and perplexity unchanged ($a)" || bad "--against dense, dense: '$a' vs '$b' $out"
-out=$("$focus" bench decode --model "$work/full/base.gguf" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 --against dense 2>/dev/null)
-kept=$(echo "$out" | grep -o "pairs kept [0-9.]* of dense's" | grep -o "[0-9.]*")
-echo "$out" | grep -q "^decode profile (FOCUS_PROFILE=1; the method's steps)" && awk -v p="$kept" 'BEGIN { exit !(p > 0 && p < 1) }' && ok "bench decode --against dense with a router: its steps keep $kept of the dense steps' pairs" || bad "--against dense, router: $out"
+echo "$out" | grep -q "against dense, steps interleaved (4 of the method, 4 dense, one cache).*pairs kept 1.000 of dense's" && echo "$out" | grep -q "against dense, the prompt interleaved (calls of 16 rows.*pairs kept 1.000 of dense's" && [ -n "$a" ] && [ "$a" = "$b" ] && ok "bench decode --against dense: a dense model's prompt, steps and perplexity unchanged ($a)" || bad "--against dense, dense: '$a' vs '$b' $out"
+out=$("$focus" bench decode --model "$work/full/base.gguf" --ctx 40 -n 8 --router "$work/full/router.h5" --topk 1 --against dense --chunk 16 2>/dev/null)
+kept=$(echo "$out" | grep "steps interleaved" | grep -o "pairs kept [0-9.]* of dense's" | grep -o "[0-9.]*")
+pkept=$(echo "$out" | grep "prompt interleaved" | grep -o "pairs kept [0-9.]* of dense's" | grep -o "[0-9.]*")
+echo "$out" | grep -q "^decode profile (FOCUS_PROFILE=1; the method's steps)" && awk -v p="$kept" -v q="$pkept" 'BEGIN { exit !(p > 0 && p < 1 && q > 0 && q < 1) }' && ok "bench decode --against dense with a router: its steps keep $kept of the dense steps' pairs, its prompt $pkept" || bad "--against dense, router: $out"
 err=$("$focus" bench decode --model "$work/full/base.gguf" --against window 2>&1 >/dev/null); rc=$?
 [ $rc -ne 0 ] && echo "$err" | grep -q "against takes dense" && ok "bench decode --against window refused" || bad "--against window: rc=$rc $err"
 err=$("$focus" bench decode --model "$work/full/base.gguf" --kv f8 2>&1 >/dev/null); rc=$?
