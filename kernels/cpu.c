@@ -192,35 +192,50 @@ static void rope_apply(real* qkv, int B, int T, int NH, int NKV, int hs, real th
             rope_row(qkv + ((size_t)b * T + t) * QKV, pos0 + t, freq, NH, NKV, hs, sign, halves);
 }
 
+/* rope_rows_table's row r */
+static void rope_table_row(real* cs, int r, const int* pos, const double* freq, int hs) {
+    for (int i = 0; i < hs / 2; i++) { /* rope_row's angles */
+        const double ang = (double)pos[r] * freq[i];
+        cs[(size_t)r * hs + 2 * i] = (real)cos(ang);
+        cs[(size_t)r * hs + 2 * i + 1] = (real)sin(ang);
+    }
+}
+
 void rope_rows_table(real* cs, int n, const int* pos, int hs, real theta) {
     double freq[1024];
     rope_freqs(freq, hs, theta);
-#pragma omp parallel for schedule(static) if (n > 1)
-    for (int r = 0; r < n; r++)
-        for (int i = 0; i < hs / 2; i++) { /* rope_row's angles */
-            const double ang = (double)pos[r] * freq[i];
-            cs[(size_t)r * hs + 2 * i] = (real)cos(ang);
-            cs[(size_t)r * hs + 2 * i + 1] = (real)sin(ang);
+    if (n == 1) { /* a decode step's row: no threads to wake (cpu.h) */
+        rope_table_row(cs, 0, pos, freq, hs);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; r++) rope_table_row(cs, r, pos, freq, hs);
+}
+
+/* rope_rows_apply's row r */
+static void rope_apply_row(real* qkv, int r, const real* cs, int NH, int NKV, int hs, int halves) {
+    const size_t QKV = (size_t)(NH + 2 * NKV) * hs;
+    const int half = hs / 2, step = halves ? half : 1, stride = halves ? 1 : 2;
+    const real* cr = cs + (size_t)r * hs;
+    for (int h = 0; h < NH + NKV; h++) { /* each pair as rope_row turns it */
+        real* v = qkv + (size_t)r * QKV + (size_t)h * hs;
+#pragma omp simd
+        for (int i = 0; i < half; i++) {
+            const real c = cr[2 * i], s = cr[2 * i + 1];
+            const real x0 = v[stride * i], x1 = v[stride * i + step];
+            v[stride * i] = x0 * c - x1 * s;
+            v[stride * i + step] = x0 * s + x1 * c;
         }
+    }
 }
 
 void rope_rows_apply(real* qkv, int n, const real* cs, int NH, int NKV, int hs, int halves) {
-    const size_t QKV = (size_t)(NH + 2 * NKV) * hs;
-    const int half = hs / 2, step = halves ? half : 1, stride = halves ? 1 : 2;
-#pragma omp parallel for schedule(static) if (n > 1)
-    for (int r = 0; r < n; r++) {
-        const real* cr = cs + (size_t)r * hs;
-        for (int h = 0; h < NH + NKV; h++) { /* each pair as rope_row turns it */
-            real* v = qkv + (size_t)r * QKV + (size_t)h * hs;
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-                const real c = cr[2 * i], s = cr[2 * i + 1];
-                const real x0 = v[stride * i], x1 = v[stride * i + step];
-                v[stride * i] = x0 * c - x1 * s;
-                v[stride * i + step] = x0 * s + x1 * c;
-            }
-        }
+    if (n == 1) { /* (cpu.h) */
+        rope_apply_row(qkv, 0, cs, NH, NKV, hs, halves);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; r++) rope_apply_row(qkv, r, cs, NH, NKV, hs, halves);
 }
 
 void rope_rows_forward(real* qkv, int n, const int* pos, int NH, int NKV, int hs, real theta,

@@ -127,32 +127,39 @@ static void centre_offsets(real* colofs, const double* cum, int K) {
     for (int k = 0; k < K; k++) colofs[k] = (real)(-cum[k] - mean);
 }
 
+/* routing_forward's sequence b */
+static void route_sequence(real* G, real* colofs, const real* S, const real* beta, Routing mode,
+                           int b, int T, int K, real tau, int iters) {
+    const real* Sb = S + (size_t)b * T * K;
+    real* Gb = G + (size_t)b * T * K;
+    if (mode == ROUTE_CAUSAL) {
+        for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = Sb[i] / tau + (beta ? beta[i % K] : 0);
+        row_step(Gb, T, K);
+    } else {
+        double cum[32] = {0};
+        double* pm = mode == ROUTE_PREFIX ? mallocCheck(sizeof(double) * T * K) : NULL;
+        for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = Sb[i] / tau;
+        for (int it = 0; it < iters; it++) {
+            if (mode == ROUTE_PREFIX)
+                prefix_col_step(Gb, pm, cum, T, K);
+            else
+                col_step(Gb, cum, T, K);
+            row_step(Gb, T, K);
+        }
+        free(pm);
+        if (colofs) centre_offsets(colofs + (size_t)b * K, cum, K);
+    }
+    for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = (real)exp(Gb[i]);
+}
+
 void routing_forward(real* G, real* colofs, const real* S, const real* beta, Routing mode, int B,
                      int T, int K, real tau, int iters) {
-#pragma omp parallel for if (B > 1) /* (a decoded row: no threads to wake) */
-    for (int b = 0; b < B; b++) {
-        const real* Sb = S + (size_t)b * T * K;
-        real* Gb = G + (size_t)b * T * K;
-        if (mode == ROUTE_CAUSAL) {
-            for (size_t i = 0; i < (size_t)T * K; i++)
-                Gb[i] = Sb[i] / tau + (beta ? beta[i % K] : 0);
-            row_step(Gb, T, K);
-        } else {
-            double cum[32] = {0};
-            double* pm = mode == ROUTE_PREFIX ? mallocCheck(sizeof(double) * T * K) : NULL;
-            for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = Sb[i] / tau;
-            for (int it = 0; it < iters; it++) {
-                if (mode == ROUTE_PREFIX)
-                    prefix_col_step(Gb, pm, cum, T, K);
-                else
-                    col_step(Gb, cum, T, K);
-                row_step(Gb, T, K);
-            }
-            free(pm);
-            if (colofs) centre_offsets(colofs + (size_t)b * K, cum, K);
-        }
-        for (size_t i = 0; i < (size_t)T * K; i++) Gb[i] = (real)exp(Gb[i]);
+    if (B == 1) { /* a decoded row: no threads to wake (kernels/cpu.h) */
+        route_sequence(G, colofs, S, beta, mode, 0, T, K, tau, iters);
+        return;
     }
+#pragma omp parallel for
+    for (int b = 0; b < B; b++) route_sequence(G, colofs, S, beta, mode, b, T, K, tau, iters);
 }
 
 /* dL -= exp(L') * colsum or rowsum of dL (the two log-sum-exp steps), in place on d. */

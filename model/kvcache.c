@@ -213,7 +213,14 @@ static void kv_put(KVCache* c, int vals, int l, int row, const real* src, int g,
  * SmolLM2 at 8K on 2 cores: 54 us of 65 a prompt token), and the tasks write apart. */
 static void kv_put_rows(KVCache* const* cs, int l, const int* pos, const real* qkv, int n, int Q,
                         int A, int NKV, int hs) {
-#pragma omp parallel for schedule(static) if (n >= 64)
+    if (n < 64) { /* a decode step's rows: no threads to wake (kernels/cpu.h) */
+        for (int i = 0; i < n; i++)
+            for (int t = 0; t < 2 * NKV; t++)
+                kv_put(cs[i], t / NKV, l, pos[i], qkv + (size_t)i * Q + A + (size_t)t * hs, t % NKV,
+                       NKV, hs);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < 2 * NKV; t++) {
         const int vals = t / NKV, g = t % NKV;
         const size_t from = (size_t)A + ((size_t)vals * NKV + g) * hs;
@@ -1003,16 +1010,37 @@ static long row_attend(Model* m, int l, int kind, const KVCache* c, int p, uint3
     return (long)nk * mc->NH;
 }
 
+/* The router's distributions over the groups of rows [i0, i1) of h on layer l, as a key (into
+ * Gk) and, with a query projection, as a query (into Gq) */
+static void router_groups_rows(const Model* m, int l, const real* h, real* Gk, real* Gq, int i0,
+                               int i1) {
+    const FocusConfig* f = &m->fc;
+    const int C = m->cfg.C, K = f->K;
+    const size_t lC = (size_t)l * C;
+    const real* cent = m->router.cent + (size_t)l * K * f->dg;
+    const real* beta = m->beta + (size_t)l * K;
+    real* proj = mallocCheck(sizeof(real) * (size_t)f->dg);
+    real* S = mallocCheck(sizeof(real) * (size_t)K);
+    for (int i = i0; i < i1; i++) {
+        const real* hi = h + (size_t)i * C;
+        router_row_scores(proj, S, hi, m->router.wg + lC * f->dg, cent, C, f->dg, K);
+        routing_forward(Gk + (size_t)i * K, NULL, S, beta, ROUTE_CAUSAL, 1, 1, K, f->tau, f->iters);
+        if (!Gq) continue; /* the row's own groups as a query (model_cpu.c) */
+        router_row_scores(proj, S, hi, m->router.wq + lC * f->dg, cent, C, f->dg, K);
+        routing_forward(Gq + (size_t)i * K, NULL, S, beta, ROUTE_CAUSAL, 1, 1, K, f->tau, f->iters);
+    }
+    free(proj), free(S);
+}
+
 void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, const real* qkv,
                          real* att) {
     const ModelConfig* mc = &m->cfg;
     const FocusConfig* f = &m->fc;
-    const int n = r->T, C = mc->C, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc),
+    const int n = r->T, NH = mc->NH, NKV = mc->NKV, hs = model_head_size(mc),
               Q = cached_qkv_width(mc), K = f->K, A = NH * hs;
     KVCache* const* cs = r->cs;
     const int* pos = r->pos;
     RowScratch* s = r->scratch;
-    const size_t lC = (size_t)l * C;
     kv_put_rows(cs, l, pos, qkv, n, Q, A, NKV, hs);
     /* a prompt into a cache with dense_steps set is the dense model's, and keeps none of the
      * method's state (bench decode --against dense: a cache of its own) */
@@ -1035,8 +1063,12 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
     if (kind == KEYS_BLOCKS) { /* the statistics of the blocks the rows complete, on the threads
                                 * (each block's its own) */
         for (int i = 0; i < n; i++) block_cache(cs[i], mc, f->block);
-#pragma omp parallel for schedule(static) if (n >= 2 * f->block)
-        for (int i = 0; i < n; i++) block_complete(cs[i], l, pos[i], mc);
+        if (n >= 2 * f->block) {
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < n; i++) block_complete(cs[i], l, pos[i], mc);
+        } else { /* (a decode step: kernels/cpu.h) */
+            for (int i = 0; i < n; i++) block_complete(cs[i], l, pos[i], mc);
+        }
     }
     profile_tick(r->prof, r->mark, PART_ATTENTION);
     /* each row's groups (mi: those it keeps as a query). The router's groups: hard mode, or
@@ -1048,25 +1080,14 @@ void kvcache_attend_rows(Model* m, int l, const LayerRows* r, const real* h, con
      * as a query (Gq): the rows on the threads, each row's bits its own (router_row_scores) */
     real* Gk = hard ? mallocCheck(sizeof(real) * (size_t)n * K) : NULL;
     real* Gq = hard && m->router.wq ? mallocCheck(sizeof(real) * (size_t)n * K) : NULL;
-    if (hard) {
-        const real* cent = m->router.cent + (size_t)l * K * f->dg;
-        const real* beta = m->beta + (size_t)l * K;
-#pragma omp parallel if (n > 1)
+    if (hard && n == 1) { /* a decode step: no threads to wake (kernels/cpu.h) */
+        router_groups_rows(m, l, h, Gk, Gq, 0, 1);
+    } else if (hard) {
+#pragma omp parallel
         {
-            real* proj = mallocCheck(sizeof(real) * (size_t)f->dg);
-            real* S = mallocCheck(sizeof(real) * (size_t)K);
-#pragma omp for schedule(static)
-            for (int i = 0; i < n; i++) {
-                const real* hi = h + (size_t)i * C;
-                router_row_scores(proj, S, hi, m->router.wg + lC * f->dg, cent, C, f->dg, K);
-                routing_forward(Gk + (size_t)i * K, NULL, S, beta, ROUTE_CAUSAL, 1, 1, K, f->tau,
-                                f->iters);
-                if (!Gq) continue; /* the row's own groups as a query (model_cpu.c) */
-                router_row_scores(proj, S, hi, m->router.wq + lC * f->dg, cent, C, f->dg, K);
-                routing_forward(Gq + (size_t)i * K, NULL, S, beta, ROUTE_CAUSAL, 1, 1, K, f->tau,
-                                f->iters);
-            }
-            free(proj), free(S);
+            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            router_groups_rows(m, l, h, Gk, Gq, (int)((long)n * id / nt),
+                               (int)((long)n * (id + 1) / nt));
         }
     }
     /* in order: each row joins its groups (a cache's group lists grow row by row); a sink
